@@ -1,0 +1,68 @@
+//! Commands carried by the Raft log and the state machine's responses.
+
+use crate::ClusterConfig;
+use corral_types::{Job, JobExitReport, JobId, JobSpec, JobSpecError, NodeSpec, NodeState, Timestamp};
+use serde::{Deserialize, Serialize};
+
+/// Version of the persisted command and snapshot encoding.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One replicated change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    SubmitJob { request_id: String, spec: JobSpec },
+    /// Leader's placement proposal; apply() re-validates it against the state at apply time.
+    PlaceJob { job_id: JobId, node: String, gpus: Vec<u32> },
+    JobStarted { job_id: JobId, epoch: u64 },
+    JobFinished { job_id: JobId, epoch: u64, report: JobExitReport },
+    CancelJob { job_id: JobId, reason: String },
+    RegisterNode { spec: NodeSpec },
+    SetNodeState { node: String, state: NodeState, reason: String },
+    Configure(ClusterConfig),
+    Noop,
+}
+
+/// A command with the TSO timestamp the leader stamped on it: the state machine's only clock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub ts: Timestamp,
+    pub command: Command,
+}
+
+/// What applying a command produced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    JobSubmitted { job_id: JobId, duplicate: bool },
+    Job(Box<Job>),
+    NodeRegistered { epoch: u64 },
+    /// A report for an older placement, or a change that was already made: ignored.
+    Stale,
+    Done,
+}
+
+pub type Response = Result<Outcome, ApplyError>;
+
+/// Why a command was refused. Messages are shown to users as they are.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum ApplyError {
+    #[error(transparent)]
+    InvalidSpec(#[from] JobSpecError),
+    #[error("unknown tenant '{tenant}' (known tenants: {known})")]
+    UnknownTenant { tenant: String, known: String },
+    #[error("unknown priority class '{class}' (known classes: {known})")]
+    UnknownPriorityClass { class: String, known: String },
+    #[error("job asks for {requested} gpus but the largest node has {largest}: it could never run")]
+    TooManyGpus { requested: u32, largest: u32 },
+    #[error("job asks for {requested} of memory but the largest node has {largest}: it could never run")]
+    TooMuchMemory { requested: String, largest: String },
+    #[error("job asks for {requested} cpus but the largest node has {largest}: it could never run")]
+    TooManyCpus { requested: String, largest: String },
+    #[error("job {0} not found")]
+    NoSuchJob(JobId),
+    #[error("node '{0}' is not registered")]
+    NoSuchNode(String),
+    #[error("placement of job {job_id} rejected: {reason}")]
+    PlacementRejected { job_id: JobId, reason: String },
+    #[error("invalid cluster config: {0}")]
+    InvalidConfig(String),
+}

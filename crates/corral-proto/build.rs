@@ -1,0 +1,13 @@
+//! Generates the gRPC and protobuf code from ../../proto with the vendored protoc.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    std::env::set_var("PROTOC", protoc);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let files = ["state.proto", "corral.proto", "raft.proto"].map(|f| dir.join(f));
+    for f in &files {
+        println!("cargo:rerun-if-changed={}", f.display());
+    }
+    tonic_prost_build::configure().btree_map(".").compile_protos(&files, &[dir])?;
+    Ok(())
+}

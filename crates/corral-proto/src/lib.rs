@@ -1,0 +1,26 @@
+//! Generated gRPC/protobuf code for corral and conversions to and from corral-types/corral-core.
+//!
+//! Boundary: prost types stop here and in the persistence codec of corral-raft; every other crate
+//! speaks corral-types. Conversions from the wire are fallible (`ProtoError`): a peer or a file
+//! can send anything.
+
+mod convert;
+
+pub use convert::{
+    command_from_bytes, command_to_bytes, job_to_bytes, snapshot_from_bytes, snapshot_to_bytes, ProtoError,
+};
+
+/// Generated code of package `corral.v1` (API, worker protocol, persisted state).
+pub mod v1 {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("corral.v1");
+}
+
+/// Generated code of package `corral.raft.v1` (Raft RPCs between coordinators).
+pub mod raft {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("corral.raft.v1");
+}
+
+/// Largest gRPC message any corral endpoint accepts or sends.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;

@@ -1,0 +1,15 @@
+//! Domain types shared by every corral crate: ids, resources, job specs and states, TSO timestamps.
+//!
+//! Boundary: serde + thiserror only. Nothing here does I/O or reads a clock.
+
+mod job;
+mod node;
+mod parse;
+mod timestamp;
+
+pub use job::{
+    Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobSpecError, JobState, MAX_GPUS_PER_JOB,
+};
+pub use node::{GpuDevice, GpuHealth, NodeSpec, NodeState, NodeStatus};
+pub use parse::{format_duration, format_size, parse_duration, parse_size, ParseError};
+pub use timestamp::Timestamp;

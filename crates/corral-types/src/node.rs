@@ -1,0 +1,69 @@
+//! Worker nodes and their GPUs as registered with the coordinator.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// One GPU as the worker discovered it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuDevice {
+    pub index: u32,
+    pub uuid: String,
+    pub model: String,
+    pub memory_mib: u64,
+}
+
+/// What a worker registers: its identity, address and capacity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeSpec {
+    pub name: String,
+    /// gRPC address of the worker agent (logs), `host:port`.
+    pub address: String,
+    pub gpus: Vec<GpuDevice>,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub labels: Vec<(String, String)>,
+}
+
+/// Replicated liveness of a node (state changes only; heartbeats stay in the leader's memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeState {
+    Up,
+    Down,
+}
+
+impl NodeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Up => "up",
+            NodeState::Down => "down",
+        }
+    }
+}
+
+impl fmt::Display for NodeState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A node in the replicated state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub spec: NodeSpec,
+    pub state: NodeState,
+    /// Incremented at each registration; a worker fences its stale jobs with it.
+    pub epoch: u64,
+}
+
+/// Health of one GPU as last reported by its worker.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuHealth {
+    pub index: u32,
+    pub temperature_c: u32,
+    pub utilization_percent: u32,
+    pub memory_used_mib: u64,
+    pub power_mw: u64,
+    pub xid_errors: u64,
+    /// Memory left behind by a finished job: not schedulable until clean.
+    pub dirty: bool,
+}
