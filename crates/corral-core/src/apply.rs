@@ -3,11 +3,41 @@
 use crate::place::gpus_needed;
 use crate::{ApplyError, ClusterConfig, Command, Outcome, Request, Response, State};
 use corral_types::{
-    format_size, Allocation, Job, JobExitReport, JobId, JobSpec, JobState, NodeSpec, NodeState, NodeStatus,
-    Timestamp,
+    format_size, Allocation, Job, JobExitReport, JobId, JobSpec, JobState, NodeSpec, NodeState, NodeStatus, Timestamp,
 };
+use std::collections::BTreeSet;
+
+/// What one applied request changed, so a store can persist only that.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Touched {
+    pub jobs: BTreeSet<JobId>,
+    pub nodes: BTreeSet<String>,
+}
 
 impl State {
+    /// Applies one request and reports which jobs and nodes it may have changed.
+    pub fn apply_tracked(&mut self, request: &Request) -> (Response, Touched) {
+        let mut touched = Touched::default();
+        match &request.command {
+            Command::PlaceJob { job_id, .. }
+            | Command::JobStarted { job_id, .. }
+            | Command::JobFinished { job_id, .. }
+            | Command::CancelJob { job_id, .. } => {
+                touched.jobs.insert(*job_id);
+            }
+            Command::RegisterNode { spec: NodeSpec { name, .. } } | Command::SetNodeState { node: name, .. } => {
+                touched.jobs.extend(self.jobs_on_node(name).map(|j| j.id));
+                touched.nodes.insert(name.clone());
+            }
+            Command::SubmitJob { .. } | Command::Configure(_) | Command::Noop => {}
+        }
+        let response = self.apply(request);
+        if let Ok(Outcome::JobSubmitted { job_id, duplicate: false }) = &response {
+            touched.jobs.insert(*job_id);
+        }
+        (response, touched)
+    }
+
     /// Applies one request. Refused commands leave the state untouched (except `last_ts`).
     pub fn apply(&mut self, request: &Request) -> Response {
         let ts = request.ts;
@@ -30,14 +60,15 @@ impl State {
     pub fn check_submit(&self, spec: &JobSpec) -> Result<JobSpec, ApplyError> {
         spec.validate()?;
         let mut spec = spec.clone();
-        if !self.config.tenants.is_empty() && !self.config.tenants.iter().any(|t| *t == spec.tenant) {
+        if !self.config.tenants.is_empty() && !self.config.tenants.contains(&spec.tenant) {
             return Err(ApplyError::UnknownTenant { tenant: spec.tenant, known: self.config.tenants.join(", ") });
         }
         if spec.priority_class.is_empty() {
             if let Some(class) = self.config.default_class() {
                 spec.priority_class = class.name.clone();
             }
-        } else if !self.config.priority_classes.is_empty() && !self.config.priority_classes.contains_key(&spec.priority_class)
+        } else if !self.config.priority_classes.is_empty()
+            && !self.config.priority_classes.contains_key(&spec.priority_class)
         {
             let known: Vec<&str> = self.config.priority_classes.keys().map(String::as_str).collect();
             return Err(ApplyError::UnknownPriorityClass { class: spec.priority_class, known: known.join(", ") });
@@ -165,7 +196,10 @@ impl State {
         } else if let Some(err) = &report.launch_error {
             (JobState::Failed, format!("launch failed: {err}"))
         } else if report.oom_killed {
-            (JobState::Failed, format!("oom-killed: exceeded its memory limit of {}", format_size(job.spec.memory_bytes)))
+            (
+                JobState::Failed,
+                format!("oom-killed: exceeded its memory limit of {}", format_size(job.spec.memory_bytes)),
+            )
         } else if report.timed_out {
             (JobState::Failed, "timeout: killed at its time limit".to_string())
         } else if report.exit_code == Some(0) {
@@ -263,7 +297,7 @@ mod tests {
     use super::*;
     use crate::place;
     use corral_types::GpuDevice;
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::BTreeMap;
 
     fn req(ts: u64, command: Command) -> Request {
         Request { ts: Timestamp(ts), command }
@@ -274,7 +308,12 @@ mod tests {
             name: name.into(),
             address: "127.0.0.1:1".into(),
             gpus: (0..gpus)
-                .map(|i| GpuDevice { index: i, uuid: format!("GPU-{name}-{i}"), model: "RTX 5090".into(), memory_mib: 32768 })
+                .map(|i| GpuDevice {
+                    index: i,
+                    uuid: format!("GPU-{name}-{i}"),
+                    model: "RTX 5090".into(),
+                    memory_mib: 32768,
+                })
                 .collect(),
             cpu_millis: 16_000,
             memory_bytes: 64 << 30,
@@ -331,10 +370,7 @@ mod tests {
     #[test]
     fn submit_rejects_what_could_never_run() {
         let mut s = cluster();
-        assert!(matches!(
-            submit(&mut s, 3, "r", spec(9)),
-            Err(ApplyError::TooManyGpus { requested: 9, largest: 8 })
-        ));
+        assert!(matches!(submit(&mut s, 3, "r", spec(9)), Err(ApplyError::TooManyGpus { requested: 9, largest: 8 })));
         let mut bad = spec(1);
         bad.tenant = "nobody".into();
         let err = submit(&mut s, 4, "r", bad).unwrap_err();
@@ -393,7 +429,10 @@ mod tests {
         );
         s.apply(&req(13, Command::JobFinished { job_id: 1, epoch: e1, report: fail.clone() })).unwrap();
         let j = &s.jobs[&1];
-        assert_eq!((j.state, j.exit_code, j.started_at, j.finished_at), (JobState::Failed, Some(3), Some(Timestamp(11)), Some(Timestamp(13))));
+        assert_eq!(
+            (j.state, j.exit_code, j.started_at, j.finished_at),
+            (JobState::Failed, Some(3), Some(Timestamp(11)), Some(Timestamp(13)))
+        );
         // A duplicate report of the same run changes nothing.
         assert_eq!(s.apply(&req(14, Command::JobFinished { job_id: 1, epoch: e1, report: fail })), Ok(Outcome::Stale));
         assert_eq!(s.jobs[&1].finished_at, Some(Timestamp(13)));
@@ -438,7 +477,10 @@ mod tests {
         let Outcome::Job(job) = out else { panic!("expected job") };
         assert_eq!(job.state, JobState::Cancelled);
         assert_eq!(s.pending_jobs().count(), 0);
-        assert_eq!(s.apply(&req(5, Command::CancelJob { job_id: 9, reason: String::new() })), Err(ApplyError::NoSuchJob(9)));
+        assert_eq!(
+            s.apply(&req(5, Command::CancelJob { job_id: 9, reason: String::new() })),
+            Err(ApplyError::NoSuchJob(9))
+        );
     }
 
     #[test]

@@ -10,14 +10,37 @@ pub const FORMAT_VERSION: u32 = 1;
 /// One replicated change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    SubmitJob { request_id: String, spec: JobSpec },
+    SubmitJob {
+        request_id: String,
+        spec: JobSpec,
+    },
     /// Leader's placement proposal; apply() re-validates it against the state at apply time.
-    PlaceJob { job_id: JobId, node: String, gpus: Vec<u32> },
-    JobStarted { job_id: JobId, epoch: u64 },
-    JobFinished { job_id: JobId, epoch: u64, report: JobExitReport },
-    CancelJob { job_id: JobId, reason: String },
-    RegisterNode { spec: NodeSpec },
-    SetNodeState { node: String, state: NodeState, reason: String },
+    PlaceJob {
+        job_id: JobId,
+        node: String,
+        gpus: Vec<u32>,
+    },
+    JobStarted {
+        job_id: JobId,
+        epoch: u64,
+    },
+    JobFinished {
+        job_id: JobId,
+        epoch: u64,
+        report: JobExitReport,
+    },
+    CancelJob {
+        job_id: JobId,
+        reason: String,
+    },
+    RegisterNode {
+        spec: NodeSpec,
+    },
+    SetNodeState {
+        node: String,
+        state: NodeState,
+        reason: String,
+    },
     Configure(ClusterConfig),
     Noop,
 }
@@ -32,9 +55,14 @@ pub struct Request {
 /// What applying a command produced.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
-    JobSubmitted { job_id: JobId, duplicate: bool },
+    JobSubmitted {
+        job_id: JobId,
+        duplicate: bool,
+    },
     Job(Box<Job>),
-    NodeRegistered { epoch: u64 },
+    NodeRegistered {
+        epoch: u64,
+    },
     /// A report for an older placement, or a change that was already made: ignored.
     Stale,
     Done,

@@ -11,6 +11,7 @@ mod config;
 mod place;
 mod state;
 
+pub use apply::Touched;
 pub use command::{ApplyError, Command, Outcome, Request, Response, FORMAT_VERSION};
 pub use config::{ClusterConfig, PriorityClass};
 pub use place::{place, Placement};

@@ -80,8 +80,6 @@ impl State {
 
     /// GPU indices of `node` held by running jobs.
     pub fn allocated_gpus(&self, node: &str) -> BTreeSet<u32> {
-        self.jobs_on_node(node)
-            .flat_map(|j| j.allocation.iter().flat_map(|a| a.gpus.iter().copied()))
-            .collect()
+        self.jobs_on_node(node).flat_map(|j| j.allocation.iter().flat_map(|a| a.gpus.iter().copied())).collect()
     }
 }

@@ -3,8 +3,7 @@
 use crate::v1 as pb;
 use corral_core::{ClusterConfig, Command, PriorityClass, Request, State, FORMAT_VERSION};
 use corral_types::{
-    Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeSpec, NodeState, NodeStatus,
-    Timestamp,
+    Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeSpec, NodeState, NodeStatus, Timestamp,
 };
 use prost::Message;
 use std::collections::BTreeMap;
@@ -399,7 +398,8 @@ pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
 pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, ProtoError> {
     let s = pb::StateSnapshot::decode(bytes)?;
     check_version(s.format_version)?;
-    let jobs = s.jobs.into_iter().map(|j| Job::try_from(j).map(|j| (j.id, j))).collect::<Result<BTreeMap<_, _>, _>>()?;
+    let jobs =
+        s.jobs.into_iter().map(|j| Job::try_from(j).map(|j| (j.id, j))).collect::<Result<BTreeMap<_, _>, _>>()?;
     let nodes = s
         .nodes
         .into_iter()
@@ -419,6 +419,55 @@ pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, ProtoError> {
 /// Encodes one job (persisted per key in the state machine store).
 pub fn job_to_bytes(j: &Job) -> Vec<u8> {
     pb::Job::from(j).encode_to_vec()
+}
+
+/// Decodes one job written by [`job_to_bytes`].
+pub fn job_from_bytes(bytes: &[u8]) -> Result<Job, ProtoError> {
+    pb::Job::decode(bytes)?.try_into()
+}
+
+/// Encodes one node (persisted per key in the state machine store).
+pub fn node_to_bytes(n: &NodeStatus) -> Vec<u8> {
+    node_status_to_pb(n).encode_to_vec()
+}
+
+/// Decodes one node written by [`node_to_bytes`].
+pub fn node_from_bytes(bytes: &[u8]) -> Result<NodeStatus, ProtoError> {
+    node_status_from_pb(pb::NodeStatus::decode(bytes)?)
+}
+
+/// The scalar part of the state (counters, clock, config), without jobs, nodes and request ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateMeta {
+    pub next_job_id: u64,
+    pub next_epoch: u64,
+    pub last_ts: Timestamp,
+    pub config: ClusterConfig,
+}
+
+/// Encodes the scalar part of the state.
+pub fn meta_to_bytes(s: &State) -> Vec<u8> {
+    pb::StateSnapshot {
+        format_version: FORMAT_VERSION,
+        next_job_id: s.next_job_id,
+        next_epoch: s.next_epoch,
+        last_ts: s.last_ts.0,
+        config: Some(config_to_pb(&s.config)),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// Decodes what [`meta_to_bytes`] wrote.
+pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, ProtoError> {
+    let s = pb::StateSnapshot::decode(bytes)?;
+    check_version(s.format_version)?;
+    Ok(StateMeta {
+        next_job_id: s.next_job_id,
+        next_epoch: s.next_epoch,
+        last_ts: Timestamp(s.last_ts),
+        config: s.config.map(config_from_pb).unwrap_or_default(),
+    })
 }
 
 #[cfg(test)]

@@ -130,7 +130,10 @@ impl JobSpec {
         }
         for key in self.env.keys() {
             if key.is_empty() || key.contains('=') || key.contains('\0') {
-                return Err(JobSpecError::Invalid { field: "env".into(), reason: format!("bad variable name '{key}'") });
+                return Err(JobSpecError::Invalid {
+                    field: "env".into(),
+                    reason: format!("bad variable name '{key}'"),
+                });
             }
         }
         Ok(())

@@ -48,7 +48,7 @@ pub fn format_size(bytes: u64) -> String {
     const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
     for (name, size) in UNITS {
         if bytes >= size {
-            return if bytes % size == 0 {
+            return if bytes.is_multiple_of(size) {
                 format!("{}{}", bytes / size, name)
             } else {
                 format!("{:.1}{}", bytes as f64 / size as f64, name)

@@ -1,0 +1,164 @@
+//! Command-line arguments (the public CLI contract: keep names stable).
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "corral",
+    version,
+    about = "corral: a distributed GPU-pool scheduler",
+    long_about = "corral schedules jobs onto a pool of GPU hosts.\n\nTry it locally:\n  corral dev &\n  corral submit --gpus 1 -- nvidia-smi\n  corral jobs"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// Coordinator address(es), comma-separated host:port.
+    #[arg(long, global = true, env = "CORRAL_ENDPOINT", default_value = "127.0.0.1:7070", value_delimiter = ',')]
+    pub endpoint: Vec<String>,
+    /// Access token of the tenant or admin.
+    #[arg(long, global = true, env = "CORRAL_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Output format.
+    #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a single-process pool: one coordinator plus a worker with simulated GPUs.
+    Dev(DevArgs),
+    /// Submit a job; prints its id.
+    Submit(SubmitArgs),
+    /// Show one job.
+    Show(JobArg),
+    /// Wait until a job ends; exit 0 if it succeeded, 1 if it ended otherwise.
+    Wait(WaitArgs),
+    /// List pending and running jobs (with --all, finished ones too).
+    Jobs(JobsArgs),
+    /// The queue: pending and running jobs, with why pending jobs wait.
+    Queue(JobsArgs),
+    /// Cancel a job (kills its whole process tree if it runs).
+    Cancel(JobArg),
+    /// Print a job's output.
+    Logs(LogsArgs),
+    /// List worker nodes and their GPUs.
+    Nodes,
+}
+
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// Where the coordinator and worker keep their data.
+    #[arg(long, default_value = "./corral-data")]
+    pub data_dir: PathBuf,
+    /// Address of the API (and Raft) endpoint.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: String,
+    /// Number of simulated GPUs.
+    #[arg(long, default_value_t = 8)]
+    pub gpus: u32,
+    /// Model name of the simulated GPUs.
+    #[arg(long, default_value = "RTX 5090")]
+    pub gpu_model: String,
+    /// Memory of each simulated GPU.
+    #[arg(long, default_value = "32GiB", value_parser = parse_size)]
+    pub gpu_memory: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// Tenant to run and bill the job as.
+    #[arg(long, default_value = "default")]
+    pub tenant: String,
+    /// Priority class (default: the cluster's default class).
+    #[arg(long)]
+    pub priority: Option<String>,
+    /// Whole GPUs.
+    #[arg(long, default_value_t = 0)]
+    pub gpus: u32,
+    /// A GPU slice instead of whole GPUs: mig:<profile> (e.g. mig:1g.10gb) or mps:<percent>[:<memory>].
+    #[arg(long)]
+    pub gpu_slice: Option<String>,
+    /// CPU cores (fractions allowed, e.g. 0.5); the job's cgroup is capped to them.
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Memory limit, e.g. 512M or 16GiB; the job is OOM-killed above it.
+    #[arg(long, value_parser = parse_size)]
+    pub mem: Option<u64>,
+    /// Time limit, e.g. 90s, 30m, 2h, 1:30:00 (a bare number is minutes).
+    #[arg(long, value_parser = parse_duration)]
+    pub time: Option<std::time::Duration>,
+    /// Job name (default: the program name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Root filesystem to run the command in (OCI container via runc).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Extra environment variable KEY=VALUE (repeatable).
+    #[arg(long = "env", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct JobArg {
+    /// Job id.
+    pub job: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// Job id.
+    pub job: u64,
+    /// Give up after this long (exit 2), e.g. 30s or 10m.
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<std::time::Duration>,
+}
+
+#[derive(Debug, Args)]
+pub struct JobsArgs {
+    /// Include finished jobs.
+    #[arg(long)]
+    pub all: bool,
+    /// Only jobs of this tenant.
+    #[arg(long)]
+    pub tenant: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// Job id.
+    pub job: u64,
+    /// Keep printing output until the job ends.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    corral_types::parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    corral_types::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("invalid environment variable '{s}': expected KEY=VALUE")),
+    }
+}

@@ -1,0 +1,123 @@
+//! `corral dev`: a single-node coordinator and a worker with simulated GPUs in one process.
+
+use crate::args::DevArgs;
+use anyhow::{bail, Context};
+use corral_client::{Client, ClientConfig};
+use corral_coordinator::{Coordinator, CoordinatorConfig};
+use corral_core::{ClusterConfig, Command};
+use corral_raft::{RaftNode, RaftNodeConfig};
+use corral_worker::executor::ProcessExecutor;
+use corral_worker::gpu::{SimulatedConfig, SimulatedGpus};
+use corral_worker::{Worker, WorkerConfig};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+const NODE_NAME: &str = "dev-node";
+
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn,raft_log=warn,h2=warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Resolves when SIGINT or SIGTERM arrives.
+async fn termination() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Stable short hash of a path, naming this data dir's job cgroups.
+fn path_tag(path: &std::path::Path) -> String {
+    let hash = path
+        .to_string_lossy()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    format!("{:08x}", hash as u32)
+}
+
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let listen: SocketAddr = args
+        .listen
+        .parse()
+        .with_context(|| format!("invalid --listen '{}': expected IP:PORT such as 127.0.0.1:7070", args.listen))?;
+    if !listen.ip().is_loopback() {
+        bail!("corral dev serves without TLS, so it listens on loopback only: use e.g. 127.0.0.1:{}", listen.port());
+    }
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("cannot create data dir {}", args.data_dir.display()))?;
+    let data_dir = args.data_dir.canonicalize()?;
+    let listener = TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let addr = listener.local_addr()?;
+
+    let node = RaftNode::open(&RaftNodeConfig::new(1, data_dir.join("coordinator")))
+        .await
+        .with_context(|| format!("cannot open coordinator data in {}", data_dir.display()))?;
+    node.initialize_single(&addr.to_string()).await?;
+    let coordinator = Coordinator::new(node.clone(), CoordinatorConfig::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let server = tokio::spawn(coordinator.clone().serve(listener, stopped(stop_rx.clone())));
+
+    node.raft
+        .wait(Some(Duration::from_secs(30)))
+        .current_leader(node.id, "single-node coordinator becomes leader")
+        .await
+        .context("the coordinator did not become leader")?;
+    if node.state.read().state.config.tenants.is_empty() {
+        coordinator.propose(Command::Configure(ClusterConfig::dev_defaults())).await?;
+    }
+
+    let agent_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let mut worker_config = WorkerConfig::for_host(NODE_NAME.to_string(), data_dir.join("worker"));
+    worker_config.advertise_addr = agent_listener.local_addr()?.to_string();
+    let executor = ProcessExecutor::new(format!("corral/dev-{}", path_tag(&data_dir)))?;
+    let gpus = SimulatedGpus::new(SimulatedConfig {
+        count: args.gpus,
+        model: args.gpu_model.clone(),
+        memory_mib: args.gpu_memory >> 20,
+        host: format!("{NODE_NAME}-{}", path_tag(&data_dir)),
+    });
+    let client = Client::new(ClientConfig::new(vec![addr.to_string()]))?;
+    let worker = Worker::new(worker_config, client.gateway(), Arc::new(executor), Arc::new(gpus));
+    let worker = tokio::spawn(worker.run(agent_listener, stopped(stop_rx.clone())));
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !node.state.read().state.nodes.get(NODE_NAME).is_some_and(|n| n.state == corral_types::NodeState::Up) {
+        if Instant::now() > deadline {
+            bail!("the dev worker did not register within 30s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "corral dev ready at {addr} ({} x {} simulated, data in {})",
+        args.gpus,
+        args.gpu_model,
+        data_dir.display()
+    );
+    println!("try: corral --endpoint {addr} submit --gpus 1 -- sh -c 'echo hello from $CUDA_VISIBLE_DEVICES'");
+
+    termination().await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    worker.await??;
+    if let Err(e) = node.raft.shutdown().await {
+        tracing::warn!(error = %e, "raft shutdown");
+    }
+    server.await??;
+    Ok(())
+}

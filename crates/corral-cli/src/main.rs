@@ -1,0 +1,74 @@
+//! The `corral` binary: parses arguments, installs tracing, and calls the libraries.
+
+mod args;
+mod commands;
+mod dev;
+mod output;
+
+use args::{Cli, Command};
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print();
+                return ExitCode::from(2);
+            }
+            // One line: clap's first line names the problem; the rest is usage we point to.
+            let rendered = e.render().to_string();
+            let first = rendered.lines().next().unwrap_or("error: invalid arguments");
+            eprintln!("{first} (see `corral --help`)");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(cli));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Renders an error chain on one line.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ").replace('\n', " ")
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let global = cli.global;
+    match cli.command {
+        Command::Dev(args) => dev::run(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Submit(args) => commands::submit(&global, args).await,
+        Command::Show(args) => commands::show(&global, args).await,
+        Command::Wait(args) => commands::wait(&global, args).await,
+        Command::Jobs(args) => commands::jobs(&global, args, false).await,
+        Command::Queue(args) => commands::jobs(&global, args, true).await,
+        Command::Cancel(args) => commands::cancel(&global, args).await,
+        Command::Logs(args) => commands::logs(&global, args).await,
+        Command::Nodes => commands::nodes(&global).await,
+    }
+}

@@ -1,0 +1,248 @@
+//! Human tables and JSON documents for jobs and nodes.
+
+use corral_proto::v1 as pb;
+use corral_types::{format_duration, format_size, Job, JobState, Timestamp};
+use serde_json::{json, Value};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Wall-clock now as a TSO-comparable timestamp (display only).
+fn now_ts() -> Timestamp {
+    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    Timestamp::compose(ms, 0)
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` for a TSO timestamp.
+pub fn format_utc(ts: Timestamp) -> String {
+    let ms = ts.physical_ms();
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil-from-days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// How long the job has run (or ran).
+pub fn elapsed(job: &Job) -> Option<Duration> {
+    let start = job.started_at?;
+    let end = job.finished_at.unwrap_or_else(now_ts);
+    Some(Duration::from_millis(end.millis_since(start)))
+}
+
+/// Why a job is where it is, for humans.
+pub fn reason(job: &Job) -> String {
+    match (&job.reason, job.state) {
+        (Some(r), _) => r.clone(),
+        (None, JobState::Pending) => "waiting for resources".into(),
+        (None, JobState::Running) if job.started_at.is_none() => "starting".into(),
+        (None, _) => String::new(),
+    }
+}
+
+fn resources(job: &Job) -> String {
+    match &job.spec.gpu_slice {
+        Some(slice) => slice.to_string(),
+        None => job.spec.gpus.to_string(),
+    }
+}
+
+pub fn job_json(job: &Job) -> Value {
+    let ts = |t: Option<Timestamp>| t.map(format_utc);
+    json!({
+        "id": job.id,
+        "name": job.spec.name,
+        "tenant": job.spec.tenant,
+        "priority": job.spec.priority_class,
+        "state": job.state.as_str(),
+        "node": job.allocation.as_ref().map(|a| a.node.clone()),
+        "gpus": job.allocation.as_ref().map(|a| a.gpus.clone()).unwrap_or_default(),
+        "gpus_requested": job.spec.gpus,
+        "gpu_slice": job.spec.gpu_slice.as_ref().map(ToString::to_string),
+        "cpus": f64::from(job.spec.cpu_millis) / 1000.0,
+        "mem_bytes": job.spec.memory_bytes,
+        "time_limit_secs": job.spec.time_limit_secs,
+        "image": job.spec.image,
+        "command": job.spec.command,
+        "exit_code": job.exit_code,
+        "signal": job.signal,
+        "reason": reason(job),
+        "cancel_requested": job.cancel_requested,
+        "attempts": job.attempts,
+        "submitted_at": format_utc(job.submitted_at),
+        "started_at": ts(job.started_at),
+        "finished_at": ts(job.finished_at),
+        "submitted_ts": job.submitted_at.0,
+        "started_ts": job.started_at.map(|t| t.0),
+        "finished_ts": job.finished_at.map(|t| t.0),
+        "elapsed_secs": elapsed(job).map(|d| d.as_secs_f64()),
+        "worker_run_time_ms": job.worker_run_time_ms,
+    })
+}
+
+/// Renders rows as left-aligned columns.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$}  ", w = widths[i]));
+            }
+        }
+        out.trim_end().to_string()
+    };
+    let mut out = line(header.to_vec());
+    for row in rows {
+        out.push('\n');
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+pub fn jobs_table(jobs: &[Job]) -> String {
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            vec![
+                j.id.to_string(),
+                j.spec.name.clone(),
+                j.spec.tenant.clone(),
+                j.spec.priority_class.clone(),
+                j.state.to_string(),
+                resources(j),
+                j.allocation.as_ref().map(|a| a.node.clone()).unwrap_or_else(|| "-".into()),
+                elapsed(j).map(format_duration).unwrap_or_else(|| "-".into()),
+                reason(j),
+            ]
+        })
+        .collect();
+    table(&["ID", "NAME", "TENANT", "PRIORITY", "STATE", "GPUS", "NODE", "ELAPSED", "REASON"], &rows)
+}
+
+pub fn job_details(job: &Job) -> String {
+    let mut lines = vec![
+        ("id", job.id.to_string()),
+        ("name", job.spec.name.clone()),
+        ("state", job.state.to_string()),
+        ("reason", reason(job)),
+        ("tenant", job.spec.tenant.clone()),
+        ("priority", job.spec.priority_class.clone()),
+        ("gpus", resources(job)),
+        ("command", job.spec.command.join(" ")),
+    ];
+    if let Some(a) = &job.allocation {
+        let gpus: Vec<String> = a.gpus.iter().map(u32::to_string).collect();
+        lines.push((
+            "node",
+            format!("{} (gpus {})", a.node, if gpus.is_empty() { "none".into() } else { gpus.join(",") }),
+        ));
+    }
+    if job.spec.cpu_millis > 0 {
+        lines.push(("cpus", format!("{}", f64::from(job.spec.cpu_millis) / 1000.0)));
+    }
+    if job.spec.memory_bytes > 0 {
+        lines.push(("memory", format_size(job.spec.memory_bytes)));
+    }
+    if let Some(t) = job.spec.time_limit_secs {
+        lines.push(("time limit", format_duration(Duration::from_secs(t))));
+    }
+    lines.push(("submitted", format_utc(job.submitted_at)));
+    if let Some(t) = job.started_at {
+        lines.push(("started", format_utc(t)));
+    }
+    if let Some(t) = job.finished_at {
+        lines.push(("finished", format_utc(t)));
+    }
+    if let Some(d) = elapsed(job) {
+        lines.push(("elapsed", format_duration(d)));
+    }
+    if let Some(code) = job.exit_code {
+        lines.push(("exit code", code.to_string()));
+    }
+    if let Some(sig) = job.signal {
+        lines.push(("signal", sig.to_string()));
+    }
+    lines.push(("attempts", job.attempts.to_string()));
+    lines.iter().map(|(k, v)| format!("{:<11} {v}", format!("{k}:"))).collect::<Vec<_>>().join("\n")
+}
+
+pub fn node_json(n: &pb::NodeView) -> Value {
+    json!({
+        "name": n.name,
+        "address": n.address,
+        "state": n.state,
+        "epoch": n.epoch,
+        "cpus": n.cpu_millis as f64 / 1000.0,
+        "memory_bytes": n.memory_bytes,
+        "heartbeat_age_ms": n.heartbeat_age_ms,
+        "gpus": n.gpus.iter().map(|g| json!({
+            "index": g.index,
+            "uuid": g.uuid,
+            "model": g.model,
+            "memory_mib": g.memory_mib,
+            "state": g.state,
+            "temperature_c": g.temperature_c,
+            "utilization_percent": g.utilization_percent,
+            "memory_used_mib": g.memory_used_mib,
+            "jobs": g.job_ids,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub fn nodes_table(nodes: &[pb::NodeView]) -> String {
+    let mut rows = Vec::new();
+    for n in nodes {
+        let free = n.gpus.iter().filter(|g| g.state == "idle").count();
+        let dirty = n.gpus.iter().filter(|g| g.state == "dirty").count();
+        let models: std::collections::BTreeSet<&str> = n.gpus.iter().map(|g| g.model.as_str()).collect();
+        let temps = n.gpus.iter().map(|g| g.temperature_c.to_string()).collect::<Vec<_>>().join(",");
+        rows.push(vec![
+            n.name.clone(),
+            n.state.clone(),
+            format!("{free}/{}", n.gpus.len()),
+            models.into_iter().collect::<Vec<_>>().join(","),
+            if dirty > 0 { format!("{dirty} dirty") } else { "ok".into() },
+            temps,
+            n.heartbeat_age_ms.map(|ms| format!("{:.1}s", ms as f64 / 1000.0)).unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    table(&["NODE", "STATE", "FREE/GPUS", "MODEL", "HEALTH", "TEMPS(C)", "HEARTBEAT"], &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_formatting() {
+        assert_eq!(format_utc(Timestamp::compose(0, 0)), "1970-01-01T00:00:00.000Z");
+        assert_eq!(format_utc(Timestamp::compose(1_796_299_512_345, 7)), "2026-12-03T12:05:12.345Z");
+        assert_eq!(format_utc(Timestamp::compose(951_782_400_000, 0)), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = table(&["A", "LONGER"], &[vec!["xyz".into(), "1".into()]]);
+        assert_eq!(t, "A    LONGER\nxyz  1");
+    }
+}

@@ -1,0 +1,352 @@
+//! Typed corral gRPC client: endpoint failover, leader redirects, and retries that reuse the
+//! same request id so a retried submit never creates a second job.
+
+use corral_proto::v1::corral_client::CorralClient as RawCorral;
+use corral_proto::v1::worker_gateway_client::WorkerGatewayClient;
+use corral_proto::v1::{self as pb};
+use corral_types::{Job, JobSpec};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+/// Metadata key a coordinator sets on "not the leader" errors (mirrors the coordinator's constant).
+const LEADER_ADDR_METADATA: &str = "corral-leader-addr";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach any coordinator at {endpoints}: {last_error} (is `corral dev` or a coordinator running? set --endpoint or CORRAL_ENDPOINT)")]
+    Unreachable { endpoints: String, last_error: String },
+    #[error("{}", .0.message())]
+    Status(Status),
+    #[error("invalid endpoint '{0}': expected host:port")]
+    InvalidEndpoint(String),
+    #[error("{0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// gRPC code of a server-side refusal, if this is one.
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            ClientError::Status(s) => Some(s.code()),
+            _ => None,
+        }
+    }
+}
+
+impl From<corral_proto::ProtoError> for ClientError {
+    fn from(e: corral_proto::ProtoError) -> Self {
+        ClientError::Protocol(format!("malformed reply from coordinator: {e}"))
+    }
+}
+
+/// How a client finds and talks to coordinators.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// `host:port` of one or more coordinators.
+    pub endpoints: Vec<String>,
+    pub token: Option<String>,
+    pub connect_timeout: Duration,
+    /// Total time spent retrying an unavailable cluster before giving up.
+    pub retry_for: Duration,
+}
+
+impl ClientConfig {
+    pub fn new(endpoints: Vec<String>) -> Self {
+        ClientConfig {
+            endpoints,
+            token: None,
+            connect_timeout: Duration::from_secs(2),
+            retry_for: Duration::from_secs(15),
+        }
+    }
+}
+
+/// A connection pool over the configured coordinators. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    config: Arc<ClientConfig>,
+    state: Arc<Mutex<Pool>>,
+}
+
+struct Pool {
+    /// Address that answered last (the leader, after a redirect).
+    preferred: Option<String>,
+    channels: BTreeMap<String, Channel>,
+}
+
+fn retryable(status: &Status) -> bool {
+    matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded)
+        && !status.message().starts_with("logs of job")
+}
+
+impl Client {
+    pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
+        if config.endpoints.is_empty() {
+            return Err(ClientError::InvalidEndpoint(String::new()));
+        }
+        for e in &config.endpoints {
+            let valid = e.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !valid {
+                return Err(ClientError::InvalidEndpoint(e.clone()));
+            }
+        }
+        Ok(Client {
+            config: Arc::new(config),
+            state: Arc::new(Mutex::new(Pool { preferred: None, channels: BTreeMap::new() })),
+        })
+    }
+
+    fn pool(&self) -> std::sync::MutexGuard<'_, Pool> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Addresses to try, the preferred (last known good / leader) first.
+    fn candidates(&self) -> Vec<String> {
+        let pool = self.pool();
+        let mut out: Vec<String> = pool.preferred.iter().cloned().collect();
+        out.extend(self.config.endpoints.iter().filter(|e| Some(*e) != pool.preferred.as_ref()).cloned());
+        out
+    }
+
+    async fn channel(&self, addr: &str) -> Result<Channel, String> {
+        if let Some(c) = self.pool().channels.get(addr) {
+            return Ok(c.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(self.config.connect_timeout)
+            .tcp_nodelay(true);
+        let channel = endpoint.connect().await.map_err(|e| {
+            let mut msg = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                msg = s.to_string();
+                source = s.source();
+            }
+            msg
+        })?;
+        self.pool().channels.insert(addr.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    fn forget(&self, addr: &str) {
+        let mut pool = self.pool();
+        pool.channels.remove(addr);
+        if pool.preferred.as_deref() == Some(addr) {
+            pool.preferred = None;
+        }
+    }
+
+    /// Runs `call` against coordinators until one answers, following leader redirects and
+    /// retrying unavailability for up to `retry_for`. `call` must be safe to repeat.
+    pub async fn with_retry<T, F, Fut>(&self, call: F) -> Result<T, ClientError>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let deadline = Instant::now() + self.config.retry_for;
+        let mut backoff = Duration::from_millis(50);
+        let mut last_error = String::from("no endpoint tried");
+        loop {
+            // A redirect makes the leader the preferred endpoint and restarts the round at once.
+            let mut redirected = false;
+            for addr in self.candidates() {
+                let channel = match self.channel(&addr).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        last_error = e;
+                        continue;
+                    }
+                };
+                match call(channel).await {
+                    Ok(v) => {
+                        self.pool().preferred = Some(addr);
+                        return Ok(v);
+                    }
+                    Err(status) if retryable(&status) => {
+                        let leader =
+                            status.metadata().get(LEADER_ADDR_METADATA).and_then(|v| v.to_str().ok()).map(String::from);
+                        last_error = status.message().to_string();
+                        if let Some(leader) = leader.filter(|l| *l != addr) {
+                            self.pool().preferred = Some(leader);
+                            redirected = true;
+                            break;
+                        }
+                        if status.code() != Code::Unavailable || status.message().contains("transport") {
+                            self.forget(&addr);
+                        }
+                    }
+                    Err(status) => return Err(ClientError::Status(status)),
+                }
+            }
+            if redirected && Instant::now() < deadline {
+                continue;
+            }
+            if Instant::now() + backoff > deadline {
+                return Err(ClientError::Unreachable { endpoints: self.config.endpoints.join(","), last_error });
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    fn authorize<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = &self.config.token {
+            if let Ok(v) = format!("Bearer {token}").parse() {
+                request.metadata_mut().insert("authorization", v);
+            }
+        }
+        request
+    }
+
+    fn corral(channel: Channel) -> RawCorral<Channel> {
+        RawCorral::new(channel)
+            .max_decoding_message_size(corral_proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(corral_proto::MAX_MESSAGE_BYTES)
+    }
+
+    /// Submits a job. The request id is generated once, so retries after a timeout or a leader
+    /// change return the same job instead of creating a second one.
+    pub async fn submit(&self, spec: &JobSpec) -> Result<Submitted, ClientError> {
+        self.submit_with_id(&uuid::Uuid::new_v4().to_string(), spec).await
+    }
+
+    /// Submits with a caller-chosen request id (idempotent per id).
+    pub async fn submit_with_id(&self, request_id: &str, spec: &JobSpec) -> Result<Submitted, ClientError> {
+        let msg = pb::SubmitRequest { request_id: request_id.to_string(), spec: Some(spec.into()) };
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(msg.clone());
+                async move { Self::corral(ch).submit(req).await }
+            })
+            .await?
+            .into_inner();
+        Ok(Submitted { job_id: reply.job_id, duplicate: reply.duplicate })
+    }
+
+    pub async fn get_job(&self, job_id: u64) -> Result<Job, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::GetJobRequest { job_id });
+                async move { Self::corral(ch).get_job(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner().try_into()?)
+    }
+
+    pub async fn list_jobs(&self, all: bool, tenant: Option<String>) -> Result<Vec<Job>, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::ListJobsRequest { all, tenant: tenant.clone() });
+                async move { Self::corral(ch).list_jobs(req).await }
+            })
+            .await?;
+        reply.into_inner().jobs.into_iter().map(|j| Job::try_from(j).map_err(Into::into)).collect()
+    }
+
+    pub async fn cancel(&self, job_id: u64) -> Result<Job, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::CancelJobRequest { job_id });
+                async move { Self::corral(ch).cancel_job(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner().try_into()?)
+    }
+
+    /// Streams a job's output; with `follow`, until the job ends.
+    pub async fn read_logs(&self, job_id: u64, follow: bool) -> Result<tonic::Streaming<pb::LogChunk>, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::ReadLogsRequest { job_id, follow });
+                async move { Self::corral(ch).read_logs(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    pub async fn list_nodes(&self) -> Result<Vec<pb::NodeView>, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::ListNodesRequest {});
+                async move { Self::corral(ch).list_nodes(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner().nodes)
+    }
+
+    /// The worker-side protocol, on the same failover and leader redirects.
+    pub fn gateway(&self) -> GatewayClient {
+        GatewayClient { client: self.clone() }
+    }
+}
+
+/// Result of a submit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Submitted {
+    pub job_id: u64,
+    pub duplicate: bool,
+}
+
+/// What workers call on the coordinators.
+#[derive(Clone)]
+pub struct GatewayClient {
+    client: Client,
+}
+
+impl GatewayClient {
+    fn raw(channel: Channel) -> WorkerGatewayClient<Channel> {
+        WorkerGatewayClient::new(channel)
+            .max_decoding_message_size(corral_proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(corral_proto::MAX_MESSAGE_BYTES)
+    }
+
+    pub async fn register(&self, req: pb::RegisterRequest) -> Result<pb::RegisterResponse, ClientError> {
+        let reply = self
+            .client
+            .with_retry(|ch| {
+                let req = req.clone();
+                async move { Self::raw(ch).register(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    pub async fn heartbeat(&self, req: pb::HeartbeatRequest) -> Result<pb::HeartbeatResponse, ClientError> {
+        let reply = self
+            .client
+            .with_retry(|ch| {
+                let req = req.clone();
+                async move { Self::raw(ch).heartbeat(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    pub async fn report_started(&self, req: pb::ReportStartedRequest) -> Result<bool, ClientError> {
+        let reply = self
+            .client
+            .with_retry(|ch| {
+                let req = req.clone();
+                async move { Self::raw(ch).report_started(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner().accepted)
+    }
+
+    pub async fn report_finished(&self, req: pb::ReportFinishedRequest) -> Result<bool, ClientError> {
+        let reply = self
+            .client
+            .with_retry(|ch| {
+                let req = req.clone();
+                async move { Self::raw(ch).report_finished(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner().accepted)
+    }
+}

@@ -1,0 +1,159 @@
+//! The user-facing `Corral` gRPC service: submit, show, list, cancel, logs, nodes.
+
+use crate::{CoordError, Coordinator};
+use corral_core::{Command, Outcome};
+use corral_proto::v1::corral_server::{Corral, CorralServer};
+use corral_proto::v1::worker_agent_client::WorkerAgentClient;
+use corral_proto::v1::{self as pb};
+use corral_types::{Job, JobSpec};
+use std::pin::Pin;
+use std::time::Duration;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+pub(crate) fn server(coord: Coordinator) -> CorralServer<Api> {
+    CorralServer::new(Api { coord })
+        .max_decoding_message_size(corral_proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(corral_proto::MAX_MESSAGE_BYTES)
+}
+
+pub(crate) struct Api {
+    coord: Coordinator,
+}
+
+impl Api {
+    fn job(&self, job_id: u64) -> Result<Job, CoordError> {
+        let data = self.coord.inner.node.state.read();
+        data.state.jobs.get(&job_id).cloned().ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))
+    }
+
+    fn node_address(&self, node: &str) -> Option<String> {
+        self.coord.inner.node.state.read().state.nodes.get(node).map(|n| n.spec.address.clone())
+    }
+}
+
+type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Corral for Api {
+    async fn submit(&self, request: Request<pb::SubmitRequest>) -> Result<Response<pb::SubmitResponse>, Status> {
+        let req = request.into_inner();
+        let spec: JobSpec = req.spec.ok_or_else(|| Status::invalid_argument("missing job spec"))?.try_into()?;
+        // Fail fast on what the state machine would refuse anyway; apply() checks again.
+        self.coord.inner.node.state.read().state.check_submit(&spec).map_err(CoordError::from)?;
+        let outcome = self.coord.propose(Command::SubmitJob { request_id: req.request_id, spec }).await?;
+        match outcome {
+            Outcome::JobSubmitted { job_id, duplicate } => Ok(Response::new(pb::SubmitResponse { job_id, duplicate })),
+            other => Err(Status::internal(format!("unexpected outcome of submit: {other:?}"))),
+        }
+    }
+
+    async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
+        let job = self.job(request.into_inner().job_id)?;
+        Ok(Response::new((&job).into()))
+    }
+
+    async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let req = request.into_inner();
+        let data = self.coord.inner.node.state.read();
+        let tenant_ok = |j: &Job| req.tenant.as_ref().is_none_or(|t| *t == j.spec.tenant);
+        let jobs: Vec<pb::Job> = if req.all {
+            data.state.jobs.values().filter(|j| tenant_ok(j)).map(Into::into).collect()
+        } else {
+            data.state.live_jobs().filter(|j| tenant_ok(j)).map(Into::into).collect()
+        };
+        Ok(Response::new(pb::ListJobsResponse { jobs }))
+    }
+
+    async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::Job>, Status> {
+        let job_id = request.into_inner().job_id;
+        match self.coord.propose(Command::CancelJob { job_id, reason: "cancelled by user".into() }).await? {
+            Outcome::Job(job) => Ok(Response::new((&*job).into())),
+            other => Err(Status::internal(format!("unexpected outcome of cancel: {other:?}"))),
+        }
+    }
+
+    type ReadLogsStream = LogStream;
+
+    async fn read_logs(&self, request: Request<pb::ReadLogsRequest>) -> Result<Response<LogStream>, Status> {
+        let req = request.into_inner();
+        let mut job = self.job(req.job_id)?;
+        // With --follow, wait until the job is placed somewhere (or ends without running).
+        while req.follow && job.allocation.is_none() && !job.state.is_terminal() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            job = self.job(req.job_id)?;
+        }
+        let Some(allocation) = job.allocation else {
+            return Ok(Response::new(Box::pin(tokio_stream::empty())));
+        };
+        let address = self.node_address(&allocation.node).ok_or_else(|| {
+            Status::not_found(format!("node {} of job {} is not registered", allocation.node, job.id))
+        })?;
+        let unreachable = |e: &dyn std::fmt::Display| {
+            Status::unavailable(format!(
+                "logs of job {} are on node {} at {address}, which is unreachable: {e}",
+                job.id, allocation.node
+            ))
+        };
+        let mut client = WorkerAgentClient::connect(format!("http://{address}")).await.map_err(|e| unreachable(&e))?;
+        let upstream = client.read_logs(req).await.map_err(|e| unreachable(&e.message()))?.into_inner();
+        Ok(Response::new(Box::pin(upstream)))
+    }
+
+    async fn list_nodes(&self, _: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let data = self.coord.inner.node.state.read();
+        let nodes = data
+            .state
+            .nodes
+            .values()
+            .map(|n| {
+                let live = self.coord.inner.liveness.get(&n.spec.name).filter(|l| l.heard);
+                let jobs: Vec<&Job> = data.state.jobs_on_node(&n.spec.name).collect();
+                let gpus = n
+                    .spec
+                    .gpus
+                    .iter()
+                    .map(|g| {
+                        let health = live.as_ref().and_then(|l| l.gpus.iter().find(|h| h.index == g.index));
+                        let job_ids: Vec<u64> = jobs
+                            .iter()
+                            .filter(|j| j.allocation.as_ref().is_some_and(|a| a.gpus.contains(&g.index)))
+                            .map(|j| j.id)
+                            .collect();
+                        let state = if health.is_some_and(|h| h.dirty) {
+                            "dirty"
+                        } else if !job_ids.is_empty() {
+                            "allocated"
+                        } else if n.state == corral_types::NodeState::Up {
+                            "idle"
+                        } else {
+                            "unavailable"
+                        };
+                        pb::GpuView {
+                            index: g.index,
+                            uuid: g.uuid.clone(),
+                            model: g.model.clone(),
+                            memory_mib: g.memory_mib,
+                            state: state.to_string(),
+                            temperature_c: health.map(|h| h.temperature_c).unwrap_or(0),
+                            utilization_percent: health.map(|h| h.utilization_percent).unwrap_or(0),
+                            memory_used_mib: health.map(|h| h.memory_used_mib).unwrap_or(0),
+                            job_ids,
+                        }
+                    })
+                    .collect();
+                pb::NodeView {
+                    name: n.spec.name.clone(),
+                    address: n.spec.address.clone(),
+                    state: n.state.as_str().to_string(),
+                    epoch: n.epoch,
+                    gpus,
+                    cpu_millis: n.spec.cpu_millis,
+                    memory_bytes: n.spec.memory_bytes,
+                    heartbeat_age_ms: live.map(|l| l.last_seen.elapsed().as_millis() as u64),
+                }
+            })
+            .collect();
+        Ok(Response::new(pb::ListNodesResponse { nodes }))
+    }
+}

@@ -1,0 +1,109 @@
+//! corral coordinator: gRPC API, worker gateway, leader scheduling loop and worker liveness.
+//!
+//! Boundary: talks to Raft only through `corral_raft::RaftNode`; every state change is a
+//! `corral_core::Command` proposed through Raft. Heartbeats and GPU health stay in the leader's
+//! memory; only state changes (node down, registrations) go through the log.
+
+mod api;
+mod error;
+mod gateway;
+mod liveness;
+mod scheduler;
+mod tso;
+
+pub use error::{CoordError, LEADER_ADDR_METADATA};
+pub use tso::Tso;
+
+use corral_core::{Command, Outcome, Request};
+use corral_raft::{RaftNode, RaftRequest};
+use liveness::Liveness;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+/// Tunables of a coordinator.
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// A node whose last heartbeat is older than this is marked down and its jobs requeued.
+    pub node_ttl: Duration,
+    /// Scheduling passes run at least this often on the leader (and on every applied change).
+    pub schedule_interval: Duration,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig { node_ttl: Duration::from_secs(10), schedule_interval: Duration::from_millis(500) }
+    }
+}
+
+/// A coordinator process: one Raft member plus the services on top of it.
+#[derive(Clone)]
+pub struct Coordinator {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    node: RaftNode,
+    tso: Tso,
+    liveness: Liveness,
+    wake_scheduler: Notify,
+    config: CoordinatorConfig,
+}
+
+impl Coordinator {
+    pub fn new(node: RaftNode, config: CoordinatorConfig) -> Self {
+        Coordinator {
+            inner: Arc::new(Inner {
+                node,
+                tso: Tso::default(),
+                liveness: Liveness::default(),
+                wake_scheduler: Notify::new(),
+                config,
+            }),
+        }
+    }
+
+    pub fn raft_node(&self) -> &RaftNode {
+        &self.inner.node
+    }
+
+    /// Stamps `command` with a TSO timestamp and replicates it; returns the state machine's outcome.
+    pub async fn propose(&self, command: Command) -> Result<Outcome, CoordError> {
+        let node = &self.inner.node;
+        let floor = node.state.read().state.last_ts;
+        let ts = self.inner.tso.next(floor);
+        match node.raft.client_write(RaftRequest(Request { ts, command })).await {
+            Ok(reply) => {
+                self.inner.wake_scheduler.notify_one();
+                reply.data.map_err(CoordError::Rejected)
+            }
+            Err(openraft::error::RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
+                Err(CoordError::NotLeader { leader_id: f.leader_id, leader_addr: f.leader_node.map(|n| n.addr) })
+            }
+            Err(e) => Err(CoordError::Raft(e.to_string())),
+        }
+    }
+
+    /// True if this node currently believes it leads the cluster.
+    pub fn is_leader(&self) -> bool {
+        let metrics = self.inner.node.raft.metrics().borrow().clone();
+        metrics.current_leader == Some(self.inner.node.id)
+    }
+
+    /// Serves the Raft, user API and worker gateway services on `listener` until `shutdown`
+    /// resolves; the leader's scheduling loop runs alongside.
+    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+        let scheduler = tokio::spawn(scheduler::run(self.clone()));
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let result = tonic::transport::Server::builder()
+            .add_service(corral_raft::RaftGrpcService::new(self.inner.node.raft.clone()).into_server())
+            .add_service(api::server(self.clone()))
+            .add_service(gateway::server(self.clone()))
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await;
+        scheduler.abort();
+        result.map_err(Into::into)
+    }
+}

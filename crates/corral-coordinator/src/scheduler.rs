@@ -1,0 +1,62 @@
+//! The leader's scheduling loop: place pending jobs, mark silent nodes down.
+
+use crate::Coordinator;
+use corral_core::{place, Command};
+use corral_types::NodeState;
+
+/// Runs forever; does work only while this node is the leader.
+pub(crate) async fn run(coord: Coordinator) {
+    let mut applied = coord.inner.node.state.subscribe_applied();
+    let interval = coord.inner.config.schedule_interval;
+    loop {
+        tokio::select! {
+            _ = coord.inner.wake_scheduler.notified() => {}
+            _ = applied.changed() => {}
+            _ = tokio::time::sleep(interval) => {}
+        }
+        if !coord.is_leader() {
+            continue;
+        }
+        mark_silent_nodes_down(&coord).await;
+        schedule_once(&coord).await;
+    }
+}
+
+async fn mark_silent_nodes_down(coord: &Coordinator) {
+    let up: Vec<String> = {
+        let data = coord.inner.node.state.read();
+        data.state.nodes.values().filter(|n| n.state == NodeState::Up).map(|n| n.spec.name.clone()).collect()
+    };
+    let ttl = coord.inner.config.node_ttl;
+    for node in coord.inner.liveness.expired(up.iter().map(String::as_str), ttl) {
+        tracing::warn!(node = %node, ttl_ms = ttl.as_millis() as u64, "no heartbeat within the ttl: marking node down");
+        let reason = format!("node {node} lost (no heartbeat for {}s)", ttl.as_secs());
+        if let Err(e) = coord.propose(Command::SetNodeState { node, state: NodeState::Down, reason }).await {
+            tracing::warn!(error = %e, "could not mark node down");
+        }
+    }
+}
+
+/// One scheduling pass: compute placements on the current state and propose them.
+pub(crate) async fn schedule_once(coord: &Coordinator) -> usize {
+    let unschedulable = coord.inner.liveness.unschedulable();
+    let placements = {
+        let data = coord.inner.node.state.read();
+        place(&data.state, &unschedulable)
+    };
+    let mut placed = 0;
+    for p in placements {
+        let job_id = p.job_id;
+        match coord.propose(Command::PlaceJob { job_id, node: p.node.clone(), gpus: p.gpus.clone() }).await {
+            Ok(_) => {
+                tracing::info!(job_id, node = %p.node, gpus = ?p.gpus, "placed job");
+                placed += 1;
+            }
+            Err(e) => {
+                tracing::warn!(job_id, error = %e, "placement not applied");
+                break;
+            }
+        }
+    }
+    placed
+}

@@ -1,0 +1,86 @@
+//! Opening a coordinator's Raft node: storage under a data dir, timing config, network.
+
+use crate::log_store::LogStore;
+use crate::network::GrpcNetworkFactory;
+use crate::state_machine::StateMachineStore;
+use crate::types::{NodeId, Raft, TypeConfig};
+use openraft::{BasicNode, SnapshotPolicy};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// How to open a Raft node.
+#[derive(Debug, Clone)]
+pub struct RaftNodeConfig {
+    pub node_id: NodeId,
+    /// Holds `raft-log/` (log + vote), `sm/` (sled) and `snapshots/`.
+    pub data_dir: PathBuf,
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot after this many applied entries since the last one.
+    pub snapshot_every: u64,
+    /// Keep this many entries in the log below the snapshot for lagging followers.
+    pub keep_logs_after_snapshot: u64,
+}
+
+impl RaftNodeConfig {
+    pub fn new(node_id: NodeId, data_dir: PathBuf) -> Self {
+        RaftNodeConfig {
+            node_id,
+            data_dir,
+            heartbeat_interval_ms: 100,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 800,
+            snapshot_every: 20_000,
+            keep_logs_after_snapshot: 1_000,
+        }
+    }
+}
+
+/// A running Raft node and its state machine.
+#[derive(Clone)]
+pub struct RaftNode {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub state: StateMachineStore,
+}
+
+impl RaftNode {
+    /// Opens storage and starts the Raft core. Does not initialize a cluster.
+    pub async fn open(config: &RaftNodeConfig) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&config.data_dir)?;
+        let raft_config = openraft::Config {
+            cluster_name: "corral".to_string(),
+            heartbeat_interval: config.heartbeat_interval_ms,
+            election_timeout_min: config.election_timeout_min_ms,
+            election_timeout_max: config.election_timeout_max_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
+            max_in_snapshot_log_to_keep: config.keep_logs_after_snapshot,
+            snapshot_max_chunk_size: 1 << 20,
+            ..Default::default()
+        }
+        .validate()?;
+        let log_dir = config.data_dir.join("raft-log");
+        std::fs::create_dir_all(&log_dir)?;
+        let mut log_config = raft_log::Config::new(log_dir.display());
+        // Small chunks: purged log space is reclaimed per closed chunk.
+        log_config.wal.chunk_max_size = Some(64 << 20);
+        log_config.log_cache_capacity = Some(256 << 20);
+        let log_store = LogStore::<TypeConfig>::open_with_config(log_config)?;
+        let state = StateMachineStore::open(&config.data_dir)?;
+        let raft =
+            Raft::new(config.node_id, Arc::new(raft_config), GrpcNetworkFactory, log_store, state.clone()).await?;
+        Ok(RaftNode { id: config.node_id, raft, state })
+    }
+
+    /// Makes this node the single voter of a new cluster. Succeeds if already initialized.
+    pub async fn initialize_single(&self, raft_addr: &str) -> anyhow::Result<()> {
+        let members = BTreeMap::from([(self.id, BasicNode { addr: raft_addr.to_string() })]);
+        match self.raft.initialize(members).await {
+            Ok(()) => Ok(()),
+            Err(openraft::error::RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,320 @@
+//! The replicated state machine: `corral_core::State` in memory, persisted in sled, with fsynced
+//! snapshot files.
+//!
+//! Invariant: sled is written in one atomic batch per applied batch of entries, including the
+//! last applied log id, so a reopened sled is a consistent prefix of the log; whatever sled lost
+//! is re-applied from the log. A snapshot file newer than sled wins on open, because the log
+//! before it may already be purged.
+
+use crate::types::{LogId, NodeId, StoredMembership, TypeConfig};
+use corral_core::{Outcome, State, Touched};
+use openraft::storage::RaftStateMachine;
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError};
+use std::io::{Cursor, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+use tokio::sync::watch;
+
+const META_RAFT_APPLIED: &[u8] = b"raft/last_applied";
+const META_RAFT_MEMBERSHIP: &[u8] = b"raft/membership";
+const META_STATE: &[u8] = b"state/meta";
+const SNAPSHOT_FILE: &str = "current.snap";
+
+/// What the state machine holds in memory.
+#[derive(Debug, Default)]
+pub struct StateMachineData {
+    pub state: State,
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
+}
+
+struct Trees {
+    db: sled::Db,
+    meta: sled::Tree,
+    jobs: sled::Tree,
+    nodes: sled::Tree,
+    requests: sled::Tree,
+}
+
+struct Shared {
+    data: RwLock<StateMachineData>,
+    trees: Trees,
+    snapshot_dir: PathBuf,
+    applied_tx: watch::Sender<u64>,
+}
+
+/// Cheap to clone handle on the state machine; the coordinator reads through it.
+#[derive(Clone)]
+pub struct StateMachineStore {
+    shared: Arc<Shared>,
+}
+
+fn io_err<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> {
+    StorageIOError::<NodeId>::write_state_machine(&e).into()
+}
+
+fn read_err<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> {
+    StorageIOError::<NodeId>::read_state_machine(&e).into()
+}
+
+fn json_err(e: serde_json::Error) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, e)
+}
+
+impl StateMachineStore {
+    /// Opens (or creates) the store under `dir` (`dir/sm` for sled, `dir/snapshots`).
+    pub fn open(dir: &Path) -> anyhow::Result<Self> {
+        let snapshot_dir = dir.join("snapshots");
+        std::fs::create_dir_all(&snapshot_dir)?;
+        let db = sled::Config::new().path(dir.join("sm")).open()?;
+        let trees = Trees {
+            meta: db.open_tree("meta")?,
+            jobs: db.open_tree("jobs")?,
+            nodes: db.open_tree("nodes")?,
+            requests: db.open_tree("requests")?,
+            db,
+        };
+        let mut data = load_from_sled(&trees)?;
+        if let Some((meta, bytes)) = read_snapshot_file(&snapshot_dir)? {
+            if meta.last_log_id > data.last_applied {
+                tracing::info!(snapshot = %meta.snapshot_id, "state machine store is older than the snapshot: loading the snapshot");
+                data = StateMachineData {
+                    state: corral_proto::snapshot_from_bytes(&bytes)?,
+                    last_applied: meta.last_log_id,
+                    membership: meta.last_membership.clone(),
+                };
+                rewrite_sled(&trees, &data)?;
+            }
+        }
+        let applied = data.last_applied.map(|l| l.index).unwrap_or(0);
+        let (applied_tx, _) = watch::channel(applied);
+        Ok(StateMachineStore { shared: Arc::new(Shared { data: RwLock::new(data), trees, snapshot_dir, applied_tx }) })
+    }
+
+    /// Read access to the applied state. Never hold the guard across an `.await`.
+    pub fn read(&self) -> RwLockReadGuard<'_, StateMachineData> {
+        self.shared.data.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Index of the last applied entry, updated after every applied batch.
+    pub fn subscribe_applied(&self) -> watch::Receiver<u64> {
+        self.shared.applied_tx.subscribe()
+    }
+}
+
+fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
+    let last_applied = match t.meta.get(META_RAFT_APPLIED)? {
+        Some(v) => serde_json::from_slice(&v)?,
+        None => None,
+    };
+    let membership = match t.meta.get(META_RAFT_MEMBERSHIP)? {
+        Some(v) => serde_json::from_slice(&v)?,
+        None => StoredMembership::default(),
+    };
+    let Some(meta) = t.meta.get(META_STATE)? else {
+        return Ok(StateMachineData { state: State::default(), last_applied, membership });
+    };
+    let meta = corral_proto::meta_from_bytes(&meta)?;
+    let mut jobs = std::collections::BTreeMap::new();
+    for kv in t.jobs.iter() {
+        let (_, v) = kv?;
+        let job = corral_proto::job_from_bytes(&v)?;
+        jobs.insert(job.id, job);
+    }
+    let mut nodes = std::collections::BTreeMap::new();
+    for kv in t.nodes.iter() {
+        let (_, v) = kv?;
+        let node = corral_proto::node_from_bytes(&v)?;
+        nodes.insert(node.spec.name.clone(), node);
+    }
+    let mut request_ids = std::collections::BTreeMap::new();
+    for kv in t.requests.iter() {
+        let (k, v) = kv?;
+        let id: [u8; 8] = v.as_ref().try_into().map_err(|_| anyhow::anyhow!("corrupt request id entry"))?;
+        request_ids.insert(String::from_utf8_lossy(&k).into_owned(), u64::from_be_bytes(id));
+    }
+    let state =
+        State::from_parts(jobs, nodes, request_ids, meta.next_job_id, meta.next_epoch, meta.last_ts, meta.config);
+    Ok(StateMachineData { state, last_applied, membership })
+}
+
+/// Replaces everything in sled with `data` and flushes.
+fn rewrite_sled(t: &Trees, data: &StateMachineData) -> anyhow::Result<()> {
+    for tree in [&t.meta, &t.jobs, &t.nodes, &t.requests] {
+        tree.clear()?;
+    }
+    let all =
+        Touched { jobs: data.state.jobs.keys().copied().collect(), nodes: data.state.nodes.keys().cloned().collect() };
+    persist(t, data, &all)?;
+    t.db.flush()?;
+    Ok(())
+}
+
+/// Writes what `touched` names plus the scalar state and the raft metadata, atomically.
+fn persist(t: &Trees, data: &StateMachineData, touched: &Touched) -> Result<(), std::io::Error> {
+    let state = &data.state;
+    let mut jobs = sled::Batch::default();
+    let mut requests = sled::Batch::default();
+    for id in &touched.jobs {
+        match state.jobs.get(id) {
+            Some(job) => {
+                jobs.insert(&id.to_be_bytes(), corral_proto::job_to_bytes(job));
+                if !job.request_id.is_empty() {
+                    requests.insert(job.request_id.as_bytes(), &id.to_be_bytes());
+                }
+            }
+            None => jobs.remove(&id.to_be_bytes()),
+        }
+    }
+    let mut nodes = sled::Batch::default();
+    for name in &touched.nodes {
+        match state.nodes.get(name) {
+            Some(node) => nodes.insert(name.as_bytes(), corral_proto::node_to_bytes(node)),
+            None => nodes.remove(name.as_bytes()),
+        }
+    }
+    let mut meta = sled::Batch::default();
+    meta.insert(META_STATE, corral_proto::meta_to_bytes(state));
+    meta.insert(META_RAFT_APPLIED, serde_json::to_vec(&data.last_applied).map_err(json_err)?);
+    meta.insert(META_RAFT_MEMBERSHIP, serde_json::to_vec(&data.membership).map_err(json_err)?);
+    use sled::Transactional;
+    (&t.jobs, &t.requests, &t.nodes, &t.meta)
+        .transaction(|(tj, tr, tn, tm)| {
+            tj.apply_batch(&jobs)?;
+            tr.apply_batch(&requests)?;
+            tn.apply_batch(&nodes)?;
+            tm.apply_batch(&meta)?;
+            Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+        })
+        .map_err(|e| std::io::Error::other(format!("sled transaction failed: {e:?}")))
+}
+
+type SnapshotMetaT = SnapshotMeta<NodeId, openraft::BasicNode>;
+
+/// Snapshot file: u64 BE length of the JSON meta, the meta, then the protobuf state.
+fn write_snapshot_file(dir: &Path, meta: &SnapshotMetaT, state: &[u8]) -> std::io::Result<()> {
+    let meta_json = serde_json::to_vec(meta).map_err(json_err)?;
+    let tmp = dir.join(format!("{SNAPSHOT_FILE}.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&(meta_json.len() as u64).to_be_bytes())?;
+        f.write_all(&meta_json)?;
+        f.write_all(state)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(SNAPSHOT_FILE))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+fn read_snapshot_file(dir: &Path) -> std::io::Result<Option<(SnapshotMetaT, Vec<u8>)>> {
+    let bytes = match std::fs::read(dir.join(SNAPSHOT_FILE)) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let corrupt = || std::io::Error::new(std::io::ErrorKind::InvalidData, "corrupt snapshot file");
+    let len = u64::from_be_bytes(bytes.get(..8).ok_or_else(corrupt)?.try_into().map_err(|_| corrupt())?) as usize;
+    let meta_end = 8usize.checked_add(len).filter(|e| *e <= bytes.len()).ok_or_else(corrupt)?;
+    let meta: SnapshotMetaT = serde_json::from_slice(&bytes[8..meta_end]).map_err(json_err)?;
+    Ok(Some((meta, bytes[meta_end..].to_vec())))
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError<NodeId>> {
+        let data = self.read();
+        Ok((data.last_applied, data.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<corral_core::Response>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = openraft::Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let shared = &self.shared;
+        let mut responses = Vec::new();
+        let applied = {
+            let mut data = shared.data.write().unwrap_or_else(|p| p.into_inner());
+            let mut touched = Touched::default();
+            for entry in entries {
+                data.last_applied = Some(entry.log_id);
+                let response = match entry.payload {
+                    EntryPayload::Blank => Ok(Outcome::Done),
+                    EntryPayload::Normal(request) => {
+                        let (response, t) = data.state.apply_tracked(&request.0);
+                        touched.jobs.extend(t.jobs);
+                        touched.nodes.extend(t.nodes);
+                        response
+                    }
+                    EntryPayload::Membership(m) => {
+                        data.membership = StoredMembership::new(Some(entry.log_id), m);
+                        Ok(Outcome::Done)
+                    }
+                };
+                responses.push(response);
+            }
+            persist(&shared.trees, &data, &touched).map_err(io_err)?;
+            data.last_applied.map(|l| l.index).unwrap_or(0)
+        };
+        shared.applied_tx.send_replace(applied);
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMetaT,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let bytes = snapshot.into_inner();
+        let state = corral_proto::snapshot_from_bytes(&bytes)
+            .map_err(|e| StorageError::from(StorageIOError::<NodeId>::read_snapshot(Some(meta.signature()), &e)))?;
+        write_snapshot_file(&self.shared.snapshot_dir, meta, &bytes)
+            .map_err(|e| StorageError::from(StorageIOError::<NodeId>::write_snapshot(Some(meta.signature()), &e)))?;
+        let applied = {
+            let mut data = self.shared.data.write().unwrap_or_else(|p| p.into_inner());
+            *data =
+                StateMachineData { state, last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
+            rewrite_sled(&self.shared.trees, &data).map_err(|e| io_err(std::io::Error::other(e.to_string())))?;
+            data.last_applied.map(|l| l.index).unwrap_or(0)
+        };
+        self.shared.applied_tx.send_replace(applied);
+        tracing::info!(snapshot = %meta.snapshot_id, "installed snapshot");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let found = read_snapshot_file(&self.shared.snapshot_dir).map_err(read_err)?;
+        Ok(found.map(|(meta, bytes)| Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) }))
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let (bytes, last_applied, membership) = {
+            let data = self.read();
+            (corral_proto::snapshot_to_bytes(&data.state), data.last_applied, data.membership.clone())
+        };
+        let snapshot_id = match last_applied {
+            Some(l) => format!("{}-{}-{}", l.leader_id.term, l.leader_id.node_id, l.index),
+            None => "empty".to_string(),
+        };
+        let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
+        let dir = self.shared.snapshot_dir.clone();
+        let (meta, bytes) =
+            tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &meta, &bytes).map(|()| (meta, bytes)))
+                .await
+                .map_err(|e| io_err(std::io::Error::other(e.to_string())))?
+                .map_err(|e| StorageError::from(StorageIOError::<NodeId>::write_snapshot(None, &e)))?;
+        tracing::info!(snapshot = %meta.snapshot_id, bytes = bytes.len(), "built snapshot");
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
+    }
+}

@@ -1,0 +1,114 @@
+//! The worker's `WorkerAgent` gRPC service: streams a job's log files to the coordinator.
+//!
+//! Invariant: log paths are built from the numeric job id only (`<data>/jobs/<id>/<epoch>/`);
+//! nothing from the request becomes a path.
+
+use crate::executor::{STDERR_LOG, STDOUT_LOG};
+use crate::worker::WorkerShared;
+use corral_proto::v1::worker_agent_server::{WorkerAgent, WorkerAgentServer};
+use corral_proto::v1::{self as pb, LogStream};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+const CHUNK: usize = 64 * 1024;
+const POLL: Duration = Duration::from_millis(100);
+/// How long a follower waits for a just-placed job's log directory to appear.
+const START_WAIT: Duration = Duration::from_secs(30);
+
+pub(crate) fn server(shared: Arc<WorkerShared>) -> WorkerAgentServer<Agent> {
+    WorkerAgentServer::new(Agent { shared })
+}
+
+pub(crate) struct Agent {
+    shared: Arc<WorkerShared>,
+}
+
+/// The directory of the latest attempt of `job_id`, if any.
+pub(crate) fn latest_attempt_dir(jobs_dir: &Path, job_id: u64) -> Option<PathBuf> {
+    let dir = jobs_dir.join(job_id.to_string());
+    let epoch = std::fs::read_dir(&dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+        .max()?;
+    Some(dir.join(epoch.to_string()))
+}
+
+/// Reads what was appended to `path` since `offset`, without following symlinks.
+fn read_new(path: &Path, offset: &mut u64) -> std::io::Result<Vec<u8>> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW);
+    let mut file = match options.open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    file.seek(SeekFrom::Start(*offset))?;
+    let mut buf = Vec::new();
+    file.take(16 * CHUNK as u64).read_to_end(&mut buf)?;
+    *offset += buf.len() as u64;
+    Ok(buf)
+}
+
+type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl WorkerAgent for Agent {
+    type ReadLogsStream = ChunkStream;
+
+    async fn read_logs(&self, request: Request<pb::ReadLogsRequest>) -> Result<Response<ChunkStream>, Status> {
+        let req = request.into_inner();
+        let shared = self.shared.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            let jobs_dir = shared.jobs_dir();
+            let started = Instant::now();
+            let dir = loop {
+                match latest_attempt_dir(&jobs_dir, req.job_id) {
+                    Some(dir) => break dir,
+                    None if req.follow && started.elapsed() < START_WAIT => {
+                        tokio::time::sleep(POLL).await;
+                    }
+                    None => return,
+                }
+            };
+            let mut offsets = [0u64; 2];
+            let files = [(dir.join(STDOUT_LOG), LogStream::Stdout), (dir.join(STDERR_LOG), LogStream::Stderr)];
+            loop {
+                // Decide before reading, so output written just before the exit is not lost.
+                let last_round = !req.follow || !shared.is_running(req.job_id);
+                let mut progressed = false;
+                for (i, (path, stream)) in files.iter().enumerate() {
+                    let data = match read_new(path, &mut offsets[i]) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            let _ = tx.send(Err(Status::internal(format!("cannot read log: {e}")))).await;
+                            return;
+                        }
+                    };
+                    progressed |= !data.is_empty();
+                    for piece in data.chunks(CHUNK) {
+                        let chunk = pb::LogChunk { stream: *stream as i32, data: piece.to_vec() };
+                        if tx.send(Ok(chunk)).await.is_err() {
+                            return; // the reader went away
+                        }
+                    }
+                }
+                if last_round && !progressed {
+                    return;
+                }
+                if !progressed {
+                    tokio::time::sleep(POLL).await;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+}
