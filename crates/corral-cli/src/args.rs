@@ -92,7 +92,7 @@ pub struct SubmitArgs {
     #[arg(long)]
     pub gpu_slice: Option<String>,
     /// CPU cores (fractions allowed, e.g. 0.5); the job's cgroup is capped to them.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub cpus: Option<f64>,
     /// Memory limit, e.g. 512M or 16GiB; the job is OOM-killed above it.
     #[arg(long, value_parser = parse_size)]

@@ -60,7 +60,7 @@ impl ClientConfig {
             endpoints,
             token: None,
             connect_timeout: Duration::from_secs(2),
-            retry_for: Duration::from_secs(15),
+            retry_for: Duration::from_secs(5),
         }
     }
 }

@@ -1,0 +1,5 @@
+//! Multi-process tests: each spawns the real `corral` binary (`corral dev` pools) and drives it
+//! through the CLI, as users and operators do.
+
+mod bad_input;
+mod job_path;

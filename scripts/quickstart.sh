@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds corral, starts a `corral dev` pool (8 simulated RTX 5090s, data in ./corral-data),
+# runs a first job on one GPU, shows its state, output and the pool, then stops the pool.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo build --release -p corral-cli
+corral=target/release/corral
+endpoint=127.0.0.1:7070
+log=$(mktemp)
+
+"$corral" dev --data-dir ./corral-data --listen "$endpoint" >"$log" 2>&1 &
+pool=$!
+trap 'kill -TERM $pool 2>/dev/null; wait $pool 2>/dev/null || true; rm -f "$log"' EXIT
+
+for _ in $(seq 1 300); do
+  grep -q "corral dev ready" "$log" && break
+  kill -0 $pool 2>/dev/null || { cat "$log"; exit 1; }
+  sleep 0.1
+done
+head -n 1 "$log"
+
+export CORRAL_ENDPOINT=$endpoint
+job=$("$corral" submit --gpus 1 --name first-job -- sh -c 'echo "hello from GPU $CUDA_VISIBLE_DEVICES on $CORRAL_NODE"')
+echo "submitted job $job"
+"$corral" wait "$job" --timeout 60s
+"$corral" logs "$job"
+"$corral" show "$job"
+"$corral" nodes
