@@ -17,7 +17,11 @@ pub fn corral_bin() -> PathBuf {
     // target/<profile>/deps/<test> -> target/<profile>/corral
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
     let bin = profile_dir.join("corral");
-    assert!(bin.exists(), "{} not found: build it with `cargo build -p corral-cli` (cargo test --workspace does)", bin.display());
+    assert!(
+        bin.exists(),
+        "{} not found: build it with `cargo build -p corral-cli` (cargo test --workspace does)",
+        bin.display()
+    );
     bin
 }
 

@@ -40,6 +40,11 @@ pub enum OutputFormat {
 pub enum Command {
     /// Run a single-process pool: one coordinator plus a worker with simulated GPUs.
     Dev(DevArgs),
+    /// Run a coordinator daemon (one Raft member) from its TOML config file.
+    Coordinator(ConfigArg),
+    /// Manage the coordinator cluster: init, join, leave, status.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Submit a job; prints its id.
     Submit(SubmitArgs),
     /// Show one job.
@@ -56,6 +61,31 @@ pub enum Command {
     Logs(LogsArgs),
     /// List worker nodes and their GPUs.
     Nodes,
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArg {
+    /// Path of the TOML config file.
+    #[arg(long)]
+    pub config: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Make the coordinator at --endpoint the first member of a new cluster (idempotent).
+    Init,
+    /// Add the running, empty coordinator at ADDR: as learner until it caught up, then as voter.
+    Join {
+        /// API address of the coordinator to add, host:port.
+        addr: String,
+    },
+    /// Remove coordinator NODE_ID from the cluster (its id is never reused).
+    Leave {
+        /// Node id of the coordinator to remove.
+        node_id: u64,
+    },
+    /// Members, leader, term, commit and applied index as the coordinator at --endpoint sees them.
+    Status,
 }
 
 #[derive(Debug, Args)]

@@ -10,7 +10,7 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-fn client(global: &GlobalArgs) -> anyhow::Result<Client> {
+pub fn client(global: &GlobalArgs) -> anyhow::Result<Client> {
     let endpoints: Vec<String> =
         global.endpoint.iter().map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect();
     let mut config = ClientConfig::new(endpoints);

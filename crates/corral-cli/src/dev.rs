@@ -24,7 +24,7 @@ pub fn init_tracing() {
 }
 
 /// Resolves when SIGINT or SIGTERM arrives.
-async fn termination() {
+pub async fn termination() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(_) => {
@@ -66,7 +66,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot open coordinator data in {}", data_dir.display()))?;
     node.initialize_single(&addr.to_string()).await?;
-    let coordinator = Coordinator::new(node.clone(), CoordinatorConfig::default());
+    let config = CoordinatorConfig { advertise_addr: addr.to_string(), ..Default::default() };
+    let coordinator = Coordinator::new(node.clone(), config);
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;

@@ -1,7 +1,9 @@
 //! The `corral` binary: parses arguments, installs tracing, and calls the libraries.
 
 mod args;
+mod cluster_cmd;
 mod commands;
+mod coordinator_cmd;
 mod dev;
 mod output;
 
@@ -62,6 +64,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let global = cli.global;
     match cli.command {
         Command::Dev(args) => dev::run(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Coordinator(args) => coordinator_cmd::run(&args.config).await.map(|()| ExitCode::SUCCESS),
+        Command::Cluster(command) => cluster_cmd::run(&global, command).await,
         Command::Submit(args) => commands::submit(&global, args).await,
         Command::Show(args) => commands::show(&global, args).await,
         Command::Wait(args) => commands::wait(&global, args).await,

@@ -1,6 +1,7 @@
 //! Typed corral gRPC client: endpoint failover, leader redirects, and retries that reuse the
 //! same request id so a retried submit never creates a second job.
 
+use corral_proto::v1::cluster_admin_client::ClusterAdminClient;
 use corral_proto::v1::corral_client::CorralClient as RawCorral;
 use corral_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use corral_proto::v1::{self as pb};
@@ -278,6 +279,73 @@ impl Client {
             })
             .await?;
         Ok(reply.into_inner().nodes)
+    }
+
+    fn admin(channel: Channel) -> ClusterAdminClient<Channel> {
+        ClusterAdminClient::new(channel)
+    }
+
+    /// Bootstraps a cluster on the first configured endpoint (not forwarded anywhere else).
+    pub async fn cluster_init(&self) -> Result<pb::ClusterStatus, ClientError> {
+        let only = self.single(0)?;
+        let reply = only
+            .with_retry(|ch| {
+                let req = self.authorize(pb::ClusterInitRequest {});
+                async move { Self::admin(ch).init(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// The view of the first configured endpoint (not forwarded).
+    pub async fn cluster_status(&self) -> Result<pb::ClusterStatus, ClientError> {
+        let only = self.single(0)?;
+        let reply = only
+            .with_retry(|ch| {
+                let req = self.authorize(pb::ClusterStatusRequest {});
+                async move { Self::admin(ch).status(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// Adds the coordinator running at `addr` (asked for its node id first) to the cluster.
+    pub async fn cluster_join(&self, addr: &str) -> Result<pb::ClusterStatus, ClientError> {
+        let newcomer = Client::new(ClientConfig { endpoints: vec![addr.to_string()], ..(*self.config).clone() })?;
+        let status = newcomer.cluster_status().await?;
+        if status.initialized && !status.members.iter().all(|m| m.node_id == status.node_id) {
+            return Err(ClientError::Protocol(format!(
+                "coordinator {} at {addr} already belongs to a cluster of {} members: join only empty coordinators",
+                status.node_id,
+                status.members.len()
+            )));
+        }
+        let node_id = status.node_id;
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::JoinRequest { node_id, addr: addr.to_string() });
+                async move { Self::admin(ch).join(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// Removes coordinator `node_id` from the cluster.
+    pub async fn cluster_leave(&self, node_id: u64) -> Result<pb::ClusterStatus, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::LeaveRequest { node_id });
+                async move { Self::admin(ch).leave(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// A client that talks to endpoint `index` only.
+    fn single(&self, index: usize) -> Result<Client, ClientError> {
+        let endpoint =
+            self.config.endpoints.get(index).cloned().ok_or_else(|| ClientError::InvalidEndpoint(String::new()))?;
+        Client::new(ClientConfig { endpoints: vec![endpoint], ..(*self.config).clone() })
     }
 
     /// The worker-side protocol, on the same failover and leader redirects.

@@ -49,11 +49,13 @@ impl Corral for Api {
     }
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
+        self.coord.linearizable().await?;
         let job = self.job(request.into_inner().job_id)?;
         Ok(Response::new((&job).into()))
     }
 
     async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+        self.coord.linearizable().await?;
         let req = request.into_inner();
         let data = self.coord.inner.node.state.read();
         let tenant_ok = |j: &Job| req.tenant.as_ref().is_none_or(|t| *t == j.spec.tenant);
@@ -101,6 +103,7 @@ impl Corral for Api {
     }
 
     async fn list_nodes(&self, _: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
+        self.coord.linearizable().await?;
         let data = self.coord.inner.node.state.read();
         let nodes = data
             .state

@@ -5,6 +5,7 @@
 //! memory; only state changes (node down, registrations) go through the log.
 
 mod api;
+mod cluster;
 mod error;
 mod gateway;
 mod liveness;
@@ -30,11 +31,17 @@ pub struct CoordinatorConfig {
     pub node_ttl: Duration,
     /// Scheduling passes run at least this often on the leader (and on every applied change).
     pub schedule_interval: Duration,
+    /// Address other coordinators, workers and clients reach this one at (API and Raft).
+    pub advertise_addr: String,
 }
 
 impl Default for CoordinatorConfig {
     fn default() -> Self {
-        CoordinatorConfig { node_ttl: Duration::from_secs(10), schedule_interval: Duration::from_millis(500) }
+        CoordinatorConfig {
+            node_ttl: Duration::from_secs(10),
+            schedule_interval: Duration::from_millis(500),
+            advertise_addr: String::new(),
+        }
     }
 }
 
@@ -86,6 +93,28 @@ impl Coordinator {
         }
     }
 
+    /// The "not the leader" error, naming the leader when one is known.
+    pub(crate) fn not_leader(&self) -> CoordError {
+        let metrics = self.inner.node.raft.metrics().borrow().clone();
+        let leader_addr = metrics
+            .current_leader
+            .and_then(|id| metrics.membership_config.membership().get_node(&id).map(|n| n.addr.clone()));
+        CoordError::NotLeader { leader_id: metrics.current_leader, leader_addr }
+    }
+
+    /// Waits until this node may serve a linearizable read: it is the leader, a quorum confirmed
+    /// it, and everything committed before the read is applied. Followers answer `NotLeader`.
+    pub(crate) async fn linearizable(&self) -> Result<(), CoordError> {
+        use openraft::error::{CheckIsLeaderError, RaftError};
+        match self.inner.node.raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(CoordError::NotLeader { leader_id: f.leader_id, leader_addr: f.leader_node.map(|n| n.addr) })
+            }
+            Err(e) => Err(CoordError::Unavailable(format!("cannot confirm leadership: {e}"))),
+        }
+    }
+
     /// True if this node currently believes it leads the cluster.
     pub fn is_leader(&self) -> bool {
         let metrics = self.inner.node.raft.metrics().borrow().clone();
@@ -101,6 +130,7 @@ impl Coordinator {
             .add_service(corral_raft::RaftGrpcService::new(self.inner.node.raft.clone()).into_server())
             .add_service(api::server(self.clone()))
             .add_service(gateway::server(self.clone()))
+            .add_service(cluster::server(self.clone()))
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         scheduler.abort();

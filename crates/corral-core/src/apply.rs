@@ -1,7 +1,7 @@
 //! `State::apply`: the deterministic transition function of the replicated state machine.
 
 use crate::place::gpus_needed;
-use crate::{ApplyError, ClusterConfig, Command, Outcome, Request, Response, State};
+use crate::{ApplyError, ClusterConfig, Command, CoordinatorRecord, Outcome, Request, Response, State};
 use corral_types::{
     format_size, Allocation, Job, JobExitReport, JobId, JobSpec, JobState, NodeSpec, NodeState, NodeStatus, Timestamp,
 };
@@ -29,7 +29,11 @@ impl State {
                 touched.jobs.extend(self.jobs_on_node(name).map(|j| j.id));
                 touched.nodes.insert(name.clone());
             }
-            Command::SubmitJob { .. } | Command::Configure(_) | Command::Noop => {}
+            Command::SubmitJob { .. }
+            | Command::Configure(_)
+            | Command::Noop
+            | Command::AddCoordinator { .. }
+            | Command::RemoveCoordinator { .. } => {}
         }
         let response = self.apply(request);
         if let Ok(Outcome::JobSubmitted { job_id, duplicate: false }) = &response {
@@ -52,6 +56,16 @@ impl State {
             Command::SetNodeState { node, state, reason } => self.set_node_state(ts, node, *state, reason),
             Command::Configure(config) => self.configure(config),
             Command::Noop => Ok(Outcome::Done),
+            Command::AddCoordinator { node_id, addr } => self.add_coordinator(*node_id, addr),
+            Command::RemoveCoordinator { node_id } => {
+                match self.coordinators.get_mut(node_id) {
+                    Some(record) => record.removed = true,
+                    None => {
+                        self.coordinators.insert(*node_id, CoordinatorRecord { addr: String::new(), removed: true });
+                    }
+                }
+                Ok(Outcome::Done)
+            }
         }
     }
 
@@ -283,6 +297,19 @@ impl State {
         }
     }
 
+    /// Idempotent for a retried join of the same node at the same address; refuses an id that
+    /// was removed or belongs to another address.
+    fn add_coordinator(&mut self, node_id: u64, addr: &str) -> Response {
+        match self.coordinators.get(&node_id) {
+            Some(r) if !r.removed && r.addr == addr => Ok(Outcome::Stale),
+            Some(_) => Err(ApplyError::NodeIdReused(node_id)),
+            None => {
+                self.coordinators.insert(node_id, CoordinatorRecord { addr: addr.to_string(), removed: false });
+                Ok(Outcome::Done)
+            }
+        }
+    }
+
     fn configure(&mut self, config: &ClusterConfig) -> Response {
         if config.priority_classes.values().filter(|c| c.is_default).count() > 1 {
             return Err(ApplyError::InvalidConfig("more than one default priority class".into()));
@@ -481,6 +508,17 @@ mod tests {
             s.apply(&req(5, Command::CancelJob { job_id: 9, reason: String::new() })),
             Err(ApplyError::NoSuchJob(9))
         );
+    }
+
+    #[test]
+    fn coordinator_ids_are_never_reused() {
+        let mut s = State::default();
+        let add = |id, addr: &str| Command::AddCoordinator { node_id: id, addr: addr.into() };
+        assert_eq!(s.apply(&req(1, add(1, "a:1"))), Ok(Outcome::Done));
+        assert_eq!(s.apply(&req(2, add(1, "a:1"))), Ok(Outcome::Stale), "a retried join is fine");
+        assert_eq!(s.apply(&req(3, add(1, "b:1"))), Err(ApplyError::NodeIdReused(1)));
+        s.apply(&req(4, Command::RemoveCoordinator { node_id: 1 })).unwrap();
+        assert_eq!(s.apply(&req(5, add(1, "a:1"))), Err(ApplyError::NodeIdReused(1)), "not even after leaving");
     }
 
     #[test]

@@ -43,6 +43,15 @@ pub enum Command {
     },
     Configure(ClusterConfig),
     Noop,
+    /// Records a coordinator joining the Raft cluster (before it is added as learner).
+    AddCoordinator {
+        node_id: u64,
+        addr: String,
+    },
+    /// Records a coordinator leaving; its id stays taken.
+    RemoveCoordinator {
+        node_id: u64,
+    },
 }
 
 /// A command with the TSO timestamp the leader stamped on it: the state machine's only clock.
@@ -91,6 +100,8 @@ pub enum ApplyError {
     NoSuchNode(String),
     #[error("placement of job {job_id} rejected: {reason}")]
     PlacementRejected { job_id: JobId, reason: String },
+    #[error("coordinator node id {0} was used before: node ids are never reused, pick a new one")]
+    NodeIdReused(u64),
     #[error("invalid cluster config: {0}")]
     InvalidConfig(String),
 }

@@ -15,4 +15,4 @@ pub use apply::Touched;
 pub use command::{ApplyError, Command, Outcome, Request, Response, FORMAT_VERSION};
 pub use config::{ClusterConfig, PriorityClass};
 pub use place::{place, Placement};
-pub use state::State;
+pub use state::{CoordinatorRecord, State};

@@ -5,6 +5,13 @@ use corral_types::{Job, JobId, JobState, NodeStatus, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// A coordinator that was added to the Raft cluster at some point.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoordinatorRecord {
+    pub addr: String,
+    pub removed: bool,
+}
+
 /// Everything the coordinators replicate. Only `apply()` changes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct State {
@@ -18,6 +25,8 @@ pub struct State {
     /// Highest TSO timestamp applied so far.
     pub last_ts: Timestamp,
     pub config: ClusterConfig,
+    /// Every coordinator ever added to the Raft cluster, by node id.
+    pub coordinators: BTreeMap<u64, CoordinatorRecord>,
     /// Derived index: live (pending or running) jobs. Rebuilt on load, not persisted.
     #[serde(skip)]
     live: BTreeSet<JobId>,
@@ -33,6 +42,7 @@ impl Default for State {
             next_epoch: 1,
             last_ts: Timestamp::ZERO,
             config: ClusterConfig::default(),
+            coordinators: BTreeMap::new(),
             live: BTreeSet::new(),
         }
     }
@@ -49,9 +59,10 @@ impl State {
         next_epoch: u64,
         last_ts: Timestamp,
         config: ClusterConfig,
+        coordinators: BTreeMap<u64, CoordinatorRecord>,
     ) -> Self {
         let live = jobs.values().filter(|j| !j.state.is_terminal()).map(|j| j.id).collect();
-        State { jobs, nodes, request_ids, next_job_id, next_epoch, last_ts, config, live }
+        State { jobs, nodes, request_ids, next_job_id, next_epoch, last_ts, config, coordinators, live }
     }
 
     pub(crate) fn set_job_state_index(&mut self, job_id: JobId, state: JobState) {

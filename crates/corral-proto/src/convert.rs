@@ -1,7 +1,7 @@
 //! Conversions between generated protobuf messages and corral's domain types.
 
 use crate::v1 as pb;
-use corral_core::{ClusterConfig, Command, PriorityClass, Request, State, FORMAT_VERSION};
+use corral_core::{ClusterConfig, Command, CoordinatorRecord, PriorityClass, Request, State, FORMAT_VERSION};
 use corral_types::{
     Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeSpec, NodeState, NodeStatus, Timestamp,
 };
@@ -326,6 +326,10 @@ fn command_to_pb(r: &Request) -> pb::Command {
         }),
         Command::Configure(c) => Kind::Configure(config_to_pb(c)),
         Command::Noop => Kind::Noop(true),
+        Command::AddCoordinator { node_id, addr } => {
+            Kind::AddCoordinator(pb::AddCoordinator { node_id: *node_id, addr: addr.clone() })
+        }
+        Command::RemoveCoordinator { node_id } => Kind::RemoveCoordinator(pb::RemoveCoordinator { node_id: *node_id }),
     };
     pb::Command { format_version: FORMAT_VERSION, ts: r.ts.0, kind: Some(kind) }
 }
@@ -354,6 +358,8 @@ fn command_from_pb(c: pb::Command) -> Result<Request, ProtoError> {
         }
         Kind::Configure(c) => Command::Configure(config_from_pb(c)),
         Kind::Noop(_) => Command::Noop,
+        Kind::AddCoordinator(a) => Command::AddCoordinator { node_id: a.node_id, addr: a.addr },
+        Kind::RemoveCoordinator(r) => Command::RemoveCoordinator { node_id: r.node_id },
     };
     Ok(Request { ts: Timestamp(c.ts), command })
 }
@@ -390,8 +396,20 @@ pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
         next_epoch: s.next_epoch,
         last_ts: s.last_ts.0,
         config: Some(config_to_pb(&s.config)),
+        coordinators: coordinators_to_pb(s),
     }
     .encode_to_vec()
+}
+
+fn coordinators_to_pb(s: &State) -> Vec<pb::CoordinatorRecord> {
+    s.coordinators
+        .iter()
+        .map(|(id, r)| pb::CoordinatorRecord { node_id: *id, addr: r.addr.clone(), removed: r.removed })
+        .collect()
+}
+
+fn coordinators_from_pb(records: Vec<pb::CoordinatorRecord>) -> BTreeMap<u64, CoordinatorRecord> {
+    records.into_iter().map(|r| (r.node_id, CoordinatorRecord { addr: r.addr, removed: r.removed })).collect()
 }
 
 /// Decodes a snapshot written by [`snapshot_to_bytes`].
@@ -413,6 +431,7 @@ pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, ProtoError> {
         s.next_epoch,
         Timestamp(s.last_ts),
         s.config.map(config_from_pb).unwrap_or_default(),
+        coordinators_from_pb(s.coordinators),
     ))
 }
 
@@ -443,6 +462,7 @@ pub struct StateMeta {
     pub next_epoch: u64,
     pub last_ts: Timestamp,
     pub config: ClusterConfig,
+    pub coordinators: BTreeMap<u64, CoordinatorRecord>,
 }
 
 /// Encodes the scalar part of the state.
@@ -453,6 +473,7 @@ pub fn meta_to_bytes(s: &State) -> Vec<u8> {
         next_epoch: s.next_epoch,
         last_ts: s.last_ts.0,
         config: Some(config_to_pb(&s.config)),
+        coordinators: coordinators_to_pb(s),
         ..Default::default()
     }
     .encode_to_vec()
@@ -467,6 +488,7 @@ pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, ProtoError> {
         next_epoch: s.next_epoch,
         last_ts: Timestamp(s.last_ts),
         config: s.config.map(config_from_pb).unwrap_or_default(),
+        coordinators: coordinators_from_pb(s.coordinators),
     })
 }
 

@@ -44,6 +44,7 @@ pub struct RaftNode {
     pub id: NodeId,
     pub raft: Raft,
     pub state: StateMachineStore,
+    log: LogStore<TypeConfig>,
 }
 
 impl RaftNode {
@@ -70,8 +71,16 @@ impl RaftNode {
         let log_store = LogStore::<TypeConfig>::open_with_config(log_config)?;
         let state = StateMachineStore::open(&config.data_dir)?;
         let raft =
-            Raft::new(config.node_id, Arc::new(raft_config), GrpcNetworkFactory, log_store, state.clone()).await?;
-        Ok(RaftNode { id: config.node_id, raft, state })
+            Raft::new(config.node_id, Arc::new(raft_config), GrpcNetworkFactory, log_store.clone(), state.clone())
+                .await?;
+        Ok(RaftNode { id: config.node_id, raft, state, log: log_store })
+    }
+
+    /// Highest log index this node knows to be committed (persisted lazily: may lag).
+    pub async fn committed_index(&self) -> Option<u64> {
+        use openraft::storage::RaftLogStorage;
+        let mut log = self.log.clone();
+        log.read_committed().await.ok().flatten().map(|l| l.index)
     }
 
     /// Makes this node the single voter of a new cluster. Succeeds if already initialized.

@@ -96,6 +96,12 @@ impl StateMachineStore {
         self.shared.data.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// FNV-1a of the encoded state: equal on every node that applied the same log prefix.
+    pub fn digest(&self) -> u64 {
+        let bytes = corral_proto::snapshot_to_bytes(&self.read().state);
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+    }
+
     /// Index of the last applied entry, updated after every applied batch.
     pub fn subscribe_applied(&self) -> watch::Receiver<u64> {
         self.shared.applied_tx.subscribe()
@@ -133,8 +139,16 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
         let id: [u8; 8] = v.as_ref().try_into().map_err(|_| anyhow::anyhow!("corrupt request id entry"))?;
         request_ids.insert(String::from_utf8_lossy(&k).into_owned(), u64::from_be_bytes(id));
     }
-    let state =
-        State::from_parts(jobs, nodes, request_ids, meta.next_job_id, meta.next_epoch, meta.last_ts, meta.config);
+    let state = State::from_parts(
+        jobs,
+        nodes,
+        request_ids,
+        meta.next_job_id,
+        meta.next_epoch,
+        meta.last_ts,
+        meta.config,
+        meta.coordinators,
+    );
     Ok(StateMachineData { state, last_applied, membership })
 }
 

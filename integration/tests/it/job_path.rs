@@ -30,10 +30,7 @@ fn succeeding_job_sees_its_gpus_and_wait_exits_zero() {
     assert_eq!(doc["state"], "succeeded");
     let gpus: Vec<u64> = doc["gpus"].as_array().expect("gpus").iter().filter_map(|g| g.as_u64()).collect();
     assert_eq!(gpus.len(), 2);
-    let expected = format!(
-        "cuda={} job={job}\n",
-        gpus.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
-    );
+    let expected = format!("cuda={} job={job}\n", gpus.iter().map(u64::to_string).collect::<Vec<_>>().join(","));
     assert_eq!(pool.ok(&["logs", &job.to_string()]), expected);
 }
 

@@ -1,0 +1,225 @@
+//! `corral coordinator --config FILE`: a coordinator daemon (one Raft member) from TOML.
+
+use anyhow::{bail, Context};
+use corral_coordinator::{Coordinator, CoordinatorConfig};
+use corral_raft::{RaftNode, RaftNodeConfig};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// The coordinator's config file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct CoordinatorFile {
+    /// Raft node id: unique in the cluster, never reused.
+    pub node_id: u64,
+    /// Address to serve the API, the worker gateway and Raft on.
+    pub listen: String,
+    /// Address others reach this coordinator at (default: `listen`).
+    pub advertise: Option<String>,
+    /// Holds the Raft log, state machine and snapshots.
+    pub data_dir: PathBuf,
+    #[serde(default)]
+    pub raft: RaftSection,
+    #[serde(default)]
+    pub scheduler: SchedulerSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct RaftSection {
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot after this many applied entries.
+    pub snapshot_every: u64,
+    /// Entries kept below a snapshot for lagging followers.
+    pub keep_logs_after_snapshot: u64,
+}
+
+impl Default for RaftSection {
+    fn default() -> Self {
+        let d = RaftNodeConfig::new(0, PathBuf::new());
+        RaftSection {
+            heartbeat_interval_ms: d.heartbeat_interval_ms,
+            election_timeout_min_ms: d.election_timeout_min_ms,
+            election_timeout_max_ms: d.election_timeout_max_ms,
+            snapshot_every: d.snapshot_every,
+            keep_logs_after_snapshot: d.keep_logs_after_snapshot,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct SchedulerSection {
+    /// A worker silent for this long is marked down and its jobs requeued, e.g. "10s".
+    pub node_ttl: String,
+}
+
+impl Default for SchedulerSection {
+    fn default() -> Self {
+        SchedulerSection { node_ttl: "10s".into() }
+    }
+}
+
+/// Turns a toml error into one line naming the key and line.
+pub fn toml_error(path: &Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
+    let line = e.span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+    let message = e.message().trim().replace('\n', " ");
+    match line {
+        Some(line) => anyhow::anyhow!("invalid config {} (line {line}): {message}", path.display()),
+        None => anyhow::anyhow!("invalid config {}: {message}", path.display()),
+    }
+}
+
+impl CoordinatorFile {
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
+        let file: CoordinatorFile = toml::from_str(&text).map_err(|e| toml_error(path, &text, &e))?;
+        file.validate().map_err(|e| anyhow::anyhow!("invalid config {}: {e}", path.display()))?;
+        Ok(file)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.node_id == 0 {
+            return Err("node-id: must be greater than 0".into());
+        }
+        self.listen.parse::<SocketAddr>().map_err(|_| format!("listen: '{}' is not IP:PORT", self.listen))?;
+        if let Some(a) = &self.advertise {
+            let ok = a.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                return Err(format!("advertise: '{a}' is not host:port"));
+            }
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err("data-dir: must not be empty".into());
+        }
+        let r = &self.raft;
+        if r.heartbeat_interval_ms == 0 || r.election_timeout_min_ms <= r.heartbeat_interval_ms {
+            return Err("raft.election-timeout-min-ms: must be greater than raft.heartbeat-interval-ms".into());
+        }
+        if r.election_timeout_max_ms <= r.election_timeout_min_ms {
+            return Err("raft.election-timeout-max-ms: must be greater than raft.election-timeout-min-ms".into());
+        }
+        if r.snapshot_every == 0 {
+            return Err("raft.snapshot-every: must be greater than 0".into());
+        }
+        corral_types::parse_duration(&self.scheduler.node_ttl).map_err(|e| format!("scheduler.node-ttl: {e}"))?;
+        Ok(())
+    }
+}
+
+/// Refuses to open a data dir written by another node id.
+fn claim_data_dir(dir: &Path, node_id: u64) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create data dir {}", dir.display()))?;
+    let marker = dir.join("node-id");
+    match std::fs::read_to_string(&marker) {
+        Ok(text) => {
+            let owner: u64 = text.trim().parse().with_context(|| format!("corrupt {}", marker.display()))?;
+            if owner != node_id {
+                bail!("data dir {} belongs to coordinator {owner}, not {node_id}: use another data-dir", dir.display());
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::write(&marker, format!("{node_id}\n"))?;
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub async fn run(config_path: &Path) -> anyhow::Result<()> {
+    crate::dev::init_tracing();
+    let file = CoordinatorFile::load(config_path)?;
+    claim_data_dir(&file.data_dir, file.node_id)?;
+    let listen: SocketAddr = file.listen.parse()?;
+    let listener = TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let bound = listener.local_addr()?;
+    let advertise = file.advertise.clone().unwrap_or_else(|| bound.to_string());
+
+    let raft_config = RaftNodeConfig {
+        node_id: file.node_id,
+        data_dir: file.data_dir.clone(),
+        heartbeat_interval_ms: file.raft.heartbeat_interval_ms,
+        election_timeout_min_ms: file.raft.election_timeout_min_ms,
+        election_timeout_max_ms: file.raft.election_timeout_max_ms,
+        snapshot_every: file.raft.snapshot_every,
+        keep_logs_after_snapshot: file.raft.keep_logs_after_snapshot,
+    };
+    let node =
+        RaftNode::open(&raft_config).await.with_context(|| format!("cannot open {}", file.data_dir.display()))?;
+    let config = CoordinatorConfig {
+        node_ttl: corral_types::parse_duration(&file.scheduler.node_ttl)?,
+        advertise_addr: advertise.clone(),
+        ..Default::default()
+    };
+    let coordinator = Coordinator::new(node.clone(), config);
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let server = tokio::spawn(coordinator.serve(listener, async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    println!("corral coordinator {} listening on {bound} (advertised as {advertise})", file.node_id);
+    crate::dev::termination().await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    if let Err(e) = tokio::time::timeout(Duration::from_secs(10), node.raft.shutdown()).await {
+        tracing::warn!(error = %e, "raft shutdown timed out");
+    }
+    server.await??;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_example_coordinator_config_parses() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../cluster-configs");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).expect("cluster-configs/") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            if name.starts_with("coordinator") && name.ends_with(".toml") {
+                CoordinatorFile::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+                seen += 1;
+            }
+        }
+        assert!(seen >= 3, "expected the 3-node example configs, found {seen}");
+    }
+
+    #[test]
+    fn bad_configs_name_the_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cases = [
+            ("node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\nbogus = 1\n", "unknown field `bogus`"),
+            ("listen = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n", "missing field `node-id`"),
+            ("node-id = 0\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n", "node-id: must be greater than 0"),
+            ("node-id = 1\nlisten = \"nowhere\"\ndata-dir = \"/x\"\n", "listen: 'nowhere' is not IP:PORT"),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[scheduler]\nnode-ttl = \"soon\"\n",
+                "scheduler.node-ttl",
+            ),
+        ];
+        for (text, expected) in cases {
+            let path = dir.path().join("c.toml");
+            std::fs::write(&path, text).expect("write");
+            let err = CoordinatorFile::load(&path).expect_err(text).to_string();
+            assert!(err.contains(expected), "{err} should mention {expected}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+    }
+
+    #[test]
+    fn data_dir_of_another_node_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        claim_data_dir(dir.path(), 1).expect("claim");
+        claim_data_dir(dir.path(), 1).expect("same node again");
+        let err = claim_data_dir(dir.path(), 2).expect_err("other node").to_string();
+        assert!(err.contains("belongs to coordinator 1"), "{err}");
+    }
+}
