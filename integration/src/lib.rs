@@ -1,6 +1,8 @@
 //! Test support for multi-process tests: finds the built `corral` binary, runs `corral dev`
 //! pools in temp dirs, and drives the CLI exactly as a user would.
 
+pub mod cluster;
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -174,7 +176,7 @@ fn unique() -> String {
     format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-fn unsafe_kill(pid: u32, signal: i32) {
+pub(crate) fn unsafe_kill(pid: u32, signal: i32) {
     // SAFETY: kill(2) has no memory-safety preconditions.
     unsafe {
         libc::kill(pid as libc::pid_t, signal);

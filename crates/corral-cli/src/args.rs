@@ -42,6 +42,8 @@ pub enum Command {
     Dev(DevArgs),
     /// Run a coordinator daemon (one Raft member) from its TOML config file.
     Coordinator(ConfigArg),
+    /// Run a worker daemon (GPU host) from its TOML config file.
+    Worker(ConfigArg),
     /// Manage the coordinator cluster: init, join, leave, status.
     #[command(subcommand)]
     Cluster(ClusterCommand),

@@ -92,7 +92,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         model: args.gpu_model.clone(),
         memory_mib: args.gpu_memory >> 20,
         host: format!("{NODE_NAME}-{}", path_tag(&data_dir)),
-    });
+    })
+    // Operators and tests inject GPU faults (overheat, XID, leaked memory) by writing this file.
+    .with_faults_file(data_dir.join("worker/faults.toml"));
     let client = Client::new(ClientConfig::new(vec![addr.to_string()]))?;
     let worker = Worker::new(worker_config, client.gateway(), Arc::new(executor), Arc::new(gpus));
     let worker = tokio::spawn(worker.run(agent_listener, stopped(stop_rx.clone())));

@@ -6,6 +6,7 @@ mod commands;
 mod coordinator_cmd;
 mod dev;
 mod output;
+mod worker_cmd;
 
 use args::{Cli, Command};
 use clap::Parser;
@@ -65,6 +66,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Dev(args) => dev::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Coordinator(args) => coordinator_cmd::run(&args.config).await.map(|()| ExitCode::SUCCESS),
+        Command::Worker(args) => worker_cmd::run(&args.config, global.token.clone()).await.map(|()| ExitCode::SUCCESS),
         Command::Cluster(command) => cluster_cmd::run(&global, command).await,
         Command::Submit(args) => commands::submit(&global, args).await,
         Command::Show(args) => commands::show(&global, args).await,

@@ -204,7 +204,12 @@ pub fn node_json(n: &pb::NodeView) -> Value {
             "temperature_c": g.temperature_c,
             "utilization_percent": g.utilization_percent,
             "memory_used_mib": g.memory_used_mib,
+            "power_w": g.power_mw as f64 / 1000.0,
+            "xid_errors": g.xid_errors,
             "jobs": g.job_ids,
+            "problems": g.problems,
+            "dirty_reason": (!g.dirty_reason.is_empty()).then(|| g.dirty_reason.clone()),
+            "dirty_job_id": g.dirty_job_id,
         })).collect::<Vec<_>>(),
     })
 }
@@ -214,6 +219,7 @@ pub fn nodes_table(nodes: &[pb::NodeView]) -> String {
     for n in nodes {
         let free = n.gpus.iter().filter(|g| g.state == "idle").count();
         let dirty = n.gpus.iter().filter(|g| g.state == "dirty").count();
+        let unhealthy = n.gpus.iter().filter(|g| g.state == "unhealthy").count();
         let models: std::collections::BTreeSet<&str> = n.gpus.iter().map(|g| g.model.as_str()).collect();
         let temps = n.gpus.iter().map(|g| g.temperature_c.to_string()).collect::<Vec<_>>().join(",");
         rows.push(vec![
@@ -221,7 +227,12 @@ pub fn nodes_table(nodes: &[pb::NodeView]) -> String {
             n.state.clone(),
             format!("{free}/{}", n.gpus.len()),
             models.into_iter().collect::<Vec<_>>().join(","),
-            if dirty > 0 { format!("{dirty} dirty") } else { "ok".into() },
+            match (dirty, unhealthy) {
+                (0, 0) => "ok".to_string(),
+                (d, 0) => format!("{d} dirty"),
+                (0, u) => format!("{u} unhealthy"),
+                (d, u) => format!("{d} dirty, {u} unhealthy"),
+            },
             temps,
             n.heartbeat_age_ms.map(|ms| format!("{:.1}s", ms as f64 / 1000.0)).unwrap_or_else(|| "-".into()),
         ]);

@@ -6,7 +6,7 @@ use corral_proto::v1::corral_client::CorralClient as RawCorral;
 use corral_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use corral_proto::v1::{self as pb};
 use corral_types::{Job, JobSpec};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -51,6 +51,9 @@ pub struct ClientConfig {
     pub endpoints: Vec<String>,
     pub token: Option<String>,
     pub connect_timeout: Duration,
+    /// Longest one attempt of a unary call may take before it is retried (with the same
+    /// request id): a partitioned or deposed coordinator must not hang the caller.
+    pub request_timeout: Duration,
     /// Total time spent retrying an unavailable cluster before giving up.
     pub retry_for: Duration,
 }
@@ -61,6 +64,7 @@ impl ClientConfig {
             endpoints,
             token: None,
             connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
             retry_for: Duration::from_secs(5),
         }
     }
@@ -120,6 +124,7 @@ impl Client {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| e.to_string())?
             .connect_timeout(self.config.connect_timeout)
+            .timeout(self.config.request_timeout)
             .tcp_nodelay(true);
         let channel = endpoint.connect().await.map_err(|e| {
             let mut msg = e.to_string();
@@ -150,8 +155,11 @@ impl Client {
         Fut: Future<Output = Result<T, Status>>,
     {
         let deadline = Instant::now() + self.config.retry_for;
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = Duration::from_millis(20);
         let mut last_error = String::from("no endpoint tried");
+        // Addresses that refused a connection during this call: a stale leader hint naming one
+        // of them (followers keep naming a dead leader until they elect a new one) is ignored.
+        let mut unreachable: BTreeSet<String> = BTreeSet::new();
         loop {
             // A redirect makes the leader the preferred endpoint and restarts the round at once.
             let mut redirected = false;
@@ -160,6 +168,8 @@ impl Client {
                     Ok(c) => c,
                     Err(e) => {
                         last_error = e;
+                        self.forget(&addr);
+                        unreachable.insert(addr);
                         continue;
                     }
                 };
@@ -172,7 +182,7 @@ impl Client {
                         let leader =
                             status.metadata().get(LEADER_ADDR_METADATA).and_then(|v| v.to_str().ok()).map(String::from);
                         last_error = status.message().to_string();
-                        if let Some(leader) = leader.filter(|l| *l != addr) {
+                        if let Some(leader) = leader.filter(|l| *l != addr && !unreachable.contains(l)) {
                             self.pool().preferred = Some(leader);
                             redirected = true;
                             break;
@@ -191,7 +201,10 @@ impl Client {
                 return Err(ClientError::Unreachable { endpoints: self.config.endpoints.join(","), last_error });
             }
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_millis(500));
+            // Elections take a few hundred milliseconds: keep polling at that pace.
+            backoff = (backoff * 2).min(Duration::from_millis(100));
+            // A node that refused may be back (restarted) by the next round.
+            unreachable.clear();
         }
     }
 

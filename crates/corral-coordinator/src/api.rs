@@ -125,6 +125,8 @@ impl Corral for Api {
                             .collect();
                         let state = if health.is_some_and(|h| h.dirty) {
                             "dirty"
+                        } else if health.is_some_and(|h| !h.problems.is_empty()) {
+                            "unhealthy"
                         } else if !job_ids.is_empty() {
                             "allocated"
                         } else if n.state == corral_types::NodeState::Up {
@@ -142,6 +144,11 @@ impl Corral for Api {
                             utilization_percent: health.map(|h| h.utilization_percent).unwrap_or(0),
                             memory_used_mib: health.map(|h| h.memory_used_mib).unwrap_or(0),
                             job_ids,
+                            problems: health.map(|h| h.problems.clone()).unwrap_or_default(),
+                            dirty_reason: health.map(|h| h.dirty_reason.clone()).unwrap_or_default(),
+                            dirty_job_id: health.and_then(|h| h.dirty_job_id),
+                            xid_errors: health.map(|h| h.xid_errors).unwrap_or(0),
+                            power_mw: health.map(|h| h.power_mw).unwrap_or(0),
                         }
                     })
                     .collect();

@@ -74,6 +74,9 @@ impl WorkerGateway for Gateway {
                 power_mw: g.power_mw,
                 xid_errors: g.xid_errors,
                 dirty: g.dirty,
+                dirty_reason: g.dirty_reason.clone(),
+                dirty_job_id: (g.dirty_job_id != 0).then_some(g.dirty_job_id),
+                problems: g.problems.clone(),
             })
             .collect();
         self.coord.inner.liveness.heartbeat(&hb.node, gpus);

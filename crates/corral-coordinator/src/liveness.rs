@@ -48,11 +48,13 @@ impl Liveness {
         .collect()
     }
 
-    /// (node, gpu index) pairs that must not be scheduled: dirty devices.
+    /// (node, gpu index) pairs that must not be scheduled: dirty or unhealthy devices.
     pub fn unschedulable(&self) -> BTreeSet<(String, u32)> {
         self.lock()
             .iter()
-            .flat_map(|(name, live)| live.gpus.iter().filter(|g| g.dirty).map(move |g| (name.clone(), g.index)))
+            .flat_map(|(name, live)| {
+                live.gpus.iter().filter(|g| !g.schedulable()).map(move |g| (name.clone(), g.index))
+            })
             .collect()
     }
 }

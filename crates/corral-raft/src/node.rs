@@ -29,9 +29,9 @@ impl RaftNodeConfig {
         RaftNodeConfig {
             node_id,
             data_dir,
-            heartbeat_interval_ms: 100,
-            election_timeout_min_ms: 400,
-            election_timeout_max_ms: 800,
+            heartbeat_interval_ms: 50,
+            election_timeout_min_ms: 150,
+            election_timeout_max_ms: 300,
             snapshot_every: 20_000,
             keep_logs_after_snapshot: 1_000,
         }

@@ -66,4 +66,16 @@ pub struct GpuHealth {
     pub xid_errors: u64,
     /// Memory left behind by a finished job: not schedulable until clean.
     pub dirty: bool,
+    /// Why the device is dirty, and which job left it so (`None`: found at worker start).
+    pub dirty_reason: String,
+    pub dirty_job_id: Option<u64>,
+    /// Health problems (overheat, fatal XID, uncorrected ECC, lost): not schedulable.
+    pub problems: Vec<String>,
+}
+
+impl GpuHealth {
+    /// A device the scheduler may place jobs on.
+    pub fn schedulable(&self) -> bool {
+        !self.dirty && self.problems.is_empty()
+    }
 }

@@ -1,4 +1,5 @@
-//! corral worker daemon: GPU backends, job executors in cgroups, heartbeats, log files.
+//! corral worker daemon: GPU backends, job executors in cgroups and containers, heartbeats,
+//! GPU health and post-job hygiene, log files.
 //!
 //! Boundary: talks to coordinators only through `corral_client::GatewayClient`; hardware
 //! behind `gpu::GpuBackend`, process isolation behind `executor::Executor`.
@@ -6,6 +7,9 @@
 mod agent;
 pub mod executor;
 pub mod gpu;
+pub mod health;
+pub mod hygiene;
+pub mod mps;
 mod worker;
 
-pub use worker::{Worker, WorkerConfig};
+pub use worker::{infiniband_devices, JobUser, UserMapping, Worker, WorkerConfig};

@@ -5,7 +5,10 @@
 //! retried until the coordinator acknowledges them (it ignores stale epochs, so retries are safe).
 
 use crate::executor::{Executor, JobHandle, LaunchSpec, ResourceLimits};
-use crate::gpu::GpuBackend;
+use crate::gpu::{DeviceInfo, GpuBackend, GpuReading, MigState};
+use crate::health::{HealthPolicy, HealthTracker};
+use crate::hygiene::{Hygiene, HygieneConfig};
+use crate::mps::{Mps, MpsConfig};
 use corral_client::GatewayClient;
 use corral_proto::v1::{self as pb};
 use corral_types::{GpuSlice, Job, JobExitReport, NodeSpec};
@@ -15,9 +18,58 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+
+/// Interval between two hygiene checks while a device settles after a job.
+const SETTLE_POLL: Duration = Duration::from_millis(250);
+
+/// GPU control nodes a container with GPUs needs besides `/dev/nvidia<minor>`.
+const NVIDIA_CONTROL_NODES: [&str; 4] =
+    ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"];
+
+/// A uid/gid pair a job runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobUser {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Which user a job runs as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UserMapping {
+    /// As the worker's own user (`corral dev`, a single-user playground).
+    WorkerUser,
+    /// As its tenant's user.
+    Tenants {
+        tenants: BTreeMap<String, JobUser>,
+        /// For tenants without an entry; `None` refuses their jobs.
+        default: Option<JobUser>,
+        /// Whether uid 0 may be used at all.
+        allow_root: bool,
+    },
+}
+
+impl UserMapping {
+    /// The uid/gid for `tenant`'s jobs; `None` keeps the worker's.
+    pub fn resolve(&self, tenant: &str) -> Result<Option<JobUser>, String> {
+        match self {
+            UserMapping::WorkerUser => Ok(None),
+            UserMapping::Tenants { tenants, default, allow_root } => {
+                let user = tenants.get(tenant).or(default.as_ref()).copied().ok_or_else(|| {
+                    format!("tenant '{tenant}' has no user on this worker: add it under [users.tenants] in the worker config, or set users.default")
+                })?;
+                if (user.uid == 0 || user.gid == 0) && !allow_root {
+                    return Err(format!(
+                        "tenant '{tenant}' maps to root, which this worker refuses: map it to another uid, or set users.allow-root = true"
+                    ));
+                }
+                Ok(Some(user))
+            }
+        }
+    }
+}
 
 /// Plain worker settings (the binary builds them from TOML or flags).
 #[derive(Debug, Clone)]
@@ -33,6 +85,16 @@ pub struct WorkerConfig {
     pub cpu_millis: u64,
     pub memory_bytes: u64,
     pub labels: Vec<(String, String)>,
+    /// Partitions this node serves, registered as `partition=<name>` labels.
+    pub partitions: Vec<String>,
+    pub users: UserMapping,
+    pub hygiene: HygieneConfig,
+    pub health: HealthPolicy,
+    pub mps: MpsConfig,
+    /// Device nodes every container gets besides its GPUs (e.g. /dev/infiniband/*).
+    pub extra_devices: Vec<PathBuf>,
+    /// `RLIMIT_NOFILE` of every job; `None` inherits the worker's.
+    pub open_files: Option<u64>,
 }
 
 impl WorkerConfig {
@@ -47,8 +109,29 @@ impl WorkerConfig {
             cpu_millis: host_cpu_millis(),
             memory_bytes: host_memory_bytes(),
             labels: Vec::new(),
+            partitions: Vec::new(),
+            users: UserMapping::WorkerUser,
+            hygiene: HygieneConfig::default(),
+            health: HealthPolicy::default(),
+            mps: MpsConfig::default(),
+            extra_devices: Vec::new(),
+            open_files: None,
         }
     }
+
+    /// File where GPU leaks are recorded, one JSON object per line.
+    pub fn leak_record_file(&self) -> PathBuf {
+        self.data_dir.join("gpu-leaks.jsonl")
+    }
+}
+
+/// The InfiniBand device nodes of this host (`/dev/infiniband/*`), for RDMA jobs.
+pub fn infiniband_devices() -> Vec<PathBuf> {
+    let mut nodes: Vec<PathBuf> = std::fs::read_dir("/dev/infiniband")
+        .map(|entries| entries.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    nodes.sort();
+    nodes
 }
 
 fn host_cpu_millis() -> u64 {
@@ -69,6 +152,8 @@ fn host_memory_bytes() -> u64 {
 struct LocalJob {
     epoch: u64,
     gpus: Vec<u32>,
+    /// The MIG device the job runs on, if any.
+    mig_uuid: Option<String>,
     handle: Option<JobHandle>,
     /// The process tree is gone; the exit report may still be in flight.
     exited: bool,
@@ -85,6 +170,16 @@ pub(crate) struct WorkerShared {
     launched: Mutex<BTreeSet<u64>>,
     node_epoch: AtomicU64,
     wake: Notify,
+    hygiene: Hygiene,
+    health: Mutex<HealthTracker>,
+    mps: Mps,
+    /// Static device facts, read once at start.
+    info: Mutex<Vec<DeviceInfo>>,
+    /// Number of heartbeats started; each one's id is the count after its start.
+    heartbeats_started: AtomicU64,
+    /// Highest id of a heartbeat the coordinator accepted, and a signal at each.
+    heartbeat_accepted: AtomicU64,
+    heartbeat_sent: Notify,
 }
 
 impl WorkerShared {
@@ -100,6 +195,67 @@ impl WorkerShared {
     pub(crate) fn is_running(&self, job_id: u64) -> bool {
         self.jobs().get(&job_id).is_some_and(|j| !j.exited)
     }
+
+    /// GPU indices of jobs whose processes still run.
+    fn allocated_gpus(&self) -> Vec<u32> {
+        self.jobs().values().filter(|j| !j.exited).flat_map(|j| j.gpus.clone()).collect()
+    }
+
+    /// Reads every GPU off the async executor (driver calls block).
+    async fn read_gpus(&self) -> Vec<GpuReading> {
+        let gpus = Arc::clone(&self.gpus);
+        let allocated = self.allocated_gpus();
+        tokio::task::spawn_blocking(move || gpus.read(&allocated)).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "gpu reading task failed");
+            Vec::new()
+        })
+    }
+
+    /// After a job: waits (bounded by the settle time) until its GPUs are clean, else marks
+    /// them dirty and attributes them to the job. GPUs another running job shares (MPS) are
+    /// skipped: their memory is not the finished job's. Returns whether any became dirty.
+    async fn check_hygiene(&self, job_id: u64, epoch: u64, gpus: &[u32]) -> bool {
+        let shared_with_others = self.allocated_gpus();
+        let gpus: Vec<u32> = gpus.iter().copied().filter(|g| !shared_with_others.contains(g)).collect();
+        if gpus.is_empty() {
+            return false;
+        }
+        let deadline = Instant::now() + self.hygiene.config().settle_time;
+        loop {
+            let readings = self.read_gpus().await;
+            let findings = self.hygiene.inspect(&readings, &gpus);
+            if findings.is_empty() {
+                self.hygiene.note_clean(&readings, &gpus);
+                return false;
+            }
+            if Instant::now() >= deadline {
+                self.hygiene.mark_dirty(job_id, epoch, findings);
+                return true;
+            }
+            tokio::time::sleep(SETTLE_POLL).await;
+        }
+    }
+
+    /// Triggers a heartbeat and waits (bounded) until one that started after this call was
+    /// accepted, so the coordinator knows about a dirty GPU before it learns the job ended.
+    async fn heartbeat_now(&self) {
+        let started_before = self.heartbeats_started.load(Ordering::SeqCst);
+        let limit = self.config.heartbeat_interval * 3 + Duration::from_secs(1);
+        let waited = tokio::time::timeout(limit, async {
+            while self.heartbeat_accepted.load(Ordering::SeqCst) <= started_before {
+                let sent = self.heartbeat_sent.notified();
+                self.wake.notify_one();
+                if self.heartbeat_accepted.load(Ordering::SeqCst) > started_before {
+                    break;
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(100), sent).await;
+            }
+        })
+        .await;
+        if waited.is_err() {
+            tracing::warn!("no heartbeat got through in time; reporting the job anyway");
+        }
+    }
 }
 
 /// A worker daemon.
@@ -114,6 +270,9 @@ impl Worker {
         executor: Arc<dyn Executor>,
         gpus: Arc<dyn GpuBackend>,
     ) -> Self {
+        let hygiene = Hygiene::new(config.hygiene.clone(), Some(config.leak_record_file()));
+        let health = Mutex::new(HealthTracker::new(config.health.clone()));
+        let mps = Mps::new(&config.mps, config.data_dir.join("mps"));
         Worker {
             shared: Arc::new(WorkerShared {
                 config,
@@ -124,20 +283,54 @@ impl Worker {
                 launched: Mutex::new(BTreeSet::new()),
                 node_epoch: AtomicU64::new(0),
                 wake: Notify::new(),
+                hygiene,
+                health,
+                mps,
+                info: Mutex::new(Vec::new()),
+                heartbeats_started: AtomicU64::new(0),
+                heartbeat_accepted: AtomicU64::new(0),
+                heartbeat_sent: Notify::new(),
             }),
         }
     }
 
     fn node_spec(&self) -> NodeSpec {
         let c = &self.shared.config;
+        let mut labels = c.labels.clone();
+        labels.extend(c.partitions.iter().map(|p| ("partition".to_owned(), p.clone())));
         NodeSpec {
             name: c.node_name.clone(),
             address: c.advertise_addr.clone(),
             gpus: self.shared.gpus.devices(),
             cpu_millis: c.cpu_millis,
             memory_bytes: c.memory_bytes,
-            labels: c.labels.clone(),
+            labels,
         }
+    }
+
+    /// Reads the devices once before any job runs: static facts, idle baselines, health.
+    async fn inspect_gpus(&self) {
+        let gpus = Arc::clone(&self.shared.gpus);
+        let (info, readings) =
+            tokio::task::spawn_blocking(move || (gpus.info(), gpus.read(&[]))).await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "gpu inventory task failed");
+                (Vec::new(), Vec::new())
+            });
+        for device in &info {
+            tracing::info!(
+                gpu = device.device.index,
+                uuid = %device.device.uuid,
+                model = %device.device.model,
+                memory_mib = device.device.memory_mib,
+                pci = ?device.pci_bus_id,
+                numa = ?device.numa_node,
+                mig = ?device.mig,
+                "gpu"
+            );
+        }
+        *self.shared.info.lock().unwrap_or_else(|p| p.into_inner()) = info;
+        self.shared.hygiene.start(&readings);
+        self.shared.health.lock().unwrap_or_else(|p| p.into_inner()).update(&readings);
     }
 
     /// Serves the agent on `agent_listener`, registers, and runs the heartbeat loop until
@@ -152,6 +345,7 @@ impl Worker {
         for cgroup in self.shared.executor.reap_leftovers()? {
             tracing::warn!(cgroup = %cgroup, "killed a job left running by an earlier worker process");
         }
+        self.inspect_gpus().await;
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(agent_listener);
         let agent = tonic::transport::Server::builder()
             .add_service(crate::agent::server(self.shared.clone()))
@@ -164,6 +358,8 @@ impl Worker {
         }
         agent.abort();
         self.kill_all("worker shutting down");
+        let shared = Arc::clone(&self.shared);
+        let _ = tokio::task::spawn_blocking(move || shared.mps.shutdown()).await;
         Ok(())
     }
 
@@ -202,29 +398,41 @@ impl Worker {
 
     async fn heartbeat_once(&self) -> Result<(), corral_client::ClientError> {
         let shared = &self.shared;
-        let (running, allocated): (Vec<pb::RunningJob>, Vec<u32>) = {
-            let jobs = shared.jobs();
-            let running = jobs
-                .iter()
-                .filter(|(_, j)| !j.exited)
-                .map(|(id, j)| pb::RunningJob { job_id: *id, epoch: j.epoch })
-                .collect();
-            (running, jobs.values().filter(|j| !j.exited).flat_map(|j| j.gpus.clone()).collect())
-        };
-        let gpus = shared
-            .gpus
-            .health(&allocated)
-            .into_iter()
-            .map(|h| pb::GpuHealth {
-                index: h.index,
-                temperature_c: h.temperature_c,
-                utilization_percent: h.utilization_percent,
-                memory_used_mib: h.memory_used_mib,
-                power_mw: h.power_mw,
-                xid_errors: h.xid_errors,
-                dirty: h.dirty,
-            })
+        let id = shared.heartbeats_started.fetch_add(1, Ordering::SeqCst) + 1;
+        let readings = shared.read_gpus().await;
+        let running: Vec<pb::RunningJob> = shared
+            .jobs()
+            .iter()
+            .filter(|(_, j)| !j.exited)
+            .map(|(id, j)| pb::RunningJob { job_id: *id, epoch: j.epoch })
             .collect();
+        if shared.hygiene.recheck_due() {
+            shared.hygiene.recheck(&readings);
+        }
+        let gpus = {
+            let leaks = shared.hygiene.leaks();
+            let mut health = shared.health.lock().unwrap_or_else(|p| p.into_inner());
+            health.update(&readings);
+            readings
+                .iter()
+                .map(|r| {
+                    let h = r.to_health(shared.hygiene.is_dirty(r.index));
+                    let leak = leaks.iter().find(|l| l.finding.gpu == r.index);
+                    pb::GpuHealth {
+                        index: h.index,
+                        temperature_c: h.temperature_c,
+                        utilization_percent: h.utilization_percent,
+                        memory_used_mib: h.memory_used_mib,
+                        power_mw: h.power_mw,
+                        xid_errors: h.xid_errors,
+                        dirty: h.dirty,
+                        problems: health.problems(r.index).to_vec(),
+                        dirty_reason: leak.map(|l| l.finding.reason.clone()).unwrap_or_default(),
+                        dirty_job_id: leak.and_then(|l| l.job_id).unwrap_or(0),
+                    }
+                })
+                .collect()
+        };
         let request = pb::HeartbeatRequest {
             node: shared.config.node_name.clone(),
             node_epoch: shared.node_epoch.load(Ordering::SeqCst),
@@ -232,6 +440,8 @@ impl Worker {
             running,
         };
         let reply = shared.gateway.heartbeat(request).await?;
+        shared.heartbeat_accepted.fetch_max(id, Ordering::SeqCst);
+        shared.heartbeat_sent.notify_waiters();
         if reply.reregister {
             tracing::warn!("coordinator does not know this node's epoch: killing local jobs and registering again");
             self.kill_all("node fenced by the coordinator");
@@ -300,85 +510,146 @@ impl Worker {
                 return;
             }
         }
-        let spec = self.launch_spec(&job, allocation.epoch, &allocation.gpus);
-        let time_limit = job.spec.time_limit_secs.map(Duration::from_secs);
-        let launched = self.shared.executor.launch(&spec);
-        let shared = self.shared.clone();
         let (job_id, epoch) = (job.id, allocation.epoch);
-        match launched {
-            Ok(mut running) => {
-                tracing::info!(job_id, epoch, pid = running.pid(), gpus = ?allocation.gpus, "job started");
-                let handle = running.handle();
-                shared.jobs().insert(
-                    job_id,
-                    LocalJob { epoch, gpus: allocation.gpus.clone(), handle: Some(handle.clone()), exited: false },
-                );
-                tokio::spawn(async move {
-                    report_started(&shared, job_id, epoch).await;
-                    let mut timed_out = false;
-                    let exit = {
-                        let wait = running.wait();
-                        tokio::pin!(wait);
-                        let limit = async {
-                            match time_limit {
-                                Some(t) => tokio::time::sleep(t).await,
-                                None => std::future::pending().await,
-                            }
-                        };
-                        tokio::select! {
-                            exit = &mut wait => exit,
-                            _ = limit => {
-                                tracing::info!(job_id, "time limit reached: killing job");
-                                timed_out = true;
-                                if let Err(e) = handle.kill_tree() {
-                                    tracing::warn!(job_id, error = %e, "kill failed");
-                                }
-                                wait.await
-                            }
-                        }
-                    };
-                    tracing::info!(job_id, epoch, code = ?exit.exit_code, signal = ?exit.signal, oom = exit.oom_killed, "job exited");
-                    if let Some(j) = shared.jobs().get_mut(&job_id) {
-                        j.exited = true;
+        let time_limit = job.spec.time_limit_secs.map(Duration::from_secs);
+        let mig_uuid = match self.pick_mig_instance(&job, &allocation.gpus) {
+            Ok(uuid) => uuid,
+            Err(e) => return self.launch_failed(job_id, epoch, e),
+        };
+        let launched = self
+            .launch_spec(&job, epoch, &allocation.gpus, mig_uuid.as_deref())
+            .and_then(|spec| self.shared.executor.launch(&spec).map_err(|e| e.to_string()));
+        let mut running = match launched {
+            Ok(running) => running,
+            Err(e) => return self.launch_failed(job_id, epoch, e),
+        };
+        let shared = self.shared.clone();
+        tracing::info!(job_id, epoch, pid = running.pid(), gpus = ?allocation.gpus, image = ?job.spec.image, "job started");
+        let handle = running.handle();
+        let gpus = allocation.gpus.clone();
+        shared.jobs().insert(
+            job_id,
+            LocalJob { epoch, gpus: gpus.clone(), mig_uuid, handle: Some(handle.clone()), exited: false },
+        );
+        tokio::spawn(async move {
+            report_started(&shared, job_id, epoch).await;
+            let mut timed_out = false;
+            let exit = {
+                let wait = running.wait();
+                tokio::pin!(wait);
+                let limit = async {
+                    match time_limit {
+                        Some(t) => tokio::time::sleep(t).await,
+                        None => std::future::pending().await,
                     }
-                    let report = JobExitReport {
-                        exit_code: exit.exit_code,
-                        signal: exit.signal,
-                        oom_killed: exit.oom_killed,
-                        run_time_ms: exit.run_time.as_millis() as u64,
-                        timed_out,
-                        launch_error: None,
-                    };
-                    report_finished(&shared, job_id, epoch, report).await;
-                });
+                };
+                tokio::select! {
+                    exit = &mut wait => exit,
+                    _ = limit => {
+                        tracing::info!(job_id, "time limit reached: killing job");
+                        timed_out = true;
+                        if let Err(e) = handle.kill_tree() {
+                            tracing::warn!(job_id, error = %e, "kill failed");
+                        }
+                        wait.await
+                    }
+                }
+            };
+            tracing::info!(job_id, epoch, code = ?exit.exit_code, signal = ?exit.signal, oom = exit.oom_killed, "job exited");
+            if let Some(j) = shared.jobs().get_mut(&job_id) {
+                j.exited = true;
             }
-            Err(e) => {
-                tracing::warn!(job_id, epoch, error = %e, "launch failed");
-                let report = JobExitReport { launch_error: Some(e.to_string()), ..Default::default() };
-                shared.jobs().insert(job_id, LocalJob { epoch, gpus: Vec::new(), handle: None, exited: true });
-                tokio::spawn(async move { report_finished(&shared, job_id, epoch, report).await });
+            // The job's cgroup is empty now (wait drained it): its GPUs must be clean too.
+            if shared.check_hygiene(job_id, epoch, &gpus).await {
+                shared.heartbeat_now().await;
             }
-        }
+            let report = JobExitReport {
+                exit_code: exit.exit_code,
+                signal: exit.signal,
+                oom_killed: exit.oom_killed,
+                run_time_ms: exit.run_time.as_millis() as u64,
+                timed_out,
+                launch_error: None,
+            };
+            report_finished(&shared, job_id, epoch, report).await;
+        });
     }
 
-    fn launch_spec(&self, job: &Job, epoch: u64, gpus: &[u32]) -> LaunchSpec {
-        let devices = self.shared.gpus.devices();
-        let uuids: Vec<String> =
-            gpus.iter().filter_map(|i| devices.iter().find(|d| d.index == *i).map(|d| d.uuid.clone())).collect();
+    fn launch_failed(&self, job_id: u64, epoch: u64, error: String) {
+        tracing::warn!(job_id, epoch, error = %error, "launch failed");
+        let report = JobExitReport { launch_error: Some(error), ..Default::default() };
+        let shared = self.shared.clone();
+        shared.jobs().insert(job_id, LocalJob { epoch, gpus: Vec::new(), mig_uuid: None, handle: None, exited: true });
+        tokio::spawn(async move { report_finished(&shared, job_id, epoch, report).await });
+    }
+
+    /// For a MIG slice on a partitioned GPU: a free existing instance of the profile. MIG
+    /// instances are not created here; the operator lays them out (nvidia-smi mig).
+    fn pick_mig_instance(&self, job: &Job, gpus: &[u32]) -> Result<Option<String>, String> {
+        let Some(GpuSlice::Mig { profile, .. }) = &job.spec.gpu_slice else { return Ok(None) };
+        let Some(&gpu) = gpus.first() else { return Ok(None) };
+        let info = self.shared.info.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(MigState::Enabled { instances }) = info.iter().find(|d| d.device.index == gpu).map(|d| &d.mig) else {
+            // Simulated or MIG off: nothing to pick; the job sees the whole device.
+            return Ok(None);
+        };
+        let used: Vec<String> =
+            self.shared.jobs().values().filter(|j| !j.exited).filter_map(|j| j.mig_uuid.clone()).collect();
+        instances
+            .iter()
+            .find(|i| i.profile.as_deref() == Some(profile.as_str()) && !used.contains(&i.uuid))
+            .map(|i| Some(i.uuid.clone()))
+            .ok_or_else(|| {
+                format!("no free MIG instance of profile {profile} on gpu {gpu}: create one (nvidia-smi mig -cgi {profile} -C) or free one")
+            })
+    }
+
+    fn launch_spec(&self, job: &Job, epoch: u64, gpus: &[u32], mig_uuid: Option<&str>) -> Result<LaunchSpec, String> {
+        let config = &self.shared.config;
+        let user = config.users.resolve(&job.spec.tenant)?;
+        let info = self.shared.info.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let devices: Vec<&DeviceInfo> =
+            gpus.iter().filter_map(|i| info.iter().find(|d| d.device.index == *i)).collect();
+        let uuids: Vec<String> = devices.iter().map(|d| d.device.uuid.clone()).collect();
+        let in_container = job.spec.image.is_some();
         let mut env = job.spec.env.clone();
-        let ids: Vec<String> = gpus.iter().map(u32::to_string).collect();
+        let ids: Vec<String> = match (mig_uuid, in_container) {
+            (Some(mig), _) => vec![mig.to_owned()],
+            // A container only has its own GPUs' nodes: CUDA numbers them from 0.
+            (None, true) => (0..gpus.len()).map(|i| i.to_string()).collect(),
+            (None, false) => gpus.iter().map(u32::to_string).collect(),
+        };
         env.insert("CUDA_VISIBLE_DEVICES".into(), ids.join(","));
+        // NVML and CUDA agree on indices only in PCI order.
+        env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
         env.insert("NVIDIA_VISIBLE_DEVICES".into(), if uuids.is_empty() { "void".into() } else { uuids.join(",") });
+        let mut binds = Vec::new();
         if let Some(GpuSlice::Mps { thread_percent, memory_mib }) = &job.spec.gpu_slice {
             env.insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), thread_percent.to_string());
             if let Some(m) = memory_mib {
                 env.insert("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), format!("0={m}M"));
             }
+            if let (Some(&gpu), Some(uuid)) = (gpus.first(), uuids.first()) {
+                if let Some(attachment) = self.shared.mps.attach(gpu, uuid)? {
+                    env.extend(attachment.env);
+                    binds.extend(attachment.binds);
+                }
+            }
         }
         env.insert("CORRAL_JOB_ID".into(), job.id.to_string());
-        env.insert("CORRAL_NODE".into(), self.shared.config.node_name.clone());
+        env.insert("CORRAL_NODE".into(), config.node_name.clone());
         env.insert("CORRAL_TENANT".into(), job.spec.tenant.clone());
-        LaunchSpec {
+        let mut device_nodes: Vec<PathBuf> = Vec::new();
+        if in_container && !devices.is_empty() {
+            device_nodes
+                .extend(devices.iter().filter_map(|d| d.minor).map(|m| PathBuf::from(format!("/dev/nvidia{m}"))));
+            device_nodes.extend(NVIDIA_CONTROL_NODES.iter().map(PathBuf::from));
+            device_nodes.retain(|p| p.exists());
+        }
+        if in_container {
+            device_nodes.extend(config.extra_devices.iter().cloned());
+        }
+        Ok(LaunchSpec {
             job_id: job.id,
             attempt: epoch,
             argv: job.spec.command.clone(),
@@ -388,10 +659,15 @@ impl Worker {
                 memory_bytes: (job.spec.memory_bytes > 0).then_some(job.spec.memory_bytes),
                 cpu_millis: (job.spec.cpu_millis > 0).then_some(job.spec.cpu_millis),
                 pids_max: None,
+                open_files: config.open_files,
             },
-            uid: None,
-            gid: None,
-        }
+            uid: user.map(|u| u.uid),
+            gid: user.map(|u| u.gid),
+            image: job.spec.image.as_ref().map(PathBuf::from),
+            devices: device_nodes,
+            cdi_devices: uuids.iter().map(|u| format!("nvidia.com/gpu={u}")).collect(),
+            binds,
+        })
     }
 }
 

@@ -2,4 +2,5 @@
 //! through the CLI, as users and operators do.
 
 mod bad_input;
+mod cluster;
 mod job_path;

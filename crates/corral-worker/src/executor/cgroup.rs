@@ -70,6 +70,12 @@ impl CgroupVersion {
     }
 }
 
+/// CFS quota and period (µs) for `millis` thousandths of a core.
+pub(crate) fn cfs_quota_and_period(millis: u32) -> (i64, u64) {
+    let quota = u64::from(millis).saturating_mul(CFS_PERIOD_US) / 1000;
+    (i64::try_from(quota.max(CFS_MIN_QUOTA_US)).unwrap_or(i64::MAX), CFS_PERIOD_US)
+}
+
 /// Checks that a cgroup path is relative and made of plain names only (no `..`, no `/` prefix).
 pub(crate) fn validate_relative_name(name: &str) -> bool {
     !name.is_empty() && !name.contains('\0') && Path::new(name).components().all(|c| matches!(c, Component::Normal(_)))
@@ -172,7 +178,6 @@ impl JobCgroup {
     }
 
     /// Every directory of this cgroup (one per v1 hierarchy, one on v2).
-    #[cfg(test)]
     pub(crate) fn dirs(&self) -> &[PathBuf] {
         &self.dirs
     }
@@ -204,9 +209,8 @@ impl JobCgroup {
         if let Some(millis) = limits.cpu_millis {
             let cpu = self.controller::<CpuController>("cpu")?;
             self.require_file(cpu.path(), "cpu", "cpu.max", "cpu.cfs_quota_us")?;
-            let quota = u64::from(millis).saturating_mul(CFS_PERIOD_US) / 1000;
-            let quota = i64::try_from(quota.max(CFS_MIN_QUOTA_US)).unwrap_or(i64::MAX);
-            cpu.set_cfs_quota_and_period(Some(quota), Some(CFS_PERIOD_US))
+            let (quota, period) = cfs_quota_and_period(millis);
+            cpu.set_cfs_quota_and_period(Some(quota), Some(period))
                 .map_err(|e| self.write_error("set the cpu quota of", e))?;
         }
         if let Some(max) = limits.pids_max {
@@ -538,33 +542,6 @@ fn flat_keyed_value(text: &str, key: &str) -> Option<u64> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flat_keyed_value_finds_the_exact_key() {
-        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
-        assert_eq!(flat_keyed_value(v1, "oom_kill"), Some(3));
-        assert_eq!(flat_keyed_value(v1, "under_oom"), Some(0));
-        let v2 = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n";
-        assert_eq!(flat_keyed_value(v2, "oom_kill"), Some(1));
-        assert_eq!(flat_keyed_value(v2, "oom"), Some(2));
-        assert_eq!(flat_keyed_value("oom_kill_disable 0\n", "oom_kill"), None);
-        assert_eq!(flat_keyed_value("", "oom_kill"), None);
-    }
-
-    #[test]
-    fn relative_names_are_validated() {
-        assert!(validate_relative_name("corral"));
-        assert!(validate_relative_name("corral/job-1-0"));
-        assert!(!validate_relative_name(""));
-        assert!(!validate_relative_name("/corral"));
-        assert!(!validate_relative_name("corral/../x"));
-        assert!(!validate_relative_name("./corral"));
-    }
-}
-
 /// Kills and removes every `job-*` cgroup under `root`: what a previous worker process left
 /// behind when it died without cleaning up. Returns the names it reaped.
 pub(crate) fn reap_job_cgroups(version: CgroupVersion, root: &str) -> Result<Vec<String>, ExecError> {
@@ -592,4 +569,31 @@ pub(crate) fn reap_job_cgroups(version: CgroupVersion, root: &str) -> Result<Vec
         reaped.push(full);
     }
     Ok(reaped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flat_keyed_value_finds_the_exact_key() {
+        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+        assert_eq!(flat_keyed_value(v1, "oom_kill"), Some(3));
+        assert_eq!(flat_keyed_value(v1, "under_oom"), Some(0));
+        let v2 = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(flat_keyed_value(v2, "oom_kill"), Some(1));
+        assert_eq!(flat_keyed_value(v2, "oom"), Some(2));
+        assert_eq!(flat_keyed_value("oom_kill_disable 0\n", "oom_kill"), None);
+        assert_eq!(flat_keyed_value("", "oom_kill"), None);
+    }
+
+    #[test]
+    fn relative_names_are_validated() {
+        assert!(validate_relative_name("corral"));
+        assert!(validate_relative_name("corral/job-1-0"));
+        assert!(!validate_relative_name(""));
+        assert!(!validate_relative_name("/corral"));
+        assert!(!validate_relative_name("corral/../x"));
+        assert!(!validate_relative_name("./corral"));
+    }
 }

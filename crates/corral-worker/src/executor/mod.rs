@@ -11,8 +11,10 @@
 //! Boundary: this module knows cgroupfs and process spawning; it knows nothing about GPUs,
 //! scheduling or the coordinator. Callers must be inside a tokio runtime.
 
+mod cdi;
 mod cgroup;
 mod process;
+mod runc;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
@@ -28,6 +30,7 @@ use tracing::{debug, error, info, warn};
 pub use cgroup::CgroupVersion;
 use cgroup::JobCgroup;
 pub use process::{STDERR_LOG, STDOUT_LOG};
+pub use runc::{RuncConfig, RuncExecutor};
 
 /// How long [`RunningJob::wait`] keeps killing leftovers before giving up on removing the cgroup.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -49,6 +52,8 @@ pub struct ResourceLimits {
     pub cpu_millis: Option<u32>,
     /// Maximum number of processes and threads (`pids.max`).
     pub pids_max: Option<u64>,
+    /// Open file descriptors per process (`RLIMIT_NOFILE`, soft = hard).
+    pub open_files: Option<u64>,
 }
 
 /// What to run and how.
@@ -71,6 +76,17 @@ pub struct LaunchSpec {
     pub uid: Option<u32>,
     /// Group to run as (setgid, and the only supplementary group); `None` keeps the worker's.
     pub gid: Option<u32>,
+    /// Unpacked root filesystem to run the job in, as an OCI container; `None` runs a bare
+    /// process. Only container executors ([`RuncExecutor`]) accept it.
+    pub image: Option<PathBuf>,
+    /// Host device nodes a container gets (GPUs, InfiniBand), on top of the defaults. Bare
+    /// processes see the host's /dev anyway.
+    pub devices: Vec<PathBuf>,
+    /// Fully qualified CDI device names (`nvidia.com/gpu=GPU-...`); a container executor that
+    /// finds them in a CDI spec applies their edits instead of adding GPU nodes from `devices`.
+    pub cdi_devices: Vec<String>,
+    /// Host directories a container sees at the same path (e.g. the MPS pipe directory).
+    pub binds: Vec<PathBuf>,
 }
 
 /// How a job's main process ended.
@@ -127,9 +143,20 @@ pub enum ExecError {
     },
     #[error("cannot signal the processes of cgroup {cgroup}: {detail}; retry, or inspect the cgroup by hand")]
     Signal { cgroup: String, detail: String },
+    #[error("this worker runs no containers, so it cannot run image {0}: configure a container runtime (executor.runc) in the worker config, or submit without --image")]
+    NoContainerRuntime(String),
+    #[error("runc not found ({0}): install it (apt-get install runc) or set executor.runc to its path")]
+    RuncNotFound(String),
+    #[error("cannot write the container bundle {}: {source}; check that the worker may write there", path.display())]
+    Bundle {
+        path: PathBuf,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
-/// Starts jobs. Implementations: [`ProcessExecutor`] (bare process in a cgroup).
+/// Starts jobs. Implementations: [`ProcessExecutor`] (bare process in a cgroup),
+/// [`RuncExecutor`] (OCI container in a cgroup) and [`RoutingExecutor`] (picks one per job).
 pub trait Executor: Send + Sync + 'static {
     /// Starts the job and returns once its main process runs. Must be called inside a tokio
     /// runtime; does a little blocking filesystem work (cgroupfs, work dir).
@@ -195,6 +222,9 @@ impl Executor for ProcessExecutor {
     }
 
     fn launch(&self, spec: &LaunchSpec) -> Result<RunningJob, ExecError> {
+        if let Some(image) = &spec.image {
+            return Err(ExecError::NoContainerRuntime(image.display().to_string()));
+        }
         process::validate(spec)?;
         let env = process::environment(spec);
         let path_var = env.get("PATH").map_or(process::DEFAULT_PATH, String::as_str);
@@ -244,8 +274,36 @@ impl Executor for ProcessExecutor {
             started,
             main_exit: None,
             exit: None,
-            shared: Arc::new(Shared { job_id: spec.job_id, attempt: spec.attempt, pid, cgroup }),
+            shared: Arc::new(Shared { job_id: spec.job_id, attempt: spec.attempt, pid, cgroup, container: None }),
         })
+    }
+}
+
+/// Sends jobs with an image to a container executor and the others to a process executor.
+pub struct RoutingExecutor {
+    process: Arc<dyn Executor>,
+    container: Arc<dyn Executor>,
+}
+
+impl RoutingExecutor {
+    pub fn new(process: Arc<dyn Executor>, container: Arc<dyn Executor>) -> Self {
+        RoutingExecutor { process, container }
+    }
+}
+
+impl Executor for RoutingExecutor {
+    fn launch(&self, spec: &LaunchSpec) -> Result<RunningJob, ExecError> {
+        match spec.image {
+            Some(_) => self.container.launch(spec),
+            None => self.process.launch(spec),
+        }
+    }
+
+    /// Containers first: their runtime state goes with them.
+    fn reap_leftovers(&self) -> Result<Vec<String>, ExecError> {
+        let mut reaped = self.container.reap_leftovers()?;
+        reaped.extend(self.process.reap_leftovers()?);
+        Ok(reaped)
     }
 }
 
@@ -256,6 +314,8 @@ struct Shared {
     attempt: u64,
     pid: u32,
     cgroup: JobCgroup,
+    /// Set when the main process is `runc run`: its state to delete after the exit.
+    container: Option<runc::Container>,
 }
 
 impl Shared {
@@ -336,6 +396,11 @@ impl Shared {
                 cgroup = %self.cgroup.name(),
                 "job processes survive SIGKILL (stuck in the kernel?); leaving the cgroup in place"
             );
+        }
+        if let Some(container) = self.container.clone() {
+            if let Err(e) = tokio::task::spawn_blocking(move || container.delete()).await {
+                warn!(job_id = self.job_id, error = %e, "container clean-up task failed");
+            }
         }
         oom_killed
     }
@@ -421,6 +486,10 @@ impl RunningJob {
                 let status = self.child.wait().await;
                 let run_time = self.started.elapsed();
                 let main_exit = match status {
+                    Ok(status) if self.shared.container.is_some() => {
+                        let (code, signal) = runc::container_status(status.code(), status.signal());
+                        (code, signal, run_time)
+                    }
                     Ok(status) => (status.code(), status.signal(), run_time),
                     Err(e) => {
                         error!(job_id = self.shared.job_id, error = %e, "cannot wait for the job's main process");
@@ -525,6 +594,10 @@ mod tests {
                 limits: ResourceLimits::default(),
                 uid: None,
                 gid: None,
+                image: None,
+                devices: Vec::new(),
+                cdi_devices: Vec::new(),
+                binds: Vec::new(),
             }
         }
 
@@ -820,6 +893,26 @@ mod tests {
         let exit = wait_bounded(&mut job).await;
         assert_eq!(quota, vec!["25000 100000".to_owned()]);
         assert_eq!(exit.signal, Some(libc::SIGKILL));
+    }
+
+    #[tokio::test]
+    async fn open_files_limit_is_applied() {
+        let fx = Fixture::new();
+        let mut spec = fx.spec(&["sh", "-c", "ulimit -n"]);
+        spec.limits.open_files = Some(321);
+        let mut job = fx.executor.launch(&spec).expect("launch");
+        assert!(wait_bounded(&mut job).await.success());
+        assert_eq!(fx.log(STDOUT_LOG), "321\n");
+    }
+
+    #[tokio::test]
+    async fn a_process_executor_refuses_images() {
+        let fx = Fixture::new();
+        let mut spec = fx.spec(&["true"]);
+        spec.image = Some(PathBuf::from("/srv/images/busybox"));
+        let err = fx.executor.launch(&spec).map(|_| ()).expect_err("image");
+        assert!(matches!(err, ExecError::NoContainerRuntime(_)), "{err}");
+        assert!(err.to_string().contains("/srv/images/busybox"), "{err}");
     }
 
     #[tokio::test]

@@ -51,9 +51,9 @@ pub(crate) fn validate(spec: &LaunchSpec) -> Result<(), ExecError> {
             "cpu_millis is 0; give at least 10 (1000 = one core) or no cpu limit".to_owned(),
         ));
     }
-    if spec.limits.memory_bytes == Some(0) || spec.limits.pids_max == Some(0) {
+    if spec.limits.memory_bytes == Some(0) || spec.limits.pids_max == Some(0) || spec.limits.open_files == Some(0) {
         return Err(ExecError::InvalidSpec(
-            "memory_bytes and pids_max must be positive; leave them unset for no limit".to_owned(),
+            "memory_bytes, pids_max and open_files must be positive; leave them unset for no limit".to_owned(),
         ));
     }
     Ok(())
@@ -149,13 +149,14 @@ pub(crate) fn spawn(plan: SpawnPlan<'_>) -> Result<Child, ExecError> {
     let procs_fds: Vec<RawFd> = plan.cgroup_procs.iter().map(|f| f.as_raw_fd()).collect();
     let uid = spec.uid;
     let gid = spec.gid;
+    let open_files = spec.limits.open_files;
     // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
-    // system calls (setsid, write, prctl, setgroups, setgid, setuid) on memory that was set up
+    // system calls (setsid, write, setrlimit, prctl, setgroups, setgid, setuid) on memory that was set up
     // before the fork; it neither allocates nor takes locks. The fds stay open until spawn
     // returns because `plan.cgroup_procs` lives until the end of this function, and they are
     // close-on-exec, so the job does not inherit them.
     unsafe {
-        command.pre_exec(move || child_setup(&procs_fds, uid, gid));
+        command.pre_exec(move || child_setup(&procs_fds, open_files, uid, gid));
     }
     let child =
         command.spawn().map_err(|source| ExecError::Spawn { program: plan.program.display().to_string(), source })?;
@@ -164,7 +165,7 @@ pub(crate) fn spawn(plan: SpawnPlan<'_>) -> Result<Child, ExecError> {
 }
 
 /// Runs in the forked child; async-signal-safe only.
-fn child_setup(procs_fds: &[RawFd], uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+fn child_setup(procs_fds: &[RawFd], open_files: Option<u64>, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
     // SAFETY (all blocks below): plain system calls with valid arguments; see `spawn`.
     if unsafe { libc::setsid() } == -1 {
         return Err(io::Error::last_os_error());
@@ -173,6 +174,12 @@ fn child_setup(procs_fds: &[RawFd], uid: Option<u32>, gid: Option<u32>) -> io::R
         // "0" means "the writing process" in cgroup.procs on v1 and v2.
         let written = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
         if written != 1 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    if let Some(n) = open_files {
+        let limit = libc::rlimit { rlim_cur: n as libc::rlim_t, rlim_max: n as libc::rlim_t };
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
             return Err(io::Error::last_os_error());
         }
     }

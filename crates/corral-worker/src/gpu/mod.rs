@@ -1,18 +1,151 @@
-//! GPU backends: what devices a host has and how healthy they are. `simulated` stands in for
-//! NVML on machines without GPUs, behind the same trait.
+//! GPU backends: what devices a host has and how healthy they are. `nvml` reads real NVIDIA
+//! devices through libnvidia-ml (loaded at run time); `simulated` stands in for it on machines
+//! without GPUs, behind the same trait, and can be told to misbehave (see [`simulated`]).
+//!
+//! Boundary: only this module knows NVML. Everything above it sees [`DeviceInfo`] and
+//! [`GpuReading`].
 
-mod simulated;
+mod nvml;
+pub mod simulated;
 
-pub use simulated::{SimulatedConfig, SimulatedGpus};
+pub use nvml::NvmlGpus;
+pub use simulated::{SimulatedConfig, SimulatedDevice, SimulatedGpus};
 
 use corral_types::{GpuDevice, GpuHealth};
+
+/// Name of the process that serves MPS clients; it holds GPU memory on purpose.
+pub const MPS_SERVER_PROCESS: &str = "nvidia-cuda-mps-server";
+
+/// MIG state of one device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum MigState {
+    /// The card cannot be partitioned (e.g. RTX 5090), or the backend cannot tell.
+    #[default]
+    Unsupported,
+    /// MIG-capable, partitioning off.
+    Disabled,
+    /// Partitioned; the existing GPU instances.
+    Enabled { instances: Vec<MigInstance> },
+}
+
+/// One MIG device (a GPU instance with its compute instance).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigInstance {
+    /// `MIG-...` UUID, what CUDA_VISIBLE_DEVICES takes.
+    pub uuid: String,
+    /// Profile such as `1g.10gb`, when the driver names it.
+    pub profile: Option<String>,
+    pub memory_mib: u64,
+}
+
+/// What a backend knows about one device beyond what registration carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub device: GpuDevice,
+    /// PCI address in sysfs form (`0000:17:00.0`), when known.
+    pub pci_bus_id: Option<String>,
+    /// NUMA node of the PCI device, when the platform reports one.
+    pub numa_node: Option<u32>,
+    /// Minor number of `/dev/nvidia<minor>`, when known.
+    pub minor: Option<u32>,
+    pub mig: MigState,
+}
+
+impl DeviceInfo {
+    /// Facts for a device nothing more is known about.
+    pub fn plain(device: GpuDevice) -> Self {
+        DeviceInfo { device, pci_bus_id: None, numa_node: None, minor: None, mig: MigState::Unsupported }
+    }
+}
+
+/// A process holding a context on a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuProcess {
+    pub pid: u32,
+    /// Device memory it holds, when the driver says.
+    pub used_memory_mib: Option<u64>,
+    /// `comm` of the process, when it is visible from here.
+    pub name: Option<String>,
+}
+
+impl GpuProcess {
+    /// The MPS server keeps its context between jobs: not a leak.
+    pub fn is_mps_server(&self) -> bool {
+        self.name.as_deref() == Some(MPS_SERVER_PROCESS)
+    }
+}
+
+/// One reading of one device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuReading {
+    pub index: u32,
+    pub temperature_c: u32,
+    pub utilization_percent: u32,
+    pub memory_used_mib: u64,
+    pub power_mw: u64,
+    /// Critical XID errors seen since the backend started (monotonic).
+    pub xid_errors: u64,
+    /// The most recent XID code, if any was seen.
+    pub last_xid: Option<u64>,
+    /// Uncorrected ECC errors since the last driver reload (0 where ECC is off or unsupported).
+    pub ecc_uncorrected: u64,
+    /// Processes with a compute context on the device.
+    pub processes: Vec<GpuProcess>,
+    /// Set when the device could not be read (e.g. it fell off the bus).
+    pub error: Option<String>,
+}
+
+impl GpuReading {
+    /// The part of a reading the heartbeat carries; `dirty` is decided by the caller.
+    pub fn to_health(&self, dirty: bool) -> GpuHealth {
+        GpuHealth {
+            index: self.index,
+            temperature_c: self.temperature_c,
+            utilization_percent: self.utilization_percent,
+            memory_used_mib: self.memory_used_mib,
+            power_mw: self.power_mw,
+            xid_errors: self.xid_errors,
+            dirty,
+            ..Default::default()
+        }
+    }
+}
+
+/// Errors of the GPU backends.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error(
+        "no NVML: {detail}; install the NVIDIA driver (libnvidia-ml.so.1) or set gpu.backend = \"simulated\" in the worker config"
+    )]
+    NoNvml { detail: String },
+    #[error("nvml {call} failed: {detail}; check the driver with nvidia-smi")]
+    Nvml { call: &'static str, detail: String },
+}
 
 /// A source of GPU inventory and health.
 pub trait GpuBackend: Send + Sync + 'static {
     /// Short name for logs and `corral nodes` (`simulated`, `nvml`).
     fn name(&self) -> &'static str;
+
     /// The devices of this host, in index order.
     fn devices(&self) -> Vec<GpuDevice>;
-    /// Current health of every device; `allocated` lists the indices running jobs.
-    fn health(&self, allocated: &[u32]) -> Vec<GpuHealth>;
+
+    /// Static facts (PCI, NUMA, MIG layout) of every device, in index order.
+    fn info(&self) -> Vec<DeviceInfo> {
+        self.devices().into_iter().map(DeviceInfo::plain).collect()
+    }
+
+    /// Reads every device; `allocated` lists the indices running jobs. Blocks briefly (driver
+    /// calls): async callers use `spawn_blocking`.
+    fn read(&self, allocated: &[u32]) -> Vec<GpuReading>;
+
+    /// Current health of every device, never dirty (the worker decides that).
+    fn health(&self, allocated: &[u32]) -> Vec<GpuHealth> {
+        self.read(allocated).iter().map(|r| r.to_health(false)).collect()
+    }
+}
+
+/// Reads `/proc/<pid>/comm`.
+pub(crate) fn process_name(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim_end().to_owned())
 }

@@ -1,9 +1,33 @@
-//! Simulated GPUs for hosts without NVIDIA hardware (and for tests).
+//! Simulated GPUs for hosts without NVIDIA hardware (and for tests), with fault injection.
+//!
+//! Faults come from a TOML file (by convention `<data-dir>/faults.toml`, see
+//! [`SimulatedGpus::with_faults_file`]) that is re-read at every reading, i.e. at every
+//! heartbeat, so a test or an operator outside the worker process can make a device misbehave
+//! and heal it again:
+//!
+//! ```toml
+//! [[gpu]]
+//! index = 0
+//! temperature-c = 97        # overheat: the reported temperature
+//! xid = [79]                # critical XID errors; append codes to inject more
+//! leaked-memory-mib = 2048  # device memory that stays in use after jobs end
+//! stray-pids = [4242]       # compute processes the device reports
+//! ecc-uncorrected = 1       # uncorrected ECC errors
+//! lost = false              # true: the device fell off the bus
+//! ```
+//!
+//! Removing an entry (or the file) heals the device, except the XID counter, which only grows.
+//! Write the file atomically (write a temp file, then rename it over) so a reading never sees
+//! half of it; a file that does not parse is reported once and the previous faults stay.
 
-use super::GpuBackend;
-use corral_types::{GpuDevice, GpuHealth};
+use super::{process_name, GpuBackend, GpuProcess, GpuReading};
+use corral_types::GpuDevice;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
-/// What to simulate.
+/// What to simulate: `count` identical devices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimulatedConfig {
     pub count: u32,
@@ -20,32 +44,145 @@ impl Default for SimulatedConfig {
     }
 }
 
-/// A deterministic simulated GPU set: idle devices sit at 35 C, busy ones at 65 C.
-#[derive(Debug, Clone)]
+/// One simulated device of a mixed host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimulatedDevice {
+    pub model: String,
+    pub memory_mib: u64,
+}
+
+/// Injected misbehaviour of the simulated devices: the content of the faults file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Faults {
+    #[serde(default)]
+    pub gpu: Vec<GpuFault>,
+}
+
+/// Faults of one device (by index).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct GpuFault {
+    pub index: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xid: Vec<u64>,
+    #[serde(default)]
+    pub leaked_memory_mib: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stray_pids: Vec<u32>,
+    #[serde(default)]
+    pub ecc_uncorrected: u64,
+    #[serde(default)]
+    pub lost: bool,
+}
+
+impl Faults {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string().replace('\n', " "))
+    }
+
+    /// Writes the faults atomically to `path` (temp file + rename), for tests and tools.
+    pub fn write_to(&self, path: &Path) -> std::io::Result<()> {
+        let text = toml::to_string(self).map_err(std::io::Error::other)?;
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, path)
+    }
+
+    fn for_gpu(&self, index: u32) -> Option<&GpuFault> {
+        self.gpu.iter().find(|f| f.index == index)
+    }
+}
+
+#[derive(Debug, Default)]
+struct FaultState {
+    /// The last faults that parsed.
+    faults: Faults,
+    /// The last parse or read error reported, so it is logged once.
+    last_error: Option<String>,
+    /// XIDs counted so far per device: the counter never goes down.
+    xid_seen: BTreeMap<u32, u64>,
+}
+
+/// Simulated GPUs: idle devices sit at 35 C, busy ones at 65 C and use a quarter of their
+/// memory; faults from the faults file are layered on top.
+#[derive(Debug)]
 pub struct SimulatedGpus {
-    config: SimulatedConfig,
+    devices: Vec<GpuDevice>,
+    faults_file: Option<PathBuf>,
+    state: Mutex<FaultState>,
 }
 
 impl SimulatedGpus {
+    /// `config.count` identical devices, without fault injection.
     pub fn new(config: SimulatedConfig) -> Self {
-        SimulatedGpus { config }
+        let specs = vec![SimulatedDevice { model: config.model, memory_mib: config.memory_mib }; config.count as usize];
+        Self::with_devices(&config.host, &specs)
     }
 
-    fn uuid(&self, index: u32) -> String {
-        // FNV-1a of host name: stable per host, distinct across hosts.
-        let hash = self
-            .config
-            .host
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-        format!(
-            "GPU-{:08x}-{:04x}-{:04x}-sim0-{:012x}",
-            (hash >> 32) as u32,
-            (hash >> 16) as u16,
-            index,
-            hash & 0xffff_ffff_ffff
-        )
+    /// The given devices, in index order, without fault injection.
+    pub fn with_devices(host: &str, specs: &[SimulatedDevice]) -> Self {
+        let devices = specs
+            .iter()
+            .zip(0u32..)
+            .map(|(spec, index)| GpuDevice {
+                index,
+                uuid: simulated_uuid(host, index),
+                model: spec.model.clone(),
+                memory_mib: spec.memory_mib,
+            })
+            .collect();
+        SimulatedGpus { devices, faults_file: None, state: Mutex::new(FaultState::default()) }
     }
+
+    /// Re-reads faults from `path` at every reading; a missing file means no faults.
+    pub fn with_faults_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.faults_file = Some(path.into());
+        self
+    }
+
+    pub fn faults_file(&self) -> Option<&Path> {
+        self.faults_file.as_deref()
+    }
+
+    /// Loads the faults file into the state (keeping the previous faults if it is broken).
+    fn refresh(&self, state: &mut FaultState) {
+        let Some(path) = &self.faults_file else { return };
+        let loaded = match std::fs::read_to_string(path) {
+            Ok(text) => Faults::parse(&text).map_err(|e| format!("cannot parse {}: {e}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Faults::default()),
+            Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+        };
+        match loaded {
+            Ok(faults) => {
+                if faults != state.faults {
+                    tracing::info!(file = %path.display(), ?faults, "simulated gpu faults changed");
+                }
+                state.faults = faults;
+                state.last_error = None;
+            }
+            Err(e) => {
+                if state.last_error.as_ref() != Some(&e) {
+                    tracing::warn!(error = %e, "ignoring the simulated faults file; fix it to change the faults");
+                    state.last_error = Some(e);
+                }
+            }
+        }
+    }
+}
+
+/// A stable UUID per (host, index): FNV-1a of the host name, so hosts never share one.
+fn simulated_uuid(host: &str, index: u32) -> String {
+    let hash = host.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    format!(
+        "GPU-{:08x}-{:04x}-{:04x}-sim0-{:012x}",
+        (hash >> 32) as u32,
+        (hash >> 16) as u16,
+        index,
+        hash & 0xffff_ffff_ffff
+    )
 }
 
 impl GpuBackend for SimulatedGpus {
@@ -54,28 +191,46 @@ impl GpuBackend for SimulatedGpus {
     }
 
     fn devices(&self) -> Vec<GpuDevice> {
-        (0..self.config.count)
-            .map(|index| GpuDevice {
-                index,
-                uuid: self.uuid(index),
-                model: self.config.model.clone(),
-                memory_mib: self.config.memory_mib,
-            })
-            .collect()
+        self.devices.clone()
     }
 
-    fn health(&self, allocated: &[u32]) -> Vec<GpuHealth> {
-        (0..self.config.count)
-            .map(|index| {
+    fn read(&self, allocated: &[u32]) -> Vec<GpuReading> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.refresh(&mut state);
+        let state = &mut *state;
+        self.devices
+            .iter()
+            .map(|device| {
+                let index = device.index;
                 let busy = allocated.contains(&index);
-                GpuHealth {
+                let fault = state.faults.for_gpu(index).cloned().unwrap_or_default();
+                let seen = state.xid_seen.entry(index).or_insert(0);
+                *seen = (*seen).max(fault.xid.len() as u64);
+                if fault.lost {
+                    return GpuReading {
+                        index,
+                        xid_errors: *seen,
+                        last_xid: fault.xid.last().copied(),
+                        error: Some("gpu has fallen off the bus (simulated)".into()),
+                        ..Default::default()
+                    };
+                }
+                let job_memory = if busy { device.memory_mib / 4 } else { 0 };
+                GpuReading {
                     index,
-                    temperature_c: if busy { 65 } else { 35 },
+                    temperature_c: fault.temperature_c.unwrap_or(if busy { 65 } else { 35 }),
                     utilization_percent: if busy { 100 } else { 0 },
-                    memory_used_mib: 0,
+                    memory_used_mib: (job_memory + fault.leaked_memory_mib).min(device.memory_mib),
                     power_mw: if busy { 450_000 } else { 30_000 },
-                    xid_errors: 0,
-                    dirty: false,
+                    xid_errors: *seen,
+                    last_xid: fault.xid.last().copied(),
+                    ecc_uncorrected: fault.ecc_uncorrected,
+                    processes: fault
+                        .stray_pids
+                        .iter()
+                        .map(|&pid| GpuProcess { pid, used_memory_mib: None, name: process_name(pid) })
+                        .collect(),
+                    error: None,
                 }
             })
             .collect()
@@ -102,5 +257,74 @@ mod tests {
         let health = a.health(&[2]);
         assert_eq!(health[2].temperature_c, 65);
         assert_eq!(health[1].temperature_c, 35);
+        assert!(health.iter().all(|h| !h.dirty));
+    }
+
+    #[test]
+    fn mixed_devices_keep_their_order() {
+        let gpus = SimulatedGpus::with_devices(
+            "h",
+            &[
+                SimulatedDevice { model: "H200".into(), memory_mib: 143_771 },
+                SimulatedDevice { model: "RTX 5090".into(), memory_mib: 32_768 },
+            ],
+        );
+        let devices = gpus.devices();
+        assert_eq!(
+            devices.iter().map(|d| (d.index, d.model.as_str())).collect::<Vec<_>>(),
+            [(0, "H200"), (1, "RTX 5090")]
+        );
+        assert_eq!(gpus.info()[1].device, devices[1]);
+    }
+
+    #[test]
+    fn faults_file_is_reread_and_heals() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("faults.toml");
+        let gpus = SimulatedGpus::new(SimulatedConfig { count: 2, ..Default::default() }).with_faults_file(&file);
+        assert_eq!(gpus.read(&[]), SimulatedGpus::new(SimulatedConfig { count: 2, ..Default::default() }).read(&[]));
+
+        std::fs::write(
+            &file,
+            "[[gpu]]\nindex = 1\ntemperature-c = 97\nxid = [13, 79]\nleaked-memory-mib = 2048\nstray-pids = [1]\necc-uncorrected = 3\n",
+        )
+        .expect("write faults");
+        let r = &gpus.read(&[])[1];
+        assert_eq!(r.temperature_c, 97);
+        assert_eq!((r.xid_errors, r.last_xid), (2, Some(79)));
+        assert_eq!(r.memory_used_mib, 2048);
+        assert_eq!(r.ecc_uncorrected, 3);
+        assert_eq!(r.processes.iter().map(|p| p.pid).collect::<Vec<_>>(), [1]);
+        assert_eq!(gpus.read(&[])[0].temperature_c, 35, "other devices unaffected");
+
+        // A broken file keeps the previous faults.
+        std::fs::write(&file, "[[gpu]]\nindex = 1\ntemprature-c = 1\n").expect("write");
+        assert_eq!(gpus.read(&[])[1].temperature_c, 97);
+
+        // Healing: everything but the XID counter returns to normal.
+        Faults::default().write_to(&file).expect("write faults");
+        let r = &gpus.read(&[1])[1];
+        assert_eq!(r.temperature_c, 65);
+        assert_eq!(r.memory_used_mib, 32768 / 4);
+        assert!(r.processes.is_empty());
+        assert_eq!(r.xid_errors, 2, "the XID counter never goes down");
+    }
+
+    #[test]
+    fn a_lost_device_reads_as_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("faults.toml");
+        Faults { gpu: vec![GpuFault { index: 0, lost: true, ..Default::default() }] }
+            .write_to(&file)
+            .expect("write faults");
+        let gpus = SimulatedGpus::new(SimulatedConfig { count: 1, ..Default::default() }).with_faults_file(&file);
+        let r = &gpus.read(&[])[0];
+        assert!(r.error.as_deref().is_some_and(|e| e.contains("fallen off the bus")), "{r:?}");
+    }
+
+    #[test]
+    fn unknown_fault_keys_are_refused() {
+        let err = Faults::parse("[[gpu]]\nindex = 0\noverheat = true\n").expect_err("unknown key");
+        assert!(err.contains("overheat"), "{err}");
     }
 }

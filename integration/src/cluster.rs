@@ -1,0 +1,214 @@
+//! A cluster of real `corral coordinator` processes on loopback, for failover tests.
+
+use crate::{corral_bin, unsafe_kill};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Raft tuning written into each node's config.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub snapshot_every: u64,
+    pub keep_logs_after_snapshot: u64,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions { snapshot_every: 20_000, keep_logs_after_snapshot: 1_000 }
+    }
+}
+
+/// One coordinator process and its fixed address, kept across restarts.
+pub struct CoordinatorProc {
+    pub node_id: u64,
+    pub addr: String,
+    pub config: PathBuf,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl CoordinatorProc {
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+/// Coordinators in a temp dir; not a cluster until `init_and_join_all`.
+pub struct Cluster {
+    pub nodes: Vec<CoordinatorProc>,
+    dir: tempfile::TempDir,
+    options: ClusterOptions,
+}
+
+/// A free loopback port (bound then released; the kernel does not hand it out again soon).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+impl Cluster {
+    /// Starts `n` empty coordinators (ids 1..=n).
+    pub fn start(n: u64, options: ClusterOptions) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cluster = Cluster { nodes: Vec::new(), dir, options };
+        for id in 1..=n {
+            cluster.add_node(id);
+        }
+        cluster
+    }
+
+    /// Writes the config of node `id` and starts it.
+    pub fn add_node(&mut self, id: u64) -> usize {
+        let addr = format!("127.0.0.1:{}", free_port());
+        // Per process, not per id: a later node may reuse an id (to prove it is refused).
+        let slot = self.nodes.len();
+        let config = self.dir.path().join(format!("coordinator-{slot}.toml"));
+        let data = self.dir.path().join(format!("data-{slot}"));
+        let text = format!(
+            "node-id = {id}\nlisten = \"{addr}\"\ndata-dir = \"{}\"\n\n[raft]\nheartbeat-interval-ms = 50\n\
+             election-timeout-min-ms = 150\nelection-timeout-max-ms = 300\nsnapshot-every = {}\n\
+             keep-logs-after-snapshot = {}\n",
+            data.display(),
+            self.options.snapshot_every,
+            self.options.keep_logs_after_snapshot
+        );
+        std::fs::write(&config, text).expect("write config");
+        let log = self.dir.path().join(format!("coordinator-{slot}.log"));
+        self.nodes.push(CoordinatorProc { node_id: id, addr, config, child: None, log });
+        let index = self.nodes.len() - 1;
+        self.restart(index);
+        index
+    }
+
+    /// (Re)starts node `index` with its config and waits until it answers.
+    pub fn restart(&mut self, index: usize) {
+        let node = &mut self.nodes[index];
+        assert!(node.child.is_none(), "node {} is running", node.node_id);
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&node.log).expect("log");
+        let child = Command::new(corral_bin())
+            .args(["coordinator", "--config"])
+            .arg(&node.config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn coordinator");
+        node.child = Some(child);
+        let addr = node.addr.clone();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(Instant::now() < deadline, "coordinator at {addr} did not start: {}", self.log_of(index));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill(&mut self, index: usize) {
+        if let Some(mut child) = self.nodes[index].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait: an orderly stop.
+    pub fn stop(&mut self, index: usize) {
+        if let Some(mut child) = self.nodes[index].child.take() {
+            unsafe_kill(child.id(), libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn log_of(&self, index: usize) -> String {
+        std::fs::read_to_string(&self.nodes[index].log).unwrap_or_default()
+    }
+
+    /// Comma-separated addresses of every node.
+    pub fn endpoints(&self) -> String {
+        self.nodes.iter().map(|n| n.addr.as_str()).collect::<Vec<_>>().join(",")
+    }
+
+    pub fn corral_at(&self, index: usize, args: &[&str]) -> Output {
+        Command::new(corral_bin()).args(["--endpoint", &self.nodes[index].addr]).args(args).output().expect("corral")
+    }
+
+    /// Runs a CLI command against all endpoints, which must succeed; returns the JSON output.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let out = Command::new(corral_bin())
+            .args(["--endpoint", &self.endpoints(), "--output", "json"])
+            .args(args)
+            .output()
+            .expect("corral");
+        assert!(out.status.success(), "corral {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("json")
+    }
+
+    /// `cluster status` of node `index`, if it answers.
+    pub fn status(&self, index: usize) -> Option<Value> {
+        let out = self.corral_at(index, &["--output", "json", "cluster", "status"]);
+        out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
+    }
+
+    /// Initializes node 0 and joins every other running node.
+    pub fn init_and_join_all(&self) {
+        let out = self.corral_at(0, &["cluster", "init"]);
+        assert!(out.status.success(), "init: {}", String::from_utf8_lossy(&out.stderr));
+        for node in &self.nodes[1..] {
+            let out = self.corral_at(0, &["cluster", "join", &node.addr]);
+            assert!(out.status.success(), "join {}: {}", node.addr, String::from_utf8_lossy(&out.stderr));
+        }
+    }
+
+    /// Index of the node that a majority of running nodes name as leader, waiting for one.
+    pub fn leader(&self) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            for (i, node) in self.nodes.iter().enumerate() {
+                if !node.is_running() {
+                    continue;
+                }
+                if let Some(s) = self.status(i) {
+                    if s["state"] == "leader" {
+                        return i;
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader within 30s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until every running node applied the same index and reports the same digest.
+    pub fn wait_converged(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let statuses: Vec<Value> =
+                (0..self.nodes.len()).filter(|i| self.nodes[*i].is_running()).filter_map(|i| self.status(i)).collect();
+            let running = self.nodes.iter().filter(|n| n.is_running()).count();
+            if statuses.len() == running {
+                let applied: Vec<&Value> = statuses.iter().map(|s| &s["applied_index"]).collect();
+                let digests: Vec<&Value> = statuses.iter().map(|s| &s["state_digest"]).collect();
+                if applied.windows(2).all(|w| w[0] == w[1]) && digests.windows(2).all(|w| w[0] == w[1]) {
+                    return digests[0].as_str().unwrap_or_default().to_string();
+                }
+            }
+            assert!(Instant::now() < deadline, "nodes did not converge: {statuses:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+}

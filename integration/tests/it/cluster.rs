@@ -1,0 +1,208 @@
+//! A replicated coordinator cluster of real processes: crashes of the leader under load,
+//! full restarts, snapshot catch-up and membership changes lose no acknowledged job.
+
+use corral_client::{Client, ClientConfig};
+use corral_integration::cluster::{Cluster, ClusterOptions};
+use corral_types::{Job, JobSpec};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn spec(name: &str) -> JobSpec {
+    JobSpec {
+        name: name.to_string(),
+        tenant: "default".into(),
+        priority_class: String::new(),
+        gpus: 0,
+        gpu_slice: None,
+        cpu_millis: 0,
+        memory_bytes: 0,
+        time_limit_secs: None,
+        image: None,
+        command: vec!["true".into()],
+        env: BTreeMap::new(),
+    }
+}
+
+fn client(endpoints: &str) -> Client {
+    let mut config = ClientConfig::new(endpoints.split(',').map(String::from).collect());
+    config.retry_for = Duration::from_secs(10);
+    Client::new(config).expect("client")
+}
+
+/// Concurrent submitters; each remembers the (request id, job id) pairs that were acknowledged.
+struct Load {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<Vec<(String, u64)>>>,
+}
+
+impl Load {
+    fn start(rt: &tokio::runtime::Runtime, endpoints: &str, clients: usize, tag: &str) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (0..clients)
+            .map(|c| {
+                let client = client(endpoints);
+                let stop = stop.clone();
+                let tag = format!("{tag}-{c}");
+                rt.spawn(async move {
+                    let mut acked = Vec::new();
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let rid = format!("{tag}-{n}");
+                        n += 1;
+                        if let Ok(s) = client.submit_with_id(&rid, &spec(&rid)).await {
+                            acked.push((rid, s.job_id));
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    acked
+                })
+            })
+            .collect();
+        Load { stop, tasks }
+    }
+
+    fn finish(self, rt: &tokio::runtime::Runtime) -> Vec<(String, u64)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.tasks.into_iter().flat_map(|t| rt.block_on(t).expect("load task")).collect()
+    }
+}
+
+/// Every acknowledged submit is present exactly once, under the id it was acknowledged with.
+fn assert_no_loss(jobs: &[Job], acked: &[(String, u64)]) {
+    let mut by_request: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for job in jobs {
+        by_request.entry(job.request_id.as_str()).or_default().push(job.id);
+    }
+    for (rid, ids) in &by_request {
+        assert_eq!(ids.len(), 1, "request {rid} created {} jobs: {ids:?}", ids.len());
+    }
+    for (rid, id) in acked {
+        assert_eq!(by_request.get(rid.as_str()), Some(&vec![*id]), "acknowledged job {id} ({rid}) is missing");
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+#[test]
+fn killing_the_leader_under_load_loses_no_acknowledged_job() {
+    let rt = runtime();
+    let mut cluster = Cluster::start(3, ClusterOptions::default());
+    cluster.init_and_join_all();
+    let endpoints = cluster.endpoints();
+    let load = Load::start(&rt, &endpoints, 4, "kill");
+    let probe = client(&endpoints);
+    let mut failovers = Vec::new();
+    for round in 0..20 {
+        std::thread::sleep(Duration::from_millis(300));
+        let leader = cluster.leader();
+        let started = Instant::now();
+        cluster.kill(leader);
+        // A new leader serves writes.
+        let rid = format!("probe-{round}");
+        rt.block_on(probe.submit_with_id(&rid, &spec(&rid))).expect("a write after the leader died");
+        failovers.push(started.elapsed());
+        cluster.restart(leader);
+    }
+    let acked = load.finish(&rt);
+    assert!(acked.len() > 100, "load made too little progress: {}", acked.len());
+    let jobs = rt.block_on(probe.list_jobs(true, None)).expect("list");
+    assert_no_loss(&jobs, &acked);
+    for round in 0..20 {
+        assert!(jobs.iter().any(|j| j.request_id == format!("probe-{round}")), "probe {round} lost");
+    }
+    cluster.wait_converged();
+    failovers.sort();
+    eprintln!("failover to first write: median {:?}, max {:?}", failovers[10], failovers[19]);
+}
+
+#[test]
+fn restarting_every_node_from_disk_gives_identical_state() {
+    let rt = runtime();
+    let mut cluster = Cluster::start(3, ClusterOptions::default());
+    cluster.init_and_join_all();
+    let load = Load::start(&rt, &cluster.endpoints(), 4, "restart");
+    std::thread::sleep(Duration::from_secs(2));
+    let acked = load.finish(&rt);
+    let before = cluster.wait_converged();
+    for i in 0..3 {
+        cluster.stop(i);
+    }
+    for i in 0..3 {
+        cluster.restart(i);
+    }
+    cluster.leader();
+    let after = cluster.wait_converged();
+    assert_eq!(before, after, "state digest changed across a full restart");
+    let jobs = rt.block_on(client(&cluster.endpoints()).list_jobs(true, None)).expect("list");
+    assert_no_loss(&jobs, &acked);
+}
+
+#[test]
+fn lagging_follower_catches_up_from_a_snapshot() {
+    let rt = runtime();
+    let options = ClusterOptions { snapshot_every: 50, keep_logs_after_snapshot: 10 };
+    let mut cluster = Cluster::start(3, options);
+    cluster.init_and_join_all();
+    let leader = cluster.leader();
+    let follower = (leader + 1) % 3;
+    let follower_last = cluster.status(follower).expect("status")["last_log_index"].as_u64().expect("index");
+    cluster.kill(follower);
+    let load = Load::start(&rt, &cluster.endpoints(), 4, "lag");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let purged = cluster.status(cluster.leader()).and_then(|s| s["purged_index"].as_u64()).unwrap_or(0);
+        if purged > follower_last + 20 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "leader never purged past the follower's log");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let acked = load.finish(&rt);
+    cluster.restart(follower);
+    cluster.wait_converged();
+    let status = cluster.status(follower).expect("status");
+    assert!(status["snapshot_index"].as_u64().is_some(), "follower caught up without a snapshot: {status}");
+    let jobs = rt.block_on(client(&cluster.nodes[follower].addr).list_jobs(true, None));
+    // A follower answers reads with a redirect; through all endpoints the data is complete.
+    drop(jobs);
+    let jobs = rt.block_on(client(&cluster.endpoints()).list_jobs(true, None)).expect("list");
+    assert_no_loss(&jobs, &acked);
+}
+
+#[test]
+fn join_and_leave_under_load() {
+    let rt = runtime();
+    let mut cluster = Cluster::start(3, ClusterOptions::default());
+    let init = cluster.corral_at(0, &["cluster", "init"]);
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    let load = Load::start(&rt, &cluster.endpoints(), 4, "members");
+    for i in 1..3 {
+        let out = cluster.corral_at(0, &["cluster", "join", &cluster.nodes[i].addr.clone()]);
+        assert!(out.status.success(), "join: {}", String::from_utf8_lossy(&out.stderr));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The first node (the leader) leaves while clients keep submitting.
+    let out = cluster.corral_at(1, &["cluster", "leave", "1"]);
+    assert!(out.status.success(), "leave: {}", String::from_utf8_lossy(&out.stderr));
+    std::thread::sleep(Duration::from_millis(500));
+    let acked = load.finish(&rt);
+    cluster.kill(0);
+    let status = cluster.status(1).expect("status");
+    let members: Vec<u64> =
+        status["members"].as_array().expect("members").iter().filter_map(|m| m["node_id"].as_u64()).collect();
+    assert_eq!(members, vec![2, 3]);
+    let endpoints = format!("{},{}", cluster.nodes[1].addr, cluster.nodes[2].addr);
+    let jobs = rt.block_on(client(&endpoints).list_jobs(true, None)).expect("list");
+    assert_no_loss(&jobs, &acked);
+
+    // Node ids are never reused: a fresh coordinator with id 1 is refused.
+    let index = cluster.add_node(1);
+    let out = cluster.corral_at(1, &["cluster", "join", &cluster.nodes[index].addr.clone()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("node id 1 was used before"), "{err}");
+}
