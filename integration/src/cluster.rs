@@ -7,15 +7,17 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// Raft tuning written into each node's config.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClusterOptions {
     pub snapshot_every: u64,
     pub keep_logs_after_snapshot: u64,
+    /// Run node `i` inside network namespace `i + 1` of these hosts instead of on loopback.
+    pub hosts: Option<std::sync::Arc<crate::netns::NetHosts>>,
 }
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        ClusterOptions { snapshot_every: 20_000, keep_logs_after_snapshot: 1_000 }
+        ClusterOptions { snapshot_every: 20_000, keep_logs_after_snapshot: 1_000, hosts: None }
     }
 }
 
@@ -59,9 +61,12 @@ impl Cluster {
 
     /// Writes the config of node `id` and starts it.
     pub fn add_node(&mut self, id: u64) -> usize {
-        let addr = format!("127.0.0.1:{}", free_port());
         // Per process, not per id: a later node may reuse an id (to prove it is refused).
         let slot = self.nodes.len();
+        let addr = match &self.options.hosts {
+            Some(hosts) => format!("{}:7070", hosts.addr(slot + 1)),
+            None => format!("127.0.0.1:{}", free_port()),
+        };
         let config = self.dir.path().join(format!("coordinator-{slot}.toml"));
         let data = self.dir.path().join(format!("data-{slot}"));
         let text = format!(
@@ -85,7 +90,15 @@ impl Cluster {
         let node = &mut self.nodes[index];
         assert!(node.child.is_none(), "node {} is running", node.node_id);
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&node.log).expect("log");
-        let child = Command::new(corral_bin())
+        let mut command = match &self.options.hosts {
+            Some(hosts) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &hosts.namespace(index + 1)]).arg(corral_bin());
+                c
+            }
+            None => Command::new(corral_bin()),
+        };
+        let child = command
             .args(["coordinator", "--config"])
             .arg(&node.config)
             .stdout(Stdio::null())

@@ -2,6 +2,7 @@
 //! pools in temp dirs, and drives the CLI exactly as a user would.
 
 pub mod cluster;
+pub mod netns;
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader};

@@ -243,6 +243,35 @@ impl Client {
         Ok(Submitted { job_id: reply.job_id, duplicate: reply.duplicate })
     }
 
+    /// Submits many jobs in one call (one Raft entry). Each `(request id, spec)` is answered on
+    /// its own: the job (and whether it existed already) or why it was refused.
+    pub async fn submit_batch(&self, jobs: &[(String, JobSpec)]) -> Result<Vec<Result<Submitted, String>>, ClientError> {
+        let msg = pb::SubmitBatchRequest {
+            jobs: jobs
+                .iter()
+                .map(|(rid, spec)| pb::SubmitRequest { request_id: rid.clone(), spec: Some(spec.into()) })
+                .collect(),
+        };
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(msg.clone());
+                async move { Self::corral(ch).submit_batch(req).await }
+            })
+            .await?
+            .into_inner();
+        Ok(reply
+            .results
+            .into_iter()
+            .map(|r| {
+                if r.error.is_empty() {
+                    Ok(Submitted { job_id: r.job_id, duplicate: r.duplicate })
+                } else {
+                    Err(r.error)
+                }
+            })
+            .collect())
+    }
+
     pub async fn get_job(&self, job_id: u64) -> Result<Job, ClientError> {
         let reply = self
             .with_retry(|ch| {

@@ -32,6 +32,9 @@ impl Api {
     }
 }
 
+/// Most jobs one `SubmitBatch` call may carry.
+const MAX_BATCH: usize = 10_000;
+
 type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -46,6 +49,37 @@ impl Corral for Api {
             Outcome::JobSubmitted { job_id, duplicate } => Ok(Response::new(pb::SubmitResponse { job_id, duplicate })),
             other => Err(Status::internal(format!("unexpected outcome of submit: {other:?}"))),
         }
+    }
+
+    async fn submit_batch(
+        &self,
+        request: Request<pb::SubmitBatchRequest>,
+    ) -> Result<Response<pb::SubmitBatchResponse>, Status> {
+        let req = request.into_inner();
+        if req.jobs.len() > MAX_BATCH {
+            return Err(Status::invalid_argument(format!(
+                "batch of {} jobs is too large: send at most {MAX_BATCH} per call",
+                req.jobs.len()
+            )));
+        }
+        let mut jobs = Vec::with_capacity(req.jobs.len());
+        for (i, job) in req.jobs.into_iter().enumerate() {
+            let spec = job.spec.ok_or_else(|| Status::invalid_argument(format!("job {i} of the batch has no spec")))?;
+            let spec: JobSpec = spec.try_into()?;
+            jobs.push((job.request_id, spec));
+        }
+        let results = match self.coord.propose(Command::SubmitJobs { jobs }).await? {
+            Outcome::JobsSubmitted(results) => results,
+            other => return Err(Status::internal(format!("unexpected outcome of batch submit: {other:?}"))),
+        };
+        let results = results
+            .into_iter()
+            .map(|r| match r {
+                Ok((job_id, duplicate)) => pb::SubmitResult { job_id, duplicate, error: String::new() },
+                Err(e) => pb::SubmitResult { job_id: 0, duplicate: false, error: e.to_string() },
+            })
+            .collect();
+        Ok(Response::new(pb::SubmitBatchResponse { results }))
     }
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {

@@ -30,14 +30,24 @@ impl State {
                 touched.nodes.insert(name.clone());
             }
             Command::SubmitJob { .. }
+            | Command::SubmitJobs { .. }
             | Command::Configure(_)
             | Command::Noop
             | Command::AddCoordinator { .. }
             | Command::RemoveCoordinator { .. } => {}
         }
         let response = self.apply(request);
-        if let Ok(Outcome::JobSubmitted { job_id, duplicate: false }) = &response {
-            touched.jobs.insert(*job_id);
+        match &response {
+            Ok(Outcome::JobSubmitted { job_id, duplicate: false }) => {
+                touched.jobs.insert(*job_id);
+            }
+            Ok(Outcome::JobsSubmitted(results)) => {
+                touched.jobs.extend(results.iter().filter_map(|r| match r {
+                    Ok((id, false)) => Some(*id),
+                    _ => None,
+                }));
+            }
+            _ => {}
         }
         (response, touched)
     }
@@ -47,7 +57,12 @@ impl State {
         let ts = request.ts;
         self.last_ts = self.last_ts.max(ts);
         match &request.command {
-            Command::SubmitJob { request_id, spec } => self.submit(ts, request_id, spec),
+            Command::SubmitJob { request_id, spec } => self
+                .submit(ts, request_id, spec)
+                .map(|(job_id, duplicate)| Outcome::JobSubmitted { job_id, duplicate }),
+            Command::SubmitJobs { jobs } => Ok(Outcome::JobsSubmitted(
+                jobs.iter().map(|(request_id, spec)| self.submit(ts, request_id, spec)).collect(),
+            )),
             Command::PlaceJob { job_id, node, gpus } => self.place_job(*job_id, node, gpus),
             Command::JobStarted { job_id, epoch } => self.job_started(ts, *job_id, *epoch),
             Command::JobFinished { job_id, epoch, report } => self.job_finished(ts, *job_id, *epoch, report),
@@ -112,9 +127,10 @@ impl State {
         Ok(spec)
     }
 
-    fn submit(&mut self, ts: Timestamp, request_id: &str, spec: &JobSpec) -> Response {
+    /// Returns the job id and whether the request id was seen before.
+    fn submit(&mut self, ts: Timestamp, request_id: &str, spec: &JobSpec) -> Result<(JobId, bool), ApplyError> {
         if let Some(&job_id) = self.request_ids.get(request_id) {
-            return Ok(Outcome::JobSubmitted { job_id, duplicate: true });
+            return Ok((job_id, true));
         }
         let spec = self.check_submit(spec)?;
         let id = self.next_job_id;
@@ -140,7 +156,7 @@ impl State {
         }
         self.jobs.insert(id, job);
         self.set_job_state_index(id, JobState::Pending);
-        Ok(Outcome::JobSubmitted { job_id: id, duplicate: false })
+        Ok((id, false))
     }
 
     fn place_job(&mut self, job_id: JobId, node_name: &str, gpus: &[u32]) -> Response {
@@ -508,6 +524,21 @@ mod tests {
             s.apply(&req(5, Command::CancelJob { job_id: 9, reason: String::new() })),
             Err(ApplyError::NoSuchJob(9))
         );
+    }
+
+    #[test]
+    fn batch_submits_answer_each_job_and_dedup_like_single_ones() {
+        let mut s = cluster();
+        let mut bad = spec(1);
+        bad.tenant = "nobody".into();
+        let jobs = vec![("a".to_string(), spec(1)), ("b".to_string(), bad), ("a".to_string(), spec(1))];
+        let out = s.apply(&req(3, Command::SubmitJobs { jobs })).unwrap();
+        let Outcome::JobsSubmitted(results) = out else { panic!("expected batch outcome") };
+        assert_eq!(results[0], Ok((1, false)));
+        assert!(matches!(results[1], Err(ApplyError::UnknownTenant { .. })));
+        assert_eq!(results[2], Ok((1, true)), "a repeated request id in the batch is a duplicate");
+        assert_eq!(submit(&mut s, 4, "a", spec(1)), Ok(Outcome::JobSubmitted { job_id: 1, duplicate: true }));
+        assert_eq!(s.jobs.len(), 1);
     }
 
     #[test]

@@ -14,6 +14,10 @@ pub enum Command {
         request_id: String,
         spec: JobSpec,
     },
+    /// Many submits in one log entry (one fsync); each is applied and answered on its own.
+    SubmitJobs {
+        jobs: Vec<(String, JobSpec)>,
+    },
     /// Leader's placement proposal; apply() re-validates it against the state at apply time.
     PlaceJob {
         job_id: JobId,
@@ -68,6 +72,8 @@ pub enum Outcome {
         job_id: JobId,
         duplicate: bool,
     },
+    /// One result per job of a `SubmitJobs`, in order: (job id, duplicate) or why it was refused.
+    JobsSubmitted(Vec<Result<(JobId, bool), ApplyError>>),
     Job(Box<Job>),
     NodeRegistered {
         epoch: u64,

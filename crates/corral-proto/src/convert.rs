@@ -308,6 +308,12 @@ fn command_to_pb(r: &Request) -> pb::Command {
         Command::SubmitJob { request_id, spec } => {
             Kind::SubmitJob(pb::SubmitJob { request_id: request_id.clone(), spec: Some(spec.into()) })
         }
+        Command::SubmitJobs { jobs } => Kind::SubmitJobs(pb::SubmitJobs {
+            jobs: jobs
+                .iter()
+                .map(|(request_id, spec)| pb::SubmitJob { request_id: request_id.clone(), spec: Some(spec.into()) })
+                .collect(),
+        }),
         Command::PlaceJob { job_id, node, gpus } => {
             Kind::PlaceJob(pb::PlaceJob { job_id: *job_id, node: node.clone(), gpus: gpus.clone() })
         }
@@ -341,6 +347,13 @@ fn command_from_pb(c: pb::Command) -> Result<Request, ProtoError> {
         Kind::SubmitJob(s) => Command::SubmitJob {
             request_id: s.request_id,
             spec: s.spec.ok_or(ProtoError::Missing("submit_job.spec"))?.try_into()?,
+        },
+        Kind::SubmitJobs(batch) => Command::SubmitJobs {
+            jobs: batch
+                .jobs
+                .into_iter()
+                .map(|s| Ok((s.request_id, s.spec.ok_or(ProtoError::Missing("submit_jobs.spec"))?.try_into()?)))
+                .collect::<Result<Vec<_>, ProtoError>>()?,
         },
         Kind::PlaceJob(p) => Command::PlaceJob { job_id: p.job_id, node: p.node, gpus: p.gpus },
         Kind::JobStarted(s) => Command::JobStarted { job_id: s.job_id, epoch: s.epoch },

@@ -3,8 +3,10 @@
 
 use corral_client::{Client, ClientConfig};
 use corral_integration::cluster::{Cluster, ClusterOptions};
+use corral_integration::netns::NetHosts;
 use corral_types::{Job, JobSpec};
 use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -144,7 +146,7 @@ fn restarting_every_node_from_disk_gives_identical_state() {
 #[test]
 fn lagging_follower_catches_up_from_a_snapshot() {
     let rt = runtime();
-    let options = ClusterOptions { snapshot_every: 50, keep_logs_after_snapshot: 10 };
+    let options = ClusterOptions { snapshot_every: 50, keep_logs_after_snapshot: 10, ..Default::default() };
     let mut cluster = Cluster::start(3, options);
     cluster.init_and_join_all();
     let leader = cluster.leader();
@@ -205,4 +207,77 @@ fn join_and_leave_under_load() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("node id 1 was used before"), "{err}");
+}
+
+#[test]
+fn partitioned_leader_loses_nothing_and_terms_have_one_leader() {
+    let rt = runtime();
+    let hosts = Arc::new(NetHosts::create(3));
+    let options = ClusterOptions { hosts: Some(hosts.clone()), ..Default::default() };
+    let cluster = Cluster::start(3, options);
+    cluster.init_and_join_all();
+    let endpoints = cluster.endpoints();
+
+    // Watch every node's view: which node claims leadership in which term.
+    let leaders: Arc<std::sync::Mutex<BTreeMap<u64, BTreeSet<u64>>>> = Arc::default();
+    let watching = Arc::new(AtomicBool::new(true));
+    let addrs: Vec<String> = cluster.nodes.iter().map(|n| n.addr.clone()).collect();
+    let watcher = {
+        let (leaders, watching) = (leaders.clone(), watching.clone());
+        std::thread::spawn(move || {
+            while watching.load(Ordering::Relaxed) {
+                for addr in &addrs {
+                    let out = std::process::Command::new(corral_integration::corral_bin())
+                        .args(["--endpoint", addr, "--output", "json", "cluster", "status"])
+                        .output();
+                    let Ok(out) = out else { continue };
+                    let Ok(status) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else { continue };
+                    if status["state"] == "leader" {
+                        let (term, id) = (status["term"].as_u64(), status["node_id"].as_u64());
+                        if let (Some(term), Some(id)) = (term, id) {
+                            leaders.lock().expect("lock").entry(term).or_default().insert(id);
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+
+    let load = Load::start(&rt, &endpoints, 4, "partition");
+    std::thread::sleep(Duration::from_secs(1));
+    let old = cluster.leader();
+    let old_term = cluster.status(old).expect("status")["term"].as_u64().expect("term");
+    hosts.isolate(old + 1);
+    // The majority side elects a new leader in a higher term and keeps serving writes.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let new = loop {
+        let found = (0..3).filter(|i| *i != old).find(|i| {
+            cluster.status(*i).is_some_and(|s| s["state"] == "leader" && s["term"].as_u64() > Some(old_term))
+        });
+        if let Some(i) = found {
+            break i;
+        }
+        assert!(Instant::now() < deadline, "the majority never elected a new leader");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let majority = format!("{},{}", cluster.nodes[new].addr, cluster.nodes[3 - old - new].addr);
+    let probe = client(&majority);
+    rt.block_on(probe.submit_with_id("during-partition", &spec("during-partition"))).expect("write on the majority");
+    std::thread::sleep(Duration::from_secs(1));
+    hosts.heal(old + 1);
+    std::thread::sleep(Duration::from_secs(1));
+    let acked = load.finish(&rt);
+    cluster.wait_converged();
+    watching.store(false, Ordering::Relaxed);
+    watcher.join().expect("watcher");
+
+    let jobs = rt.block_on(client(&endpoints).list_jobs(true, None)).expect("list");
+    assert_no_loss(&jobs, &acked);
+    assert!(jobs.iter().any(|j| j.request_id == "during-partition"));
+    let leaders = leaders.lock().expect("lock");
+    for (term, ids) in leaders.iter() {
+        assert_eq!(ids.len(), 1, "term {term} had leaders {ids:?}");
+    }
+    assert!(leaders.len() >= 2, "expected a leader change: {leaders:?}");
 }

@@ -1,0 +1,164 @@
+//! Cluster benchmark: durable submits/s on a 3-node loopback cluster with 1, 16 and 64 clients,
+//! latency at 1k submits/s offered, batch submit throughput, and time from a leader kill -9 to
+//! the first successful write.
+//!
+//! Run: `cargo build --release -p corral-cli && cargo bench -p corral-integration --bench cluster`
+//! (set `CORRAL_BENCH_SECS` to change the length of each phase, default 5).
+
+use corral_client::{Client, ClientConfig};
+use corral_integration::cluster::{Cluster, ClusterOptions};
+use corral_types::JobSpec;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn spec() -> JobSpec {
+    JobSpec {
+        name: "bench".into(),
+        tenant: "default".into(),
+        priority_class: String::new(),
+        gpus: 0,
+        gpu_slice: None,
+        cpu_millis: 0,
+        memory_bytes: 0,
+        time_limit_secs: None,
+        image: None,
+        command: vec!["true".into()],
+        env: BTreeMap::new(),
+    }
+}
+
+fn client(endpoints: &str) -> Client {
+    Client::new(ClientConfig::new(endpoints.split(',').map(String::from).collect())).expect("client")
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn rid() -> String {
+    format!("bench-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Closed loop: `clients` callers submit back to back for `secs`.
+async fn closed_loop(endpoints: &str, clients: usize, secs: u64) -> (f64, Vec<Duration>) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let client = client(endpoints);
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    client.submit_with_id(&rid(), &spec()).await.expect("submit");
+                    lat.push(t.elapsed());
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    all.sort();
+    (all.len() as f64 / secs as f64, all)
+}
+
+/// Open loop: one submit every 1/rate seconds, whatever the latency.
+async fn open_loop(endpoints: &str, rate: u64, secs: u64) -> Vec<Duration> {
+    let clients: Vec<Client> = (0..8).map(|_| client(endpoints)).collect();
+    let mut ticker = tokio::time::interval(Duration::from_nanos(1_000_000_000 / rate));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = Vec::new();
+    for i in 0..rate * secs {
+        ticker.tick().await;
+        let client = clients[i as usize % clients.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            let t = Instant::now();
+            client.submit_with_id(&rid(), &spec()).await.expect("submit");
+            t.elapsed()
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.push(t.await.expect("task"));
+    }
+    lat.sort();
+    lat
+}
+
+async fn batches(endpoints: &str, callers: usize, batch: usize, secs: u64) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let done = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..callers)
+        .map(|_| {
+            let client = client(endpoints);
+            let done = done.clone();
+            tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    let jobs: Vec<(String, JobSpec)> = (0..batch).map(|_| (rid(), spec())).collect();
+                    let results = client.submit_batch(&jobs).await.expect("batch");
+                    assert!(results.iter().all(Result::is_ok));
+                    done.fetch_add(batch as u64, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let secs: u64 = std::env::var("CORRAL_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let mut cluster = Cluster::start(3, ClusterOptions::default());
+    cluster.init_and_join_all();
+    let endpoints = cluster.endpoints();
+    println!("3-node loopback cluster, {secs}s per phase, fsync on every append");
+    rt.block_on(async {
+        for clients in [1, 16, 64] {
+            let (rate, lat) = closed_loop(&endpoints, clients, secs).await;
+            println!(
+                "unary submit, {clients:>2} clients: {rate:>8.0} submits/s  p50 {:>7.2?}  p99 {:>7.2?}",
+                percentile(&lat, 0.5),
+                percentile(&lat, 0.99)
+            );
+        }
+        let lat = open_loop(&endpoints, 1000, secs).await;
+        println!(
+            "1k submits/s offered:            p50 {:>7.2?}  p99 {:>7.2?}  max {:>7.2?}",
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99),
+            percentile(&lat, 1.0)
+        );
+        let rate = batches(&endpoints, 4, 1000, secs).await;
+        println!("batch submit (4 callers x 1000 jobs): {rate:>8.0} jobs/s");
+    });
+    let probe = client(&endpoints);
+    let mut failovers = Vec::new();
+    for round in 0..20 {
+        std::thread::sleep(Duration::from_millis(500));
+        let leader = cluster.leader();
+        let started = Instant::now();
+        cluster.kill(leader);
+        rt.block_on(probe.submit_with_id(&format!("failover-{round}"), &spec())).expect("write after failover");
+        failovers.push(started.elapsed());
+        cluster.restart(leader);
+    }
+    failovers.sort();
+    println!(
+        "leader kill -9 to first write (20 kills): median {:.0?}  max {:.0?}",
+        percentile(&failovers, 0.5),
+        percentile(&failovers, 1.0)
+    );
+}
