@@ -72,7 +72,7 @@ async fn closed_loop(endpoints: &str, clients: usize, secs: u64) -> (f64, Vec<Du
 }
 
 /// Open loop: one submit every 1/rate seconds, whatever the latency.
-async fn open_loop(endpoints: &str, rate: u64, secs: u64) -> Vec<Duration> {
+async fn open_loop(endpoints: &str, rate: u64, secs: u64) -> (Vec<Duration>, usize) {
     let clients: Vec<Client> = (0..8).map(|_| client(endpoints)).collect();
     let mut ticker = tokio::time::interval(Duration::from_nanos(1_000_000_000 / rate));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -82,16 +82,24 @@ async fn open_loop(endpoints: &str, rate: u64, secs: u64) -> Vec<Duration> {
         let client = clients[i as usize % clients.len()].clone();
         tasks.push(tokio::spawn(async move {
             let t = Instant::now();
-            client.submit_with_id(&rid(), &spec()).await.expect("submit");
-            t.elapsed()
+            client.submit_with_id(&rid(), &spec()).await.map(|_| t.elapsed())
         }));
     }
     let mut lat = Vec::new();
+    let mut failed = 0;
     for t in tasks {
-        lat.push(t.await.expect("task"));
+        match t.await.expect("task") {
+            Ok(l) => lat.push(l),
+            Err(e) => {
+                failed += 1;
+                if failed == 1 {
+                    eprintln!("first failed submit: {e}");
+                }
+            }
+        }
     }
     lat.sort();
-    lat
+    (lat, failed)
 }
 
 async fn batches(endpoints: &str, callers: usize, batch: usize, secs: u64) -> f64 {
@@ -121,10 +129,20 @@ async fn batches(endpoints: &str, callers: usize, batch: usize, secs: u64) -> f6
 fn main() {
     let secs: u64 = std::env::var("CORRAL_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    let mut cluster = Cluster::start(3, ClusterOptions::default());
+    let nodes: u64 = std::env::var("CORRAL_BENCH_NODES").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let mut cluster = Cluster::start(nodes, ClusterOptions::default());
     cluster.init_and_join_all();
     let endpoints = cluster.endpoints();
-    println!("3-node loopback cluster, {secs}s per phase, fsync on every append");
+    println!("{nodes}-node loopback cluster, {secs}s per phase, fsync on every append");
+    if std::env::var("CORRAL_BENCH_ONLY_UNARY").is_ok() {
+        rt.block_on(async {
+            for clients in [1, 16, 64] {
+                let (rate, _) = closed_loop(&endpoints, clients, secs).await;
+                println!("unary submit, {clients:>2} clients: {rate:>8.0} submits/s");
+            }
+        });
+        return;
+    }
     rt.block_on(async {
         for clients in [1, 16, 64] {
             let (rate, lat) = closed_loop(&endpoints, clients, secs).await;
@@ -134,9 +152,9 @@ fn main() {
                 percentile(&lat, 0.99)
             );
         }
-        let lat = open_loop(&endpoints, 1000, secs).await;
+        let (lat, failed) = open_loop(&endpoints, 1000, secs).await;
         println!(
-            "1k submits/s offered:            p50 {:>7.2?}  p99 {:>7.2?}  max {:>7.2?}",
+            "1k submits/s offered:            p50 {:>7.2?}  p99 {:>7.2?}  max {:>7.2?}  failed {failed}",
             percentile(&lat, 0.5),
             percentile(&lat, 0.99),
             percentile(&lat, 1.0)
@@ -144,7 +162,11 @@ fn main() {
         let rate = batches(&endpoints, 4, 1000, secs).await;
         println!("batch submit (4 callers x 1000 jobs): {rate:>8.0} jobs/s");
     });
-    let probe = client(&endpoints);
+    let probe = {
+        let mut config = ClientConfig::new(endpoints.split(',').map(String::from).collect());
+        config.retry_for = Duration::from_secs(60);
+        Client::new(config).expect("client")
+    };
     let mut failovers = Vec::new();
     for round in 0..20 {
         std::thread::sleep(Duration::from_millis(500));
@@ -153,6 +175,7 @@ fn main() {
         cluster.kill(leader);
         rt.block_on(probe.submit_with_id(&format!("failover-{round}"), &spec())).expect("write after failover");
         failovers.push(started.elapsed());
+        eprintln!("round {round}: killed node {} ({:?} to first write)", leader + 1, started.elapsed());
         cluster.restart(leader);
     }
     failovers.sort();

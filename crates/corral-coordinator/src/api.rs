@@ -44,11 +44,8 @@ impl Corral for Api {
         let spec: JobSpec = req.spec.ok_or_else(|| Status::invalid_argument("missing job spec"))?.try_into()?;
         // Fail fast on what the state machine would refuse anyway; apply() checks again.
         self.coord.inner.node.state.read().state.check_submit(&spec).map_err(CoordError::from)?;
-        let outcome = self.coord.propose(Command::SubmitJob { request_id: req.request_id, spec }).await?;
-        match outcome {
-            Outcome::JobSubmitted { job_id, duplicate } => Ok(Response::new(pb::SubmitResponse { job_id, duplicate })),
-            other => Err(Status::internal(format!("unexpected outcome of submit: {other:?}"))),
-        }
+        let (job_id, duplicate) = self.coord.submit(req.request_id, spec).await?;
+        Ok(Response::new(pb::SubmitResponse { job_id, duplicate }))
     }
 
     async fn submit_batch(

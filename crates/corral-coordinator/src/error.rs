@@ -2,7 +2,7 @@
 
 use corral_core::ApplyError;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum CoordError {
     #[error("{0}")]
     Rejected(#[from] ApplyError),

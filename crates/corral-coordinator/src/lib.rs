@@ -8,6 +8,7 @@ mod api;
 mod cluster;
 mod error;
 mod gateway;
+mod group_commit;
 mod liveness;
 mod scheduler;
 mod tso;
@@ -22,7 +23,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 
 /// Tunables of a coordinator.
 #[derive(Debug, Clone)]
@@ -53,9 +53,10 @@ pub struct Coordinator {
 
 struct Inner {
     node: RaftNode,
+    /// Set once by `serve`: batches concurrent submits into one Raft entry.
+    submits: std::sync::OnceLock<group_commit::GroupCommit>,
     tso: Tso,
     liveness: Liveness,
-    wake_scheduler: Notify,
     config: CoordinatorConfig,
 }
 
@@ -64,9 +65,9 @@ impl Coordinator {
         Coordinator {
             inner: Arc::new(Inner {
                 node,
+                submits: std::sync::OnceLock::new(),
                 tso: Tso::default(),
                 liveness: Liveness::default(),
-                wake_scheduler: Notify::new(),
                 config,
             }),
         }
@@ -82,14 +83,26 @@ impl Coordinator {
         let floor = node.state.read().state.last_ts;
         let ts = self.inner.tso.next(floor);
         match node.raft.client_write(RaftRequest(Request { ts, command })).await {
-            Ok(reply) => {
-                self.inner.wake_scheduler.notify_one();
-                reply.data.map_err(CoordError::Rejected)
-            }
+            Ok(reply) => reply.data.map_err(CoordError::Rejected),
             Err(openraft::error::RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
                 Err(CoordError::NotLeader { leader_id: f.leader_id, leader_addr: f.leader_node.map(|n| n.addr) })
             }
             Err(e) => Err(CoordError::Raft(e.to_string())),
+        }
+    }
+
+    /// Submits one job through group commit (or alone, before `serve` started).
+    pub(crate) async fn submit(
+        &self,
+        request_id: String,
+        spec: corral_types::JobSpec,
+    ) -> Result<(u64, bool), CoordError> {
+        if let Some(submits) = self.inner.submits.get() {
+            return submits.submit(request_id, spec).await;
+        }
+        match self.propose(Command::SubmitJob { request_id, spec }).await? {
+            Outcome::JobSubmitted { job_id, duplicate } => Ok((job_id, duplicate)),
+            other => Err(CoordError::Raft(format!("unexpected outcome of submit: {other:?}"))),
         }
     }
 
@@ -125,7 +138,9 @@ impl Coordinator {
     /// resolves; the leader's scheduling loop runs alongside.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
         let scheduler = tokio::spawn(scheduler::run(self.clone()));
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let (submits, group_task) = group_commit::GroupCommit::start(self.clone());
+        let _ = self.inner.submits.set(submits);
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let result = tonic::transport::Server::builder()
             .add_service(corral_raft::RaftGrpcService::new(self.inner.node.raft.clone()).into_server())
             .add_service(api::server(self.clone()))
@@ -134,6 +149,7 @@ impl Coordinator {
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         scheduler.abort();
+        group_task.abort();
         result.map_err(Into::into)
     }
 }

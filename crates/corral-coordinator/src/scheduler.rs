@@ -10,7 +10,6 @@ pub(crate) async fn run(coord: Coordinator) {
     let interval = coord.inner.config.schedule_interval;
     loop {
         tokio::select! {
-            _ = coord.inner.wake_scheduler.notified() => {}
             _ = applied.changed() => {}
             _ = tokio::time::sleep(interval) => {}
         }
@@ -19,8 +18,14 @@ pub(crate) async fn run(coord: Coordinator) {
         }
         mark_silent_nodes_down(&coord).await;
         schedule_once(&coord).await;
+        // Coalesce: under a stream of submits, one pass covers every change applied meanwhile
+        // instead of one pass per applied entry.
+        tokio::time::sleep(MIN_PASS_GAP).await;
     }
 }
+
+/// Least time between two scheduling passes.
+const MIN_PASS_GAP: std::time::Duration = std::time::Duration::from_millis(25);
 
 async fn mark_silent_nodes_down(coord: &Coordinator) {
     let up: Vec<String> = {
@@ -42,6 +47,10 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> usize {
     let unschedulable = coord.inner.liveness.unschedulable();
     let placements = {
         let data = coord.inner.node.state.read();
+        // Nothing can be placed without a node: skip the pass over a long queue.
+        if !data.state.nodes.values().any(|n| n.state == NodeState::Up) {
+            return 0;
+        }
         place(&data.state, &unschedulable)
     };
     let mut placed = 0;

@@ -68,6 +68,9 @@ impl RaftNode {
         // Small chunks: purged log space is reclaimed per closed chunk.
         log_config.wal.chunk_max_size = Some(64 << 20);
         log_config.log_cache_capacity = Some(256 << 20);
+        // openraft 0.9 keeps one log write in flight: waiting for more writes to batch into one
+        // fsync only adds latency. Batching happens above, in the coordinator's group commit.
+        log_config.wal.flush_batch_wait = Some(std::time::Duration::ZERO);
         let log_store = LogStore::<TypeConfig>::open_with_config(log_config)?;
         let state = StateMachineStore::open(&config.data_dir)?;
         let raft =

@@ -1,9 +1,9 @@
 //! The replicated state machine: `corral_core::State` in memory, persisted in sled, with fsynced
 //! snapshot files.
 //!
-//! Invariant: sled is written in one atomic batch per applied batch of entries, including the
-//! last applied log id, so a reopened sled is a consistent prefix of the log; whatever sled lost
-//! is re-applied from the log. A snapshot file newer than sled wins on open, because the log
+//! Invariant: sled is written in one atomic batch (one tree, prefixed keys) per applied batch of
+//! entries, including the last applied log id, so a reopened sled is a consistent prefix of the
+//! log; whatever sled lost is re-applied from the log. A snapshot file newer than sled wins on open, because the log
 //! before it may already be purged.
 
 use crate::types::{LogId, NodeId, StoredMembership, TypeConfig};
@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use tokio::sync::watch;
 
-const META_RAFT_APPLIED: &[u8] = b"raft/last_applied";
-const META_RAFT_MEMBERSHIP: &[u8] = b"raft/membership";
-const META_STATE: &[u8] = b"state/meta";
+const META_RAFT_APPLIED: &[u8] = b"m/raft/last_applied";
+const META_RAFT_MEMBERSHIP: &[u8] = b"m/raft/membership";
+const META_STATE: &[u8] = b"m/state";
 const SNAPSHOT_FILE: &str = "current.snap";
 
 /// What the state machine holds in memory.
@@ -28,12 +28,22 @@ pub struct StateMachineData {
     pub membership: StoredMembership,
 }
 
+/// One sled tree with key prefixes, so every applied batch is a single atomic `apply_batch`
+/// (no cross-tree transaction).
 struct Trees {
     db: sled::Db,
-    meta: sled::Tree,
-    jobs: sled::Tree,
-    nodes: sled::Tree,
-    requests: sled::Tree,
+    tree: sled::Tree,
+}
+
+const JOB: &[u8] = b"j/";
+const NODE: &[u8] = b"n/";
+const REQUEST: &[u8] = b"r/";
+
+fn key(prefix: &[u8], rest: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + rest.len());
+    k.extend_from_slice(prefix);
+    k.extend_from_slice(rest);
+    k
 }
 
 struct Shared {
@@ -67,13 +77,7 @@ impl StateMachineStore {
         let snapshot_dir = dir.join("snapshots");
         std::fs::create_dir_all(&snapshot_dir)?;
         let db = sled::Config::new().path(dir.join("sm")).open()?;
-        let trees = Trees {
-            meta: db.open_tree("meta")?,
-            jobs: db.open_tree("jobs")?,
-            nodes: db.open_tree("nodes")?,
-            requests: db.open_tree("requests")?,
-            db,
-        };
+        let trees = Trees { tree: db.open_tree("state")?, db };
         let mut data = load_from_sled(&trees)?;
         if let Some((meta, bytes)) = read_snapshot_file(&snapshot_dir)? {
             if meta.last_log_id > data.last_applied {
@@ -109,33 +113,34 @@ impl StateMachineStore {
 }
 
 fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
-    let last_applied = match t.meta.get(META_RAFT_APPLIED)? {
+    let last_applied = match t.tree.get(META_RAFT_APPLIED)? {
         Some(v) => serde_json::from_slice(&v)?,
         None => None,
     };
-    let membership = match t.meta.get(META_RAFT_MEMBERSHIP)? {
+    let membership = match t.tree.get(META_RAFT_MEMBERSHIP)? {
         Some(v) => serde_json::from_slice(&v)?,
         None => StoredMembership::default(),
     };
-    let Some(meta) = t.meta.get(META_STATE)? else {
+    let Some(meta) = t.tree.get(META_STATE)? else {
         return Ok(StateMachineData { state: State::default(), last_applied, membership });
     };
     let meta = corral_proto::meta_from_bytes(&meta)?;
     let mut jobs = std::collections::BTreeMap::new();
-    for kv in t.jobs.iter() {
+    for kv in t.tree.scan_prefix(JOB) {
         let (_, v) = kv?;
         let job = corral_proto::job_from_bytes(&v)?;
         jobs.insert(job.id, job);
     }
     let mut nodes = std::collections::BTreeMap::new();
-    for kv in t.nodes.iter() {
+    for kv in t.tree.scan_prefix(NODE) {
         let (_, v) = kv?;
         let node = corral_proto::node_from_bytes(&v)?;
         nodes.insert(node.spec.name.clone(), node);
     }
     let mut request_ids = std::collections::BTreeMap::new();
-    for kv in t.requests.iter() {
+    for kv in t.tree.scan_prefix(REQUEST) {
         let (k, v) = kv?;
+        let k = &k[REQUEST.len()..];
         let id: [u8; 8] = v.as_ref().try_into().map_err(|_| anyhow::anyhow!("corrupt request id entry"))?;
         request_ids.insert(String::from_utf8_lossy(&k).into_owned(), u64::from_be_bytes(id));
     }
@@ -154,9 +159,7 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
 
 /// Replaces everything in sled with `data` and flushes.
 fn rewrite_sled(t: &Trees, data: &StateMachineData) -> anyhow::Result<()> {
-    for tree in [&t.meta, &t.jobs, &t.nodes, &t.requests] {
-        tree.clear()?;
-    }
+    t.tree.clear()?;
     let all =
         Touched { jobs: data.state.jobs.keys().copied().collect(), nodes: data.state.nodes.keys().cloned().collect() };
     persist(t, data, &all)?;
@@ -167,40 +170,28 @@ fn rewrite_sled(t: &Trees, data: &StateMachineData) -> anyhow::Result<()> {
 /// Writes what `touched` names plus the scalar state and the raft metadata, atomically.
 fn persist(t: &Trees, data: &StateMachineData, touched: &Touched) -> Result<(), std::io::Error> {
     let state = &data.state;
-    let mut jobs = sled::Batch::default();
-    let mut requests = sled::Batch::default();
+    let mut batch = sled::Batch::default();
     for id in &touched.jobs {
         match state.jobs.get(id) {
             Some(job) => {
-                jobs.insert(&id.to_be_bytes(), corral_proto::job_to_bytes(job));
+                batch.insert(key(JOB, &id.to_be_bytes()), corral_proto::job_to_bytes(job));
                 if !job.request_id.is_empty() {
-                    requests.insert(job.request_id.as_bytes(), &id.to_be_bytes());
+                    batch.insert(key(REQUEST, job.request_id.as_bytes()), &id.to_be_bytes());
                 }
             }
-            None => jobs.remove(&id.to_be_bytes()),
+            None => batch.remove(key(JOB, &id.to_be_bytes())),
         }
     }
-    let mut nodes = sled::Batch::default();
     for name in &touched.nodes {
         match state.nodes.get(name) {
-            Some(node) => nodes.insert(name.as_bytes(), corral_proto::node_to_bytes(node)),
-            None => nodes.remove(name.as_bytes()),
+            Some(node) => batch.insert(key(NODE, name.as_bytes()), corral_proto::node_to_bytes(node)),
+            None => batch.remove(key(NODE, name.as_bytes())),
         }
     }
-    let mut meta = sled::Batch::default();
-    meta.insert(META_STATE, corral_proto::meta_to_bytes(state));
-    meta.insert(META_RAFT_APPLIED, serde_json::to_vec(&data.last_applied).map_err(json_err)?);
-    meta.insert(META_RAFT_MEMBERSHIP, serde_json::to_vec(&data.membership).map_err(json_err)?);
-    use sled::Transactional;
-    (&t.jobs, &t.requests, &t.nodes, &t.meta)
-        .transaction(|(tj, tr, tn, tm)| {
-            tj.apply_batch(&jobs)?;
-            tr.apply_batch(&requests)?;
-            tn.apply_batch(&nodes)?;
-            tm.apply_batch(&meta)?;
-            Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
-        })
-        .map_err(|e| std::io::Error::other(format!("sled transaction failed: {e:?}")))
+    batch.insert(META_STATE, corral_proto::meta_to_bytes(state));
+    batch.insert(META_RAFT_APPLIED, serde_json::to_vec(&data.last_applied).map_err(json_err)?);
+    batch.insert(META_RAFT_MEMBERSHIP, serde_json::to_vec(&data.membership).map_err(json_err)?);
+    t.tree.apply_batch(batch).map_err(|e| std::io::Error::other(format!("sled batch failed: {e}")))
 }
 
 type SnapshotMetaT = SnapshotMeta<NodeId, openraft::BasicNode>;

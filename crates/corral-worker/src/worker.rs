@@ -346,7 +346,7 @@ impl Worker {
             tracing::warn!(cgroup = %cgroup, "killed a job left running by an earlier worker process");
         }
         self.inspect_gpus().await;
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(agent_listener);
+        let incoming = tonic::transport::server::TcpIncoming::from(agent_listener).with_nodelay(Some(true));
         let agent = tonic::transport::Server::builder()
             .add_service(crate::agent::server(self.shared.clone()))
             .serve_with_incoming(incoming);
