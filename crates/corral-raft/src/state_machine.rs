@@ -142,7 +142,7 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
         let (k, v) = kv?;
         let k = &k[REQUEST.len()..];
         let id: [u8; 8] = v.as_ref().try_into().map_err(|_| anyhow::anyhow!("corrupt request id entry"))?;
-        request_ids.insert(String::from_utf8_lossy(&k).into_owned(), u64::from_be_bytes(id));
+        request_ids.insert(String::from_utf8_lossy(k).into_owned(), u64::from_be_bytes(id));
     }
     let state = State::from_parts(
         jobs,
