@@ -134,6 +134,16 @@ fn main() {
     cluster.init_and_join_all();
     let endpoints = cluster.endpoints();
     println!("{nodes}-node loopback cluster, {secs}s per phase, fsync on every append");
+    if std::env::var("CORRAL_BENCH_ONLY_LATENCY").is_ok() {
+        let (lat, failed) = rt.block_on(open_loop(&endpoints, 1000, secs));
+        println!(
+            "1k submits/s offered:            p50 {:>7.2?}  p99 {:>7.2?}  max {:>7.2?}  failed {failed}",
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99),
+            percentile(&lat, 1.0)
+        );
+        return;
+    }
     if std::env::var("CORRAL_BENCH_ONLY_UNARY").is_ok() {
         rt.block_on(async {
             for clients in [1, 16, 64] {
