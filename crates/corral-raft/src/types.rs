@@ -112,7 +112,7 @@ mod base64 {
 
     pub fn decode(input: &str) -> Result<Vec<u8>, String> {
         let bytes = input.as_bytes();
-        if bytes.len() % 4 != 0 {
+        if !bytes.len().is_multiple_of(4) {
             return Err("base64 length is not a multiple of 4".into());
         }
         let value = |c: u8| -> Result<u32, String> {
