@@ -18,7 +18,7 @@ for _ in $(seq 1 300); do
   kill -0 $pool 2>/dev/null || { cat "$log"; exit 1; }
   sleep 0.1
 done
-head -n 1 "$log"
+grep "corral dev ready" "$log"
 
 export CORRAL_ENDPOINT=$endpoint
 job=$("$corral" submit --gpus 1 --name first-job -- sh -c 'echo "hello from GPU $CUDA_VISIBLE_DEVICES on $CORRAL_NODE"')
