@@ -13,11 +13,13 @@ pub struct ClusterOptions {
     pub keep_logs_after_snapshot: u64,
     /// Run node `i` inside network namespace `i + 1` of these hosts instead of on loopback.
     pub hosts: Option<std::sync::Arc<crate::netns::NetHosts>>,
+    /// A worker silent for this long is marked down, e.g. "2s".
+    pub node_ttl: String,
 }
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        ClusterOptions { snapshot_every: 20_000, keep_logs_after_snapshot: 1_000, hosts: None }
+        ClusterOptions { snapshot_every: 20_000, keep_logs_after_snapshot: 1_000, hosts: None, node_ttl: "10s".into() }
     }
 }
 
@@ -72,10 +74,11 @@ impl Cluster {
         let text = format!(
             "node-id = {id}\nlisten = \"{addr}\"\ndata-dir = \"{}\"\n\n[raft]\nheartbeat-interval-ms = 50\n\
              election-timeout-min-ms = 150\nelection-timeout-max-ms = 300\nsnapshot-every = {}\n\
-             keep-logs-after-snapshot = {}\n",
+             keep-logs-after-snapshot = {}\n\n[scheduler]\nnode-ttl = \"{}\"\n",
             data.display(),
             self.options.snapshot_every,
-            self.options.keep_logs_after_snapshot
+            self.options.keep_logs_after_snapshot,
+            self.options.node_ttl
         );
         std::fs::write(&config, text).expect("write config");
         let log = self.dir.path().join(format!("coordinator-{slot}.log"));

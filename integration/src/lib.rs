@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod netns;
+pub mod worker;
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
@@ -171,7 +172,7 @@ impl Drop for DevPool {
     }
 }
 
-fn unique() -> String {
+pub(crate) fn unique() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))

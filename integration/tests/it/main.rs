@@ -4,3 +4,4 @@
 mod bad_input;
 mod cluster;
 mod job_path;
+mod worker;

@@ -1,0 +1,85 @@
+//! A real `corral worker` process with simulated GPUs, for node-loss tests.
+
+use crate::{corral_bin, unsafe_kill};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+pub struct WorkerProc {
+    pub name: String,
+    pub config: PathBuf,
+    pub data_dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl WorkerProc {
+    /// Writes a worker config under `dir` (simulated GPUs, fast heartbeats) without starting it.
+    /// Each worker gets its own cgroup root: a starting worker reaps every job cgroup under its
+    /// root, so two test workers must never share one.
+    pub fn configure(dir: &Path, name: &str, coordinators: &str, gpus: u32) -> WorkerProc {
+        let data_dir = dir.join(format!("worker-{name}"));
+        let config = dir.join(format!("worker-{name}.toml"));
+        let endpoints: Vec<String> = coordinators.split(',').map(|e| format!("\"{e}\"")).collect();
+        let text = format!(
+            "node-name = \"{name}\"\ncoordinators = [{}]\ndata-dir = \"{}\"\nlisten = \"127.0.0.1:0\"\n\
+             heartbeat-interval = \"200ms\"\nkill-grace = \"1s\"\n\n[gpu]\nbackend = \"simulated\"\n\n\
+             [[gpu.devices]]\nmodel = \"RTX 5090\"\nmemory = \"32GiB\"\ncount = {gpus}\n\n\
+             [executor]\ncgroup-root = \"corral-it/{name}-{}\"\nrunc = \"\"\n\n[hygiene]\nsettle-time = \"100ms\"\n",
+            endpoints.join(", "),
+            data_dir.display(),
+            crate::unique()
+        );
+        std::fs::write(&config, text).expect("write worker config");
+        let log = dir.join(format!("worker-{name}.log"));
+        WorkerProc { name: name.to_string(), config, data_dir, log, child: None }
+    }
+
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "worker {} is running", self.name);
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log");
+        let child = Command::new(corral_bin())
+            .args(["worker", "--config"])
+            .arg(&self.config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn worker");
+        self.child = Some(child);
+    }
+
+    /// SIGKILL: the worker dies without cleaning up its jobs.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends a signal (e.g. SIGSTOP / SIGCONT to freeze and thaw the worker).
+    pub fn signal(&self, signal: i32) {
+        if let Some(child) = &self.child {
+            unsafe_kill(child.id(), signal);
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            unsafe_kill(child.id(), libc::SIGCONT);
+            unsafe_kill(child.id(), libc::SIGTERM);
+        }
+        if let Some(mut child) = self.child.take() {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while child.try_wait().ok().flatten().is_none() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! Worker daemons from their TOML config: a worker killed with SIGKILL has its jobs requeued
+//! after the TTL and its orphans killed when it comes back; a worker frozen past the TTL is
+//! fenced and kills its stale job itself.
+
+use corral_integration::cluster::{Cluster, ClusterOptions};
+use corral_integration::is_dead;
+use corral_integration::worker::WorkerProc;
+use serde_json::Value;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn show(cluster: &Cluster, job: u64) -> Value {
+    cluster.json(&["show", &job.to_string()])
+}
+
+fn wait_for(cluster: &Cluster, job: u64, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let doc = show(cluster, job);
+        if pred(&doc) {
+            return doc;
+        }
+        assert!(Instant::now() < deadline, "job {job} never became {what}: {doc}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Pids the job appended to `file`, one per attempt.
+fn pids(file: &Path, at_least: usize) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pids: Vec<u32> =
+            std::fs::read_to_string(file).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if pids.len() >= at_least {
+            return pids;
+        }
+        assert!(Instant::now() < deadline, "job wrote {} pids, expected {at_least}", pids.len());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn setup() -> (Cluster, WorkerProc, tempfile::TempDir) {
+    let cluster = Cluster::start(1, ClusterOptions { node_ttl: "2s".into(), ..Default::default() });
+    let init = cluster.corral_at(0, &["cluster", "init"]);
+    assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Jobs run as nobody: let them write their pid file.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let mut worker = WorkerProc::configure(dir.path(), "w1", &cluster.endpoints(), 2);
+    worker.start();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let nodes = cluster.json(&["nodes"]);
+        if nodes.as_array().is_some_and(|n| n.iter().any(|n| n["name"] == "w1" && n["state"] == "up")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "worker never registered: {}", worker.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (cluster, worker, dir)
+}
+
+fn submit_sleeper(cluster: &Cluster, pid_file: &Path) -> u64 {
+    let script = format!("echo $$ >> {}; exec sleep 1000", pid_file.display());
+    let doc = cluster.json(&["submit", "--gpus", "1", "--", "sh", "-c", &script]);
+    doc["id"].as_u64().expect("job id")
+}
+
+#[test]
+fn killed_worker_has_its_jobs_requeued_and_its_orphans_killed_on_return() {
+    let (cluster, mut worker, dir) = setup();
+    let pid_file = dir.path().join("pids");
+    let job = submit_sleeper(&cluster, &pid_file);
+    wait_for(&cluster, job, "running", |d| d["state"] == "running" && d["node"] == "w1");
+    let first = pids(&pid_file, 1)[0];
+
+    worker.kill();
+    let doc = wait_for(&cluster, job, "requeued", |d| d["state"] == "pending");
+    assert!(doc["reason"].as_str().unwrap_or("").contains("lost"), "{doc}");
+    let nodes = cluster.json(&["nodes"]);
+    assert_eq!(nodes[0]["state"], "down", "{nodes}");
+    assert!(!is_dead(first), "without its worker the orphan still runs (nobody killed it yet)");
+
+    worker.start();
+    let doc = wait_for(&cluster, job, "running again", |d| d["state"] == "running" && d["attempts"] == 2);
+    assert_eq!(doc["node"], "w1");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !is_dead(first) {
+        assert!(Instant::now() < deadline, "the returning worker did not kill its orphan {first}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = pids(&pid_file, 2)[1];
+    assert_ne!(first, second);
+    assert!(!is_dead(second));
+    cluster.json(&["cancel", &job.to_string()]);
+    wait_for(&cluster, job, "cancelled", |d| d["state"] == "cancelled");
+}
+
+#[test]
+fn frozen_worker_is_fenced_and_kills_its_stale_job() {
+    let (cluster, worker, dir) = setup();
+    let pid_file = dir.path().join("pids");
+    let job = submit_sleeper(&cluster, &pid_file);
+    wait_for(&cluster, job, "running", |d| d["state"] == "running");
+    let first = pids(&pid_file, 1)[0];
+
+    // Frozen past the TTL: the coordinator gives the node up and requeues the job.
+    worker.signal(libc::SIGSTOP);
+    wait_for(&cluster, job, "requeued", |d| d["state"] == "pending");
+    // Thawed, the worker learns its epoch is stale, kills what it ran and registers again.
+    worker.signal(libc::SIGCONT);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !is_dead(first) {
+        assert!(Instant::now() < deadline, "the fenced worker kept its stale job {first}: {}", worker.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let doc = wait_for(&cluster, job, "running again", |d| d["state"] == "running" && d["attempts"] == 2);
+    assert_eq!(doc["node"], "w1");
+    assert_ne!(pids(&pid_file, 2)[1], first);
+    cluster.json(&["cancel", &job.to_string()]);
+    wait_for(&cluster, job, "cancelled", |d| d["state"] == "cancelled");
+}
