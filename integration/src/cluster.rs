@@ -15,11 +15,19 @@ pub struct ClusterOptions {
     pub hosts: Option<std::sync::Arc<crate::netns::NetHosts>>,
     /// A worker silent for this long is marked down, e.g. "2s".
     pub node_ttl: String,
+    /// Extra environment of node `index` (e.g. a failpoint): (index, name, value).
+    pub node_env: Vec<(usize, String, String)>,
 }
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        ClusterOptions { snapshot_every: 20_000, keep_logs_after_snapshot: 1_000, hosts: None, node_ttl: "10s".into() }
+        ClusterOptions {
+            snapshot_every: 20_000,
+            keep_logs_after_snapshot: 1_000,
+            hosts: None,
+            node_ttl: "10s".into(),
+            node_env: Vec::new(),
+        }
     }
 }
 
@@ -101,6 +109,9 @@ impl Cluster {
             }
             None => Command::new(corral_bin()),
         };
+        for (_, name, value) in self.options.node_env.iter().filter(|(i, _, _)| *i == index) {
+            command.env(name, value);
+        }
         let child = command
             .args(["coordinator", "--config"])
             .arg(&node.config)

@@ -63,6 +63,12 @@ pub enum Command {
     Logs(LogsArgs),
     /// List worker nodes and their GPUs.
     Nodes,
+    /// Print a cluster-wide timestamp from the leader's timestamp oracle (TSO).
+    Ts {
+        /// Take a contiguous range of this many and print the first.
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -154,3 +154,18 @@ pub async fn nodes(global: &GlobalArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+pub async fn ts(global: &GlobalArgs, count: u32) -> anyhow::Result<ExitCode> {
+    let first = client(global)?.timestamps(count).await?;
+    match global.output {
+        OutputFormat::Json => print_json(&serde_json::json!({
+            "ts": first.0,
+            "count": count,
+            "physical_ms": first.physical_ms(),
+            "logical": first.logical(),
+            "utc": output::format_utc(first),
+        }))?,
+        OutputFormat::Table => println!("{}", first.0),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -76,5 +76,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cancel(args) => commands::cancel(&global, args).await,
         Command::Logs(args) => commands::logs(&global, args).await,
         Command::Nodes => commands::nodes(&global).await,
+        Command::Ts { count } => commands::ts(&global, count).await,
     }
 }

@@ -245,7 +245,10 @@ impl Client {
 
     /// Submits many jobs in one call (one Raft entry). Each `(request id, spec)` is answered on
     /// its own: the job (and whether it existed already) or why it was refused.
-    pub async fn submit_batch(&self, jobs: &[(String, JobSpec)]) -> Result<Vec<Result<Submitted, String>>, ClientError> {
+    pub async fn submit_batch(
+        &self,
+        jobs: &[(String, JobSpec)],
+    ) -> Result<Vec<Result<Submitted, String>>, ClientError> {
         let msg = pb::SubmitBatchRequest {
             jobs: jobs
                 .iter()
@@ -270,6 +273,17 @@ impl Client {
                 }
             })
             .collect())
+    }
+
+    /// The first of `count` consecutive cluster-wide timestamps from the leader's oracle.
+    pub async fn timestamps(&self, count: u32) -> Result<corral_types::Timestamp, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::GetTimestampsRequest { count });
+                async move { Self::corral(ch).get_timestamps(req).await }
+            })
+            .await?;
+        Ok(corral_types::Timestamp(reply.into_inner().first))
     }
 
     pub async fn get_job(&self, job_id: u64) -> Result<Job, ClientError> {

@@ -133,6 +133,15 @@ impl Corral for Api {
         Ok(Response::new(Box::pin(upstream)))
     }
 
+    async fn get_timestamps(
+        &self,
+        request: Request<pb::GetTimestampsRequest>,
+    ) -> Result<Response<pb::GetTimestampsResponse>, Status> {
+        let count = request.into_inner().count;
+        let first = self.coord.timestamps(u64::from(count)).await?;
+        Ok(Response::new(pb::GetTimestampsResponse { first: first.0, count }))
+    }
+
     async fn list_nodes(&self, _: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
         self.coord.linearizable().await?;
         let data = self.coord.inner.node.state.read();

@@ -14,10 +14,13 @@ mod scheduler;
 mod tso;
 
 pub use error::{CoordError, LEADER_ADDR_METADATA};
-pub use tso::Tso;
+pub use tso::{CLOCK_SKEW_FAILPOINT, MAX_COUNT as MAX_TIMESTAMPS_PER_CALL};
+
+use tso::{Allocation, Tso};
 
 use corral_core::{Command, Outcome, Request};
 use corral_raft::{RaftNode, RaftRequest};
+use corral_types::Timestamp;
 use liveness::Liveness;
 use std::future::Future;
 use std::sync::Arc;
@@ -33,6 +36,9 @@ pub struct CoordinatorConfig {
     pub schedule_interval: Duration,
     /// Address other coordinators, workers and clients reach this one at (API and Raft).
     pub advertise_addr: String,
+    /// The leader serves timestamps only while a quorum acknowledged it within this time; keep
+    /// it below the Raft election timeout so a deposed leader stops before another is elected.
+    pub leader_lease: Duration,
 }
 
 impl Default for CoordinatorConfig {
@@ -41,6 +47,7 @@ impl Default for CoordinatorConfig {
             node_ttl: Duration::from_secs(10),
             schedule_interval: Duration::from_millis(500),
             advertise_addr: String::new(),
+            leader_lease: Duration::from_millis(150),
         }
     }
 }
@@ -79,16 +86,113 @@ impl Coordinator {
 
     /// Stamps `command` with a TSO timestamp and replicates it; returns the state machine's outcome.
     pub async fn propose(&self, command: Command) -> Result<Outcome, CoordError> {
-        let node = &self.inner.node;
-        let floor = node.state.read().state.last_ts;
-        let ts = self.inner.tso.next(floor);
-        match node.raft.client_write(RaftRequest(Request { ts, command })).await {
+        let ts = self.timestamps(1).await?;
+        self.propose_at(ts, command).await
+    }
+
+    /// Replicates `command` stamped with `ts` (which must come from the oracle, or be at most the
+    /// last applied timestamp for commands that carry no event time).
+    async fn propose_at(&self, ts: Timestamp, command: Command) -> Result<Outcome, CoordError> {
+        match self.inner.node.raft.client_write(RaftRequest(Request { ts, command })).await {
             Ok(reply) => reply.data.map_err(CoordError::Rejected),
             Err(openraft::error::RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
                 Err(CoordError::NotLeader { leader_id: f.leader_id, leader_addr: f.leader_node.map(|n| n.addr) })
             }
             Err(e) => Err(CoordError::Raft(e.to_string())),
         }
+    }
+
+    /// The first of `count` consecutive, cluster-wide strictly increasing timestamps.
+    pub async fn timestamps(&self, count: u64) -> Result<Timestamp, CoordError> {
+        if count == 0 || count > tso::MAX_COUNT {
+            return Err(CoordError::InvalidArgument(format!(
+                "ask for 1 to {} timestamps per call, not {count}",
+                tso::MAX_COUNT
+            )));
+        }
+        let tso = &self.inner.tso;
+        loop {
+            let term = self.leader_term_within_lease()?;
+            let allocation = {
+                let mut state = tso.lock();
+                (state.term == Some(term)).then(|| (state.allocate(tso.clock.now_ms(), count), state.window_end_ms))
+            };
+            match allocation {
+                Some((Allocation::Granted(first), window_end)) => {
+                    if first.physical_ms() + tso::WINDOW_MS / 2 > window_end && tso.begin_prefetch() {
+                        let coord = self.clone();
+                        tokio::spawn(async move {
+                            let _ = coord.extend_tso(term, first.physical_ms() + tso::WINDOW_MS / 2).await;
+                            coord.inner.tso.end_prefetch();
+                        });
+                    }
+                    return Ok(first);
+                }
+                Some((Allocation::NeedsWindow(needed), _)) => self.extend_tso(term, needed).await?,
+                None => self.init_tso(term).await?,
+            }
+        }
+    }
+
+    /// The current term if this node leads and a quorum acknowledged it within the lease.
+    fn leader_term_within_lease(&self) -> Result<u64, CoordError> {
+        let metrics = self.inner.node.raft.metrics().borrow().clone();
+        if metrics.current_leader != Some(self.inner.node.id) {
+            return Err(self.not_leader());
+        }
+        let single_voter = metrics.membership_config.membership().voter_ids().count() == 1;
+        let lease_ms = self.inner.config.leader_lease.as_millis() as u64;
+        let fresh = metrics.millis_since_quorum_ack.is_some_and(|ms| ms < lease_ms);
+        if !single_voter && !fresh {
+            return Err(CoordError::Unavailable(format!(
+                "leader lease not confirmed (last quorum ack {:?} ms ago): retry shortly",
+                metrics.millis_since_quorum_ack
+            )));
+        }
+        Ok(metrics.current_term)
+    }
+
+    /// Makes this node's oracle serve in `term`: starts above everything committed so far and
+    /// persists a new window.
+    async fn init_tso(&self, term: u64) -> Result<(), CoordError> {
+        let tso = &self.inner.tso;
+        let _guard = tso.extending.lock().await;
+        if tso.lock().term == Some(term) {
+            return Ok(());
+        }
+        // Everything earlier leaders committed (every window they served in) is applied here.
+        self.linearizable().await?;
+        let (window_end, last_ts) = {
+            let data = self.inner.node.state.read();
+            (data.state.tso_window_end_ms, data.state.last_ts)
+        };
+        let floor = Timestamp::compose(window_end, Timestamp::MAX_LOGICAL).max(last_ts);
+        let upper = tso.clock.now_ms().max(window_end) + tso::WINDOW_MS;
+        self.propose_at(last_ts, Command::ExtendTso { upper_ms: upper }).await?;
+        let mut state = tso.lock();
+        *state = tso::TsoState { term: Some(term), last: floor, window_end_ms: upper };
+        tracing::info!(term, window_end_ms = upper, "timestamp oracle serving");
+        Ok(())
+    }
+
+    /// Persists a window reaching at least `needed` (physical ms) for `term`.
+    async fn extend_tso(&self, term: u64, needed: u64) -> Result<(), CoordError> {
+        let tso = &self.inner.tso;
+        let _guard = tso.extending.lock().await;
+        {
+            let state = tso.lock();
+            if state.term != Some(term) || state.window_end_ms >= needed {
+                return Ok(());
+            }
+        }
+        let upper = needed.max(tso.clock.now_ms()) + tso::WINDOW_MS;
+        let last_ts = self.inner.node.state.read().state.last_ts;
+        self.propose_at(last_ts, Command::ExtendTso { upper_ms: upper }).await?;
+        let mut state = tso.lock();
+        if state.term == Some(term) {
+            state.window_end_ms = state.window_end_ms.max(upper);
+        }
+        Ok(())
     }
 
     /// Submits one job through group commit (or alone, before `serve` started).

@@ -1,32 +1,115 @@
-//! Leader-side timestamp source: strictly increasing `physical_ms << 18 | logical` stamps.
+//! The timestamp oracle (TSO), as TiKV PD runs it: `physical_ms << 18 | logical`, served by the
+//! leader from memory inside a window whose upper bound is persisted through Raft first.
+//!
+//! Invariants:
+//! - a timestamp is served only if its physical part is at or below a window end that is
+//!   committed in the Raft log, so a new leader, which starts above the committed window end,
+//!   is above everything any earlier leader served;
+//! - a leader serves only while a quorum acknowledged it within the lease, shorter than the time
+//!   followers wait before electing another leader, so a deposed leader stops first;
+//! - a wall clock that jumps backwards never makes timestamps go backwards (logged).
 
 use corral_types::Timestamp;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Issues strictly increasing timestamps that also stay above every timestamp already applied,
-/// so a wall clock that jumps backwards never makes them go backwards.
-#[derive(Debug, Default)]
-pub struct Tso {
-    last: Mutex<Timestamp>,
+/// How far ahead of its clock a leader persists the window.
+pub const WINDOW_MS: u64 = 3_000;
+/// Largest range one request may take.
+pub const MAX_COUNT: u64 = 100_000;
+
+/// Environment variable of the clock-skew failpoint: milliseconds (may be negative) added to
+/// this process's wall clock, to test a coordinator whose clock is wrong.
+pub const CLOCK_SKEW_FAILPOINT: &str = "CORRAL_FAILPOINT_CLOCK_SKEW_MS";
+
+/// Wall clock in Unix milliseconds, with the skew failpoint applied.
+#[derive(Debug)]
+pub struct Clock {
+    skew_ms: i64,
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+impl Default for Clock {
+    fn default() -> Self {
+        let skew_ms = std::env::var(CLOCK_SKEW_FAILPOINT).ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+        if skew_ms != 0 {
+            tracing::warn!(skew_ms, "clock-skew failpoint active");
+        }
+        Clock { skew_ms }
+    }
+}
+
+impl Clock {
+    pub fn now_ms(&self) -> u64 {
+        let real = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        real.saturating_add_signed(self.skew_ms)
+    }
+}
+
+/// The in-memory part of the oracle on one coordinator.
+#[derive(Debug, Default)]
+pub(crate) struct TsoState {
+    /// Raft term this state was initialized for; `None` until a leader initialized it.
+    pub term: Option<u64>,
+    /// Last timestamp handed out (or the floor a new leader starts above).
+    pub last: Timestamp,
+    /// Committed upper bound of the physical part.
+    pub window_end_ms: u64,
+}
+
+/// Outcome of an allocation attempt.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Allocation {
+    /// First timestamp of the range.
+    Granted(Timestamp),
+    /// The range needs a physical time above the committed window: extend it to at least this.
+    NeedsWindow(u64),
+}
+
+impl TsoState {
+    /// Takes `count` consecutive timestamps, or says how far the window must grow first.
+    pub fn allocate(&mut self, now_ms: u64, count: u64) -> Allocation {
+        debug_assert!((1..=MAX_COUNT).contains(&count));
+        let last_ms = self.last.physical_ms();
+        if now_ms + 1_000 < last_ms {
+            tracing::warn!(now_ms, tso_ms = last_ms, "wall clock is behind the tso: timestamps keep increasing");
+        }
+        let mut physical = now_ms.max(last_ms);
+        let mut logical = if physical == last_ms { self.last.logical() + 1 } else { 0 };
+        if logical + count - 1 > Timestamp::MAX_LOGICAL {
+            physical += 1;
+            logical = 0;
+        }
+        if physical > self.window_end_ms {
+            return Allocation::NeedsWindow(physical);
+        }
+        self.last = Timestamp::compose(physical, logical + count - 1);
+        Allocation::Granted(Timestamp::compose(physical, logical))
+    }
+}
+
+/// The oracle of one coordinator: state plus the clock.
+#[derive(Debug, Default)]
+pub(crate) struct Tso {
+    pub clock: Clock,
+    pub state: Mutex<TsoState>,
+    /// Serializes initialization and window extensions (each a Raft proposal).
+    pub extending: tokio::sync::Mutex<()>,
+    /// An early extension is already on its way.
+    pub prefetching: AtomicBool,
 }
 
 impl Tso {
-    /// Next timestamp, above `floor` (the last applied timestamp of the state machine).
-    pub fn next(&self, floor: Timestamp) -> Timestamp {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let wall = Timestamp::compose(now_ms(), 0);
-        let prev = (*last).max(floor);
-        if prev.physical_ms() > wall.physical_ms() + 1000 {
-            tracing::warn!(wall_ms = wall.physical_ms(), tso_ms = prev.physical_ms(), "clock behind the tso");
-        }
-        let next = if wall > prev { wall } else { Timestamp(prev.0 + 1) };
-        *last = next;
-        next
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, TsoState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn begin_prefetch(&self) -> bool {
+        !self.prefetching.swap(true, Ordering::SeqCst)
+    }
+
+    pub fn end_prefetch(&self) {
+        self.prefetching.store(false, Ordering::SeqCst);
     }
 }
 
@@ -34,15 +117,40 @@ impl Tso {
 mod tests {
     use super::*;
 
+    fn state(last: Timestamp, window_end_ms: u64) -> TsoState {
+        TsoState { term: Some(1), last, window_end_ms }
+    }
+
     #[test]
-    fn strictly_increasing_and_above_floor() {
-        let tso = Tso::default();
-        let a = tso.next(Timestamp::ZERO);
-        let b = tso.next(Timestamp::ZERO);
-        assert!(b > a);
-        let far = Timestamp::compose(now_ms() + 60_000, 5);
-        let c = tso.next(far);
-        assert!(c > far);
-        assert!(tso.next(Timestamp::ZERO) > c);
+    fn ranges_are_contiguous_and_increasing() {
+        let mut s = state(Timestamp::compose(1_000, 5), 5_000);
+        assert_eq!(s.allocate(1_000, 3), Allocation::Granted(Timestamp::compose(1_000, 6)));
+        assert_eq!(s.last, Timestamp::compose(1_000, 8));
+        assert_eq!(s.allocate(2_000, 1), Allocation::Granted(Timestamp::compose(2_000, 0)));
+    }
+
+    #[test]
+    fn a_clock_that_jumps_back_never_moves_timestamps_back() {
+        let mut s = state(Timestamp::compose(10_000, 0), 20_000);
+        let Allocation::Granted(a) = s.allocate(10_000, 1) else { panic!() };
+        let Allocation::Granted(b) = s.allocate(3_000, 1) else { panic!() };
+        assert!(b > a, "{b:?} after {a:?}");
+        assert_eq!(b.physical_ms(), 10_000);
+    }
+
+    #[test]
+    fn logical_overflow_moves_to_the_next_millisecond() {
+        let mut s = state(Timestamp::compose(1_000, Timestamp::MAX_LOGICAL - 2), 5_000);
+        let Allocation::Granted(t) = s.allocate(1_000, 10) else { panic!() };
+        assert_eq!(t, Timestamp::compose(1_001, 0));
+    }
+
+    #[test]
+    fn nothing_is_served_above_the_committed_window() {
+        let mut s = state(Timestamp::compose(1_000, 0), 1_500);
+        assert_eq!(s.allocate(1_600, 1), Allocation::NeedsWindow(1_600));
+        assert_eq!(s.last, Timestamp::compose(1_000, 0), "a refused allocation changes nothing");
+        s.window_end_ms = 5_000;
+        assert_eq!(s.allocate(1_600, 1), Allocation::Granted(Timestamp::compose(1_600, 0)));
     }
 }

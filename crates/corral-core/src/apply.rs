@@ -34,6 +34,7 @@ impl State {
             | Command::Configure(_)
             | Command::Noop
             | Command::AddCoordinator { .. }
+            | Command::ExtendTso { .. }
             | Command::RemoveCoordinator { .. } => {}
         }
         let response = self.apply(request);
@@ -63,7 +64,7 @@ impl State {
             Command::SubmitJobs { jobs } => Ok(Outcome::JobsSubmitted(
                 jobs.iter().map(|(request_id, spec)| self.submit(ts, request_id, spec)).collect(),
             )),
-            Command::PlaceJob { job_id, node, gpus } => self.place_job(*job_id, node, gpus),
+            Command::PlaceJob { job_id, node, gpus } => self.place_job(ts, *job_id, node, gpus),
             Command::JobStarted { job_id, epoch } => self.job_started(ts, *job_id, *epoch),
             Command::JobFinished { job_id, epoch, report } => self.job_finished(ts, *job_id, *epoch, report),
             Command::CancelJob { job_id, reason } => self.cancel(ts, *job_id, reason),
@@ -72,6 +73,10 @@ impl State {
             Command::Configure(config) => self.configure(config),
             Command::Noop => Ok(Outcome::Done),
             Command::AddCoordinator { node_id, addr } => self.add_coordinator(*node_id, addr),
+            Command::ExtendTso { upper_ms } => {
+                self.tso_window_end_ms = self.tso_window_end_ms.max(*upper_ms);
+                Ok(Outcome::Done)
+            }
             Command::RemoveCoordinator { node_id } => {
                 match self.coordinators.get_mut(node_id) {
                     Some(record) => record.removed = true,
@@ -141,6 +146,7 @@ impl State {
             state: JobState::Pending,
             request_id: request_id.to_string(),
             submitted_at: ts,
+            admitted_at: None,
             started_at: None,
             finished_at: None,
             allocation: None,
@@ -159,7 +165,7 @@ impl State {
         Ok((id, false))
     }
 
-    fn place_job(&mut self, job_id: JobId, node_name: &str, gpus: &[u32]) -> Response {
+    fn place_job(&mut self, ts: Timestamp, job_id: JobId, node_name: &str, gpus: &[u32]) -> Response {
         let reject = |reason: &str| ApplyError::PlacementRejected { job_id, reason: reason.to_string() };
         let job = self.jobs.get(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
         if job.state != JobState::Pending {
@@ -196,6 +202,7 @@ impl State {
         job.state = JobState::Running;
         job.allocation = Some(Allocation { node: node_name.to_string(), gpus: gpus.to_vec(), epoch });
         job.attempts += 1;
+        job.admitted_at = Some(ts);
         job.reason = None;
         Ok(Outcome::Done)
     }
@@ -300,6 +307,7 @@ impl State {
         for id in ids {
             let Some(job) = self.jobs.get_mut(&id) else { continue };
             job.allocation = None;
+            job.admitted_at = None;
             job.started_at = None;
             if job.cancel_requested {
                 job.state = JobState::Cancelled;

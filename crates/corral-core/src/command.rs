@@ -52,6 +52,11 @@ pub enum Command {
         node_id: u64,
         addr: String,
     },
+    /// Persists the timestamp oracle's upper bound: no leader serves a timestamp whose physical
+    /// part is above it until a later `ExtendTso` commits, and a new leader starts above it.
+    ExtendTso {
+        upper_ms: u64,
+    },
     /// Records a coordinator leaving; its id stays taken.
     RemoveCoordinator {
         node_id: u64,

@@ -27,6 +27,8 @@ pub struct State {
     pub config: ClusterConfig,
     /// Every coordinator ever added to the Raft cluster, by node id.
     pub coordinators: BTreeMap<u64, CoordinatorRecord>,
+    /// Persisted upper bound (physical milliseconds) of timestamps any leader may have issued.
+    pub tso_window_end_ms: u64,
     /// Derived index: live (pending or running) jobs. Rebuilt on load, not persisted.
     #[serde(skip)]
     live: BTreeSet<JobId>,
@@ -43,6 +45,7 @@ impl Default for State {
             last_ts: Timestamp::ZERO,
             config: ClusterConfig::default(),
             coordinators: BTreeMap::new(),
+            tso_window_end_ms: 0,
             live: BTreeSet::new(),
         }
     }
@@ -60,9 +63,10 @@ impl State {
         last_ts: Timestamp,
         config: ClusterConfig,
         coordinators: BTreeMap<u64, CoordinatorRecord>,
+        tso_window_end_ms: u64,
     ) -> Self {
         let live = jobs.values().filter(|j| !j.state.is_terminal()).map(|j| j.id).collect();
-        State { jobs, nodes, request_ids, next_job_id, next_epoch, last_ts, config, coordinators, live }
+        State { jobs, nodes, request_ids, next_job_id, next_epoch, last_ts, config, coordinators, tso_window_end_ms, live }
     }
 
     pub(crate) fn set_job_state_index(&mut self, job_id: JobId, state: JobState) {

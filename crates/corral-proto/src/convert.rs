@@ -126,6 +126,7 @@ impl From<&Job> for pb::Job {
             state: pb::JobState::from(j.state) as i32,
             request_id: j.request_id.clone(),
             submitted_at: j.submitted_at.0,
+            admitted_at: j.admitted_at.map(|t| t.0),
             started_at: j.started_at.map(|t| t.0),
             finished_at: j.finished_at.map(|t| t.0),
             allocation: j.allocation.as_ref().map(|a| pb::Allocation {
@@ -152,6 +153,7 @@ impl TryFrom<pb::Job> for Job {
             state: job_state_from_i32(j.state)?,
             request_id: j.request_id,
             submitted_at: Timestamp(j.submitted_at),
+            admitted_at: j.admitted_at.map(Timestamp),
             started_at: j.started_at.map(Timestamp),
             finished_at: j.finished_at.map(Timestamp),
             allocation: j.allocation.map(|a| Allocation { node: a.node, gpus: a.gpus, epoch: a.epoch }),
@@ -336,6 +338,7 @@ fn command_to_pb(r: &Request) -> pb::Command {
             Kind::AddCoordinator(pb::AddCoordinator { node_id: *node_id, addr: addr.clone() })
         }
         Command::RemoveCoordinator { node_id } => Kind::RemoveCoordinator(pb::RemoveCoordinator { node_id: *node_id }),
+        Command::ExtendTso { upper_ms } => Kind::ExtendTso(pb::ExtendTso { upper_ms: *upper_ms }),
     };
     pb::Command { format_version: FORMAT_VERSION, ts: r.ts.0, kind: Some(kind) }
 }
@@ -373,6 +376,7 @@ fn command_from_pb(c: pb::Command) -> Result<Request, ProtoError> {
         Kind::Noop(_) => Command::Noop,
         Kind::AddCoordinator(a) => Command::AddCoordinator { node_id: a.node_id, addr: a.addr },
         Kind::RemoveCoordinator(r) => Command::RemoveCoordinator { node_id: r.node_id },
+        Kind::ExtendTso(e) => Command::ExtendTso { upper_ms: e.upper_ms },
     };
     Ok(Request { ts: Timestamp(c.ts), command })
 }
@@ -410,6 +414,7 @@ pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
         last_ts: s.last_ts.0,
         config: Some(config_to_pb(&s.config)),
         coordinators: coordinators_to_pb(s),
+        tso_window_end_ms: s.tso_window_end_ms,
     }
     .encode_to_vec()
 }
@@ -445,6 +450,7 @@ pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, ProtoError> {
         Timestamp(s.last_ts),
         s.config.map(config_from_pb).unwrap_or_default(),
         coordinators_from_pb(s.coordinators),
+        s.tso_window_end_ms,
     ))
 }
 
@@ -476,6 +482,7 @@ pub struct StateMeta {
     pub last_ts: Timestamp,
     pub config: ClusterConfig,
     pub coordinators: BTreeMap<u64, CoordinatorRecord>,
+    pub tso_window_end_ms: u64,
 }
 
 /// Encodes the scalar part of the state.
@@ -487,6 +494,7 @@ pub fn meta_to_bytes(s: &State) -> Vec<u8> {
         last_ts: s.last_ts.0,
         config: Some(config_to_pb(&s.config)),
         coordinators: coordinators_to_pb(s),
+        tso_window_end_ms: s.tso_window_end_ms,
         ..Default::default()
     }
     .encode_to_vec()
@@ -502,6 +510,7 @@ pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, ProtoError> {
         last_ts: Timestamp(s.last_ts),
         config: s.config.map(config_from_pb).unwrap_or_default(),
         coordinators: coordinators_from_pb(s.coordinators),
+        tso_window_end_ms: s.tso_window_end_ms,
     })
 }
 

@@ -155,6 +155,7 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
         meta.last_ts,
         meta.config,
         meta.coordinators,
+        meta.tso_window_end_ms,
     );
     Ok(StateMachineData { state, last_applied, membership })
 }

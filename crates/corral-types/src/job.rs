@@ -218,6 +218,8 @@ pub struct Job {
     pub state: JobState,
     pub request_id: String,
     pub submitted_at: Timestamp,
+    /// When the current attempt was placed on a node.
+    pub admitted_at: Option<Timestamp>,
     pub started_at: Option<Timestamp>,
     pub finished_at: Option<Timestamp>,
     pub allocation: Option<Allocation>,

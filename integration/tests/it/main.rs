@@ -4,4 +4,5 @@
 mod bad_input;
 mod cluster;
 mod job_path;
+mod tso;
 mod worker;
