@@ -26,6 +26,7 @@ fn spec() -> JobSpec {
         image: None,
         command: vec!["true".into()],
         env: BTreeMap::new(),
+        sched: Default::default(),
     }
 }
 
@@ -102,6 +103,31 @@ async fn open_loop(endpoints: &str, rate: u64, secs: u64) -> (Vec<Duration>, usi
     (lat, failed)
 }
 
+/// Timestamps per second with `clients` callers each asking for `count` per call.
+async fn timestamps(endpoints: &str, clients: usize, count: u32, secs: u64) -> (f64, Vec<Duration>) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let client = client(endpoints);
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    client.timestamps(count).await.expect("timestamps");
+                    lat.push(t.elapsed());
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    all.sort();
+    (all.len() as f64 * f64::from(count) / secs as f64, all)
+}
+
 async fn batches(endpoints: &str, callers: usize, batch: usize, secs: u64) -> f64 {
     let deadline = Instant::now() + Duration::from_secs(secs);
     let done = Arc::new(AtomicU64::new(0));
@@ -171,6 +197,13 @@ fn main() {
         );
         let rate = batches(&endpoints, 4, 1000, secs).await;
         println!("batch submit (4 callers x 1000 jobs): {rate:>8.0} jobs/s");
+        for (clients, count) in [(1, 1), (64, 1), (16, 1000), (16, 10_000)] {
+            let (rate, lat) = timestamps(&endpoints, clients, count, secs).await;
+            println!(
+                "tso, {clients:>2} callers x {count:>5} per call: {rate:>12.0} timestamps/s  p50 {:>7.2?}",
+                percentile(&lat, 0.5)
+            );
+        }
     });
     let probe = {
         let mut config = ClientConfig::new(endpoints.split(',').map(String::from).collect());

@@ -51,6 +51,7 @@ pub async fn submit(global: &GlobalArgs, args: SubmitArgs) -> anyhow::Result<Exi
         image: args.image,
         command: args.command,
         env: args.env.into_iter().collect(),
+        sched: Default::default(),
     };
     spec.validate()?;
     let submitted = client(global)?.submit(&spec).await?;

@@ -637,6 +637,7 @@ mod tests {
             image: None,
             command: vec!["true".into()],
             env: BTreeMap::new(),
+            sched: Default::default(),
         };
         let first = client.submit(&spec(2)).await.expect("submit").job_id;
         let state = |id: u64| {

@@ -80,18 +80,33 @@ impl WorkerGateway for Gateway {
             })
             .collect();
         self.coord.inner.liveness.heartbeat(&hb.node, gpus);
-        let assignments: Vec<pb::Job> =
-            data.state.jobs_on_node(&hb.node).filter(|j| !j.cancel_requested).map(Into::into).collect();
+        // Jobs placed here (a gang job on each of its nodes), unless being cancelled or preempted.
+        let assignments: Vec<pb::Job> = data
+            .state
+            .jobs_on_node(&hb.node)
+            .filter(|j| !j.cancel_requested && j.preemption.is_none())
+            .map(Into::into)
+            .collect();
+        // What the worker runs but must stop: stale runs, cancelled jobs, preemption victims
+        // (with the victim class's grace period and checkpoint signal).
         let kill = hb
             .running
             .into_iter()
-            .filter(|r| {
+            .filter_map(|r| {
                 let job = data.state.jobs.get(&r.job_id);
-                !job.is_some_and(|j| {
+                let current = job.is_some_and(|j| {
                     j.state == JobState::Running
-                        && !j.cancel_requested
-                        && j.allocation.as_ref().is_some_and(|a| a.epoch == r.epoch && a.node == hb.node)
-                })
+                        && j.allocation.as_ref().is_some_and(|a| a.epoch == r.epoch && a.gpus_on(&hb.node).is_some())
+                });
+                match job {
+                    Some(j) if current && j.cancel_requested => Some(pb::RunningJob { grace_secs: 0, ..r }),
+                    Some(j) if current => j.preemption.as_ref().map(|p| pb::RunningJob {
+                        grace_secs: p.grace_secs,
+                        checkpoint_signal: p.checkpoint_signal,
+                        ..r
+                    }),
+                    _ => Some(r),
+                }
             })
             .collect();
         Ok(Response::new(pb::HeartbeatResponse { assignments, kill, reregister: false }))

@@ -1,7 +1,7 @@
 //! The leader's scheduling loop: place pending jobs, mark silent nodes down.
 
 use crate::Coordinator;
-use corral_core::{place, Command};
+use corral_core::{schedule, Command, Outcome};
 use corral_types::NodeState;
 
 /// Runs forever; does work only while this node is the leader.
@@ -42,30 +42,39 @@ async fn mark_silent_nodes_down(coord: &Coordinator) {
     }
 }
 
-/// One scheduling pass: compute placements on the current state and propose them.
+/// One scheduling pass: compute placements and preemptions on the current state and propose
+/// them as one `Command::Schedule` (one log entry); apply re-validates each decision.
 pub(crate) async fn schedule_once(coord: &Coordinator) -> usize {
     let unschedulable = coord.inner.liveness.unschedulable();
-    let placements = {
+    let pass = {
         let data = coord.inner.node.state.read();
         // Nothing can be placed without a node: skip the pass over a long queue.
         if !data.state.nodes.values().any(|n| n.state == NodeState::Up) {
             return 0;
         }
-        place(&data.state, &unschedulable)
+        // The pass's clock: the last applied TSO timestamp (a fresh one from the oracle is better).
+        schedule(&data.state, data.state.last_ts, &unschedulable)
     };
-    let mut placed = 0;
-    for p in placements {
-        let job_id = p.job_id;
-        match coord.propose(Command::PlaceJob { job_id, node: p.node.clone(), gpus: p.gpus.clone() }).await {
-            Ok(_) => {
-                tracing::info!(job_id, node = %p.node, gpus = ?p.gpus, "placed job");
-                placed += 1;
+    // `pass.pending` holds every waiting job's reason for `corral queue` (keep the last pass's).
+    let Some(command) = pass.command() else { return 0 };
+    match coord.propose(command).await {
+        Ok(Outcome::Scheduled(out)) => {
+            for (job_id, reason) in &out.rejected {
+                tracing::debug!(job_id, reason = %reason, "decision not applied");
             }
-            Err(e) => {
-                tracing::warn!(job_id, error = %e, "placement not applied");
-                break;
+            if !out.preempted.is_empty() {
+                tracing::info!(preempted = ?out.preempted, "preempting jobs");
             }
+            tracing::info!(placed = out.placed.len(), "scheduling pass applied");
+            out.placed.len()
+        }
+        Ok(other) => {
+            tracing::warn!(outcome = ?other, "unexpected outcome of a scheduling pass");
+            0
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "scheduling pass not applied");
+            0
         }
     }
-    placed
 }

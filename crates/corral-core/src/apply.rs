@@ -1,9 +1,19 @@
 //! `State::apply`: the deterministic transition function of the replicated state machine.
+//!
+//! Invariant: apply never trusts a proposal. Every placement is re-validated against the state at
+//! apply time (node up, GPUs free or with room for the slice, CPU and memory, quotas), so a stale
+//! or wrong leader can never over-commit a GPU, a slice or a quota; preemptions are re-checked
+//! against the priority and reclaim rules.
 
-use crate::place::gpus_needed;
-use crate::{ApplyError, ClusterConfig, Command, CoordinatorRecord, Outcome, Request, Response, State};
+use crate::quota::{self, QuotaNumbers};
+use crate::resources::{fit_slice, gang_shape, job_milli_gpus, MigShape};
+use crate::{
+    ApplyError, ClusterConfig, Command, CoordinatorRecord, Outcome, Placement, Preemption, Request, Response,
+    ScheduleOutcome, State,
+};
 use corral_types::{
-    format_size, Allocation, Job, JobExitReport, JobId, JobSpec, JobState, NodeSpec, NodeState, NodeStatus, Timestamp,
+    format_size, Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobState, NodeSpec, NodeState, NodeStatus,
+    PreemptionNotice, SliceAssignment, Timestamp,
 };
 use std::collections::BTreeSet;
 
@@ -12,6 +22,8 @@ use std::collections::BTreeSet;
 pub struct Touched {
     pub jobs: BTreeSet<JobId>,
     pub nodes: BTreeSet<String>,
+    /// Ledger segments created.
+    pub segments: BTreeSet<u64>,
 }
 
 impl State {
@@ -22,8 +34,13 @@ impl State {
             Command::PlaceJob { job_id, .. }
             | Command::JobStarted { job_id, .. }
             | Command::JobFinished { job_id, .. }
-            | Command::CancelJob { job_id, .. } => {
+            | Command::CancelJob { job_id, .. }
+            | Command::PreemptJob { job_id, .. } => {
                 touched.jobs.insert(*job_id);
+            }
+            Command::Schedule { placements, preemptions } => {
+                touched.jobs.extend(placements.iter().map(|p| p.job_id));
+                touched.jobs.extend(preemptions.iter().map(|p| p.job_id));
             }
             Command::RegisterNode { spec: NodeSpec { name, .. } } | Command::SetNodeState { node: name, .. } => {
                 touched.jobs.extend(self.jobs_on_node(name).map(|j| j.id));
@@ -37,7 +54,9 @@ impl State {
             | Command::ExtendTso { .. }
             | Command::RemoveCoordinator { .. } => {}
         }
+        let segments_before = self.next_segment_id;
         let response = self.apply(request);
+        touched.segments.extend(segments_before..self.next_segment_id);
         match &response {
             Ok(Outcome::JobSubmitted { job_id, duplicate: false }) => {
                 touched.jobs.insert(*job_id);
@@ -58,13 +77,24 @@ impl State {
         let ts = request.ts;
         self.last_ts = self.last_ts.max(ts);
         match &request.command {
-            Command::SubmitJob { request_id, spec } => self
-                .submit(ts, request_id, spec)
-                .map(|(job_id, duplicate)| Outcome::JobSubmitted { job_id, duplicate }),
+            Command::SubmitJob { request_id, spec } => {
+                self.submit(ts, request_id, spec).map(|(job_id, duplicate)| Outcome::JobSubmitted { job_id, duplicate })
+            }
             Command::SubmitJobs { jobs } => Ok(Outcome::JobsSubmitted(
                 jobs.iter().map(|(request_id, spec)| self.submit(ts, request_id, spec)).collect(),
             )),
-            Command::PlaceJob { job_id, node, gpus } => self.place_job(ts, *job_id, node, gpus),
+            Command::PlaceJob { job_id, node, gpus } => self.place(
+                ts,
+                &Placement {
+                    job_id: *job_id,
+                    node: node.clone(),
+                    gpus: gpus.clone(),
+                    more_nodes: Vec::new(),
+                    slice: None,
+                },
+            ),
+            Command::PreemptJob { job_id, by, grace_secs } => self.preempt(ts, *job_id, *by, *grace_secs),
+            Command::Schedule { placements, preemptions } => Ok(self.schedule(ts, placements, preemptions)),
             Command::JobStarted { job_id, epoch } => self.job_started(ts, *job_id, *epoch),
             Command::JobFinished { job_id, epoch, report } => self.job_finished(ts, *job_id, *epoch, report),
             Command::CancelJob { job_id, reason } => self.cancel(ts, *job_id, reason),
@@ -109,23 +139,39 @@ impl State {
         }
         // Capacity checks only once nodes exist: before the first registration a job simply waits.
         if !self.nodes.is_empty() {
-            let largest_gpus = self.nodes.values().map(|n| n.spec.gpus.len() as u32).max().unwrap_or(0);
-            let needed = if spec.gpu_slice.is_some() { 1 } else { spec.gpus };
-            if needed > largest_gpus {
-                return Err(ApplyError::TooManyGpus { requested: needed, largest: largest_gpus });
+            let caps = &self.index.caps;
+            let (parts, per_node) = gang_shape(&spec);
+            let largest_gpus = caps.largest_gpus();
+            if per_node > largest_gpus {
+                return Err(ApplyError::TooManyGpus { requested: per_node, largest: largest_gpus });
             }
-            let largest_mem = self.nodes.values().map(|n| n.spec.memory_bytes).max().unwrap_or(0);
-            if spec.memory_bytes > largest_mem {
+            if parts > 1 && caps.nodes_with(per_node) < parts {
+                return Err(ApplyError::GangTooLarge { nodes: parts, per_node, available: caps.nodes_with(per_node) });
+            }
+            match &spec.gpu_slice {
+                Some(GpuSlice::Mig { profile, compute_slices })
+                    if !caps.mig_cards.iter().any(|m| MigShape::resolve(profile, *compute_slices, *m).is_some()) =>
+                {
+                    return Err(ApplyError::NoMigGpu { profile: profile.clone() });
+                }
+                Some(GpuSlice::Mps { memory_mib: Some(mib), .. }) if *mib > caps.largest_gpu_memory_mib => {
+                    return Err(ApplyError::SliceTooLarge {
+                        requested: format_size(mib << 20),
+                        largest: format_size(caps.largest_gpu_memory_mib << 20),
+                    });
+                }
+                _ => {}
+            }
+            if spec.memory_bytes > caps.largest_memory_bytes {
                 return Err(ApplyError::TooMuchMemory {
                     requested: format_size(spec.memory_bytes),
-                    largest: format_size(largest_mem),
+                    largest: format_size(caps.largest_memory_bytes),
                 });
             }
-            let largest_cpu = self.nodes.values().map(|n| n.spec.cpu_millis).max().unwrap_or(0);
-            if u64::from(spec.cpu_millis) > largest_cpu {
+            if u64::from(spec.cpu_millis) > caps.largest_cpu_millis {
                 return Err(ApplyError::TooManyCpus {
                     requested: format!("{:.1}", f64::from(spec.cpu_millis) / 1000.0),
-                    largest: format!("{:.1}", largest_cpu as f64 / 1000.0),
+                    largest: format!("{:.1}", caps.largest_cpu_millis as f64 / 1000.0),
                 });
             }
         }
@@ -156,6 +202,7 @@ impl State {
             cancel_requested: false,
             attempts: 0,
             worker_run_time_ms: None,
+            preemption: None,
         };
         if !request_id.is_empty() {
             self.request_ids.insert(request_id.to_string(), id);
@@ -165,46 +212,176 @@ impl State {
         Ok((id, false))
     }
 
-    fn place_job(&mut self, ts: Timestamp, job_id: JobId, node_name: &str, gpus: &[u32]) -> Response {
-        let reject = |reason: &str| ApplyError::PlacementRejected { job_id, reason: reason.to_string() };
+    /// Quota numbers of `tenant` for a job of `class`, from the running jobs.
+    pub(crate) fn quota_numbers(&self, tenant: &str, class: &str) -> QuotaNumbers {
+        let policy = self.config.tenant_policy(tenant);
+        let load = self.index.tenants.get(tenant);
+        QuotaNumbers {
+            tenant_used: load.map(|l| l.milli_gpus).unwrap_or(0),
+            tenant_quota: policy.and_then(|p| p.quota_milli_gpus),
+            borrowing_limit: policy.and_then(|p| p.borrowing_limit_milli_gpus),
+            cohort: policy
+                .and_then(|p| p.cohort.as_deref())
+                .map(|c| (self.cohort_usage(c), self.config.cohort_quota(c))),
+            class: policy
+                .and_then(|p| p.class_quotas.get(class))
+                .map(|cap| (load.and_then(|l| l.by_class.get(class)).copied().unwrap_or(0), *cap)),
+        }
+    }
+
+    /// Checks a placement against the state; returns the slice the job gets (for a slice job).
+    fn validate_placement(&self, job: &Job, p: &Placement) -> Result<Option<SliceAssignment>, String> {
+        let spec = &job.spec;
+        let (parts_needed, per_node) = gang_shape(spec);
+        let parts = p.parts().count();
+        if parts != parts_needed as usize {
+            return Err(format!("the job runs on {parts_needed} node(s), the placement names {parts}"));
+        }
+        if spec.gpu_slice.is_none() && p.slice.is_some() {
+            return Err("a whole-gpu job cannot take a slice".into());
+        }
+        let mut nodes = BTreeSet::new();
+        let mut slice = None;
+        for (name, gpus) in p.parts() {
+            if !nodes.insert(name) {
+                return Err(format!("node {name} appears twice"));
+            }
+            let node = self.nodes.get(name).ok_or_else(|| format!("node '{name}' is not registered"))?;
+            if node.state != NodeState::Up {
+                return Err(format!("node {name} is not up"));
+            }
+            if gpus.len() != per_node as usize {
+                return Err(format!("wrong number of gpus on {name}: the job needs {per_node}"));
+            }
+            let unique: BTreeSet<u32> = gpus.iter().copied().collect();
+            if unique.len() != gpus.len() || !gpus.iter().all(|g| node.spec.gpus.iter().any(|d| d.index == *g)) {
+                return Err("unknown or repeated gpu index".into());
+            }
+            let load = self.index.nodes.get(name);
+            let (used_cpu, used_mem) = load.map(|l| (l.cpu_millis, l.memory_bytes)).unwrap_or((0, 0));
+            if used_cpu + u64::from(spec.cpu_millis) > node.spec.cpu_millis
+                || used_mem + spec.memory_bytes > node.spec.memory_bytes
+            {
+                return Err(format!("not enough cpu or memory left on node {name}"));
+            }
+            let gpu_load = |g: &u32| load.and_then(|l| l.gpus.get(g));
+            match &spec.gpu_slice {
+                None => {
+                    if gpus.iter().any(|g| gpu_load(g).is_some()) {
+                        return Err("gpu already allocated".into());
+                    }
+                }
+                Some(wanted) => {
+                    let device = node.spec.gpus.iter().find(|d| d.index == gpus[0]).ok_or("unknown gpu index")?;
+                    slice = Some(fit_slice(device, gpu_load(&gpus[0]), wanted, p.slice.as_ref())?);
+                }
+            }
+        }
+        let numbers = self.quota_numbers(&spec.tenant, &spec.priority_class);
+        let need = job_milli_gpus(spec);
+        if let Err(limit) = quota::check(&numbers, need) {
+            return Err(
+                quota::describe(&self.config, &spec.tenant, &spec.priority_class, &numbers, need, limit).to_string()
+            );
+        }
+        Ok(slice)
+    }
+
+    /// Applies one placement, all-or-nothing.
+    fn place(&mut self, ts: Timestamp, p: &Placement) -> Response {
+        let job_id = p.job_id;
         let job = self.jobs.get(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
         if job.state != JobState::Pending {
             return Ok(Outcome::Stale);
         }
-        let node = self.nodes.get(node_name).ok_or_else(|| ApplyError::NoSuchNode(node_name.to_string()))?;
-        if node.state != NodeState::Up {
-            return Err(reject("node is not up"));
-        }
-        if gpus.len() != gpus_needed(job) {
-            return Err(reject("wrong number of gpus"));
-        }
-        let mut unique = gpus.to_vec();
-        unique.sort_unstable();
-        unique.dedup();
-        if unique.len() != gpus.len() || !gpus.iter().all(|g| node.spec.gpus.iter().any(|d| d.index == *g)) {
-            return Err(reject("unknown or repeated gpu index"));
-        }
-        let allocated = self.allocated_gpus(node_name);
-        if gpus.iter().any(|g| allocated.contains(g)) {
-            return Err(reject("gpu already allocated"));
-        }
-        let (used_cpu, used_mem) = self
-            .jobs_on_node(node_name)
-            .fold((0u64, 0u64), |(c, m), j| (c + u64::from(j.spec.cpu_millis), m + j.spec.memory_bytes));
-        if used_cpu + u64::from(job.spec.cpu_millis) > node.spec.cpu_millis
-            || used_mem + job.spec.memory_bytes > node.spec.memory_bytes
-        {
-            return Err(reject("not enough cpu or memory left on the node"));
-        }
+        let slice =
+            self.validate_placement(job, p).map_err(|reason| ApplyError::PlacementRejected { job_id, reason })?;
         let epoch = self.next_epoch;
         self.next_epoch += 1;
         let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
         job.state = JobState::Running;
-        job.allocation = Some(Allocation { node: node_name.to_string(), gpus: gpus.to_vec(), epoch });
+        job.allocation = Some(Allocation {
+            node: p.node.clone(),
+            gpus: p.gpus.clone(),
+            epoch,
+            more_nodes: p.more_nodes.clone(),
+            slice,
+        });
         job.attempts += 1;
         job.admitted_at = Some(ts);
         job.reason = None;
+        job.preemption = None;
+        self.index.add_allocation(&self.jobs[&job_id]);
+        self.set_job_state_index(job_id, JobState::Running);
         Ok(Outcome::Done)
+    }
+
+    /// Whether `victim` may be preempted for `preemptor`: a lower priority and a class that
+    /// preempts lower ones, or quota the victim's tenant borrowed from the preemptor's cohort
+    /// while the preemptor's tenant is within its own quota (reclaim).
+    pub(crate) fn preemption_allowed(&self, victim: &Job, preemptor: &Job) -> Result<(), String> {
+        let config = &self.config;
+        let by_priority = config.priority_classes.get(&preemptor.spec.priority_class).is_some_and(|c| c.preempts_lower)
+            && config.priority_value(&victim.spec.priority_class)
+                < config.priority_value(&preemptor.spec.priority_class);
+        if by_priority {
+            return Ok(());
+        }
+        let (vt, pt) = (&victim.spec.tenant, &preemptor.spec.tenant);
+        let (vp, pp) = (config.tenant_policy(vt), config.tenant_policy(pt));
+        let reclaim = vt != pt
+            && matches!((vp.and_then(|p| p.cohort.as_ref()), pp.and_then(|p| p.cohort.as_ref())), (Some(a), Some(b)) if a == b)
+            && vp.and_then(|p| p.quota_milli_gpus).is_some_and(|q| self.tenant_usage(vt) > q)
+            && pp
+                .and_then(|p| p.quota_milli_gpus)
+                .is_some_and(|q| self.tenant_usage(pt) + job_milli_gpus(&preemptor.spec) <= q);
+        if reclaim {
+            return Ok(());
+        }
+        Err(format!(
+            "job {} neither has a higher priority that preempts lower ones nor reclaims quota that job {}'s tenant borrowed",
+            preemptor.id, victim.id
+        ))
+    }
+
+    fn preempt(&mut self, ts: Timestamp, job_id: JobId, by: JobId, grace_secs: u32) -> Response {
+        let job = self.jobs.get(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
+        let preemptor = self.jobs.get(&by).ok_or(ApplyError::NoSuchJob(by))?;
+        if job.state != JobState::Running
+            || job.cancel_requested
+            || job.preemption.is_some()
+            || preemptor.state != JobState::Pending
+        {
+            return Ok(Outcome::Stale);
+        }
+        self.preemption_allowed(job, preemptor).map_err(|reason| ApplyError::PreemptionRejected { job_id, reason })?;
+        let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
+        job.preemption =
+            Some(PreemptionNotice { by, at: ts, grace_secs, checkpoint_signal: job.spec.sched.checkpoint_signal });
+        self.index.preemptors.entry(by).or_default().insert(job_id);
+        Ok(Outcome::Done)
+    }
+
+    /// Applies a pass: each placement and preemption on its own, in order.
+    fn schedule(&mut self, ts: Timestamp, placements: &[Placement], preemptions: &[Preemption]) -> Outcome {
+        let mut out = ScheduleOutcome::default();
+        for p in placements {
+            match self.place(ts, p) {
+                Ok(Outcome::Done) => out.placed.push(p.job_id),
+                Ok(_) => out.rejected.push((p.job_id, "job is no longer pending".into())),
+                Err(e) => out.rejected.push((p.job_id, e.to_string())),
+            }
+        }
+        for p in preemptions {
+            match self.preempt(ts, p.job_id, p.by, p.grace_secs) {
+                Ok(Outcome::Done) => out.preempted.push(p.job_id),
+                Ok(_) => {
+                    out.rejected.push((p.job_id, "job is no longer running or its preemptor no longer waits".into()))
+                }
+                Err(e) => out.rejected.push((p.job_id, e.to_string())),
+            }
+        }
+        Outcome::Scheduled(out)
     }
 
     /// The running job with this allocation epoch, if the report is current.
@@ -224,12 +401,59 @@ impl State {
         }
     }
 
+    /// Ends the current run of a running job: charges its fair-share usage and frees what it held.
+    /// Ends the current run of a job: charges fair-share usage, writes its billing segment
+    /// (labelled `end_state`) and frees its resources in the indexes.
+    fn end_run(&mut self, ts: Timestamp, job_id: JobId, end_state: &str) {
+        self.close_segment(job_id, ts, end_state);
+        let Some(job) = self.jobs.get(&job_id) else { return };
+        if let Some(start) = job.started_at {
+            let multiplier = self
+                .config
+                .priority_classes
+                .get(&job.spec.priority_class)
+                .map(|c| u64::from(c.billing_multiplier_milli))
+                .unwrap_or(1000);
+            let weighted = job_milli_gpus(&job.spec) * multiplier / 1000;
+            let half_life = self.config.scheduler.usage_half_life_secs;
+            self.usage.charge(&job.spec.tenant, start.physical_ms(), ts.physical_ms(), weighted, half_life);
+        }
+        self.index.remove_allocation(job);
+    }
+
+    /// Puts a job whose run ended back in the queue.
+    fn requeue(&mut self, job_id: JobId, reason: String) {
+        let Some(job) = self.jobs.get_mut(&job_id) else { return };
+        job.state = JobState::Pending;
+        job.allocation = None;
+        job.admitted_at = None;
+        job.started_at = None;
+        job.preemption = None;
+        job.reason = Some(reason);
+        self.set_job_state_index(job_id, JobState::Pending);
+    }
+
     fn job_finished(&mut self, ts: Timestamp, job_id: JobId, epoch: u64, report: &JobExitReport) -> Response {
         let Some(job) = self.current_run(job_id, epoch)? else {
             return Ok(Outcome::Stale);
         };
+        let preempted_by = job.preemption.as_ref().map(|p| p.by).filter(|_| !job.cancel_requested);
+        let no_requeue = job.spec.sched.no_requeue;
+        job.worker_run_time_ms = Some(report.run_time_ms);
+        // Started now at the latest: a lost start report still records the run (zero-length).
+        job.started_at.get_or_insert(ts);
+        if let Some(by) = preempted_by.filter(|_| !no_requeue) {
+            self.end_run(ts, job_id, "preempted");
+            // However the process ended after the notice (a checkpointing job often exits 0), the
+            // work is not done: the job goes back to the queue.
+            self.requeue(job_id, format!("requeued: preempted by job {by}"));
+            return Ok(Outcome::Job(Box::new(self.jobs[&job_id].clone())));
+        }
+        let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
         let (state, reason) = if job.cancel_requested {
             (JobState::Cancelled, job.reason.clone().unwrap_or_else(|| "cancelled".into()))
+        } else if let Some(by) = preempted_by {
+            (JobState::Preempted, format!("preempted by job {by} (the job opted out of requeueing)"))
         } else if let Some(err) = &report.launch_error {
             (JobState::Failed, format!("launch failed: {err}"))
         } else if report.oom_killed {
@@ -248,13 +472,14 @@ impl State {
         } else {
             (JobState::Failed, "ended without an exit status".to_string())
         };
+        self.end_run(ts, job_id, state.as_str());
+        let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
         job.state = state;
         job.reason = Some(reason);
         job.exit_code = report.exit_code;
         job.signal = report.signal;
         job.finished_at = Some(ts);
         job.started_at.get_or_insert(ts);
-        job.worker_run_time_ms = Some(report.run_time_ms);
         self.set_job_state_index(job_id, state);
         Ok(Outcome::Job(Box::new(self.jobs[&job_id].clone())))
     }
@@ -263,7 +488,7 @@ impl State {
         let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
         let reason = if reason.is_empty() { "cancelled".to_string() } else { reason.to_string() };
         match job.state {
-            JobState::Pending | JobState::Preempted => {
+            JobState::Pending => {
                 job.state = JobState::Cancelled;
                 job.finished_at = Some(ts);
                 job.reason = Some(reason);
@@ -284,7 +509,8 @@ impl State {
         self.next_epoch += 1;
         // A (re-)registering worker starts empty: whatever ran there under an older epoch is gone.
         self.requeue_jobs_on(ts, &spec.name, &format!("requeued: node {} restarted", spec.name));
-        self.nodes.insert(spec.name.clone(), NodeStatus { spec: spec.clone(), state: NodeState::Up, epoch });
+        let new = self.nodes.insert(spec.name.clone(), NodeStatus { spec: spec.clone(), state: NodeState::Up, epoch });
+        self.index.caps.registered(&self.nodes, &spec.name, new.is_none());
         Outcome::NodeRegistered { epoch }
     }
 
@@ -301,23 +527,37 @@ impl State {
         Ok(Outcome::Done)
     }
 
-    /// Puts every running job of `node` back in the queue (cancel requests end them instead).
+    /// Ends the run of every job with a part on `node`: back in the queue, except cancel requests
+    /// (cancelled) and preempted jobs that opted out of requeueing (preempted).
     fn requeue_jobs_on(&mut self, ts: Timestamp, node: &str, reason: &str) {
         let ids: Vec<JobId> = self.jobs_on_node(node).map(|j| j.id).collect();
         for id in ids {
+            let label = match self.jobs.get(&id) {
+                Some(j) if j.cancel_requested => "cancelled",
+                Some(j) if j.preemption.is_some() => "preempted",
+                _ => "requeued",
+            };
+            self.end_run(ts, id, label);
             let Some(job) = self.jobs.get_mut(&id) else { continue };
-            job.allocation = None;
-            job.admitted_at = None;
-            job.started_at = None;
-            if job.cancel_requested {
-                job.state = JobState::Cancelled;
-                job.finished_at = Some(ts);
+            let end = if job.cancel_requested {
+                Some(JobState::Cancelled)
+            } else if job.preemption.is_some() && job.spec.sched.no_requeue {
+                Some(JobState::Preempted)
             } else {
-                job.state = JobState::Pending;
-                job.reason = Some(reason.to_string());
+                None
+            };
+            match end {
+                Some(state) => {
+                    job.state = state;
+                    job.finished_at = Some(ts);
+                    if state == JobState::Preempted {
+                        let by = job.preemption.as_ref().map(|p| p.by).unwrap_or_default();
+                        job.reason = Some(format!("preempted by job {by} (the job opted out of requeueing)"));
+                    }
+                    self.set_job_state_index(id, state);
+                }
+                None => self.requeue(id, reason.to_string()),
             }
-            let state = job.state;
-            self.set_job_state_index(id, state);
         }
     }
 
@@ -335,9 +575,7 @@ impl State {
     }
 
     fn configure(&mut self, config: &ClusterConfig) -> Response {
-        if config.priority_classes.values().filter(|c| c.is_default).count() > 1 {
-            return Err(ApplyError::InvalidConfig("more than one default priority class".into()));
-        }
+        config.validate().map_err(ApplyError::InvalidConfig)?;
         self.config = config.clone();
         Ok(Outcome::Done)
     }
@@ -346,8 +584,8 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::place;
-    use corral_types::GpuDevice;
+    use crate::{place, Placement, ScheduleOutcome};
+    use corral_types::{GpuDevice, GpuSlice, NodeGpus};
     use std::collections::BTreeMap;
 
     fn req(ts: u64, command: Command) -> Request {
@@ -364,6 +602,7 @@ mod tests {
                     uuid: format!("GPU-{name}-{i}"),
                     model: "RTX 5090".into(),
                     memory_mib: 32768,
+                    ..Default::default()
                 })
                 .collect(),
             cpu_millis: 16_000,
@@ -385,6 +624,7 @@ mod tests {
             image: None,
             command: vec!["true".into()],
             env: BTreeMap::new(),
+            sched: Default::default(),
         }
     }
 
@@ -399,7 +639,7 @@ mod tests {
         s.apply(&req(ts, Command::SubmitJob { request_id: rid.into(), spec }))
     }
 
-    fn schedule(s: &mut State, ts: u64) -> Vec<place::Placement> {
+    fn schedule(s: &mut State, ts: u64) -> Vec<Placement> {
         let placements = place(s, &BTreeSet::new());
         for p in &placements {
             s.apply(&req(ts, Command::PlaceJob { job_id: p.job_id, node: p.node.clone(), gpus: p.gpus.clone() }))
@@ -550,6 +790,68 @@ mod tests {
     }
 
     #[test]
+    fn ledger_charges_each_run_once_at_its_rates() {
+        let mut s = cluster();
+        let mut high = spec(2);
+        high.priority_class = "gpu-high-priority".into();
+        submit(&mut s, Timestamp::compose(1_000, 0).0, "a", high).unwrap();
+        schedule(&mut s, Timestamp::compose(1_100, 0).0);
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        let started = Timestamp::compose(2_000, 0);
+        s.apply(&Request { ts: started, command: Command::JobStarted { job_id: 1, epoch } }).unwrap();
+        let done = JobExitReport { exit_code: Some(0), ..Default::default() };
+        // 90 minutes later; the worker reports twice (retry after a timeout).
+        let end = Timestamp::compose(2_000 + 5_400_000, 3);
+        let finish = Command::JobFinished { job_id: 1, epoch, report: done };
+        s.apply(&Request { ts: end, command: finish.clone() }).unwrap();
+        assert_eq!(s.apply(&Request { ts: Timestamp::compose(9_999_999, 0), command: finish }), Ok(Outcome::Stale));
+        assert_eq!(s.ledger.len(), 1, "a duplicate report charges once");
+        let seg = &s.ledger[&1];
+        assert_eq!((seg.start, seg.end, seg.duration_ms()), (started, end, 5_400_000));
+        assert_eq!((seg.gpus, seg.gpu_milli, seg.multiplier_milli), (2, 2000, 2000));
+        assert_eq!(seg.gpu_model, "RTX 5090");
+        // 1.5 h x 2 GPUs x 0.89 x2 = 5.34
+        assert_eq!(seg.cost_micros, 5_340_000);
+        assert_eq!(seg.end_state, "succeeded");
+    }
+
+    #[test]
+    fn a_requeued_run_is_billed_and_the_next_run_is_a_new_segment() {
+        let mut s = cluster();
+        submit(&mut s, Timestamp::compose(1_000, 0).0, "a", spec(1)).unwrap();
+        schedule(&mut s, Timestamp::compose(1_000, 1).0);
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        s.apply(&Request { ts: Timestamp::compose(1_000, 2), command: Command::JobStarted { job_id: 1, epoch } })
+            .unwrap();
+        // The node is lost 1 hour in: the hour is billed, the job requeued.
+        let lost = Command::SetNodeState { node: "n1".into(), state: NodeState::Down, reason: String::new() };
+        s.apply(&Request { ts: Timestamp::compose(3_601_000, 0), command: lost }).unwrap();
+        assert_eq!(s.jobs[&1].state, JobState::Pending);
+        assert_eq!(s.ledger[&1].cost_micros, 890_000);
+        assert_eq!(s.ledger[&1].end_state, "requeued");
+        s.apply(&req(Timestamp::compose(3_602_000, 0).0, Command::RegisterNode { spec: node("n1", 8) })).unwrap();
+        schedule(&mut s, Timestamp::compose(3_603_000, 0).0);
+        let epoch2 = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        assert_ne!(epoch, epoch2);
+        s.apply(&Request {
+            ts: Timestamp::compose(3_603_000, 1),
+            command: Command::JobStarted { job_id: 1, epoch: epoch2 },
+        })
+        .unwrap();
+        let done = JobExitReport { exit_code: Some(1), ..Default::default() };
+        let finish = Command::JobFinished { job_id: 1, epoch: epoch2, report: done };
+        s.apply(&Request { ts: Timestamp::compose(3_603_000 + 1_800_000, 0), command: finish }).unwrap();
+        assert_eq!(s.ledger.len(), 2);
+        assert_eq!(s.ledger[&2].cost_micros, 445_000);
+        assert_eq!(s.ledger[&2].end_state, "failed");
+        let total: u64 = s.ledger.values().map(|g| g.cost_micros).sum();
+        let expected: u64 =
+            s.ledger.values().map(|g| crate::cost_micros(g.duration_ms(), g.gpu_milli, 890_000, 1000)).sum();
+        assert_eq!(total, expected);
+        assert_eq!(total, 1_335_000);
+    }
+
+    #[test]
     fn coordinator_ids_are_never_reused() {
         let mut s = State::default();
         let add = |id, addr: &str| Command::AddCoordinator { node_id: id, addr: addr.into() };
@@ -568,5 +870,155 @@ mod tests {
         high.priority_class = "gpu-high-priority".into();
         submit(&mut s, 4, "high", high).unwrap();
         assert_eq!(schedule(&mut s, 5).iter().map(|p| p.job_id).collect::<Vec<_>>(), vec![2]);
+    }
+
+    fn gang_spec(gpus: u32, per_node: u32) -> JobSpec {
+        let mut s = spec(gpus);
+        s.sched.gpus_per_node = Some(per_node);
+        s
+    }
+
+    fn placement(job_id: JobId, parts: &[(&str, &[u32])], slice: Option<SliceAssignment>) -> Placement {
+        let mut parts: Vec<NodeGpus> =
+            parts.iter().map(|(n, g)| NodeGpus { node: n.to_string(), gpus: g.to_vec() }).collect();
+        let first = parts.remove(0);
+        Placement { job_id, node: first.node, gpus: first.gpus, more_nodes: parts, slice }
+    }
+
+    fn run(s: &mut State, ts: u64, placements: Vec<Placement>) -> ScheduleOutcome {
+        match s.apply(&req(ts, Command::Schedule { placements, preemptions: vec![] })) {
+            Ok(Outcome::Scheduled(o)) => o,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn gang_placements_are_all_or_nothing_at_apply() {
+        let mut s = cluster();
+        s.apply(&req(3, Command::RegisterNode { spec: node("n2", 8) })).unwrap();
+        submit(&mut s, 4, "a", spec(1)).unwrap();
+        submit(&mut s, 5, "g", gang_spec(16, 8)).unwrap();
+        run(&mut s, 6, vec![placement(1, &[("n2", &[3])], None)]);
+        let all: Vec<u32> = (0..8).collect();
+        let out = run(&mut s, 7, vec![placement(2, &[("n1", &all), ("n2", &all)], None)]);
+        assert_eq!(out.placed, Vec::<JobId>::new());
+        assert!(out.rejected[0].1.contains("gpu already allocated"), "{out:?}");
+        assert!(s.allocated_gpus("n1").is_empty(), "the part on n1 was not kept");
+        // Wrong shapes are refused too.
+        let out = run(&mut s, 8, vec![placement(2, &[("n1", &all)], None)]);
+        assert!(out.rejected[0].1.contains("runs on 2 node(s)"), "{out:?}");
+        let out = run(&mut s, 9, vec![placement(2, &[("n1", &all), ("n1", &all)], None)]);
+        assert!(out.rejected[0].1.contains("appears twice"), "{out:?}");
+        // Once the gpu is free the same placement is accepted, on both nodes at once.
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        let done = JobExitReport { exit_code: Some(0), ..Default::default() };
+        s.apply(&req(10, Command::JobFinished { job_id: 1, epoch, report: done })).unwrap();
+        let out = run(&mut s, 11, vec![placement(2, &[("n1", &all), ("n2", &all)], None)]);
+        assert_eq!(out.placed, vec![2]);
+        assert_eq!(s.jobs_on_node("n2").map(|j| j.id).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(s.allocated_gpus("n1").len() + s.allocated_gpus("n2").len(), 16);
+    }
+
+    #[test]
+    fn slices_are_revalidated_and_never_over_commit() {
+        let mut s = cluster();
+        let mut mps = spec(0);
+        mps.gpu_slice = Some(GpuSlice::Mps { thread_percent: 60, memory_mib: None });
+        submit(&mut s, 3, "a", mps.clone()).unwrap();
+        submit(&mut s, 4, "b", mps).unwrap();
+        // A legacy PlaceJob lets apply choose the slice.
+        s.apply(&req(5, Command::PlaceJob { job_id: 1, node: "n1".into(), gpus: vec![0] })).unwrap();
+        let slice = s.jobs[&1].allocation.as_ref().unwrap().slice.clone();
+        assert_eq!(slice, Some(SliceAssignment::Mps { thread_percent: 60, memory_mib: 19660 }));
+        let err = s.apply(&req(6, Command::PlaceJob { job_id: 2, node: "n1".into(), gpus: vec![0] })).unwrap_err();
+        assert!(err.to_string().contains("not enough mps thread share left"), "{err}");
+        // A lying proposal (a smaller share than the job asked for) is refused.
+        let lie = SliceAssignment::Mps { thread_percent: 40, memory_mib: 100 };
+        let out = run(&mut s, 7, vec![placement(2, &[("n1", &[0])], Some(lie))]);
+        assert!(out.rejected[0].1.contains("does not match"), "{out:?}");
+        // A whole-gpu job cannot land on a shared gpu, a slice cannot land on a whole one.
+        submit(&mut s, 8, "c", spec(1)).unwrap();
+        assert!(s.apply(&req(9, Command::PlaceJob { job_id: 3, node: "n1".into(), gpus: vec![0] })).is_err());
+        s.apply(&req(10, Command::PlaceJob { job_id: 3, node: "n1".into(), gpus: vec![1] })).unwrap();
+        assert!(s.apply(&req(11, Command::PlaceJob { job_id: 2, node: "n1".into(), gpus: vec![1] })).is_err());
+        s.apply(&req(12, Command::PlaceJob { job_id: 2, node: "n1".into(), gpus: vec![2] })).unwrap();
+        // MIG on a card without MIG is refused at submit.
+        let mut mig = spec(0);
+        mig.gpu_slice = Some(GpuSlice::parse("mig:1g.10gb").unwrap());
+        assert!(matches!(submit(&mut s, 13, "d", mig), Err(ApplyError::NoMigGpu { .. })));
+    }
+
+    #[test]
+    fn quotas_are_revalidated_at_apply() {
+        let mut s = cluster();
+        let mut a = spec(3);
+        a.tenant = "team-a".into();
+        submit(&mut s, 3, "a1", a.clone()).unwrap();
+        submit(&mut s, 4, "a2", a.clone()).unwrap();
+        submit(&mut s, 5, "a3", a).unwrap();
+        // team-a: quota 4, may borrow team-b's 4 (cohort dev): 3 + 3 fit, the third 3 does not.
+        let out = run(
+            &mut s,
+            6,
+            vec![
+                placement(1, &[("n1", &[0, 1, 2])], None),
+                placement(2, &[("n1", &[3, 4, 5])], None),
+                placement(3, &[("n1", &[6, 7])], None),
+            ],
+        );
+        assert_eq!(out.placed, vec![1, 2]);
+        assert_eq!(s.tenant_usage("team-a"), 6000);
+        assert_eq!(s.cohort_usage("dev"), 6000);
+        s.apply(&req(7, Command::RegisterNode { spec: node("n2", 8) })).unwrap();
+        let err = s.apply(&req(8, Command::PlaceJob { job_id: 3, node: "n2".into(), gpus: vec![0, 1, 2] }));
+        let err = err.unwrap_err().to_string();
+        assert_eq!(err, "placement of job 3 rejected: quota: cohort dev uses 6 of its 8 gpus and the job needs 3");
+    }
+
+    #[test]
+    fn preemption_is_revalidated_and_requeues_the_victim() {
+        let mut s = cluster();
+        let mut low = spec(8);
+        low.priority_class = "preemptible".into();
+        submit(&mut s, 3, "low", low).unwrap();
+        submit(&mut s, 4, "normal", spec(8)).unwrap();
+        let mut high = spec(8);
+        high.priority_class = "gpu-high-priority".into();
+        submit(&mut s, 5, "high", high).unwrap();
+        s.apply(&req(6, Command::PlaceJob { job_id: 1, node: "n1".into(), gpus: (0..8).collect() })).unwrap();
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        s.apply(&req(7, Command::JobStarted { job_id: 1, epoch })).unwrap();
+        // A normal job may not preempt (its class does not preempt lower ones).
+        let err = s.apply(&req(8, Command::PreemptJob { job_id: 1, by: 2, grace_secs: 5 })).unwrap_err();
+        assert!(matches!(err, ApplyError::PreemptionRejected { job_id: 1, .. }), "{err}");
+        // The high-priority job may.
+        s.apply(&req(9, Command::PreemptJob { job_id: 1, by: 3, grace_secs: 5 })).unwrap();
+        assert_eq!(s.preempting_jobs().map(|j| j.id).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(s.apply(&req(10, Command::PreemptJob { job_id: 1, by: 3, grace_secs: 5 })), Ok(Outcome::Stale));
+        // Stopped by SIGTERM at 10 s: requeued, its run charged to fair-share usage.
+        let ts = Timestamp::compose(10_000, 0).0;
+        let killed = JobExitReport { signal: Some(15), ..Default::default() };
+        s.apply(&req(ts, Command::JobFinished { job_id: 1, epoch, report: killed })).unwrap();
+        let j = &s.jobs[&1];
+        assert_eq!((j.state, j.reason.as_deref()), (JobState::Pending, Some("requeued: preempted by job 3")));
+        assert!(j.allocation.is_none() && j.preemption.is_none() && j.started_at.is_none());
+        assert_eq!(s.preempting_jobs().count(), 0);
+        assert!(s.usage.tenants.contains_key("default"), "the run was charged");
+        assert_eq!(schedule(&mut s, ts + 1).iter().map(|p| p.job_id).collect::<Vec<_>>(), vec![3]);
+        assert_eq!(s.jobs[&1].attempts, 1);
+    }
+
+    #[test]
+    fn gang_submissions_are_checked_against_the_nodes() {
+        let mut s = cluster();
+        assert!(matches!(
+            submit(&mut s, 3, "g", gang_spec(16, 8)),
+            Err(ApplyError::GangTooLarge { nodes: 2, per_node: 8, available: 1 })
+        ));
+        s.apply(&req(4, Command::RegisterNode { spec: node("n2", 8) })).unwrap();
+        assert!(submit(&mut s, 5, "g", gang_spec(16, 8)).is_ok());
+        let mut bad = spec(16);
+        bad.sched.gpus_per_node = Some(5);
+        assert!(matches!(submit(&mut s, 6, "b", bad), Err(ApplyError::InvalidSpec(_))));
     }
 }

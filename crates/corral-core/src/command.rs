@@ -1,11 +1,48 @@
 //! Commands carried by the Raft log and the state machine's responses.
 
 use crate::ClusterConfig;
-use corral_types::{Job, JobExitReport, JobId, JobSpec, JobSpecError, NodeSpec, NodeState, Timestamp};
+use corral_types::{
+    Job, JobExitReport, JobId, JobSpec, JobSpecError, NodeGpus, NodeSpec, NodeState, SliceAssignment, Timestamp,
+};
 use serde::{Deserialize, Serialize};
 
 /// Version of the persisted command and snapshot encoding.
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: preemption, gang placements across nodes, GPU slices, quotas and fair-share usage.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// Where the scheduler puts one job: a node and GPU indices, the other nodes of a gang, and for
+/// a fractional job the slice of its one GPU. Applied all-or-nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub job_id: JobId,
+    pub node: String,
+    pub gpus: Vec<u32>,
+    /// The other parts of a gang across nodes.
+    #[serde(default)]
+    pub more_nodes: Vec<NodeGpus>,
+    /// The slice of `gpus[0]` for a fractional job (`None` lets apply() choose one).
+    #[serde(default)]
+    pub slice: Option<SliceAssignment>,
+}
+
+impl Placement {
+    /// Every (node, gpus) part, the first part first.
+    pub fn parts(&self) -> impl Iterator<Item = (&str, &[u32])> + '_ {
+        std::iter::once((self.node.as_str(), self.gpus.as_slice()))
+            .chain(self.more_nodes.iter().map(|p| (p.node.as_str(), p.gpus.as_slice())))
+    }
+}
+
+/// A running job the scheduler stops to make room for a pending one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preemption {
+    /// The victim.
+    pub job_id: JobId,
+    /// The pending job it makes room for.
+    pub by: JobId,
+    /// Seconds between SIGTERM and SIGKILL (from the victim's priority class).
+    pub grace_secs: u32,
+}
 
 /// One replicated change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,6 +73,19 @@ pub enum Command {
     CancelJob {
         job_id: JobId,
         reason: String,
+    },
+    /// Leader's preemption proposal: stop running `job_id` so that pending `by` can run. The job
+    /// is requeued when its worker reports the exit (or ends `Preempted` if it opted out).
+    PreemptJob {
+        job_id: JobId,
+        by: JobId,
+        grace_secs: u32,
+    },
+    /// One scheduling pass in one log entry: placements, each all-or-nothing (a gang across
+    /// nodes), then preemptions; apply() re-validates each on its own and reports which it took.
+    Schedule {
+        placements: Vec<Placement>,
+        preemptions: Vec<Preemption>,
     },
     RegisterNode {
         spec: NodeSpec,
@@ -86,6 +136,17 @@ pub enum Outcome {
     /// A report for an older placement, or a change that was already made: ignored.
     Stale,
     Done,
+    /// What a `Schedule` command did.
+    Scheduled(ScheduleOutcome),
+}
+
+/// The parts of a `Schedule` command that were applied and the ones that were not.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleOutcome {
+    pub placed: Vec<JobId>,
+    pub preempted: Vec<JobId>,
+    /// Refused or stale decisions, with the reason (the next pass recomputes them).
+    pub rejected: Vec<(JobId, String)>,
 }
 
 pub type Response = Result<Outcome, ApplyError>;
@@ -105,12 +166,22 @@ pub enum ApplyError {
     TooMuchMemory { requested: String, largest: String },
     #[error("job asks for {requested} cpus but the largest node has {largest}: it could never run")]
     TooManyCpus { requested: String, largest: String },
+    #[error(
+        "job asks for {nodes} nodes with {per_node} gpus each but only {available} nodes have that many: it could never run"
+    )]
+    GangTooLarge { nodes: u32, per_node: u32, available: u32 },
+    #[error("job asks for mig slice '{profile}' but no registered gpu supports it: use an mps slice such as mps:25")]
+    NoMigGpu { profile: String },
+    #[error("job asks for {requested} of gpu memory but the largest gpu has {largest}: it could never run")]
+    SliceTooLarge { requested: String, largest: String },
     #[error("job {0} not found")]
     NoSuchJob(JobId),
     #[error("node '{0}' is not registered")]
     NoSuchNode(String),
     #[error("placement of job {job_id} rejected: {reason}")]
     PlacementRejected { job_id: JobId, reason: String },
+    #[error("preemption of job {job_id} rejected: {reason}")]
+    PreemptionRejected { job_id: JobId, reason: String },
     #[error("coordinator node id {0} was used before: node ids are never reused, pick a new one")]
     NodeIdReused(u64),
     #[error("invalid cluster config: {0}")]

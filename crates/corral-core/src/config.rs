@@ -1,40 +1,150 @@
-//! Replicated cluster configuration: tenants and priority classes.
+//! Replicated cluster configuration: tenants (quotas, cohorts, fair-share weights), priority classes
+//! and scheduler knobs.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Grace period of a preempted job when its class does not set one.
+pub const DEFAULT_GRACE_SECS: u32 = 30;
 
 /// A priority class (Kubernetes PriorityClass / Slurm QOS).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PriorityClass {
     pub name: String,
     pub value: i64,
+    /// Preemption policy: jobs of this class may preempt running jobs of lower classes
+    /// (`false` = never preempt).
     pub preempts_lower: bool,
-    /// Billing multiplier in thousandths (1000 = x1, 400 = x0.4).
+    /// Billing multiplier in thousandths (1000 = x1, 400 = x0.4). Fair-share usage is charged
+    /// with it too.
     pub billing_multiplier_milli: u32,
     pub is_default: bool,
+    /// Seconds a job of this class gets between SIGTERM and SIGKILL when it is preempted
+    /// (`None`: [`DEFAULT_GRACE_SECS`]).
+    #[serde(default)]
+    pub grace_secs: Option<u32>,
 }
 
-/// Tenants and priority classes known to the cluster.
+impl PriorityClass {
+    pub fn grace_secs(&self) -> u32 {
+        self.grace_secs.unwrap_or(DEFAULT_GRACE_SECS)
+    }
+}
+
+/// Scheduling policy of one tenant. Quantities are milli GPU-equivalents: a whole GPU is 1000,
+/// a MIG or MPS slice its fraction (`GpuSlice::milli_gpus`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantPolicy {
+    /// Hard quota (nominal share). `None`: unlimited, and the tenant neither lends nor borrows.
+    #[serde(default)]
+    pub quota_milli_gpus: Option<u64>,
+    /// Caps on what jobs of one priority class may use inside this tenant (never borrowed).
+    #[serde(default)]
+    pub class_quotas: BTreeMap<String, u64>,
+    /// Tenants of one cohort lend each other their unused quota; a lender gets it back by
+    /// preemption of the borrowers when it needs it.
+    #[serde(default)]
+    pub cohort: Option<String>,
+    /// Most this tenant may borrow above its quota (`None`: whatever its cohort has unused).
+    #[serde(default)]
+    pub borrowing_limit_milli_gpus: Option<u64>,
+    /// Relative fair-share weight among tenants (Slurm's shares); 0 counts as 1.
+    #[serde(default = "default_weight")]
+    pub fair_share_weight: u32,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+impl Default for TenantPolicy {
+    fn default() -> Self {
+        TenantPolicy {
+            quota_milli_gpus: None,
+            class_quotas: BTreeMap::new(),
+            cohort: None,
+            borrowing_limit_milli_gpus: None,
+            fair_share_weight: 1,
+        }
+    }
+}
+
+/// Knobs of the scheduling pass.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedulerConfig {
+    /// Half-life of past usage in fair share (Slurm's PriorityDecayHalfLife), in seconds.
+    #[serde(default = "default_half_life")]
+    pub usage_half_life_secs: u64,
+    /// How many blocked jobs (highest in the queue first) get a backfill reservation per pass.
+    /// 0 disables reservations: every job that fits starts (big jobs may starve).
+    #[serde(default = "default_reservations")]
+    pub backfill_reservations: u32,
+    /// How many pending jobs may look for preemption victims in one pass.
+    #[serde(default = "default_preemptors")]
+    pub max_preemptors_per_pass: u32,
+}
+
+fn default_half_life() -> u64 {
+    7 * 24 * 3600
+}
+
+fn default_reservations() -> u32 {
+    4
+}
+
+fn default_preemptors() -> u32 {
+    16
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            usage_half_life_secs: default_half_life(),
+            backfill_reservations: default_reservations(),
+            max_preemptors_per_pass: default_preemptors(),
+        }
+    }
+}
+
+/// Tenants, priority classes and scheduling policy known to the cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ClusterConfig {
     pub tenants: Vec<String>,
     pub priority_classes: BTreeMap<String, PriorityClass>,
+    /// Quota, cohort and weight per tenant; tenants without an entry are unlimited, weight 1.
+    #[serde(default)]
+    pub tenant_policies: BTreeMap<String, TenantPolicy>,
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
+    /// Price of one GPU-hour by GPU model, in micro-units of the currency.
+    #[serde(default)]
+    pub gpu_prices: BTreeMap<String, u64>,
+    /// Price of one GPU-hour of a model without its own price.
+    #[serde(default)]
+    pub default_gpu_price: u64,
 }
 
 impl ClusterConfig {
-    /// The defaults `corral dev` starts with: tenants `default`, `team-a`, `team-b`; classes
-    /// `preemptible` (0, x0.4), `normal` (1000, default, x1), `gpu-high-priority` (1000000, x2).
+    /// Hourly price of one GPU of `model`, in micro-units.
+    pub fn gpu_price(&self, model: &str) -> u64 {
+        self.gpu_prices.get(model).copied().unwrap_or(self.default_gpu_price)
+    }
+
+    /// The defaults `corral dev` starts with: tenants `default` (unlimited), `team-a` and `team-b`
+    /// (4 GPUs of quota each, lending each other in cohort `dev`); classes `preemptible`
+    /// (0, x0.4), `normal` (1000, default, x1), `gpu-high-priority` (1000000, preempts lower, x2).
     pub fn dev_defaults() -> Self {
         let classes = [
-            ("preemptible", 0, false, 400, false),
-            ("normal", 1000, false, 1000, true),
-            ("gpu-high-priority", 1_000_000, true, 2000, false),
+            ("preemptible", 0, false, 400, false, 30),
+            ("normal", 1000, false, 1000, true, 60),
+            ("gpu-high-priority", 1_000_000, true, 2000, false, 120),
         ];
+        let team = TenantPolicy { quota_milli_gpus: Some(4000), cohort: Some("dev".into()), ..TenantPolicy::default() };
         ClusterConfig {
             tenants: vec!["default".into(), "team-a".into(), "team-b".into()],
             priority_classes: classes
                 .into_iter()
-                .map(|(name, value, preempts_lower, billing_multiplier_milli, is_default)| {
+                .map(|(name, value, preempts_lower, billing_multiplier_milli, is_default, grace)| {
                     (
                         name.to_string(),
                         PriorityClass {
@@ -43,10 +153,16 @@ impl ClusterConfig {
                             preempts_lower,
                             billing_multiplier_milli,
                             is_default,
+                            grace_secs: Some(grace),
                         },
                     )
                 })
                 .collect(),
+            tenant_policies: [("team-a".to_string(), team.clone()), ("team-b".to_string(), team)].into(),
+            scheduler: SchedulerConfig::default(),
+            // An RTX 5090 GPU-hour costs 0.89 and an H200 3.50; other models 1.00.
+            gpu_prices: [("RTX 5090".to_string(), 890_000), ("H200".to_string(), 3_500_000)].into(),
+            default_gpu_price: 1_000_000,
         }
     }
 
@@ -57,5 +173,91 @@ impl ClusterConfig {
     /// Value of a class; unknown classes (which apply() rejects) sort lowest.
     pub fn priority_value(&self, class: &str) -> i64 {
         self.priority_classes.get(class).map(|c| c.value).unwrap_or(i64::MIN)
+    }
+
+    /// The policy of a tenant (the default one for tenants without an entry).
+    pub fn tenant_policy(&self, tenant: &str) -> Option<&TenantPolicy> {
+        self.tenant_policies.get(tenant)
+    }
+
+    /// Sum of the quotas of a cohort's members.
+    pub fn cohort_quota(&self, cohort: &str) -> u64 {
+        self.tenant_policies
+            .values()
+            .filter(|p| p.cohort.as_deref() == Some(cohort))
+            .filter_map(|p| p.quota_milli_gpus)
+            .sum()
+    }
+
+    /// Checks the config for contradictions; the message says what to fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.priority_classes.values().filter(|c| c.is_default).count() > 1 {
+            return Err("more than one default priority class".into());
+        }
+        for (key, class) in &self.priority_classes {
+            if key != &class.name {
+                return Err(format!("priority class '{}' is stored under the name '{key}'", class.name));
+            }
+        }
+        let known: BTreeSet<&str> = self.tenants.iter().map(String::as_str).collect();
+        for (tenant, policy) in &self.tenant_policies {
+            if !self.tenants.is_empty() && !known.contains(tenant.as_str()) {
+                return Err(format!("policy for unknown tenant '{tenant}': add it to the tenants first"));
+            }
+            for class in policy.class_quotas.keys() {
+                if !self.priority_classes.contains_key(class) {
+                    return Err(format!("tenant '{tenant}' has a quota for unknown priority class '{class}'"));
+                }
+            }
+            if policy.cohort.as_deref() == Some("") {
+                return Err(format!("tenant '{tenant}' has an empty cohort name"));
+            }
+            if policy.cohort.is_some() && policy.quota_milli_gpus.is_none() {
+                return Err(format!(
+                    "tenant '{tenant}' is in cohort '{}' without a quota: give it a quota or no cohort",
+                    policy.cohort.as_deref().unwrap_or_default()
+                ));
+            }
+        }
+        if self.scheduler.usage_half_life_secs == 0 {
+            return Err("usage half-life must be at least one second".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dev_defaults_are_valid_and_lend_within_one_cohort() {
+        let c = ClusterConfig::dev_defaults();
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.cohort_quota("dev"), 8000);
+        assert!(c.tenant_policy("default").is_none(), "the default tenant is unlimited");
+        assert_eq!(c.priority_classes["preemptible"].grace_secs(), 30);
+    }
+
+    #[test]
+    fn contradictions_are_refused() {
+        let mut c = ClusterConfig::dev_defaults();
+        c.tenant_policies.insert("ghost".into(), TenantPolicy::default());
+        assert_eq!(c.validate().unwrap_err(), "policy for unknown tenant 'ghost': add it to the tenants first");
+        let mut c = ClusterConfig::dev_defaults();
+        c.tenant_policies.get_mut("team-a").unwrap().class_quotas.insert("urgent".into(), 1000);
+        assert!(c.validate().unwrap_err().contains("unknown priority class 'urgent'"));
+        let mut c = ClusterConfig::dev_defaults();
+        c.tenant_policies.get_mut("team-a").unwrap().quota_milli_gpus = None;
+        assert!(c.validate().unwrap_err().contains("without a quota"));
+    }
+
+    #[test]
+    fn old_encodings_get_defaults() {
+        let json = r#"{"tenants":["a"],"priority_classes":{}}"#;
+        let c: ClusterConfig = serde_json::from_str(json).unwrap();
+        assert_eq!(c.scheduler, SchedulerConfig::default());
+        let p: TenantPolicy = serde_json::from_str("{}").unwrap();
+        assert_eq!(p.fair_share_weight, 1);
     }
 }

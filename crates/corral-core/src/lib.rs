@@ -1,18 +1,32 @@
-//! Pure, deterministic replicated state of corral: `State::apply(Request) -> Response` and
-//! placement (`place(&State, ...) -> Vec<Placement>`).
+//! Pure, deterministic replicated state of corral: `State::apply(Request) -> Response` and the
+//! scheduling policy engine (`schedule(&State, now, ...) -> SchedulingPass`): priorities and
+//! preemption, quotas with cohort borrowing and reclaim, fair share with decayed usage, backfill
+//! reservations, gang jobs across nodes, topology-aware GPU choice, MIG and MPS slices.
 //!
 //! Boundary: no I/O, no clock, no randomness, no HashMap iteration. Time enters only through the
-//! TSO timestamp that the leader stamps into each `Request`.
+//! TSO timestamp that the leader stamps into each `Request` (and the `now` it passes to a pass).
 //! Invariant: applying the same sequence of requests to two `State`s gives identical states.
+//! Invariant: apply() re-validates every scheduling decision; no sequence of commands can
+//! over-commit a GPU, a slice, a node's CPU or memory, or a quota.
 
 mod apply;
 mod command;
 mod config;
-mod place;
+mod ledger;
+mod quota;
+mod resources;
+mod sched;
 mod state;
+mod usage;
 
 pub use apply::Touched;
-pub use command::{ApplyError, Command, Outcome, Request, Response, FORMAT_VERSION};
-pub use config::{ClusterConfig, PriorityClass};
-pub use place::{place, Placement};
+pub use command::{
+    ApplyError, Command, Outcome, Placement, Preemption, Request, Response, ScheduleOutcome, FORMAT_VERSION,
+};
+pub use config::{ClusterConfig, PriorityClass, SchedulerConfig, TenantPolicy, DEFAULT_GRACE_SECS};
+pub use ledger::{cost_micros, Segment};
+pub use quota::{format_gpus, QuotaBlock};
+pub use resources::{job_milli_gpus, MILLI_PER_GPU};
+pub use sched::{place, schedule, PassStats, PendingJob, PendingReason, SchedulingPass};
 pub use state::{CoordinatorRecord, State};
+pub use usage::UsageLedger;

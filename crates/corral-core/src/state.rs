@@ -1,7 +1,10 @@
-//! The replicated state held by every coordinator.
+//! The replicated state held by every coordinator, with derived indexes (free capacity, quota use)
+//! that make apply() and the scheduling pass independent of the number of queued jobs.
 
-use crate::ClusterConfig;
-use corral_types::{Job, JobId, JobState, NodeStatus, Timestamp};
+use crate::resources::{gang_shape, job_milli_gpus, GpuLoad, SliceReq};
+use crate::usage::UsageLedger;
+use crate::{ClusterConfig, Segment};
+use corral_types::{Job, JobId, JobSpec, JobState, NodeStatus, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,9 +32,140 @@ pub struct State {
     pub coordinators: BTreeMap<u64, CoordinatorRecord>,
     /// Persisted upper bound (physical milliseconds) of timestamps any leader may have issued.
     pub tso_window_end_ms: u64,
-    /// Derived index: live (pending or running) jobs. Rebuilt on load, not persisted.
+    /// The billing ledger, by segment id.
+    pub ledger: BTreeMap<u64, Segment>,
+    pub next_segment_id: u64,
+    /// Fair-share usage history, charged when runs end. Replicated: persist it with the scalar
+    /// state (set it after `from_parts`).
+    #[serde(default)]
+    pub usage: UsageLedger,
+    /// Derived indexes. Rebuilt on load, not persisted.
     #[serde(skip)]
-    live: BTreeSet<JobId>,
+    pub(crate) index: Index,
+}
+
+/// Load of one node: the running jobs with a part on it and what they hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct NodeLoad {
+    pub jobs: BTreeSet<JobId>,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub gpus: BTreeMap<u32, GpuLoad>,
+}
+
+/// What a pass needs to know about a pending job, kept next to its id so that a pass reads
+/// small contiguous records instead of every job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QueuedJob {
+    pub milli: u64,
+    pub parts: u32,
+    pub per_node: u32,
+    pub cpu: u64,
+    pub mem: u64,
+    pub slice: Option<SliceReq>,
+    pub time_limit_secs: Option<u64>,
+    pub rdma: bool,
+}
+
+impl QueuedJob {
+    fn of(spec: &JobSpec) -> QueuedJob {
+        let (parts, per_node) = gang_shape(spec);
+        QueuedJob {
+            milli: job_milli_gpus(spec),
+            parts,
+            per_node,
+            cpu: u64::from(spec.cpu_millis),
+            mem: spec.memory_bytes,
+            slice: spec.gpu_slice.as_ref().map(SliceReq::of),
+            time_limit_secs: spec.time_limit_secs,
+            rdma: spec.sched.rdma,
+        }
+    }
+}
+
+/// Quota use of one tenant (running jobs, including those being preempted).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct TenantLoad {
+    pub milli_gpus: u64,
+    pub by_class: BTreeMap<String, u64>,
+}
+
+/// Derived from `jobs` and `nodes`; `State::from_parts` rebuilds it, apply() maintains it.
+/// Invariant: equal to a rebuild from scratch (no empty entries are kept).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Index {
+    /// Pending and running jobs.
+    pub live: BTreeSet<JobId>,
+    pub pending: BTreeSet<JobId>,
+    /// Pending jobs by (tenant, priority class): a pass reads each name once per group.
+    pub queue: BTreeMap<(String, String), BTreeMap<JobId, QueuedJob>>,
+    pub running: BTreeSet<JobId>,
+    pub nodes: BTreeMap<String, NodeLoad>,
+    pub tenants: BTreeMap<String, TenantLoad>,
+    /// Preemptor -> its victims that have not exited yet.
+    pub preemptors: BTreeMap<JobId, BTreeSet<JobId>>,
+    pub caps: Caps,
+}
+
+/// What the registered nodes (up or down) offer at most: what a job may ask for at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Caps {
+    pub largest_cpu_millis: u64,
+    pub largest_memory_bytes: u64,
+    /// Number of nodes by GPU count.
+    pub nodes_by_gpus: BTreeMap<u32, u32>,
+    /// Memory sizes (MiB) of MIG-capable GPUs.
+    pub mig_cards: BTreeSet<u64>,
+    /// Per node (in name order, like `State::nodes`), which GPUs support MIG.
+    pub mig_gpus: Vec<Vec<bool>>,
+    pub largest_gpu_memory_mib: u64,
+}
+
+impl Caps {
+    pub(crate) fn of(nodes: &BTreeMap<String, NodeStatus>) -> Caps {
+        let flags = nodes.values().map(|n| n.spec.gpus.iter().map(|g| g.supports_mig()).collect()).collect();
+        Caps::aggregate(nodes, flags)
+    }
+
+    /// After `name` registered (again): recomputes its MIG flags only, then the totals.
+    pub(crate) fn registered(&mut self, nodes: &BTreeMap<String, NodeStatus>, name: &str, new: bool) {
+        let mut flags = std::mem::take(&mut self.mig_gpus);
+        let pos = nodes.keys().take_while(|n| n.as_str() < name).count();
+        let node_flags = nodes[name].spec.gpus.iter().map(|g| g.supports_mig()).collect();
+        if new {
+            flags.insert(pos, node_flags);
+        } else {
+            flags[pos] = node_flags;
+        }
+        *self = Caps::aggregate(nodes, flags);
+    }
+
+    fn aggregate(nodes: &BTreeMap<String, NodeStatus>, mig_gpus: Vec<Vec<bool>>) -> Caps {
+        let mut caps = Caps::default();
+        for (node, flags) in nodes.values().zip(&mig_gpus) {
+            let spec = &node.spec;
+            caps.largest_cpu_millis = caps.largest_cpu_millis.max(spec.cpu_millis);
+            caps.largest_memory_bytes = caps.largest_memory_bytes.max(spec.memory_bytes);
+            *caps.nodes_by_gpus.entry(spec.gpus.len() as u32).or_default() += 1;
+            for (gpu, mig) in spec.gpus.iter().zip(flags) {
+                caps.largest_gpu_memory_mib = caps.largest_gpu_memory_mib.max(gpu.memory_mib);
+                if *mig {
+                    caps.mig_cards.insert(gpu.memory_mib);
+                }
+            }
+        }
+        caps.mig_gpus = mig_gpus;
+        caps
+    }
+
+    pub(crate) fn largest_gpus(&self) -> u32 {
+        self.nodes_by_gpus.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// Nodes with at least `gpus` GPUs.
+    pub(crate) fn nodes_with(&self, gpus: u32) -> u32 {
+        self.nodes_by_gpus.range(gpus..).map(|(_, n)| n).sum()
+    }
 }
 
 impl Default for State {
@@ -46,13 +180,129 @@ impl Default for State {
             config: ClusterConfig::default(),
             coordinators: BTreeMap::new(),
             tso_window_end_ms: 0,
-            live: BTreeSet::new(),
+            ledger: BTreeMap::new(),
+            next_segment_id: 1,
+            usage: UsageLedger::default(),
+            index: Index::default(),
         }
     }
 }
 
+impl Index {
+    fn set_state(&mut self, id: JobId, spec: &JobSpec, state: JobState) {
+        if self.pending.remove(&id) {
+            let key = (spec.tenant.clone(), spec.priority_class.clone());
+            if let Some(group) = self.queue.get_mut(&key) {
+                group.remove(&id);
+                if group.is_empty() {
+                    self.queue.remove(&key);
+                }
+            }
+        }
+        self.running.remove(&id);
+        match state {
+            JobState::Pending => {
+                self.pending.insert(id);
+                let group = self.queue.entry((spec.tenant.clone(), spec.priority_class.clone())).or_default();
+                group.insert(id, QueuedJob::of(spec));
+            }
+            JobState::Running => {
+                self.running.insert(id);
+            }
+            _ => {}
+        }
+        if state.is_terminal() {
+            self.live.remove(&id);
+        } else {
+            self.live.insert(id);
+        }
+    }
+
+    /// Records what a running job holds.
+    pub(crate) fn add_allocation(&mut self, job: &Job) {
+        let Some(alloc) = &job.allocation else { return };
+        for (node, gpus) in alloc.parts() {
+            let load = self.nodes.entry(node.to_string()).or_default();
+            load.jobs.insert(job.id);
+            load.cpu_millis += u64::from(job.spec.cpu_millis);
+            load.memory_bytes += job.spec.memory_bytes;
+            for g in gpus {
+                let old = load.gpus.remove(g);
+                load.gpus.insert(*g, GpuLoad::add(old, job.id, alloc.slice.as_ref()));
+            }
+        }
+        let milli = job_milli_gpus(&job.spec);
+        if milli > 0 {
+            let tenant = self.tenants.entry(job.spec.tenant.clone()).or_default();
+            tenant.milli_gpus += milli;
+            *tenant.by_class.entry(job.spec.priority_class.clone()).or_default() += milli;
+        }
+        if let Some(p) = &job.preemption {
+            self.preemptors.entry(p.by).or_default().insert(job.id);
+        }
+    }
+
+    /// Forgets what a job held (call before its allocation is cleared).
+    pub(crate) fn remove_allocation(&mut self, job: &Job) {
+        let Some(alloc) = &job.allocation else { return };
+        for (node, gpus) in alloc.parts() {
+            let Some(load) = self.nodes.get_mut(node) else { continue };
+            load.jobs.remove(&job.id);
+            load.cpu_millis -= u64::from(job.spec.cpu_millis);
+            load.memory_bytes -= job.spec.memory_bytes;
+            for g in gpus {
+                if let Some(old) = load.gpus.remove(g) {
+                    if let Some(rest) = old.remove(job.id, alloc.slice.as_ref()) {
+                        load.gpus.insert(*g, rest);
+                    }
+                }
+            }
+            if load.jobs.is_empty() {
+                self.nodes.remove(node);
+            }
+        }
+        let milli = job_milli_gpus(&job.spec);
+        if let Some(tenant) = self.tenants.get_mut(&job.spec.tenant).filter(|_| milli > 0) {
+            tenant.milli_gpus -= milli;
+            if let Some(c) = tenant.by_class.get_mut(&job.spec.priority_class) {
+                *c -= milli;
+                if *c == 0 {
+                    tenant.by_class.remove(&job.spec.priority_class);
+                }
+            }
+            if tenant.by_class.is_empty() && tenant.milli_gpus == 0 {
+                self.tenants.remove(&job.spec.tenant);
+            }
+        }
+        if let Some(p) = &job.preemption {
+            self.remove_victim(p.by, job.id);
+        }
+    }
+
+    pub(crate) fn remove_victim(&mut self, preemptor: JobId, victim: JobId) {
+        if let Some(victims) = self.preemptors.get_mut(&preemptor) {
+            victims.remove(&victim);
+            if victims.is_empty() {
+                self.preemptors.remove(&preemptor);
+            }
+        }
+    }
+
+    fn rebuild(jobs: &BTreeMap<JobId, Job>, nodes: &BTreeMap<String, NodeStatus>) -> Index {
+        let mut index = Index { caps: Caps::of(nodes), ..Index::default() };
+        for job in jobs.values() {
+            index.set_state(job.id, &job.spec, job.state);
+            if job.state == JobState::Running {
+                index.add_allocation(job);
+            }
+        }
+        index
+    }
+}
+
 impl State {
-    /// Builds a state from its persisted parts and rebuilds derived indexes.
+    /// Builds a state from its persisted parts and rebuilds derived indexes. The usage ledger and
+    /// the billing ledger start empty: set `usage`, `ledger` and `next_segment_id` afterwards.
     #[allow(clippy::too_many_arguments)]
     pub fn from_parts(
         jobs: BTreeMap<JobId, Job>,
@@ -65,36 +315,89 @@ impl State {
         coordinators: BTreeMap<u64, CoordinatorRecord>,
         tso_window_end_ms: u64,
     ) -> Self {
-        let live = jobs.values().filter(|j| !j.state.is_terminal()).map(|j| j.id).collect();
-        State { jobs, nodes, request_ids, next_job_id, next_epoch, last_ts, config, coordinators, tso_window_end_ms, live }
+        let index = Index::rebuild(&jobs, &nodes);
+        State {
+            jobs,
+            nodes,
+            request_ids,
+            next_job_id,
+            next_epoch,
+            last_ts,
+            config,
+            coordinators,
+            tso_window_end_ms,
+            ledger: BTreeMap::new(),
+            next_segment_id: 1,
+            usage: UsageLedger::default(),
+            index,
+        }
+    }
+
+    /// Rebuilds the derived indexes (after changing `jobs` by hand, e.g. a serde decode).
+    pub fn rebuild_indexes(&mut self) {
+        self.index = Index::rebuild(&self.jobs, &self.nodes);
     }
 
     pub(crate) fn set_job_state_index(&mut self, job_id: JobId, state: JobState) {
-        if state.is_terminal() {
-            self.live.remove(&job_id);
-        } else {
-            self.live.insert(job_id);
-        }
+        let Some(job) = self.jobs.get(&job_id) else { return };
+        self.index.set_state(job_id, &job.spec, state);
     }
 
     /// Pending and running jobs in id order.
     pub fn live_jobs(&self) -> impl Iterator<Item = &Job> {
-        self.live.iter().filter_map(|id| self.jobs.get(id))
+        self.index.live.iter().filter_map(|id| self.jobs.get(id))
     }
 
     /// Pending jobs in id (submit) order.
     pub fn pending_jobs(&self) -> impl Iterator<Item = &Job> {
-        self.live_jobs().filter(|j| j.state == JobState::Pending)
+        self.index.pending.iter().filter_map(|id| self.jobs.get(id))
     }
 
-    /// Running jobs placed on `node`.
+    /// Number of pending jobs.
+    pub fn pending_count(&self) -> usize {
+        self.index.pending.len()
+    }
+
+    /// Running jobs in id order.
+    pub fn running_jobs(&self) -> impl Iterator<Item = &Job> {
+        self.index.running.iter().filter_map(|id| self.jobs.get(id))
+    }
+
+    /// Running jobs with a part on `node` (gang jobs appear on each of their nodes).
     pub fn jobs_on_node<'a>(&'a self, node: &'a str) -> impl Iterator<Item = &'a Job> + 'a {
-        self.live_jobs()
-            .filter(move |j| j.state == JobState::Running && j.allocation.as_ref().is_some_and(|a| a.node == node))
+        self.index.nodes.get(node).into_iter().flat_map(|l| l.jobs.iter()).filter_map(|id| self.jobs.get(id))
     }
 
-    /// GPU indices of `node` held by running jobs.
+    /// GPU indices of `node` held (whole or in part) by running jobs.
     pub fn allocated_gpus(&self, node: &str) -> BTreeSet<u32> {
-        self.jobs_on_node(node).flat_map(|j| j.allocation.iter().flat_map(|a| a.gpus.iter().copied())).collect()
+        self.index.nodes.get(node).map(|l| l.gpus.keys().copied().collect()).unwrap_or_default()
+    }
+
+    /// Running jobs being preempted (the worker must stop them: checkpoint signal and SIGTERM,
+    /// SIGKILL after the grace period), in id order.
+    pub fn preempting_jobs(&self) -> impl Iterator<Item = &Job> {
+        self.index
+            .preemptors
+            .values()
+            .flatten()
+            .copied()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter_map(|id| self.jobs.get(&id))
+    }
+
+    /// Milli GPU-equivalents used by a tenant's running jobs (its quota use).
+    pub fn tenant_usage(&self, tenant: &str) -> u64 {
+        self.index.tenants.get(tenant).map(|t| t.milli_gpus).unwrap_or(0)
+    }
+
+    /// Milli GPU-equivalents used by the running jobs of a cohort's members.
+    pub fn cohort_usage(&self, cohort: &str) -> u64 {
+        self.config
+            .tenant_policies
+            .iter()
+            .filter(|(_, p)| p.cohort.as_deref() == Some(cohort))
+            .map(|(t, _)| self.tenant_usage(t))
+            .sum()
     }
 }

@@ -1,9 +1,13 @@
 //! Conversions between generated protobuf messages and corral's domain types.
 
 use crate::v1 as pb;
-use corral_core::{ClusterConfig, Command, CoordinatorRecord, PriorityClass, Request, State, FORMAT_VERSION};
+use corral_core::{
+    ClusterConfig, Command, CoordinatorRecord, Placement, Preemption, PriorityClass, Request, SchedulerConfig, Segment,
+    State, TenantPolicy, UsageLedger, FORMAT_VERSION,
+};
 use corral_types::{
-    Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeSpec, NodeState, NodeStatus, Timestamp,
+    Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, NodeState, NodeStatus,
+    PreemptionNotice, SchedOptions, SliceAssignment, Timestamp,
 };
 use prost::Message;
 use std::collections::BTreeMap;
@@ -69,6 +73,12 @@ impl From<&JobSpec> for pb::JobSpec {
             image: s.image.clone(),
             command: s.command.clone(),
             env: s.env.clone(),
+            sched: (s.sched != SchedOptions::default()).then_some(pb::SchedOptions {
+                gpus_per_node: s.sched.gpus_per_node,
+                rdma: s.sched.rdma,
+                no_requeue: s.sched.no_requeue,
+                checkpoint_signal: s.sched.checkpoint_signal,
+            }),
         }
     }
 }
@@ -88,8 +98,84 @@ impl TryFrom<pb::JobSpec> for JobSpec {
             image: s.image,
             command: s.command,
             env: s.env,
+            sched: s
+                .sched
+                .map(|o| SchedOptions {
+                    gpus_per_node: o.gpus_per_node,
+                    rdma: o.rdma,
+                    no_requeue: o.no_requeue,
+                    checkpoint_signal: o.checkpoint_signal,
+                })
+                .unwrap_or_default(),
         })
     }
+}
+
+// ---- allocations and preemption ----
+
+fn node_gpus_to_pb(parts: &[NodeGpus]) -> Vec<pb::NodeGpus> {
+    parts.iter().map(|p| pb::NodeGpus { node: p.node.clone(), gpus: p.gpus.clone() }).collect()
+}
+
+fn node_gpus_from_pb(parts: Vec<pb::NodeGpus>) -> Vec<NodeGpus> {
+    parts.into_iter().map(|p| NodeGpus { node: p.node, gpus: p.gpus }).collect()
+}
+
+fn slice_to_pb(s: &SliceAssignment) -> pb::SliceAssignment {
+    use pb::slice_assignment::Kind;
+    let kind = match s {
+        SliceAssignment::Mig { profile, start, memory_slices, compute_slices } => Kind::Mig(pb::MigAssignment {
+            profile: profile.clone(),
+            start: *start,
+            memory_slices: *memory_slices,
+            compute_slices: *compute_slices,
+        }),
+        SliceAssignment::Mps { thread_percent, memory_mib } => {
+            Kind::Mps(pb::MpsAssignment { thread_percent: *thread_percent, memory_mib: *memory_mib })
+        }
+    };
+    pb::SliceAssignment { kind: Some(kind) }
+}
+
+fn slice_from_pb(s: pb::SliceAssignment) -> Result<SliceAssignment, ProtoError> {
+    use pb::slice_assignment::Kind;
+    Ok(match s.kind.ok_or(ProtoError::Missing("slice.kind"))? {
+        Kind::Mig(m) => SliceAssignment::Mig {
+            profile: m.profile,
+            start: m.start,
+            memory_slices: m.memory_slices,
+            compute_slices: m.compute_slices,
+        },
+        Kind::Mps(m) => SliceAssignment::Mps { thread_percent: m.thread_percent, memory_mib: m.memory_mib },
+    })
+}
+
+fn placement_to_pb(p: &Placement) -> pb::Placement {
+    pb::Placement {
+        job_id: p.job_id,
+        node: p.node.clone(),
+        gpus: p.gpus.clone(),
+        more_nodes: node_gpus_to_pb(&p.more_nodes),
+        slice: p.slice.as_ref().map(slice_to_pb),
+    }
+}
+
+fn placement_from_pb(p: pb::Placement) -> Result<Placement, ProtoError> {
+    Ok(Placement {
+        job_id: p.job_id,
+        node: p.node,
+        gpus: p.gpus,
+        more_nodes: node_gpus_from_pb(p.more_nodes),
+        slice: p.slice.map(slice_from_pb).transpose()?,
+    })
+}
+
+fn preemption_to_pb(p: &Preemption) -> pb::Preemption {
+    pb::Preemption { job_id: p.job_id, by: p.by, grace_secs: p.grace_secs }
+}
+
+fn preemption_from_pb(p: pb::Preemption) -> Preemption {
+    Preemption { job_id: p.job_id, by: p.by, grace_secs: p.grace_secs }
 }
 
 impl From<JobState> for pb::JobState {
@@ -133,6 +219,14 @@ impl From<&Job> for pb::Job {
                 node: a.node.clone(),
                 gpus: a.gpus.clone(),
                 epoch: a.epoch,
+                more_nodes: node_gpus_to_pb(&a.more_nodes),
+                slice: a.slice.as_ref().map(slice_to_pb),
+            }),
+            preemption: j.preemption.as_ref().map(|p| pb::PreemptionNotice {
+                by: p.by,
+                at: p.at.0,
+                grace_secs: p.grace_secs,
+                checkpoint_signal: p.checkpoint_signal,
             }),
             exit_code: j.exit_code,
             signal: j.signal,
@@ -156,7 +250,24 @@ impl TryFrom<pb::Job> for Job {
             admitted_at: j.admitted_at.map(Timestamp),
             started_at: j.started_at.map(Timestamp),
             finished_at: j.finished_at.map(Timestamp),
-            allocation: j.allocation.map(|a| Allocation { node: a.node, gpus: a.gpus, epoch: a.epoch }),
+            allocation: j
+                .allocation
+                .map(|a| -> Result<Allocation, ProtoError> {
+                    Ok(Allocation {
+                        node: a.node,
+                        gpus: a.gpus,
+                        epoch: a.epoch,
+                        more_nodes: node_gpus_from_pb(a.more_nodes),
+                        slice: a.slice.map(slice_from_pb).transpose()?,
+                    })
+                })
+                .transpose()?,
+            preemption: j.preemption.map(|p| PreemptionNotice {
+                by: p.by,
+                at: Timestamp(p.at),
+                grace_secs: p.grace_secs,
+                checkpoint_signal: p.checkpoint_signal,
+            }),
             exit_code: j.exit_code,
             signal: j.signal,
             reason: j.reason,
@@ -208,6 +319,10 @@ impl From<&NodeSpec> for pb::NodeSpec {
                     uuid: g.uuid.clone(),
                     model: g.model.clone(),
                     memory_mib: g.memory_mib,
+                    numa_node: g.numa_node,
+                    pci_switch: g.pci_switch.clone(),
+                    rdma_nic: g.rdma_nic.clone(),
+                    mig_capable: g.mig_capable,
                 })
                 .collect(),
             cpu_millis: n.cpu_millis,
@@ -225,7 +340,16 @@ impl From<pb::NodeSpec> for NodeSpec {
             gpus: n
                 .gpus
                 .into_iter()
-                .map(|g| GpuDevice { index: g.index, uuid: g.uuid, model: g.model, memory_mib: g.memory_mib })
+                .map(|g| GpuDevice {
+                    index: g.index,
+                    uuid: g.uuid,
+                    model: g.model,
+                    memory_mib: g.memory_mib,
+                    numa_node: g.numa_node,
+                    pci_switch: g.pci_switch,
+                    rdma_nic: g.rdma_nic,
+                    mig_capable: g.mig_capable,
+                })
                 .collect(),
             cpu_millis: n.cpu_millis,
             memory_bytes: n.memory_bytes,
@@ -277,8 +401,32 @@ fn config_to_pb(c: &ClusterConfig) -> pb::ClusterConfig {
                 preempts_lower: p.preempts_lower,
                 billing_multiplier_milli: p.billing_multiplier_milli,
                 is_default: p.is_default,
+                grace_secs: p.grace_secs,
             })
             .collect(),
+        tenant_policies: c
+            .tenant_policies
+            .iter()
+            .map(|(tenant, p)| pb::TenantPolicy {
+                tenant: tenant.clone(),
+                quota_milli_gpus: p.quota_milli_gpus,
+                class_quotas: p.class_quotas.clone(),
+                cohort: p.cohort.clone(),
+                borrowing_limit_milli_gpus: p.borrowing_limit_milli_gpus,
+                fair_share_weight: p.fair_share_weight,
+            })
+            .collect(),
+        scheduler: Some(pb::SchedulerConfig {
+            usage_half_life_secs: c.scheduler.usage_half_life_secs,
+            backfill_reservations: c.scheduler.backfill_reservations,
+            max_preemptors_per_pass: c.scheduler.max_preemptors_per_pass,
+        }),
+        gpu_prices: c
+            .gpu_prices
+            .iter()
+            .map(|(model, price)| pb::GpuPrice { model: model.clone(), micros_per_gpu_hour: *price })
+            .collect(),
+        default_gpu_price: c.default_gpu_price,
     }
 }
 
@@ -295,9 +443,111 @@ fn config_from_pb(c: pb::ClusterConfig) -> ClusterConfig {
                     preempts_lower: p.preempts_lower,
                     billing_multiplier_milli: p.billing_multiplier_milli,
                     is_default: p.is_default,
+                    grace_secs: p.grace_secs,
                 };
                 (p.name, class)
             })
+            .collect(),
+        tenant_policies: c
+            .tenant_policies
+            .into_iter()
+            .map(|p| {
+                let policy = TenantPolicy {
+                    quota_milli_gpus: p.quota_milli_gpus,
+                    class_quotas: p.class_quotas,
+                    cohort: p.cohort,
+                    borrowing_limit_milli_gpus: p.borrowing_limit_milli_gpus,
+                    fair_share_weight: p.fair_share_weight.max(1),
+                };
+                (p.tenant, policy)
+            })
+            .collect(),
+        scheduler: c
+            .scheduler
+            .map(|s| SchedulerConfig {
+                usage_half_life_secs: s.usage_half_life_secs,
+                backfill_reservations: s.backfill_reservations,
+                max_preemptors_per_pass: s.max_preemptors_per_pass,
+            })
+            .unwrap_or_default(),
+        gpu_prices: c.gpu_prices.into_iter().map(|p| (p.model, p.micros_per_gpu_hour)).collect(),
+        default_gpu_price: c.default_gpu_price,
+    }
+}
+
+/// A billing segment as the API, the store and the snapshot carry it.
+pub fn segment_to_pb(g: &Segment) -> pb::Segment {
+    pb::Segment {
+        id: g.id,
+        job_id: g.job_id,
+        epoch: g.epoch,
+        tenant: g.tenant.clone(),
+        node: g.node.clone(),
+        gpu_model: g.gpu_model.clone(),
+        gpus: g.gpus,
+        gpu_milli: g.gpu_milli,
+        priority_class: g.priority_class.clone(),
+        multiplier_milli: g.multiplier_milli,
+        price_micros_per_gpu_hour: g.price_micros_per_gpu_hour,
+        start: g.start.0,
+        end: g.end.0,
+        end_state: g.end_state.clone(),
+        cost_micros: g.cost_micros,
+    }
+}
+
+/// Inverse of [`segment_to_pb`].
+pub fn segment_from_pb(g: pb::Segment) -> Segment {
+    Segment {
+        id: g.id,
+        job_id: g.job_id,
+        epoch: g.epoch,
+        tenant: g.tenant,
+        node: g.node,
+        gpu_model: g.gpu_model,
+        gpus: g.gpus,
+        gpu_milli: g.gpu_milli,
+        priority_class: g.priority_class,
+        multiplier_milli: g.multiplier_milli,
+        price_micros_per_gpu_hour: g.price_micros_per_gpu_hour,
+        start: Timestamp(g.start),
+        end: Timestamp(g.end),
+        end_state: g.end_state,
+        cost_micros: g.cost_micros,
+    }
+}
+
+/// Encodes one billing segment (persisted per key in the state machine store).
+pub fn segment_to_bytes(g: &Segment) -> Vec<u8> {
+    segment_to_pb(g).encode_to_vec()
+}
+
+/// Decodes what [`segment_to_bytes`] wrote.
+pub fn segment_from_bytes(bytes: &[u8]) -> Result<Segment, ProtoError> {
+    Ok(segment_from_pb(pb::Segment::decode(bytes)?))
+}
+
+fn usage_to_pb(u: &UsageLedger) -> Vec<pb::TenantUsage> {
+    u.tenants
+        .iter()
+        .map(|(tenant, buckets)| pb::TenantUsage {
+            tenant: tenant.clone(),
+            buckets: buckets
+                .iter()
+                .map(|(start_ms, milli_gpu_secs)| pb::UsageBucket {
+                    start_ms: *start_ms,
+                    milli_gpu_secs: *milli_gpu_secs,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+fn usage_from_pb(u: Vec<pb::TenantUsage>) -> UsageLedger {
+    UsageLedger {
+        tenants: u
+            .into_iter()
+            .map(|t| (t.tenant, t.buckets.into_iter().map(|b| (b.start_ms, b.milli_gpu_secs)).collect()))
             .collect(),
     }
 }
@@ -339,6 +589,13 @@ fn command_to_pb(r: &Request) -> pb::Command {
         }
         Command::RemoveCoordinator { node_id } => Kind::RemoveCoordinator(pb::RemoveCoordinator { node_id: *node_id }),
         Command::ExtendTso { upper_ms } => Kind::ExtendTso(pb::ExtendTso { upper_ms: *upper_ms }),
+        Command::PreemptJob { job_id, by, grace_secs } => {
+            Kind::PreemptJob(pb::Preemption { job_id: *job_id, by: *by, grace_secs: *grace_secs })
+        }
+        Command::Schedule { placements, preemptions } => Kind::Schedule(pb::Schedule {
+            placements: placements.iter().map(placement_to_pb).collect(),
+            preemptions: preemptions.iter().map(preemption_to_pb).collect(),
+        }),
     };
     pb::Command { format_version: FORMAT_VERSION, ts: r.ts.0, kind: Some(kind) }
 }
@@ -377,6 +634,11 @@ fn command_from_pb(c: pb::Command) -> Result<Request, ProtoError> {
         Kind::AddCoordinator(a) => Command::AddCoordinator { node_id: a.node_id, addr: a.addr },
         Kind::RemoveCoordinator(r) => Command::RemoveCoordinator { node_id: r.node_id },
         Kind::ExtendTso(e) => Command::ExtendTso { upper_ms: e.upper_ms },
+        Kind::PreemptJob(p) => Command::PreemptJob { job_id: p.job_id, by: p.by, grace_secs: p.grace_secs },
+        Kind::Schedule(s) => Command::Schedule {
+            placements: s.placements.into_iter().map(placement_from_pb).collect::<Result<_, _>>()?,
+            preemptions: s.preemptions.into_iter().map(preemption_from_pb).collect(),
+        },
     };
     Ok(Request { ts: Timestamp(c.ts), command })
 }
@@ -415,6 +677,9 @@ pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
         config: Some(config_to_pb(&s.config)),
         coordinators: coordinators_to_pb(s),
         tso_window_end_ms: s.tso_window_end_ms,
+        usage: usage_to_pb(&s.usage),
+        segments: s.ledger.values().map(segment_to_pb).collect(),
+        next_segment_id: s.next_segment_id,
     }
     .encode_to_vec()
 }
@@ -441,7 +706,7 @@ pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, ProtoError> {
         .into_iter()
         .map(|n| node_status_from_pb(n).map(|n| (n.spec.name.clone(), n)))
         .collect::<Result<BTreeMap<_, _>, _>>()?;
-    Ok(State::from_parts(
+    let mut state = State::from_parts(
         jobs,
         nodes,
         s.request_ids.into_iter().map(|e| (e.request_id, e.job_id)).collect(),
@@ -451,7 +716,11 @@ pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, ProtoError> {
         s.config.map(config_from_pb).unwrap_or_default(),
         coordinators_from_pb(s.coordinators),
         s.tso_window_end_ms,
-    ))
+    );
+    state.usage = usage_from_pb(s.usage);
+    state.ledger = s.segments.into_iter().map(|g| (g.id, segment_from_pb(g))).collect();
+    state.next_segment_id = s.next_segment_id.max(1);
+    Ok(state)
 }
 
 /// Encodes one job (persisted per key in the state machine store).
@@ -483,6 +752,9 @@ pub struct StateMeta {
     pub config: ClusterConfig,
     pub coordinators: BTreeMap<u64, CoordinatorRecord>,
     pub tso_window_end_ms: u64,
+    /// Fair-share usage history: set `State::usage` to it after `State::from_parts`.
+    pub usage: UsageLedger,
+    pub next_segment_id: u64,
 }
 
 /// Encodes the scalar part of the state.
@@ -495,6 +767,8 @@ pub fn meta_to_bytes(s: &State) -> Vec<u8> {
         config: Some(config_to_pb(&s.config)),
         coordinators: coordinators_to_pb(s),
         tso_window_end_ms: s.tso_window_end_ms,
+        usage: usage_to_pb(&s.usage),
+        next_segment_id: s.next_segment_id,
         ..Default::default()
     }
     .encode_to_vec()
@@ -511,6 +785,8 @@ pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, ProtoError> {
         config: s.config.map(config_from_pb).unwrap_or_default(),
         coordinators: coordinators_from_pb(s.coordinators),
         tso_window_end_ms: s.tso_window_end_ms,
+        usage: usage_from_pb(s.usage),
+        next_segment_id: s.next_segment_id.max(1),
     })
 }
 
@@ -532,6 +808,7 @@ mod tests {
             image: None,
             command: vec!["sh".into(), "-c".into(), "echo hi".into()],
             env: [("A".to_string(), "1".to_string())].into(),
+            sched: SchedOptions { gpus_per_node: None, rdma: true, no_requeue: true, checkpoint_signal: Some(10) },
         };
         let req = Request { ts: Timestamp(77), command: Command::SubmitJob { request_id: "r".into(), spec } };
         assert_eq!(command_from_bytes(&command_to_bytes(&req)).unwrap(), req);
@@ -542,6 +819,89 @@ mod tests {
         let back = snapshot_from_bytes(&snapshot_to_bytes(&state)).unwrap();
         assert_eq!(back, state);
         assert_eq!(back.pending_jobs().count(), 1, "derived index rebuilt");
+    }
+
+    #[test]
+    fn scheduling_commands_and_state_round_trip() {
+        let schedule = Request {
+            ts: Timestamp(5),
+            command: Command::Schedule {
+                placements: vec![
+                    Placement {
+                        job_id: 1,
+                        node: "n1".into(),
+                        gpus: vec![0, 1],
+                        more_nodes: vec![NodeGpus { node: "n2".into(), gpus: vec![2, 3] }],
+                        slice: None,
+                    },
+                    Placement {
+                        job_id: 2,
+                        node: "n3".into(),
+                        gpus: vec![4],
+                        more_nodes: vec![],
+                        slice: Some(SliceAssignment::Mig {
+                            profile: "3g.40gb".into(),
+                            start: 4,
+                            memory_slices: 4,
+                            compute_slices: 3,
+                        }),
+                    },
+                ],
+                preemptions: vec![Preemption { job_id: 7, by: 1, grace_secs: 30 }],
+            },
+        };
+        assert_eq!(command_from_bytes(&command_to_bytes(&schedule)).unwrap(), schedule);
+        let preempt = Request { ts: Timestamp(6), command: Command::PreemptJob { job_id: 7, by: 1, grace_secs: 9 } };
+        assert_eq!(command_from_bytes(&command_to_bytes(&preempt)).unwrap(), preempt);
+
+        // A running MPS job being preempted, fair-share usage, quotas and topology survive a snapshot.
+        let mut config = ClusterConfig::dev_defaults();
+        config.tenant_policies.get_mut("team-a").unwrap().class_quotas.insert("normal".into(), 2000);
+        config.scheduler.backfill_reservations = 2;
+        let node = NodeSpec {
+            name: "n1".into(),
+            address: "a:1".into(),
+            gpus: vec![GpuDevice {
+                index: 0,
+                uuid: "GPU-0".into(),
+                model: "RTX 5090".into(),
+                memory_mib: 32768,
+                numa_node: Some(1),
+                pci_switch: Some("0000:3a".into()),
+                rdma_nic: Some("mlx5_0".into()),
+                mig_capable: false,
+            }],
+            cpu_millis: 8000,
+            memory_bytes: 1 << 34,
+            labels: vec![],
+        };
+        let mut state = State::default();
+        let apply = |state: &mut State, ts: u64, command: Command| state.apply(&Request { ts: Timestamp(ts), command });
+        apply(&mut state, 1, Command::Configure(config)).unwrap();
+        apply(&mut state, 2, Command::RegisterNode { spec: node }).unwrap();
+        let mut low = JobSpec {
+            name: "low".into(),
+            tenant: "team-a".into(),
+            priority_class: "preemptible".into(),
+            gpu_slice: Some(GpuSlice::Mps { thread_percent: 50, memory_mib: None }),
+            command: vec!["true".into()],
+            ..JobSpec::default()
+        };
+        apply(&mut state, 3, Command::SubmitJob { request_id: "a".into(), spec: low.clone() }).unwrap();
+        low.priority_class = "gpu-high-priority".into();
+        low.gpu_slice = Some(GpuSlice::Mps { thread_percent: 80, memory_mib: None });
+        apply(&mut state, 4, Command::SubmitJob { request_id: "b".into(), spec: low }).unwrap();
+        apply(&mut state, 5, Command::PlaceJob { job_id: 1, node: "n1".into(), gpus: vec![0] }).unwrap();
+        apply(&mut state, 6, Command::JobStarted { job_id: 1, epoch: 2 }).unwrap();
+        apply(&mut state, 7, Command::PreemptJob { job_id: 1, by: 2, grace_secs: 30 }).unwrap();
+        state.usage.tenants.insert("team-a".into(), [(0, 5000), (60_000, 7000)].into());
+        let back = snapshot_from_bytes(&snapshot_to_bytes(&state)).unwrap();
+        assert_eq!(back, state);
+        assert!(back.jobs[&1].allocation.as_ref().unwrap().slice.is_some());
+        assert_eq!(back.preempting_jobs().map(|j| j.id).collect::<Vec<_>>(), vec![1]);
+        let meta = meta_from_bytes(&meta_to_bytes(&state)).unwrap();
+        assert_eq!((meta.usage, meta.config), (state.usage.clone(), state.config.clone()));
+        assert_eq!(job_from_bytes(&job_to_bytes(&state.jobs[&1])).unwrap(), state.jobs[&1]);
     }
 
     #[test]

@@ -8,7 +8,8 @@ mod convert;
 
 pub use convert::{
     command_from_bytes, command_to_bytes, job_from_bytes, job_to_bytes, meta_from_bytes, meta_to_bytes,
-    node_from_bytes, node_to_bytes, snapshot_from_bytes, snapshot_to_bytes, ProtoError, StateMeta,
+    node_from_bytes, node_to_bytes, segment_from_bytes, segment_from_pb, segment_to_bytes, segment_to_pb,
+    snapshot_from_bytes, snapshot_to_bytes, ProtoError, StateMeta,
 };
 
 /// Generated code of package `corral.v1` (API, worker protocol, persisted state).

@@ -38,6 +38,7 @@ struct Trees {
 const JOB: &[u8] = b"j/";
 const NODE: &[u8] = b"n/";
 const REQUEST: &[u8] = b"r/";
+const SEGMENT: &[u8] = b"l/";
 
 fn key(prefix: &[u8], rest: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(prefix.len() + rest.len());
@@ -146,7 +147,7 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
         let id: [u8; 8] = v.as_ref().try_into().map_err(|_| anyhow::anyhow!("corrupt request id entry"))?;
         request_ids.insert(String::from_utf8_lossy(k).into_owned(), u64::from_be_bytes(id));
     }
-    let state = State::from_parts(
+    let mut state = State::from_parts(
         jobs,
         nodes,
         request_ids,
@@ -157,14 +158,24 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
         meta.coordinators,
         meta.tso_window_end_ms,
     );
+    state.usage = meta.usage;
+    state.next_segment_id = meta.next_segment_id;
+    for kv in t.tree.scan_prefix(SEGMENT) {
+        let (_, v) = kv?;
+        let segment = corral_proto::segment_from_bytes(&v)?;
+        state.ledger.insert(segment.id, segment);
+    }
     Ok(StateMachineData { state, last_applied, membership })
 }
 
 /// Replaces everything in sled with `data` and flushes.
 fn rewrite_sled(t: &Trees, data: &StateMachineData) -> anyhow::Result<()> {
     t.tree.clear()?;
-    let all =
-        Touched { jobs: data.state.jobs.keys().copied().collect(), nodes: data.state.nodes.keys().cloned().collect() };
+    let all = Touched {
+        jobs: data.state.jobs.keys().copied().collect(),
+        nodes: data.state.nodes.keys().cloned().collect(),
+        segments: data.state.ledger.keys().copied().collect(),
+    };
     persist(t, data, &all)?;
     t.db.flush()?;
     Ok(())
@@ -189,6 +200,11 @@ fn persist(t: &Trees, data: &StateMachineData, touched: &Touched) -> Result<(), 
         match state.nodes.get(name) {
             Some(node) => batch.insert(key(NODE, name.as_bytes()), corral_proto::node_to_bytes(node)),
             None => batch.remove(key(NODE, name.as_bytes())),
+        }
+    }
+    for id in &touched.segments {
+        if let Some(segment) = state.ledger.get(id) {
+            batch.insert(key(SEGMENT, &id.to_be_bytes()), corral_proto::segment_to_bytes(segment));
         }
     }
     batch.insert(META_STATE, corral_proto::meta_to_bytes(state));
@@ -253,6 +269,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         let (response, t) = data.state.apply_tracked(&request.0);
                         touched.jobs.extend(t.jobs);
                         touched.nodes.extend(t.nodes);
+                        touched.segments.extend(t.segments);
                         response
                     }
                     EntryPayload::Membership(m) => {

@@ -73,7 +73,7 @@ impl fmt::Display for GpuSlice {
 }
 
 /// What a user submits.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
     pub name: String,
     pub tenant: String,
@@ -91,6 +91,30 @@ pub struct JobSpec {
     pub image: Option<String>,
     pub command: Vec<String>,
     pub env: BTreeMap<String, String>,
+    /// How the job wants to be placed and preempted.
+    #[serde(default)]
+    pub sched: SchedOptions,
+}
+
+/// Placement and preemption options of a job (all optional; the default is a single-node job
+/// that is requeued when preempted).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedOptions {
+    /// Gang across nodes: whole GPUs on each node (Slurm `--gpus-per-node`). `gpus` must be a
+    /// multiple of it; the job then runs on `gpus / gpus_per_node` nodes, all started together.
+    /// `None`: all GPUs on one node.
+    #[serde(default)]
+    pub gpus_per_node: Option<u32>,
+    /// The job uses GPUDirect RDMA: prefer GPUs that share a PCIe switch with an RDMA NIC.
+    #[serde(default)]
+    pub rdma: bool,
+    /// When preempted, end in `preempted` instead of going back to the queue.
+    #[serde(default)]
+    pub no_requeue: bool,
+    /// Signal sent first when the job is preempted, before SIGTERM, so it can checkpoint
+    /// (as Slurm's `--signal`), e.g. 10 for SIGUSR1.
+    #[serde(default)]
+    pub checkpoint_signal: Option<i32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
@@ -125,6 +149,22 @@ impl JobSpec {
         if self.name.len() > 256 {
             return Err(JobSpecError::Invalid { field: "name".into(), reason: "longer than 256 bytes".into() });
         }
+        if let Some(per_node) = self.sched.gpus_per_node {
+            if per_node == 0 || self.gpus == 0 || !self.gpus.is_multiple_of(per_node) {
+                return Err(JobSpecError::Invalid {
+                    field: "gpus-per-node".into(),
+                    reason: format!("must divide --gpus ({}) and be at least 1", self.gpus),
+                });
+            }
+        }
+        if let Some(sig) = self.sched.checkpoint_signal {
+            if !(1..=64).contains(&sig) || sig == 9 || sig == 19 {
+                return Err(JobSpecError::Invalid {
+                    field: "signal".into(),
+                    reason: format!("{sig} is not a catchable signal number (e.g. 10 for SIGUSR1)"),
+                });
+            }
+        }
         if self.time_limit_secs == Some(0) {
             return Err(JobSpecError::Invalid { field: "time".into(), reason: "must be greater than zero".into() });
         }
@@ -140,8 +180,9 @@ impl JobSpec {
     }
 }
 
-/// Lifecycle of a job. `Pending` and `Running` are live; the rest are terminal except
-/// `Preempted`, which is requeued as `Pending` by the scheduler.
+/// Lifecycle of a job. `Pending` and `Running` are live; the rest are terminal. A preempted job
+/// goes straight back to `Pending` (requeued); it ends in `Preempted` only when it opted out of
+/// requeueing (`SchedOptions::no_requeue`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum JobState {
     Pending,
@@ -177,7 +218,7 @@ impl JobState {
     }
 
     pub fn is_terminal(self) -> bool {
-        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Preempted)
     }
 }
 
@@ -189,11 +230,70 @@ impl fmt::Display for JobState {
 
 /// Where a running job was placed. `epoch` is unique per placement: worker reports carry it and
 /// the state machine ignores reports of an older placement.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// `node`/`gpus` is the first (or only) part; a gang across nodes has its other parts in
+/// `more_nodes`, each node running its part with the same epoch.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
     pub node: String,
     pub gpus: Vec<u32>,
     pub epoch: u64,
+    /// The other nodes of a gang job (empty for a single-node job).
+    #[serde(default)]
+    pub more_nodes: Vec<NodeGpus>,
+    /// For a fractional job: the slice of `gpus[0]` it got.
+    #[serde(default)]
+    pub slice: Option<SliceAssignment>,
+}
+
+impl Allocation {
+    /// Every (node, gpus) part, the first part first.
+    pub fn parts(&self) -> impl Iterator<Item = (&str, &[u32])> + '_ {
+        std::iter::once((self.node.as_str(), self.gpus.as_slice()))
+            .chain(self.more_nodes.iter().map(|p| (p.node.as_str(), p.gpus.as_slice())))
+    }
+
+    /// The GPUs this allocation holds on `node`, if it has a part there.
+    pub fn gpus_on(&self, node: &str) -> Option<&[u32]> {
+        self.parts().find(|(n, _)| *n == node).map(|(_, g)| g)
+    }
+}
+
+/// Whole GPUs of one node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NodeGpus {
+    pub node: String,
+    pub gpus: Vec<u32>,
+}
+
+/// The concrete share of one GPU a fractional job was given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SliceAssignment {
+    /// A MIG GPU instance of `profile` at memory-slice position `start` (0..8), covering
+    /// `memory_slices` eighths of the memory and `compute_slices` sevenths of the SMs.
+    Mig { profile: String, start: u32, memory_slices: u32, compute_slices: u32 },
+    /// An MPS client limited to `thread_percent` of the SMs and `memory_mib` of device memory
+    /// (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT).
+    Mps { thread_percent: u32, memory_mib: u64 },
+}
+
+impl fmt::Display for SliceAssignment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SliceAssignment::Mig { profile, start, .. } => write!(f, "mig:{profile}@{start}"),
+            SliceAssignment::Mps { thread_percent, memory_mib } => write!(f, "mps:{thread_percent}:{memory_mib}MiB"),
+        }
+    }
+}
+
+/// A running job was asked to make room for `by`: the worker sends the job's checkpoint signal
+/// (if it asked for one) and SIGTERM at once, and SIGKILL `grace_secs` after `at`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreemptionNotice {
+    pub by: JobId,
+    pub at: Timestamp,
+    pub grace_secs: u32,
+    pub checkpoint_signal: Option<i32>,
 }
 
 /// What a worker reports when a job's process tree is gone.
@@ -231,6 +331,9 @@ pub struct Job {
     /// How many times the job was placed.
     pub attempts: u32,
     pub worker_run_time_ms: Option<u64>,
+    /// Set while a running job is being preempted (until the worker reports its exit).
+    #[serde(default)]
+    pub preemption: Option<PreemptionNotice>,
 }
 
 #[cfg(test)]
@@ -250,6 +353,7 @@ mod tests {
             image: None,
             command: vec!["true".into()],
             env: BTreeMap::new(),
+            sched: SchedOptions::default(),
         }
     }
 
@@ -268,6 +372,24 @@ mod tests {
         let mut s = spec();
         s.gpus = 5000;
         assert!(matches!(s.validate(), Err(JobSpecError::TooManyGpus { .. })));
+        let mut s = spec();
+        s.gpus = 16;
+        s.sched.gpus_per_node = Some(8);
+        assert_eq!(s.validate(), Ok(()));
+        s.sched.gpus_per_node = Some(3);
+        assert!(matches!(s.validate(), Err(JobSpecError::Invalid { .. })));
+        let mut s = spec();
+        s.sched.checkpoint_signal = Some(9);
+        assert!(matches!(s.validate(), Err(JobSpecError::Invalid { .. })));
+    }
+
+    #[test]
+    fn old_encodings_without_new_fields_still_decode() {
+        let json = r#"{"node":"n1","gpus":[0,1],"epoch":3}"#;
+        let a: Allocation = serde_json::from_str(json).unwrap();
+        assert!(a.more_nodes.is_empty() && a.slice.is_none());
+        assert_eq!(a.gpus_on("n1"), Some(&[0, 1][..]));
+        assert_eq!(a.gpus_on("n2"), None);
     }
 
     #[test]
@@ -299,6 +421,7 @@ mod tests {
             assert_eq!(JobState::parse(s.as_str()), Some(s));
         }
         assert!(JobState::Failed.is_terminal());
-        assert!(!JobState::Preempted.is_terminal());
+        assert!(JobState::Preempted.is_terminal(), "a job that opted out of requeueing ends preempted");
+        assert!(!JobState::Pending.is_terminal());
     }
 }

@@ -7,7 +7,10 @@ mod node;
 mod parse;
 mod timestamp;
 
-pub use job::{Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobSpecError, JobState, MAX_GPUS_PER_JOB};
+pub use job::{
+    Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobSpecError, JobState, NodeGpus, PreemptionNotice,
+    SchedOptions, SliceAssignment, MAX_GPUS_PER_JOB,
+};
 pub use node::{GpuDevice, GpuHealth, NodeSpec, NodeState, NodeStatus};
 pub use parse::{format_duration, format_size, parse_duration, parse_size, ParseError};
 pub use timestamp::Timestamp;

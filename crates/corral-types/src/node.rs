@@ -4,12 +4,37 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// One GPU as the worker discovered it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// The topology fields are optional (older workers and the persisted format before them leave
+/// them unset); the scheduler then treats every GPU of a node as equally close.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuDevice {
     pub index: u32,
     pub uuid: String,
     pub model: String,
     pub memory_mib: u64,
+    /// NUMA node the GPU is attached to (sysfs `numa_node`), if known.
+    #[serde(default)]
+    pub numa_node: Option<u32>,
+    /// Id of the PCIe switch (or root port) above the GPU, e.g. its bus id `0000:3a:00.0`.
+    /// GPUs with the same id talk peer-to-peer without crossing the CPU.
+    #[serde(default)]
+    pub pci_switch: Option<String>,
+    /// RDMA NIC under the same PCIe switch (e.g. `mlx5_0`), for GPUDirect RDMA jobs.
+    #[serde(default)]
+    pub rdma_nic: Option<String>,
+    /// The card supports MIG (A100, H100, H200, RTX PRO 6000 Blackwell...).
+    #[serde(default)]
+    pub mig_capable: bool,
+}
+
+impl GpuDevice {
+    /// Whether MIG slices may be placed on this GPU: reported by the worker, or known from the
+    /// model name for workers that do not report it.
+    pub fn supports_mig(&self) -> bool {
+        const MIG_MODELS: [&str; 9] = ["A100", "A30", "H100", "H200", "H800", "H20", "B200", "B100", "RTX PRO 6000"];
+        self.mig_capable || MIG_MODELS.iter().any(|m| self.model.contains(m))
+    }
 }
 
 /// What a worker registers: its identity, address and capacity.

@@ -157,6 +157,8 @@ struct LocalJob {
     handle: Option<JobHandle>,
     /// The process tree is gone; the exit report may still be in flight.
     exited: bool,
+    /// A stop order is being carried out (signals sent, SIGKILL scheduled).
+    stopping: bool,
 }
 
 /// State shared by the daemon loop, job tasks and the agent service.
@@ -404,7 +406,7 @@ impl Worker {
             .jobs()
             .iter()
             .filter(|(_, j)| !j.exited)
-            .map(|(id, j)| pb::RunningJob { job_id: *id, epoch: j.epoch })
+            .map(|(id, j)| pb::RunningJob { job_id: *id, epoch: j.epoch, ..Default::default() })
             .collect();
         if shared.hygiene.recheck_due() {
             shared.hygiene.recheck(&readings);
@@ -449,7 +451,8 @@ impl Worker {
             return Ok(());
         }
         for kill in reply.kill {
-            self.stop_job(kill.job_id, kill.epoch);
+            let grace = (kill.grace_secs > 0).then(|| Duration::from_secs(u64::from(kill.grace_secs)));
+            self.stop_job(kill.job_id, kill.epoch, grace, kill.checkpoint_signal);
         }
         for job in reply.assignments {
             match Job::try_from(job) {
@@ -461,24 +464,44 @@ impl Worker {
     }
 
     /// Stops one job: SIGTERM to its tree, SIGKILL after the grace period.
-    fn stop_job(&self, job_id: u64, epoch: u64) {
+    /// Stops one job: the checkpoint signal first if any (SIGTERM then follows half-way through
+    /// the grace period), else SIGTERM at once; SIGKILL to the whole tree when the grace period
+    /// (the worker's `kill-grace` unless the order names one) is over.
+    fn stop_job(&self, job_id: u64, epoch: u64, grace: Option<Duration>, checkpoint_signal: Option<i32>) {
         let handle = {
             let jobs = self.shared.jobs();
             match jobs.get(&job_id) {
-                Some(j) if j.epoch == epoch && !j.exited => j.handle.clone(),
+                Some(j) if j.epoch == epoch && !j.exited && !j.stopping => j.handle.clone(),
                 _ => None,
             }
         };
         let Some(handle) = handle else { return };
-        tracing::info!(job_id, epoch, "stopping job");
-        if let Err(e) = handle.signal_tree(Signal::SIGTERM) {
-            tracing::warn!(job_id, error = %e, "SIGTERM failed");
+        if let Some(j) = self.shared.jobs().get_mut(&job_id) {
+            j.stopping = true;
         }
-        let grace = self.shared.config.kill_grace;
+        let grace = grace.unwrap_or(self.shared.config.kill_grace);
+        let checkpoint = checkpoint_signal.and_then(|s| Signal::try_from(s).ok());
+        tracing::info!(job_id, epoch, grace_secs = grace.as_secs(), checkpoint = ?checkpoint, "stopping job");
+        let first = checkpoint.unwrap_or(Signal::SIGTERM);
+        if let Err(e) = handle.signal_tree(first) {
+            tracing::warn!(job_id, error = %e, "signal failed");
+        }
         let shared = self.shared.clone();
         tokio::spawn(async move {
-            tokio::time::sleep(grace).await;
-            if shared.jobs().get(&job_id).is_some_and(|j| j.epoch == epoch && !j.exited) {
+            let running =
+                |shared: &WorkerShared| shared.jobs().get(&job_id).is_some_and(|j| j.epoch == epoch && !j.exited);
+            if checkpoint.is_some() {
+                tokio::time::sleep(grace / 2).await;
+                if running(&shared) {
+                    if let Err(e) = handle.signal_tree(Signal::SIGTERM) {
+                        tracing::warn!(job_id, error = %e, "SIGTERM failed");
+                    }
+                }
+                tokio::time::sleep(grace - grace / 2).await;
+            } else {
+                tokio::time::sleep(grace).await;
+            }
+            if running(&shared) {
                 if let Err(e) = handle.kill_tree() {
                     tracing::warn!(job_id, error = %e, "kill failed");
                 }
@@ -504,6 +527,10 @@ impl Worker {
 
     fn maybe_launch(&self, job: Job) {
         let Some(allocation) = job.allocation.clone() else { return };
+        // A gang job across nodes runs one part here, on this node's GPUs.
+        let Some(local_gpus) = allocation.gpus_on(&self.shared.config.node_name).map(<[u32]>::to_vec) else {
+            return;
+        };
         {
             let mut launched = self.shared.launched.lock().unwrap_or_else(|p| p.into_inner());
             if self.shared.jobs().contains_key(&job.id) || !launched.insert(allocation.epoch) {
@@ -512,24 +539,31 @@ impl Worker {
         }
         let (job_id, epoch) = (job.id, allocation.epoch);
         let time_limit = job.spec.time_limit_secs.map(Duration::from_secs);
-        let mig_uuid = match self.pick_mig_instance(&job, &allocation.gpus) {
+        let mig_uuid = match self.pick_mig_instance(&job, &local_gpus) {
             Ok(uuid) => uuid,
             Err(e) => return self.launch_failed(job_id, epoch, e),
         };
         let launched = self
-            .launch_spec(&job, epoch, &allocation.gpus, mig_uuid.as_deref())
+            .launch_spec(&job, epoch, &local_gpus, mig_uuid.as_deref())
             .and_then(|spec| self.shared.executor.launch(&spec).map_err(|e| e.to_string()));
         let mut running = match launched {
             Ok(running) => running,
             Err(e) => return self.launch_failed(job_id, epoch, e),
         };
         let shared = self.shared.clone();
-        tracing::info!(job_id, epoch, pid = running.pid(), gpus = ?allocation.gpus, image = ?job.spec.image, "job started");
+        tracing::info!(job_id, epoch, pid = running.pid(), gpus = ?local_gpus, image = ?job.spec.image, "job started");
         let handle = running.handle();
-        let gpus = allocation.gpus.clone();
+        let gpus = local_gpus.clone();
         shared.jobs().insert(
             job_id,
-            LocalJob { epoch, gpus: gpus.clone(), mig_uuid, handle: Some(handle.clone()), exited: false },
+            LocalJob {
+                epoch,
+                gpus: gpus.clone(),
+                mig_uuid,
+                handle: Some(handle.clone()),
+                exited: false,
+                stopping: false,
+            },
         );
         tokio::spawn(async move {
             report_started(&shared, job_id, epoch).await;
@@ -579,7 +613,10 @@ impl Worker {
         tracing::warn!(job_id, epoch, error = %error, "launch failed");
         let report = JobExitReport { launch_error: Some(error), ..Default::default() };
         let shared = self.shared.clone();
-        shared.jobs().insert(job_id, LocalJob { epoch, gpus: Vec::new(), mig_uuid: None, handle: None, exited: true });
+        shared.jobs().insert(
+            job_id,
+            LocalJob { epoch, gpus: Vec::new(), mig_uuid: None, handle: None, exited: true, stopping: false },
+        );
         tokio::spawn(async move { report_finished(&shared, job_id, epoch, report).await });
     }
 

@@ -24,6 +24,7 @@ fn spec(name: &str) -> JobSpec {
         image: None,
         command: vec!["true".into()],
         env: BTreeMap::new(),
+        sched: Default::default(),
     }
 }
 

@@ -153,7 +153,7 @@ fn device_info(index: u32, device: &Device<'_>) -> Result<DeviceInfo, GpuError> 
         .as_deref()
         .and_then(|id| parse_numa_node(&std::fs::read_to_string(format!("/sys/bus/pci/devices/{id}/numa_node")).ok()?));
     Ok(DeviceInfo {
-        device: GpuDevice { index, uuid, model, memory_mib },
+        device: GpuDevice { index, uuid, model, memory_mib, numa_node, ..Default::default() },
         pci_bus_id,
         numa_node,
         minor: device.minor_number().ok(),

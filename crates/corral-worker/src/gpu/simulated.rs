@@ -132,6 +132,7 @@ impl SimulatedGpus {
                 uuid: simulated_uuid(host, index),
                 model: spec.model.clone(),
                 memory_mib: spec.memory_mib,
+                ..Default::default()
             })
             .collect();
         SimulatedGpus { devices, faults_file: None, state: Mutex::new(FaultState::default()) }

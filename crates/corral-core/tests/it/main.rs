@@ -1,0 +1,3 @@
+//! Integration tests of corral-core through its public API only.
+
+mod no_overcommit;

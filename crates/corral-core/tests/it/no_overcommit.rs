@@ -1,0 +1,358 @@
+//! Property: whatever sequence of submits, scheduling passes, exits, preemptions, node losses and
+//! deliberately wrong proposals goes through apply(), no GPU, MIG or MPS slice, node CPU/memory or
+//! quota is ever over-committed, the derived indexes match a rebuild, and passes are deterministic.
+
+use corral_core::{
+    job_milli_gpus, schedule, ClusterConfig, Command, Placement, Preemption, Request, State, TenantPolicy,
+};
+use corral_types::{
+    GpuDevice, GpuSlice, JobExitReport, JobId, JobSpec, JobState, NodeGpus, NodeSpec, NodeState, SchedOptions,
+    SliceAssignment, Timestamp,
+};
+use proptest::prelude::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+const TENANTS: [&str; 3] = ["default", "team-a", "team-b"];
+const CLASSES: [&str; 3] = ["preemptible", "normal", "gpu-high-priority"];
+
+#[derive(Debug, Clone)]
+enum Op {
+    Submit { tenant: usize, class: usize, shape: usize, time_limit: Option<u64>, no_requeue: bool },
+    Schedule,
+    Finish { pick: usize, code: i32 },
+    ExitPreempted { pick: usize },
+    Cancel { pick: usize },
+    NodeDown { node: usize },
+    Register { node: usize },
+    Advance { secs: u64 },
+    RawPlace { pick: usize, node: usize, gpus: u8, slice: Option<(u32, u32)> },
+    RawPreempt { victim: usize, by: usize, grace: u32 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..3usize, 0..3usize, 0..12usize, proptest::option::of(60..7200u64), proptest::bool::weighted(0.2))
+            .prop_map(|(tenant, class, shape, time_limit, no_requeue)| Op::Submit { tenant, class, shape, time_limit, no_requeue }),
+        4 => Just(Op::Schedule),
+        3 => (any::<usize>(), -1..2i32).prop_map(|(pick, code)| Op::Finish { pick, code }),
+        2 => any::<usize>().prop_map(|pick| Op::ExitPreempted { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
+        1 => (0..3usize).prop_map(|node| Op::NodeDown { node }),
+        1 => (0..3usize).prop_map(|node| Op::Register { node }),
+        2 => (1..3600u64).prop_map(|secs| Op::Advance { secs }),
+        3 => (any::<usize>(), 0..3usize, any::<u8>(), proptest::option::of((0..8u32, 1..101u32)))
+            .prop_map(|(pick, node, gpus, slice)| Op::RawPlace { pick, node, gpus, slice }),
+        1 => (any::<usize>(), any::<usize>(), 0..60u32).prop_map(|(victim, by, grace)| Op::RawPreempt { victim, by, grace }),
+    ]
+}
+
+fn node_spec(i: usize) -> NodeSpec {
+    // a: 4 RTX 5090 (MPS), b: 4 H100 with topology (MIG), c: 2 RTX 5090.
+    let (name, count, model, mem, mig) =
+        [("a", 4, "RTX 5090", 32768, false), ("b", 4, "H100", 81559, true), ("c", 2, "RTX 5090", 32768, false)][i];
+    NodeSpec {
+        name: name.into(),
+        address: "127.0.0.1:1".into(),
+        gpus: (0..count)
+            .map(|g| GpuDevice {
+                index: g,
+                uuid: format!("GPU-{name}-{g}"),
+                model: model.into(),
+                memory_mib: mem,
+                numa_node: Some(g / 2),
+                pci_switch: Some(format!("{name}-{}", g / 2)),
+                rdma_nic: g.is_multiple_of(2).then(|| "mlx5_0".to_string()),
+                mig_capable: mig,
+            })
+            .collect(),
+        cpu_millis: 8_000,
+        memory_bytes: 32 << 30,
+        labels: vec![],
+    }
+}
+
+fn spec(tenant: usize, class: usize, shape: usize, time_limit: Option<u64>, no_requeue: bool) -> JobSpec {
+    let (gpus, slice, per_node) = match shape {
+        0 => (0, None, None),
+        1 | 2 => (1, None, None),
+        3 => (2, None, None),
+        4 => (4, None, None),
+        5 => (4, None, Some(2)),
+        6 => (0, Some("mig:1g.10gb"), None),
+        7 => (0, Some("mig:3g.40gb"), None),
+        8 => (0, Some("mig:7g.80gb"), None),
+        9 => (0, Some("mps:30"), None),
+        10 => (0, Some("mps:50:20GiB"), None),
+        _ => (0, Some("mps:25:4GiB"), None),
+    };
+    JobSpec {
+        name: "p".into(),
+        tenant: TENANTS[tenant].into(),
+        priority_class: CLASSES[class].into(),
+        gpus,
+        gpu_slice: slice.map(|s| GpuSlice::parse(s).unwrap()),
+        cpu_millis: 1000 + 500 * (shape as u32 % 3),
+        memory_bytes: (1 + shape as u64 % 4) << 30,
+        time_limit_secs: time_limit,
+        image: None,
+        command: vec!["true".into()],
+        env: BTreeMap::new(),
+        sched: SchedOptions { gpus_per_node: per_node, rdma: shape == 3, no_requeue, checkpoint_signal: None },
+    }
+}
+
+fn config() -> ClusterConfig {
+    let mut c = ClusterConfig::dev_defaults();
+    c.tenant_policies.get_mut("team-a").unwrap().class_quotas.insert("gpu-high-priority".into(), 2000);
+    c.tenant_policies.get_mut("team-b").unwrap().borrowing_limit_milli_gpus = Some(2000);
+    c.tenant_policies
+        .insert("default".into(), TenantPolicy { quota_milli_gpus: Some(6000), ..TenantPolicy::default() });
+    c.scheduler.backfill_reservations = 2;
+    c.scheduler.max_preemptors_per_pass = 4;
+    c.scheduler.usage_half_life_secs = 3600;
+    c
+}
+
+struct Sim {
+    state: State,
+    secs: u64,
+    seq: u64,
+    submitted: u64,
+}
+
+impl Sim {
+    fn apply(&mut self, command: Command) {
+        self.seq += 1;
+        let ts = Timestamp::compose(self.secs * 1000, self.seq);
+        // Refusals are fine (that is the point of the wrong proposals); panics are not.
+        let _ = self.state.apply(&Request { ts, command });
+    }
+
+    fn pick(&self, state: JobState, pick: usize, filter: impl Fn(&corral_types::Job) -> bool) -> Option<JobId> {
+        let ids: Vec<JobId> =
+            self.state.jobs.values().filter(|j| j.state == state && filter(j)).map(|j| j.id).collect();
+        (!ids.is_empty()).then(|| ids[pick % ids.len()])
+    }
+
+    fn step(&mut self, op: &Op) {
+        match op {
+            Op::Submit { tenant, class, shape, time_limit, no_requeue } => {
+                self.submitted += 1;
+                let spec = spec(*tenant, *class, *shape, *time_limit, *no_requeue);
+                self.apply(Command::SubmitJob { request_id: format!("r{}", self.submitted), spec });
+            }
+            Op::Schedule => {
+                let now = Timestamp::compose(self.secs * 1000, self.seq);
+                let unusable = BTreeSet::from([("c".to_string(), 1)]);
+                let pass = schedule(&self.state, now, &unusable);
+                assert_eq!(pass, schedule(&self.state, now, &unusable), "a pass is deterministic");
+                let pending: BTreeSet<JobId> = self.state.pending_jobs().map(|j| j.id).collect();
+                let decided: BTreeSet<JobId> =
+                    pass.placements.iter().map(|p| p.job_id).chain(pass.pending.iter().map(|p| p.job_id)).collect();
+                assert_eq!(decided, pending, "every pending job is placed or has a reason");
+                if let Some(command) = pass.command() {
+                    self.apply(command);
+                }
+                let placed: Vec<(JobId, u64)> = self
+                    .state
+                    .running_jobs()
+                    .filter(|j| j.started_at.is_none())
+                    .map(|j| (j.id, j.allocation.as_ref().unwrap().epoch))
+                    .collect();
+                for (job_id, epoch) in placed {
+                    self.apply(Command::JobStarted { job_id, epoch });
+                }
+            }
+            Op::Finish { pick, code } => {
+                if let Some(id) = self.pick(JobState::Running, *pick, |_| true) {
+                    let epoch = self.state.jobs[&id].allocation.as_ref().unwrap().epoch;
+                    self.apply(Command::JobStarted { job_id: id, epoch });
+                    let report = JobExitReport { exit_code: Some(*code), ..Default::default() };
+                    self.apply(Command::JobFinished { job_id: id, epoch, report });
+                }
+            }
+            Op::ExitPreempted { pick } => {
+                if let Some(id) = self.pick(JobState::Running, *pick, |j| j.preemption.is_some()) {
+                    let epoch = self.state.jobs[&id].allocation.as_ref().unwrap().epoch;
+                    let report = JobExitReport { signal: Some(15), ..Default::default() };
+                    self.apply(Command::JobFinished { job_id: id, epoch, report });
+                }
+            }
+            Op::Cancel { pick } => {
+                if let Some(id) = self.pick(JobState::Running, *pick, |_| true) {
+                    self.apply(Command::CancelJob { job_id: id, reason: String::new() });
+                }
+            }
+            Op::NodeDown { node } => {
+                let name = node_spec(*node).name;
+                self.apply(Command::SetNodeState { node: name, state: NodeState::Down, reason: String::new() });
+            }
+            Op::Register { node } => self.apply(Command::RegisterNode { spec: node_spec(*node) }),
+            Op::Advance { secs } => self.secs += secs,
+            Op::RawPlace { pick, node, gpus, slice } => {
+                let Some(id) = self.pick(JobState::Pending, *pick, |_| true) else { return };
+                let spec = node_spec(*node);
+                let indices: Vec<u32> = (0..8).filter(|b| gpus & (1 << b) != 0).collect();
+                let slice = slice.map(|(a, b)| {
+                    if a < 4 {
+                        SliceAssignment::Mig {
+                            profile: ["1g.10gb", "3g.40gb", "7g.80gb", "2g.20gb"][a as usize].into(),
+                            start: b % 8,
+                            memory_slices: [1, 4, 8, 2][a as usize],
+                            compute_slices: [1, 3, 7, 2][a as usize],
+                        }
+                    } else {
+                        SliceAssignment::Mps { thread_percent: b, memory_mib: u64::from(b) * 300 }
+                    }
+                });
+                // Sometimes a gang-shaped proposal over two nodes.
+                let more_nodes = if gpus & 0x80 != 0 {
+                    vec![NodeGpus { node: node_spec((node + 1) % 3).name, gpus: indices.clone() }]
+                } else {
+                    vec![]
+                };
+                let placement = Placement { job_id: id, node: spec.name, gpus: indices, more_nodes, slice };
+                self.apply(Command::Schedule { placements: vec![placement], preemptions: vec![] });
+            }
+            Op::RawPreempt { victim, by, grace } => {
+                let (Some(v), Some(b)) =
+                    (self.pick(JobState::Running, *victim, |_| true), self.pick(JobState::Pending, *by, |_| true))
+                else {
+                    return;
+                };
+                let preemptions = vec![Preemption { job_id: v, by: b, grace_secs: *grace }];
+                self.apply(Command::Schedule { placements: vec![], preemptions });
+            }
+        }
+    }
+}
+
+/// Checks every capacity and quota invariant from the public state alone.
+fn check_invariants(state: &State) {
+    let config = &state.config;
+    let mut holders: BTreeMap<(String, u32), Vec<JobId>> = BTreeMap::new();
+    let mut node_use: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut tenant_use: BTreeMap<String, u64> = BTreeMap::new();
+    let mut class_use: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for job in state.jobs.values().filter(|j| j.state == JobState::Running) {
+        let alloc = job.allocation.as_ref().expect("a running job has an allocation");
+        let parts: Vec<(&str, &[u32])> = alloc.parts().collect();
+        let (nodes, per_node) = match job.spec.sched.gpus_per_node {
+            Some(g) => (job.spec.gpus / g, g as usize),
+            None if job.spec.gpu_slice.is_some() => (1, 1),
+            None => (1, job.spec.gpus as usize),
+        };
+        assert_eq!(parts.len(), nodes as usize, "job {} has the wrong number of nodes", job.id);
+        let distinct: BTreeSet<&str> = parts.iter().map(|(n, _)| *n).collect();
+        assert_eq!(distinct.len(), parts.len(), "job {} uses a node twice", job.id);
+        for (node, gpus) in &parts {
+            let status = &state.nodes[*node];
+            assert_eq!(status.state, NodeState::Up, "job {} runs on down node {node}", job.id);
+            assert_eq!(gpus.len(), per_node, "job {} has the wrong number of gpus on {node}", job.id);
+            for g in *gpus {
+                assert!(status.spec.gpus.iter().any(|d| d.index == *g), "job {} on unknown gpu {node}:{g}", job.id);
+                holders.entry((node.to_string(), *g)).or_default().push(job.id);
+            }
+            let e = node_use.entry(node.to_string()).or_default();
+            e.0 += u64::from(job.spec.cpu_millis);
+            e.1 += job.spec.memory_bytes;
+        }
+        match (&job.spec.gpu_slice, &alloc.slice) {
+            (None, None) => {}
+            (Some(GpuSlice::Mig { profile, .. }), Some(SliceAssignment::Mig { profile: p, .. })) => {
+                assert_eq!(profile, p)
+            }
+            (Some(GpuSlice::Mps { thread_percent, .. }), Some(SliceAssignment::Mps { thread_percent: t, .. })) => {
+                assert_eq!(thread_percent, t)
+            }
+            other => panic!("job {} has a slice that does not match its spec: {other:?}", job.id),
+        }
+        let milli = job_milli_gpus(&job.spec);
+        *tenant_use.entry(job.spec.tenant.clone()).or_default() += milli;
+        *class_use.entry((job.spec.tenant.clone(), job.spec.priority_class.clone())).or_default() += milli;
+    }
+    for ((node, gpu), jobs) in &holders {
+        let device = state.nodes[node].spec.gpus.iter().find(|d| d.index == *gpu).unwrap();
+        let slices: Vec<&SliceAssignment> =
+            jobs.iter().filter_map(|j| state.jobs[j].allocation.as_ref().unwrap().slice.as_ref()).collect();
+        if slices.len() != jobs.len() {
+            assert_eq!(jobs.len(), 1, "gpu {node}:{gpu} held whole by one job and shared: {jobs:?}");
+            continue;
+        }
+        let (mut mask, mut compute, mut threads, mut memory, mut kinds) = (0u16, 0, 0, 0, BTreeSet::new());
+        for s in slices {
+            match s {
+                SliceAssignment::Mig { start, memory_slices, compute_slices, .. } => {
+                    kinds.insert("mig");
+                    assert!(device.supports_mig(), "mig slice on {node}:{gpu}");
+                    let width = (*memory_slices).max(*compute_slices);
+                    assert!(start + width <= 8 && start % memory_slices == 0, "bad mig position on {node}:{gpu}");
+                    let bits = ((1u16 << width) - 1) << start;
+                    assert_eq!(mask & bits, 0, "overlapping mig instances on {node}:{gpu}");
+                    mask |= bits;
+                    compute += compute_slices;
+                }
+                SliceAssignment::Mps { thread_percent, memory_mib } => {
+                    kinds.insert("mps");
+                    threads += thread_percent;
+                    memory += memory_mib;
+                }
+            }
+        }
+        assert!(kinds.len() <= 1, "mig and mps on one gpu {node}:{gpu}");
+        assert!(compute <= 7, "mig compute over-committed on {node}:{gpu}");
+        assert!(threads <= 100, "mps threads over-committed on {node}:{gpu}: {threads}");
+        assert!(memory <= device.memory_mib, "mps memory over-committed on {node}:{gpu}");
+    }
+    for (node, (cpu, mem)) in &node_use {
+        let spec = &state.nodes[node].spec;
+        assert!(*cpu <= spec.cpu_millis && *mem <= spec.memory_bytes, "node {node} cpu/memory over-committed");
+    }
+    let mut cohorts: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for (tenant, policy) in &config.tenant_policies {
+        let used = tenant_use.get(tenant).copied().unwrap_or(0);
+        if let Some(quota) = policy.quota_milli_gpus {
+            let limit = match (&policy.cohort, policy.borrowing_limit_milli_gpus) {
+                (None, _) => quota,
+                (Some(_), Some(borrow)) => quota + borrow,
+                (Some(_), None) => u64::MAX,
+            };
+            assert!(used <= limit, "tenant {tenant} uses {used} over its limit {limit}");
+            if let Some(c) = &policy.cohort {
+                let e = cohorts.entry(c).or_default();
+                e.0 += used;
+                e.1 += quota;
+            }
+        }
+        for (class, cap) in &policy.class_quotas {
+            let used = class_use.get(&(tenant.clone(), class.clone())).copied().unwrap_or(0);
+            assert!(used <= *cap, "tenant {tenant} class {class} uses {used} over its cap {cap}");
+        }
+    }
+    for (cohort, (used, quota)) in cohorts {
+        assert!(used <= quota, "cohort {cohort} uses {used} over its quota {quota}");
+    }
+    let mut rebuilt = state.clone();
+    rebuilt.rebuild_indexes();
+    assert_eq!(&rebuilt, state, "derived indexes drifted from the jobs");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn nothing_is_ever_over_committed(ops in proptest::collection::vec(op(), 1..60)) {
+        let mut sim = Sim { state: State::default(), secs: 1, seq: 0, submitted: 0 };
+        sim.apply(Command::Configure(config()));
+        for i in 0..3 {
+            sim.apply(Command::RegisterNode { spec: node_spec(i) });
+        }
+        let mut twin = Sim { state: sim.state.clone(), secs: sim.secs, seq: sim.seq, submitted: 0 };
+        for op in &ops {
+            sim.step(op);
+            twin.step(op);
+            check_invariants(&sim.state);
+        }
+        prop_assert_eq!(&sim.state, &twin.state, "replicas applying the same commands agree");
+    }
+}
