@@ -63,12 +63,56 @@ pub enum Command {
     Logs(LogsArgs),
     /// List worker nodes and their GPUs.
     Nodes,
+    /// Billing: what each tenant's GPU use cost.
+    #[command(subcommand)]
+    Billing(BillingCommand),
+    /// Accounting history (like Slurm's sacct): job, tenant, GPUs, start, end, elapsed, state, cost.
+    History(HistoryArgs),
     /// Print a cluster-wide timestamp from the leader's timestamp oracle (TSO).
     Ts {
         /// Take a contiguous range of this many and print the first.
         #[arg(long, default_value_t = 1)]
         count: u32,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BillingCommand {
+    /// Cost and GPU-hours per tenant and priority class, from the ledger's segments.
+    Report(BillingArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    Table,
+    Csv,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct BillingArgs {
+    /// Only this tenant.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Only use that ended after this: a date (2026-12-01, 2026-12-01T08:00:00Z) or an age (24h, 7d).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only use that started before this (same forms as --since).
+    #[arg(long)]
+    pub until: Option<String>,
+    /// Report format (--output json also selects json).
+    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+    pub format: ReportFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// Only this tenant.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Only jobs submitted after this: a date or an age (see `billing report --since`).
+    #[arg(long)]
+    pub since: Option<String>,
 }
 
 #[derive(Debug, Args)]

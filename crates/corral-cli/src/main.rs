@@ -1,6 +1,7 @@
 //! The `corral` binary: parses arguments, installs tracing, and calls the libraries.
 
 mod args;
+mod billing;
 mod cluster_cmd;
 mod commands;
 mod coordinator_cmd;
@@ -77,5 +78,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Logs(args) => commands::logs(&global, args).await,
         Command::Nodes => commands::nodes(&global).await,
         Command::Ts { count } => commands::ts(&global, count).await,
+        Command::Billing(args::BillingCommand::Report(args)) => billing::report(&global, args).await,
+        Command::History(args) => billing::history(&global, args).await,
     }
 }

@@ -286,6 +286,28 @@ impl Client {
         Ok(corral_types::Timestamp(reply.into_inner().first))
     }
 
+    /// Billing segments, filtered by tenant, job and TSO time range.
+    pub async fn segments(
+        &self,
+        tenant: Option<String>,
+        job_id: Option<u64>,
+        since: Option<corral_types::Timestamp>,
+        until: Option<corral_types::Timestamp>,
+    ) -> Result<Vec<corral_proto::Segment>, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::ListSegmentsRequest {
+                    tenant: tenant.clone(),
+                    since: since.map(|t| t.0),
+                    until: until.map(|t| t.0),
+                    job_id,
+                });
+                async move { Self::corral(ch).list_segments(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner().segments.into_iter().map(corral_proto::segment_from_pb).collect())
+    }
+
     pub async fn get_job(&self, job_id: u64) -> Result<Job, ClientError> {
         let reply = self
             .with_retry(|ch| {

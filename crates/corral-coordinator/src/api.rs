@@ -82,7 +82,12 @@ impl Corral for Api {
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
         self.coord.linearizable().await?;
         let job = self.job(request.into_inner().job_id)?;
-        Ok(Response::new((&job).into()))
+        let mut reply = pb::Job::from(&job);
+        if job.state == corral_types::JobState::Pending && reply.reason.is_none() {
+            let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
+            reply.reason = reasons.get(&job.id).cloned();
+        }
+        Ok(Response::new(reply))
     }
 
     async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
@@ -90,10 +95,19 @@ impl Corral for Api {
         let req = request.into_inner();
         let data = self.coord.inner.node.state.read();
         let tenant_ok = |j: &Job| req.tenant.as_ref().is_none_or(|t| *t == j.spec.tenant);
+        let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // A pending job without a reason of its own shows why the last scheduling pass left it.
+        let with_reason = |j: &Job| {
+            let mut job = pb::Job::from(j);
+            if j.state == corral_types::JobState::Pending && job.reason.is_none() {
+                job.reason = reasons.get(&j.id).cloned();
+            }
+            job
+        };
         let jobs: Vec<pb::Job> = if req.all {
-            data.state.jobs.values().filter(|j| tenant_ok(j)).map(Into::into).collect()
+            data.state.jobs.values().filter(|j| tenant_ok(j)).map(with_reason).collect()
         } else {
-            data.state.live_jobs().filter(|j| tenant_ok(j)).map(Into::into).collect()
+            data.state.live_jobs().filter(|j| tenant_ok(j)).map(with_reason).collect()
         };
         Ok(Response::new(pb::ListJobsResponse { jobs }))
     }
@@ -131,6 +145,26 @@ impl Corral for Api {
         let mut client = WorkerAgentClient::connect(format!("http://{address}")).await.map_err(|e| unreachable(&e))?;
         let upstream = client.read_logs(req).await.map_err(|e| unreachable(&e.message()))?.into_inner();
         Ok(Response::new(Box::pin(upstream)))
+    }
+
+    async fn list_segments(
+        &self,
+        request: Request<pb::ListSegmentsRequest>,
+    ) -> Result<Response<pb::ListSegmentsResponse>, Status> {
+        self.coord.linearizable().await?;
+        let req = request.into_inner();
+        let data = self.coord.inner.node.state.read();
+        let segments = data
+            .state
+            .ledger
+            .values()
+            .filter(|g| req.tenant.as_ref().is_none_or(|t| *t == g.tenant))
+            .filter(|g| req.job_id.is_none_or(|j| j == g.job_id))
+            .filter(|g| req.since.is_none_or(|s| g.end.0 >= s))
+            .filter(|g| req.until.is_none_or(|u| g.start.0 < u))
+            .map(corral_proto::segment_to_pb)
+            .collect();
+        Ok(Response::new(pb::ListSegmentsResponse { segments }))
     }
 
     async fn get_timestamps(

@@ -60,6 +60,8 @@ pub struct Coordinator {
 
 struct Inner {
     node: RaftNode,
+    /// Why each pending job waits, from the leader's last scheduling pass.
+    pending_reasons: std::sync::Mutex<std::collections::BTreeMap<u64, String>>,
     /// Set once by `serve`: batches concurrent submits into one Raft entry.
     submits: std::sync::OnceLock<group_commit::GroupCommit>,
     tso: Tso,
@@ -72,6 +74,7 @@ impl Coordinator {
         Coordinator {
             inner: Arc::new(Inner {
                 node,
+                pending_reasons: std::sync::Mutex::default(),
                 submits: std::sync::OnceLock::new(),
                 tso: Tso::default(),
                 liveness: Liveness::default(),

@@ -55,7 +55,11 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> usize {
         // The pass's clock: the last applied TSO timestamp (a fresh one from the oracle is better).
         schedule(&data.state, data.state.last_ts, &unschedulable)
     };
-    // `pass.pending` holds every waiting job's reason for `corral queue` (keep the last pass's).
+    // Every waiting job's reason, for `corral queue` (the leader's memory; the last pass wins).
+    {
+        let mut reasons = coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
+        *reasons = pass.pending.iter().map(|p| (p.job_id, p.reason.to_string())).collect();
+    }
     let Some(command) = pass.command() else { return 0 };
     match coord.propose(command).await {
         Ok(Outcome::Scheduled(out)) => {

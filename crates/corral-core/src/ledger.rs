@@ -53,7 +53,7 @@ pub fn cost_micros(duration_ms: u64, gpu_milli: u32, price_micros_per_gpu_hour: 
 
 impl State {
     /// Records the segment of the current run of `job_id`, ending at `end` (before the job's
-    /// allocation is cleared). A run that never started costs nothing and records nothing.
+    /// allocation is cleared). A run that never started, or held no GPU, records nothing.
     pub(crate) fn close_segment(&mut self, job_id: JobId, end: Timestamp, end_state: &str) -> Option<u64> {
         let job = self.jobs.get(&job_id)?;
         let allocation = job.allocation.as_ref()?;
@@ -67,7 +67,11 @@ impl State {
             })
             .unwrap_or_default();
         let gpus: u32 = allocation.parts().map(|(_, g)| g.len() as u32).sum();
-        let milli = if gpus == 0 { 0 } else { u32::try_from(job_milli_gpus(&job.spec)).unwrap_or(u32::MAX) };
+        if gpus == 0 {
+            // GPU time is what is billed: a CPU-only run leaves no segment.
+            return None;
+        }
+        let milli = u32::try_from(job_milli_gpus(&job.spec)).unwrap_or(u32::MAX);
         let price = self.config.gpu_price(&gpu_model);
         let multiplier =
             self.config.priority_classes.get(&job.spec.priority_class).map_or(1000, |c| c.billing_multiplier_milli);

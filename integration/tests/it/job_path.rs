@@ -102,11 +102,12 @@ fn job_that_does_not_fit_waits_for_resources() {
     ]);
     pool.wait_for(blocker, "running", |d| d["state"] == "running");
     let waiter = pool.submit(&["--gpus", "1", "--", "true"]);
-    // While the blocker holds both GPUs, the waiter stays pending with a reason.
+    // While the blocker holds both GPUs, the waiter stays pending, and the scheduler says why.
+    let doc = pool.wait_for(waiter, "explained", |d| d["reason"].as_str().is_some_and(|r| r.starts_with("resources")));
+    assert_eq!(doc["reason"], "resources: needs 1 gpu on one node, at most 0 free on any node", "{doc}");
     for _ in 0..10 {
         let doc = pool.show(waiter);
         assert_eq!(doc["state"], "pending", "{doc}");
-        assert_eq!(doc["reason"], "waiting for resources");
         std::thread::sleep(Duration::from_millis(100));
     }
     let queue = pool.json(&["queue"]);
@@ -178,4 +179,23 @@ fn nodes_report_simulated_gpus() {
         assert!(gpu["uuid"].as_str().is_some_and(|u| u.starts_with("GPU-")));
         assert!(gpu["temperature_c"].as_u64().is_some());
     }
+}
+
+#[test]
+fn high_priority_job_preempts_and_the_victim_is_requeued() {
+    let pool = DevPool::start(&["--gpus", "2"]);
+    let victim = pool.submit(&["--priority", "preemptible", "--gpus", "2", "--", "sleep", "1000"]);
+    pool.wait_for(victim, "running", |d| d["state"] == "running" && d["started_ts"].is_u64());
+    let urgent = pool.submit(&["--priority", "gpu-high-priority", "--gpus", "2", "--", "sh", "-c", "echo urgent"]);
+    let doc = pool.wait_for(urgent, "succeeded", |d| d["state"] == "succeeded");
+    assert_eq!(doc["attempts"], 1);
+    assert_eq!(pool.ok(&["logs", &urgent.to_string()]), "urgent\n");
+    // The victim went back to the queue (not failed) and runs again once the GPUs are free.
+    let doc = pool.wait_for(victim, "running again", |d| d["state"] == "running" && d["attempts"] == 2);
+    assert_eq!(doc["priority"], "preemptible");
+    // Its first run was billed as preempted.
+    let history = pool.json(&["billing", "report"]);
+    let rows = history["rows"].as_array().expect("rows");
+    assert!(rows.iter().any(|r| r["priority"] == "preemptible" && r["segments"] == 1), "{history}");
+    pool.ok(&["cancel", &victim.to_string()]);
 }

@@ -2,6 +2,7 @@
 //! through the CLI, as users and operators do.
 
 mod bad_input;
+mod billing;
 mod cluster;
 mod job_path;
 mod tso;

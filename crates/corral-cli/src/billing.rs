@@ -1,0 +1,206 @@
+//! `corral billing report` and `corral history`: the billing ledger for people and scripts.
+
+use crate::args::{BillingArgs, GlobalArgs, HistoryArgs, OutputFormat, ReportFormat};
+use crate::commands::client;
+use crate::output::{self, format_utc};
+use anyhow::bail;
+use corral_types::{format_duration, parse_duration, Timestamp};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Exact decimal rendering of micro-units: 5340000 -> "5.340000".
+pub fn money(micros: u64) -> String {
+    format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000)
+}
+
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Parses `2026-12-01`, `2026-12-01T08:00[:00][Z]` (UTC) or an age such as `24h` (that long ago).
+pub fn parse_time(input: &str) -> anyhow::Result<Timestamp> {
+    let s = input.trim();
+    if let Ok(age) = parse_duration(s) {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.saturating_sub(age);
+        return Ok(Timestamp::compose(now.as_millis() as u64, 0));
+    }
+    let invalid = || {
+        anyhow::anyhow!(
+            "invalid time '{input}': expected a date such as 2026-12-01 or 2026-12-01T08:00:00Z, or an age such as 24h"
+        )
+    };
+    let s = s.trim_end_matches('Z');
+    let (date, time) = s.split_once('T').unwrap_or((s, "00:00:00"));
+    let d: Vec<i64> = date.split('-').map(|p| p.parse().map_err(|_| invalid())).collect::<Result<_, _>>()?;
+    let t: Vec<i64> = time.split(':').map(|p| p.parse().map_err(|_| invalid())).collect::<Result<_, _>>()?;
+    let valid = d.len() == 3 && (1..=12).contains(&d[1]) && (1..=31).contains(&d[2]) && (2..=3).contains(&t.len());
+    if !valid || t[0] > 23 || t[1] > 59 || t.get(2).is_some_and(|s| *s > 59) {
+        return Err(invalid());
+    }
+    let secs = days_from_civil(d[0], d[1], d[2]) * 86_400 + t[0] * 3600 + t[1] * 60 + t.get(2).copied().unwrap_or(0);
+    if secs < 0 {
+        return Err(invalid());
+    }
+    Ok(Timestamp::compose(secs as u64 * 1000, 0))
+}
+
+#[derive(Default)]
+struct Row {
+    segments: u64,
+    gpu_milli_ms: u128,
+    cost_micros: u64,
+}
+
+pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<ExitCode> {
+    let since = args.since.as_deref().map(parse_time).transpose()?;
+    let until = args.until.as_deref().map(parse_time).transpose()?;
+    if let (Some(s), Some(u)) = (since, until) {
+        if s >= u {
+            bail!("--since must be before --until");
+        }
+    }
+    let segments = client(global)?.segments(args.tenant.clone(), None, since, until).await?;
+    let mut rows: BTreeMap<(String, String), Row> = BTreeMap::new();
+    for g in &segments {
+        let row = rows.entry((g.tenant.clone(), g.priority_class.clone())).or_default();
+        row.segments += 1;
+        row.gpu_milli_ms += u128::from(g.duration_ms()) * u128::from(g.gpu_milli);
+        row.cost_micros += g.cost_micros;
+    }
+    let gpu_hours = |r: &Row| r.gpu_milli_ms as f64 / 3_600_000_000.0;
+    let total: u64 = rows.values().map(|r| r.cost_micros).sum();
+    let format = if global.output == OutputFormat::Json { ReportFormat::Json } else { args.format };
+    match format {
+        ReportFormat::Json => {
+            let doc = json!({
+                "rows": rows.iter().map(|((tenant, class), r)| json!({
+                    "tenant": tenant,
+                    "priority": class,
+                    "segments": r.segments,
+                    "gpu_hours": gpu_hours(r),
+                    "cost": money(r.cost_micros),
+                    "cost_micros": r.cost_micros,
+                })).collect::<Vec<_>>(),
+                "total_cost": money(total),
+                "total_cost_micros": total,
+            });
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+        }
+        ReportFormat::Csv => {
+            println!("tenant,priority,segments,gpu_hours,cost");
+            for ((tenant, class), r) in &rows {
+                println!("{tenant},{class},{},{:.6},{}", r.segments, gpu_hours(r), money(r.cost_micros));
+            }
+        }
+        ReportFormat::Table => {
+            let mut table: Vec<Vec<String>> = rows
+                .iter()
+                .map(|((tenant, class), r)| {
+                    vec![
+                        tenant.clone(),
+                        class.clone(),
+                        r.segments.to_string(),
+                        format!("{:.4}", gpu_hours(r)),
+                        money(r.cost_micros),
+                    ]
+                })
+                .collect();
+            table.push(vec!["total".into(), String::new(), String::new(), String::new(), money(total)]);
+            println!("{}", output::table(&["TENANT", "PRIORITY", "RUNS", "GPU-HOURS", "COST"], &table));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn history(global: &GlobalArgs, args: HistoryArgs) -> anyhow::Result<ExitCode> {
+    let since = args.since.as_deref().map(parse_time).transpose()?;
+    let client = client(global)?;
+    let mut jobs = client.list_jobs(true, args.tenant.clone()).await?;
+    if let Some(since) = since {
+        jobs.retain(|j| j.submitted_at >= since);
+    }
+    let segments = client.segments(args.tenant, None, None, None).await?;
+    let mut cost: BTreeMap<u64, u64> = BTreeMap::new();
+    for g in &segments {
+        *cost.entry(g.job_id).or_default() += g.cost_micros;
+    }
+    let gpus = |j: &corral_types::Job| match &j.spec.gpu_slice {
+        Some(s) => s.to_string(),
+        None => j.spec.gpus.to_string(),
+    };
+    if global.output == OutputFormat::Json {
+        let doc: Vec<_> = jobs
+            .iter()
+            .map(|j| {
+                json!({
+                    "id": j.id,
+                    "name": j.spec.name,
+                    "tenant": j.spec.tenant,
+                    "priority": j.spec.priority_class,
+                    "gpus": gpus(j),
+                    "state": j.state.as_str(),
+                    "start": j.started_at.map(format_utc),
+                    "end": j.finished_at.map(format_utc),
+                    "elapsed_secs": output::elapsed(j).map(|d| d.as_secs_f64()),
+                    "cost": money(cost.get(&j.id).copied().unwrap_or(0)),
+                    "cost_micros": cost.get(&j.id).copied().unwrap_or(0),
+                    "attempts": j.attempts,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            vec![
+                j.id.to_string(),
+                j.spec.name.clone(),
+                j.spec.tenant.clone(),
+                gpus(j),
+                j.started_at.map(format_utc).unwrap_or_else(|| "-".into()),
+                j.finished_at.map(format_utc).unwrap_or_else(|| "-".into()),
+                output::elapsed(j).map(format_duration).unwrap_or_else(|| format_duration(Duration::ZERO)),
+                j.state.to_string(),
+                money(cost.get(&j.id).copied().unwrap_or(0)),
+            ]
+        })
+        .collect();
+    println!(
+        "{}",
+        output::table(&["JOB", "NAME", "TENANT", "GPUS", "START", "END", "ELAPSED", "STATE", "COST"], &rows)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn money_is_exact() {
+        assert_eq!(money(5_340_000), "5.340000");
+        assert_eq!(money(7), "0.000007");
+        assert_eq!(money(0), "0.000000");
+    }
+
+    #[test]
+    fn times_parse_as_utc_dates_or_ages() {
+        assert_eq!(parse_time("2026-12-03T12:05:12Z").unwrap().physical_ms(), 1_796_299_512_000);
+        assert_eq!(parse_time("2000-02-29").unwrap().physical_ms(), 951_782_400_000);
+        let ago = parse_time("1h").unwrap().physical_ms();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+        assert!(now - ago >= 3_600_000 && now - ago < 3_660_000);
+        for bad in ["yesterday", "2026-13-01", "2026-12-01T25:00", "2026-12"] {
+            assert!(parse_time(bad).is_err(), "{bad}");
+        }
+    }
+}
