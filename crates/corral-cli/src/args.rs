@@ -188,6 +188,18 @@ pub struct SubmitArgs {
     /// Root filesystem to run the command in (OCI container via runc).
     #[arg(long)]
     pub image: Option<String>,
+    /// Gang across nodes: whole GPUs per node (--gpus must be a multiple); all parts start together.
+    #[arg(long)]
+    pub gpus_per_node: Option<u32>,
+    /// The job uses GPUDirect RDMA: prefer GPUs near an RDMA NIC.
+    #[arg(long)]
+    pub rdma: bool,
+    /// If preempted, end as `preempted` instead of going back to the queue.
+    #[arg(long)]
+    pub no_requeue: bool,
+    /// Signal sent first when the job is preempted, so it can checkpoint (name or number, e.g. USR1).
+    #[arg(long, value_parser = parse_signal)]
+    pub signal: Option<i32>,
     /// Extra environment variable KEY=VALUE (repeatable).
     #[arg(long = "env", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
@@ -236,6 +248,18 @@ fn parse_size(s: &str) -> Result<u64, String> {
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     corral_types::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn parse_signal(s: &str) -> Result<i32, String> {
+    let name = s.trim().trim_start_matches("SIG").to_ascii_uppercase();
+    let known = [("HUP", 1), ("INT", 2), ("QUIT", 3), ("USR1", 10), ("USR2", 12), ("TERM", 15), ("CONT", 18)];
+    if let Some((_, n)) = known.iter().find(|(k, _)| *k == name) {
+        return Ok(*n);
+    }
+    match name.parse::<i32>() {
+        Ok(n) if (1..=64).contains(&n) => Ok(n),
+        _ => Err(format!("invalid signal '{s}': expected a name such as USR1 or a number from 1 to 64")),
+    }
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {

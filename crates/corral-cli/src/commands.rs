@@ -51,7 +51,12 @@ pub async fn submit(global: &GlobalArgs, args: SubmitArgs) -> anyhow::Result<Exi
         image: args.image,
         command: args.command,
         env: args.env.into_iter().collect(),
-        sched: Default::default(),
+        sched: corral_types::SchedOptions {
+            gpus_per_node: args.gpus_per_node,
+            rdma: args.rdma,
+            no_requeue: args.no_requeue,
+            checkpoint_signal: args.signal,
+        },
     };
     spec.validate()?;
     let submitted = client(global)?.submit(&spec).await?;

@@ -15,6 +15,8 @@ fn refused_submits_explain_themselves_and_create_nothing() {
         (&["submit", "--gpu-slice", "half", "--", "true"], "invalid gpu slice 'half'"),
         (&["submit", "--cpus", "-2", "--", "true"], "--cpus"),
         (&["submit", "--bogus", "--", "true"], "unexpected argument '--bogus'"),
+        (&["submit", "--signal", "SIGFOO", "--", "true"], "invalid signal 'SIGFOO'"),
+        (&["submit", "--gpus", "3", "--gpus-per-node", "2", "--", "true"], "gpus"),
         (&["show", "999"], "job 999 not found"),
         (&["cancel", "999"], "job 999 not found"),
         (&["show", "abc"], "invalid value 'abc'"),
