@@ -8,26 +8,12 @@
 use corral_client::{Client, ClientConfig};
 use corral_integration::cluster::{Cluster, ClusterOptions};
 use corral_types::JobSpec;
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn spec() -> JobSpec {
-    JobSpec {
-        name: "bench".into(),
-        tenant: "default".into(),
-        priority_class: String::new(),
-        gpus: 0,
-        gpu_slice: None,
-        cpu_millis: 0,
-        memory_bytes: 0,
-        time_limit_secs: None,
-        image: None,
-        command: vec!["true".into()],
-        env: BTreeMap::new(),
-        sched: Default::default(),
-    }
+    corral_integration::trivial_job("bench")
 }
 
 fn client(endpoints: &str) -> Client {

@@ -12,6 +12,16 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// The smallest valid job (`true`, tenant `default`, no GPUs), for load and failover tests.
+pub fn trivial_job(name: &str) -> corral_types::JobSpec {
+    corral_types::JobSpec {
+        name: name.to_string(),
+        tenant: "default".into(),
+        command: vec!["true".into()],
+        ..Default::default()
+    }
+}
+
 /// Path of the `corral` binary: `$CORRAL_BIN`, else `target/<profile>/corral` next to the test binary.
 pub fn corral_bin() -> PathBuf {
     if let Ok(bin) = std::env::var("CORRAL_BIN") {

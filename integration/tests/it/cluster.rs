@@ -12,20 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn spec(name: &str) -> JobSpec {
-    JobSpec {
-        name: name.to_string(),
-        tenant: "default".into(),
-        priority_class: String::new(),
-        gpus: 0,
-        gpu_slice: None,
-        cpu_millis: 0,
-        memory_bytes: 0,
-        time_limit_secs: None,
-        image: None,
-        command: vec!["true".into()],
-        env: BTreeMap::new(),
-        sched: Default::default(),
-    }
+    corral_integration::trivial_job(name)
 }
 
 fn client(endpoints: &str) -> Client {
