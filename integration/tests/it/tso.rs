@@ -103,28 +103,33 @@ fn timestamps_strictly_increase_across_leader_kills() {
 #[test]
 fn a_leader_with_a_clock_far_behind_still_issues_larger_timestamps() {
     let rt = runtime();
-    // Node 3's wall clock runs one hour behind.
-    let skew = (2, corral_coordinator_skew_env(), "-3600000".to_string());
+    // Node 1, the first leader, has a clock one hour ahead: what it issues lies an hour in the
+    // future of every other node's clock.
+    let skew = (0, corral_coordinator_skew_env(), "3600000".to_string());
     let mut cluster = Cluster::start(3, ClusterOptions { node_env: vec![skew], ..Default::default() });
     cluster.init_and_join_all();
+    assert_eq!(cluster.leader(), 0, "the node that ran `cluster init` leads first");
     let all = client(&cluster.endpoints());
-    let mut previous = rt.block_on(all.timestamps(1)).expect("ts");
-    // Kill whoever leads until the skewed node does (elections are random; bounded tries).
-    let mut tries = 0;
-    while cluster.leader() != 2 {
-        tries += 1;
-        assert!(tries <= 40, "node 3 never became leader");
-        let leader = cluster.leader();
-        cluster.kill(leader);
-        let ts = rt.block_on(all.timestamps(1)).expect("ts");
-        assert!(ts > previous, "{ts:?} after {previous:?}");
-        previous = ts;
-        cluster.restart(leader);
-    }
-    let skewed = client(&cluster.nodes[2].addr);
+    let mut previous = rt.block_on(all.timestamps(1)).expect("ts from the fast-clock leader");
+    let wall_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
+    assert!(previous.physical_ms() > wall_ms + 3_000_000, "the failpoint moved the leader's clock: {previous:?}");
+    // The next leaders' clocks are an hour behind what was issued: timestamps still increase.
+    cluster.kill(0);
     for _ in 0..50 {
-        let ts = rt.block_on(skewed.timestamps(1)).expect("ts from the skewed leader");
-        assert!(ts > previous, "timestamp went backwards under a skewed clock: {ts:?} after {previous:?}");
+        let ts = rt.block_on(all.timestamps(1)).expect("ts from a slow-clock leader");
+        assert!(
+            ts > previous,
+            "timestamp went backwards under a leader whose clock is behind: {ts:?} after {previous:?}"
+        );
+        previous = ts;
+    }
+    let leader = cluster.leader();
+    assert_ne!(leader, 0);
+    cluster.kill(leader);
+    cluster.restart(0);
+    for _ in 0..50 {
+        let ts = rt.block_on(all.timestamps(1)).expect("ts after a second failover");
+        assert!(ts > previous, "{ts:?} after {previous:?}");
         previous = ts;
     }
 }
