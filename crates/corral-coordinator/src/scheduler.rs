@@ -46,14 +46,21 @@ async fn mark_silent_nodes_down(coord: &Coordinator) {
 /// them as one `Command::Schedule` (one log entry); apply re-validates each decision.
 pub(crate) async fn schedule_once(coord: &Coordinator) -> usize {
     let unschedulable = coord.inner.liveness.unschedulable();
+    // The pass's clock (backfill windows, fair-share decay): a fresh oracle timestamp.
+    let now = match coord.timestamps(1).await {
+        Ok(ts) => ts,
+        Err(e) => {
+            tracing::debug!(error = %e, "no timestamp for a scheduling pass");
+            return 0;
+        }
+    };
     let pass = {
         let data = coord.inner.node.state.read();
         // Nothing can be placed without a node: skip the pass over a long queue.
         if !data.state.nodes.values().any(|n| n.state == NodeState::Up) {
             return 0;
         }
-        // The pass's clock: the last applied TSO timestamp (a fresh one from the oracle is better).
-        schedule(&data.state, data.state.last_ts, &unschedulable)
+        schedule(&data.state, now, &unschedulable)
     };
     // Every waiting job's reason, for `corral queue` (the leader's memory; the last pass wins).
     {
