@@ -11,7 +11,7 @@ use crate::hygiene::{Hygiene, HygieneConfig};
 use crate::mps::{Mps, MpsConfig};
 use corral_client::GatewayClient;
 use corral_proto::v1::{self as pb};
-use corral_types::{GpuSlice, Job, JobExitReport, NodeSpec};
+use corral_types::{GpuSlice, Job, JobExitReport, NodeSpec, SliceAssignment};
 use nix::sys::signal::Signal;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -661,9 +661,18 @@ impl Worker {
         env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
         env.insert("NVIDIA_VISIBLE_DEVICES".into(), if uuids.is_empty() { "void".into() } else { uuids.join(",") });
         let mut binds = Vec::new();
-        if let Some(GpuSlice::Mps { thread_percent, memory_mib }) = &job.spec.gpu_slice {
+        // The share the scheduler assigned (it fills in a memory cap the user left open), else
+        // the one the job asked for.
+        let mps = match job.allocation.as_ref().and_then(|a| a.slice.as_ref()) {
+            Some(SliceAssignment::Mps { thread_percent, memory_mib }) => Some((*thread_percent, Some(*memory_mib))),
+            _ => match &job.spec.gpu_slice {
+                Some(GpuSlice::Mps { thread_percent, memory_mib }) => Some((*thread_percent, *memory_mib)),
+                _ => None,
+            },
+        };
+        if let Some((thread_percent, memory_mib)) = mps {
             env.insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), thread_percent.to_string());
-            if let Some(m) = memory_mib {
+            if let Some(m) = memory_mib.filter(|m| *m > 0) {
                 env.insert("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), format!("0={m}M"));
             }
             if let (Some(&gpu), Some(uuid)) = (gpus.first(), uuids.first()) {

@@ -199,3 +199,33 @@ fn high_priority_job_preempts_and_the_victim_is_requeued() {
     assert!(rows.iter().any(|r| r["priority"] == "preemptible" && r["segments"] == 1), "{history}");
     pool.ok(&["cancel", &victim.to_string()]);
 }
+
+#[test]
+fn mps_slices_share_a_gpu_with_the_assigned_limits() {
+    let pool = DevPool::start(&["--gpus", "1"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("go");
+    let script = format!(
+        "echo $CUDA_VISIBLE_DEVICES $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; \
+         while [ ! -e {} ]; do sleep 0.05; done",
+        gate.display()
+    );
+    let a = pool.submit(&["--gpu-slice", "mps:50:8GiB", "--", "sh", "-c", &script]);
+    let b = pool.submit(&["--gpu-slice", "mps:50:8GiB", "--", "sh", "-c", &script]);
+    // Both halves run at once on the one GPU, each with its share and memory cap.
+    for job in [a, b] {
+        let doc = pool.wait_for(job, "running", |d| d["state"] == "running" && d["started_ts"].is_u64());
+        assert_eq!(doc["gpus"], serde_json::json!([0]), "{doc}");
+    }
+    // The GPU is fully shared: a 60% share must wait, never over-commit.
+    let c = pool.submit(&["--gpu-slice", "mps:60", "--", "true"]);
+    let doc = pool.wait_for(c, "explained", |d| d["reason"].as_str().is_some_and(|r| r.starts_with("resources")));
+    assert_eq!(doc["state"], "pending", "{doc}");
+    std::fs::write(&gate, b"").expect("open the gate");
+    for job in [a, b, c] {
+        pool.wait_for(job, "succeeded", |d| d["state"] == "succeeded");
+    }
+    for job in [a, b] {
+        assert_eq!(pool.ok(&["logs", &job.to_string()]), "0 50 0=8192M\n");
+    }
+}
