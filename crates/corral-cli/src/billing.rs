@@ -131,10 +131,6 @@ pub async fn history(global: &GlobalArgs, args: HistoryArgs) -> anyhow::Result<E
     for g in &segments {
         *cost.entry(g.job_id).or_default() += g.cost_micros;
     }
-    let gpus = |j: &corral_types::Job| match &j.spec.gpu_slice {
-        Some(s) => s.to_string(),
-        None => j.spec.gpus.to_string(),
-    };
     if global.output == OutputFormat::Json {
         let doc: Vec<_> = jobs
             .iter()
@@ -144,7 +140,7 @@ pub async fn history(global: &GlobalArgs, args: HistoryArgs) -> anyhow::Result<E
                     "name": j.spec.name,
                     "tenant": j.spec.tenant,
                     "priority": j.spec.priority_class,
-                    "gpus": gpus(j),
+                    "gpus": output::resources(j),
                     "state": j.state.as_str(),
                     "start": j.started_at.map(format_utc),
                     "end": j.finished_at.map(format_utc),
@@ -165,7 +161,7 @@ pub async fn history(global: &GlobalArgs, args: HistoryArgs) -> anyhow::Result<E
                 j.id.to_string(),
                 j.spec.name.clone(),
                 j.spec.tenant.clone(),
-                gpus(j),
+                output::resources(j),
                 j.started_at.map(format_utc).unwrap_or_else(|| "-".into()),
                 j.finished_at.map(format_utc).unwrap_or_else(|| "-".into()),
                 output::elapsed(j).map(format_duration).unwrap_or_else(|| format_duration(Duration::ZERO)),

@@ -52,7 +52,8 @@ pub fn reason(job: &Job) -> String {
     }
 }
 
-fn resources(job: &Job) -> String {
+/// What a job asks for: its whole-GPU count or its slice (`2`, `mps:25`).
+pub fn resources(job: &Job) -> String {
     match &job.spec.gpu_slice {
         Some(slice) => slice.to_string(),
         None => job.spec.gpus.to_string(),
