@@ -14,6 +14,8 @@ pub struct WorkerProc {
 
 impl WorkerProc {
     /// Writes a worker config under `dir` (simulated GPUs, fast heartbeats) without starting it.
+    /// The data dir is given relative to `dir`, the worker's working directory, as operators
+    /// often write it.
     /// Each worker gets its own cgroup root: a starting worker reaps every job cgroup under its
     /// root, so two test workers must never share one.
     pub fn configure(dir: &Path, name: &str, coordinators: &str, gpus: u32) -> WorkerProc {
@@ -26,7 +28,7 @@ impl WorkerProc {
              [[gpu.devices]]\nmodel = \"RTX 5090\"\nmemory = \"32GiB\"\ncount = {gpus}\n\n\
              [executor]\ncgroup-root = \"corral-it/{name}-{}\"\nrunc = \"\"\n\n[hygiene]\nsettle-time = \"100ms\"\n",
             endpoints.join(", "),
-            data_dir.display(),
+            format!("worker-{name}"),
             crate::unique()
         );
         std::fs::write(&config, text).expect("write worker config");
@@ -37,7 +39,9 @@ impl WorkerProc {
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "worker {} is running", self.name);
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log");
+        let cwd = self.config.parent().expect("config dir").to_path_buf();
         let child = Command::new(corral_bin())
+            .current_dir(cwd)
             .args(["worker", "--config"])
             .arg(&self.config)
             .stdout(Stdio::null())

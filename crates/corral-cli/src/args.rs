@@ -8,7 +8,7 @@ use std::path::PathBuf;
     name = "corral",
     version,
     about = "corral: a distributed GPU-pool scheduler",
-    long_about = "corral schedules jobs onto a pool of GPU hosts.\n\nTry it locally:\n  corral dev &\n  corral submit --gpus 1 -- nvidia-smi\n  corral jobs"
+    long_about = "corral schedules jobs onto a pool of GPU hosts.\n\nTry it locally:\n  corral dev &\n  corral submit --gpus 1 -- sh -c 'echo hello from GPU $CUDA_VISIBLE_DEVICES'\n  corral jobs"
 )]
 pub struct Cli {
     #[command(flatten)]

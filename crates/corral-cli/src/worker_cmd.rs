@@ -458,6 +458,10 @@ fn executor(file: &WorkerFile) -> anyhow::Result<Arc<dyn Executor>> {
 async fn build(file: &WorkerFile, token: Option<String>) -> anyhow::Result<(Worker, TcpListener)> {
     std::fs::create_dir_all(&file.data_dir)
         .with_context(|| format!("cannot create data-dir {}", file.data_dir.display()))?;
+    // Jobs get work dirs under data-dir and run with them as cwd: resolve a relative one now.
+    let mut absolute = file.clone();
+    absolute.data_dir = file.data_dir.canonicalize()?;
+    let file = &absolute;
     let gpus = gpu_backend(file)?;
     let executor = executor(file)?;
     let mut config = file.worker_config().map_err(anyhow::Error::msg)?;
