@@ -23,12 +23,11 @@ impl WorkerProc {
         let config = dir.join(format!("worker-{name}.toml"));
         let endpoints: Vec<String> = coordinators.split(',').map(|e| format!("\"{e}\"")).collect();
         let text = format!(
-            "node-name = \"{name}\"\ncoordinators = [{}]\ndata-dir = \"{}\"\nlisten = \"127.0.0.1:0\"\n\
+            "node-name = \"{name}\"\ncoordinators = [{}]\ndata-dir = \"worker-{name}\"\nlisten = \"127.0.0.1:0\"\n\
              heartbeat-interval = \"200ms\"\nkill-grace = \"1s\"\n\n[gpu]\nbackend = \"simulated\"\n\n\
              [[gpu.devices]]\nmodel = \"RTX 5090\"\nmemory = \"32GiB\"\ncount = {gpus}\n\n\
              [executor]\ncgroup-root = \"corral-it/{name}-{}\"\nrunc = \"\"\n\n[hygiene]\nsettle-time = \"100ms\"\n",
             endpoints.join(", "),
-            format!("worker-{name}"),
             crate::unique()
         );
         std::fs::write(&config, text).expect("write worker config");
