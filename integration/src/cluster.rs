@@ -222,7 +222,21 @@ impl Cluster {
                     return digests[0].as_str().unwrap_or_default().to_string();
                 }
             }
-            assert!(Instant::now() < deadline, "nodes did not converge: {statuses:?}");
+            if Instant::now() >= deadline {
+                let silent: Vec<String> = (0..self.nodes.len())
+                    .filter(|i| self.nodes[*i].is_running() && self.status(*i).is_none())
+                    .map(|i| {
+                        let log = self.log_of(i);
+                        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                        format!(
+                            "node {} does not answer; its log ends:\n{}",
+                            self.nodes[i].node_id,
+                            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                        )
+                    })
+                    .collect();
+                panic!("nodes did not converge: {statuses:?}\n{}", silent.join("\n"));
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }

@@ -173,7 +173,7 @@ impl Coordinator {
         let upper = tso.clock.now_ms().max(window_end) + tso::WINDOW_MS;
         self.propose_at(last_ts, Command::ExtendTso { upper_ms: upper }).await?;
         let mut state = tso.lock();
-        *state = tso::TsoState { term: Some(term), last: floor, window_end_ms: upper };
+        *state = tso::TsoState { term: Some(term), last: floor, window_end_ms: upper, warned_at_ms: 0 };
         tracing::info!(term, window_end_ms = upper, "timestamp oracle serving");
         Ok(())
     }

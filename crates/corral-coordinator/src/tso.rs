@@ -55,6 +55,8 @@ pub(crate) struct TsoState {
     pub last: Timestamp,
     /// Committed upper bound of the physical part.
     pub window_end_ms: u64,
+    /// When the clock-behind warning was last logged (rate limit).
+    pub warned_at_ms: u64,
 }
 
 /// Outcome of an allocation attempt.
@@ -71,7 +73,10 @@ impl TsoState {
     pub fn allocate(&mut self, now_ms: u64, count: u64) -> Allocation {
         debug_assert!((1..=MAX_COUNT).contains(&count));
         let last_ms = self.last.physical_ms();
-        if now_ms + 1_000 < last_ms {
+        // A new leader starts above the previous window (up to WINDOW_MS ahead of the clock), so
+        // only a clock behind by more than a window means it jumped back; say so once a second.
+        if now_ms + WINDOW_MS + 1_000 < last_ms && now_ms >= self.warned_at_ms + 1_000 {
+            self.warned_at_ms = now_ms;
             tracing::warn!(now_ms, tso_ms = last_ms, "wall clock is behind the tso: timestamps keep increasing");
         }
         let mut physical = now_ms.max(last_ms);
@@ -118,7 +123,7 @@ mod tests {
     use super::*;
 
     fn state(last: Timestamp, window_end_ms: u64) -> TsoState {
-        TsoState { term: Some(1), last, window_end_ms }
+        TsoState { term: Some(1), last, window_end_ms, warned_at_ms: 0 }
     }
 
     #[test]

@@ -77,9 +77,9 @@ impl StateMachineStore {
     pub fn open(dir: &Path) -> anyhow::Result<Self> {
         let snapshot_dir = dir.join("snapshots");
         std::fs::create_dir_all(&snapshot_dir)?;
-        // No periodic flush: durability comes from the Raft log and fsynced snapshots (a sled
-        // older than either is caught up on open), and its flushes stall applies.
-        let db = sled::Config::new().path(dir.join("sm")).flush_every_ms(None).open()?;
+        // sled flushes in the background (every 500 ms by default); durability still comes from
+        // the Raft log and fsynced snapshots, whatever sled lost is re-applied on open.
+        let db = sled::Config::new().path(dir.join("sm")).open()?;
         let trees = Trees { tree: db.open_tree("state")?, db };
         let mut data = load_from_sled(&trees)?;
         if let Some((meta, bytes)) = read_snapshot_file(&snapshot_dir)? {
