@@ -35,6 +35,16 @@ impl Api {
 /// Most jobs one `SubmitBatch` call may carry.
 const MAX_BATCH: usize = 10_000;
 
+/// A job as the API returns it: a pending job without a reason of its own shows why the
+/// leader's last scheduling pass left it waiting.
+fn job_reply(job: &Job, pending_reasons: &std::collections::BTreeMap<u64, String>) -> pb::Job {
+    let mut reply = pb::Job::from(job);
+    if job.state == corral_types::JobState::Pending && reply.reason.is_none() {
+        reply.reason = pending_reasons.get(&job.id).cloned();
+    }
+    reply
+}
+
 type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -82,12 +92,8 @@ impl Corral for Api {
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
         self.coord.linearizable().await?;
         let job = self.job(request.into_inner().job_id)?;
-        let mut reply = pb::Job::from(&job);
-        if job.state == corral_types::JobState::Pending && reply.reason.is_none() {
-            let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
-            reply.reason = reasons.get(&job.id).cloned();
-        }
-        Ok(Response::new(reply))
+        let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(Response::new(job_reply(&job, &reasons)))
     }
 
     async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
@@ -95,15 +101,8 @@ impl Corral for Api {
         let req = request.into_inner();
         let data = self.coord.inner.node.state.read();
         let tenant_ok = |j: &Job| req.tenant.as_ref().is_none_or(|t| *t == j.spec.tenant);
-        let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        // A pending job without a reason of its own shows why the last scheduling pass left it.
-        let with_reason = |j: &Job| {
-            let mut job = pb::Job::from(j);
-            if j.state == corral_types::JobState::Pending && job.reason.is_none() {
-                job.reason = reasons.get(&j.id).cloned();
-            }
-            job
-        };
+        let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
+        let with_reason = |j: &Job| job_reply(j, &reasons);
         let jobs: Vec<pb::Job> = if req.all {
             data.state.jobs.values().filter(|j| tenant_ok(j)).map(with_reason).collect()
         } else {
