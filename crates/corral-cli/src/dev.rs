@@ -85,7 +85,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 
     let agent_listener = TcpListener::bind("127.0.0.1:0").await?;
     let mut worker_config = WorkerConfig::for_host(NODE_NAME.to_string(), data_dir.join("worker"));
-    worker_config.advertise_addr = agent_listener.local_addr()?.to_string();
+    let agent_addr = agent_listener.local_addr()?.to_string();
+    worker_config.advertise_addr = agent_addr.clone();
     let executor = ProcessExecutor::new(format!("corral/dev-{}", path_tag(&data_dir)))?;
     let gpus = SimulatedGpus::new(SimulatedConfig {
         count: args.gpus,
@@ -100,7 +101,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let worker = tokio::spawn(worker.run(agent_listener, stopped(stop_rx.clone())));
 
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !node.state.read().state.nodes.get(NODE_NAME).is_some_and(|n| n.state == corral_types::NodeState::Up) {
+    // Ready once this process's worker registered: after a restart the node is already up in the
+    // persisted state, but with the previous worker's address.
+    let registered =
+        |n: &corral_types::NodeStatus| n.state == corral_types::NodeState::Up && n.spec.address == agent_addr;
+    while !node.state.read().state.nodes.get(NODE_NAME).is_some_and(registered) {
         if Instant::now() > deadline {
             bail!("the dev worker did not register within 30s");
         }
