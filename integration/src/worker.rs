@@ -35,6 +35,12 @@ impl WorkerProc {
         WorkerProc { name: name.to_string(), config, data_dir, log, child: None }
     }
 
+    /// Rewrites the config file (before `start`), e.g. to declare other devices.
+    pub fn edit_config(&self, edit: impl FnOnce(String) -> String) {
+        let text = std::fs::read_to_string(&self.config).expect("read worker config");
+        std::fs::write(&self.config, edit(text)).expect("write worker config");
+    }
+
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "worker {} is running", self.name);
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log");

@@ -98,6 +98,9 @@ pub struct SimulatedDeviceSection {
     pub memory: String,
     #[serde(default = "one")]
     pub count: u32,
+    /// A MIG-capable card with MIG mode on (instances are simulated in memory).
+    #[serde(default)]
+    pub mig: bool,
 }
 
 fn one() -> u32 {
@@ -197,7 +200,8 @@ impl Default for MpsSection {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct MigSection {
-    /// Create and destroy MIG instances on demand (not supported yet: must stay false).
+    /// Create a MIG instance for a MIG job when no free one of its profile exists, and destroy
+    /// it when the job ends. MIG mode itself must already be on (`nvidia-smi -mig 1`).
     pub manage: bool,
 }
 
@@ -313,8 +317,8 @@ impl WorkerFile {
         if duration("hygiene.recheck-interval", &self.hygiene.recheck_interval)?.is_zero() {
             return Err("hygiene.recheck-interval: must be greater than 0".into());
         }
-        if self.mig.manage {
-            return Err("mig.manage: creating MIG instances is not supported yet; lay them out with `nvidia-smi mig` and set manage = false".into());
+        if self.mig.manage && self.gpu.backend == "simulated" && !self.gpu.devices.iter().any(|d| d.mig) {
+            return Err("mig.manage: no device in gpu.devices has mig = true, so there is nothing to manage".into());
         }
         Ok(())
     }
@@ -340,7 +344,7 @@ impl WorkerFile {
                     if d.count == 0 {
                         return Err(format!("gpu.devices[{i}].count: must be at least 1"));
                     }
-                    let device = SimulatedDevice { model: d.model.clone(), memory_mib: memory >> 20 };
+                    let device = SimulatedDevice { model: d.model.clone(), memory_mib: memory >> 20, mig: d.mig };
                     devices.extend(std::iter::repeat_n(device, d.count as usize));
                 }
                 Ok(Backend::Simulated(devices))
@@ -410,6 +414,7 @@ impl WorkerFile {
             c.extra_devices = corral_worker::infiniband_devices();
         }
         c.open_files = self.executor.open_files;
+        c.mig_manage = self.mig.manage;
         Ok(c)
     }
 
@@ -534,7 +539,10 @@ mod tests {
         file.validate().expect("valid");
         assert_eq!(
             file.backend(),
-            Ok(Backend::Simulated(vec![SimulatedDevice { model: "RTX 5090".into(), memory_mib: 32768 }; 2]))
+            Ok(Backend::Simulated(vec![
+                SimulatedDevice { model: "RTX 5090".into(), memory_mib: 32768, mig: false };
+                2
+            ]))
         );
         let config = file.worker_config().expect("config");
         assert_eq!(config.heartbeat_interval, Duration::from_millis(500));
@@ -692,7 +700,7 @@ mod tests {
             (format!("heartbeat-interval = \"5\"\n{MINIMAL}"), "heartbeat-interval: '5' has no unit"),
             (with("[users.tenants]\nops = { uid = 0, gid = 0 }\n"), "users.tenants.ops: uid/gid 0 is root"),
             (with("[hygiene]\nsettle-time = \"soon\"\n"), "hygiene.settle-time"),
-            (with("[mig]\nmanage = true\n"), "mig.manage: creating MIG instances is not supported yet"),
+            (with("[mig]\nmanage = true\n"), "mig.manage: no device in gpu.devices has mig = true"),
             (with("[executor]\ncgroup-root = \"../x\"\n"), "executor.cgroup-root"),
         ];
         for (text, expected) in cases {

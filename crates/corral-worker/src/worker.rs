@@ -5,7 +5,7 @@
 //! retried until the coordinator acknowledges them (it ignores stale epochs, so retries are safe).
 
 use crate::executor::{Executor, JobHandle, LaunchSpec, ResourceLimits};
-use crate::gpu::{DeviceInfo, GpuBackend, GpuReading, MigState};
+use crate::gpu::{DeviceInfo, GpuBackend, GpuReading, MigPlacement, MigState};
 use crate::health::{HealthPolicy, HealthTracker};
 use crate::hygiene::{Hygiene, HygieneConfig};
 use crate::mps::{Mps, MpsConfig};
@@ -95,6 +95,9 @@ pub struct WorkerConfig {
     pub extra_devices: Vec<PathBuf>,
     /// `RLIMIT_NOFILE` of every job; `None` inherits the worker's.
     pub open_files: Option<u64>,
+    /// Create a MIG instance for a MIG job when no free one of its profile exists, and destroy
+    /// it when the job ends. Off: jobs use the instances the operator laid out.
+    pub mig_manage: bool,
 }
 
 impl WorkerConfig {
@@ -116,6 +119,7 @@ impl WorkerConfig {
             mps: MpsConfig::default(),
             extra_devices: Vec::new(),
             open_files: None,
+            mig_manage: false,
         }
     }
 
@@ -175,7 +179,7 @@ pub(crate) struct WorkerShared {
     hygiene: Hygiene,
     health: Mutex<HealthTracker>,
     mps: Mps,
-    /// Static device facts, read once at start.
+    /// Static device facts, read at start; the MIG layout is re-read when it changes.
     info: Mutex<Vec<DeviceInfo>>,
     /// Number of heartbeats started; each one's id is the count after its start.
     heartbeats_started: AtomicU64,
@@ -184,7 +188,29 @@ pub(crate) struct WorkerShared {
     heartbeat_sent: Notify,
 }
 
+/// The MIG device picked for a job.
+struct MigPick {
+    uuid: String,
+    /// Made for this job (destroyed after it), not one the operator laid out.
+    created: bool,
+}
+
 impl WorkerShared {
+    /// Re-reads the device facts after the MIG layout changed.
+    fn refresh_info(&self) {
+        let info = self.gpus.info();
+        *self.info.lock().unwrap_or_else(|p| p.into_inner()) = info;
+    }
+
+    /// Destroys a MIG device this worker created; a failure (e.g. a process still holds it) is
+    /// logged and the instance stays, free for the next job of its profile.
+    fn destroy_mig_instance(&self, gpu: u32, uuid: String) {
+        if let Err(e) = self.gpus.destroy_mig_instance(gpu, &uuid) {
+            tracing::warn!(gpu, uuid, error = %e, "cannot destroy the job's MIG instance; it stays for reuse");
+        }
+        self.refresh_info();
+    }
+
     fn jobs(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, LocalJob>> {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -539,8 +565,9 @@ impl Worker {
         }
         let (job_id, epoch) = (job.id, allocation.epoch);
         let time_limit = job.spec.time_limit_secs.map(Duration::from_secs);
-        let mig_uuid = match self.pick_mig_instance(&job, &local_gpus) {
-            Ok(uuid) => uuid,
+        let (mig_uuid, mig_created) = match self.pick_mig_instance(&job, &local_gpus) {
+            Ok(Some(MigPick { uuid, created })) => (Some(uuid), created),
+            Ok(None) => (None, false),
             Err(e) => return self.launch_failed(job_id, epoch, e),
         };
         let launched = self
@@ -548,7 +575,12 @@ impl Worker {
             .and_then(|spec| self.shared.executor.launch(&spec).map_err(|e| e.to_string()));
         let mut running = match launched {
             Ok(running) => running,
-            Err(e) => return self.launch_failed(job_id, epoch, e),
+            Err(e) => {
+                if let (Some(uuid), true, Some(&gpu)) = (&mig_uuid, mig_created, local_gpus.first()) {
+                    self.shared.destroy_mig_instance(gpu, uuid.clone());
+                }
+                return self.launch_failed(job_id, epoch, e);
+            }
         };
         let shared = self.shared.clone();
         tracing::info!(job_id, epoch, pid = running.pid(), gpus = ?local_gpus, image = ?job.spec.image, "job started");
@@ -559,7 +591,7 @@ impl Worker {
             LocalJob {
                 epoch,
                 gpus: gpus.clone(),
-                mig_uuid,
+                mig_uuid: mig_uuid.clone(),
                 handle: Some(handle.clone()),
                 exited: false,
                 stopping: false,
@@ -597,6 +629,10 @@ impl Worker {
             if shared.check_hygiene(job_id, epoch, &gpus).await {
                 shared.heartbeat_now().await;
             }
+            if let (Some(uuid), true, Some(&gpu)) = (mig_uuid, mig_created, gpus.first()) {
+                let shared = Arc::clone(&shared);
+                let _ = tokio::task::spawn_blocking(move || shared.destroy_mig_instance(gpu, uuid)).await;
+            }
             let report = JobExitReport {
                 exit_code: exit.exit_code,
                 signal: exit.signal,
@@ -620,25 +656,47 @@ impl Worker {
         tokio::spawn(async move { report_finished(&shared, job_id, epoch, report).await });
     }
 
-    /// For a MIG slice on a partitioned GPU: a free existing instance of the profile. MIG
-    /// instances are not created here; the operator lays them out (nvidia-smi mig).
-    fn pick_mig_instance(&self, job: &Job, gpus: &[u32]) -> Result<Option<String>, String> {
+    /// For a MIG slice on a partitioned GPU: a free existing instance of the profile, else (with
+    /// `mig_manage`) a new one at the scheduler's placement. Creating one is a driver call of
+    /// well under a second, made inline.
+    fn pick_mig_instance(&self, job: &Job, gpus: &[u32]) -> Result<Option<MigPick>, String> {
         let Some(GpuSlice::Mig { profile, .. }) = &job.spec.gpu_slice else { return Ok(None) };
         let Some(&gpu) = gpus.first() else { return Ok(None) };
-        let info = self.shared.info.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(MigState::Enabled { instances }) = info.iter().find(|d| d.device.index == gpu).map(|d| &d.mig) else {
-            // Simulated or MIG off: nothing to pick; the job sees the whole device.
-            return Ok(None);
+        let layout = {
+            let info = self.shared.info.lock().unwrap_or_else(|p| p.into_inner());
+            info.iter().find(|d| d.device.index == gpu).map(|d| d.mig.clone())
+        };
+        let instances = match layout {
+            Some(MigState::Enabled { instances }) => instances,
+            Some(MigState::Disabled) if self.shared.config.mig_manage => {
+                return Err(format!(
+                    "MIG mode is off on gpu {gpu}: enable it with `nvidia-smi -i {gpu} -mig 1` (this resets the GPU, which corral never does by itself)"
+                ))
+            }
+            // Simulated without MIG, or MIG off: nothing to pick; the job sees the whole device.
+            _ => return Ok(None),
         };
         let used: Vec<String> =
             self.shared.jobs().values().filter(|j| !j.exited).filter_map(|j| j.mig_uuid.clone()).collect();
-        instances
-            .iter()
-            .find(|i| i.profile.as_deref() == Some(profile.as_str()) && !used.contains(&i.uuid))
-            .map(|i| Some(i.uuid.clone()))
-            .ok_or_else(|| {
-                format!("no free MIG instance of profile {profile} on gpu {gpu}: create one (nvidia-smi mig -cgi {profile} -C) or free one")
-            })
+        if let Some(free) =
+            instances.iter().find(|i| i.profile.as_deref() == Some(profile.as_str()) && !used.contains(&i.uuid))
+        {
+            return Ok(Some(MigPick { uuid: free.uuid.clone(), created: false }));
+        }
+        if !self.shared.config.mig_manage {
+            return Err(format!(
+                "no free MIG instance of profile {profile} on gpu {gpu}: create one (nvidia-smi mig -cgi {profile} -C), free one, or set mig.manage = true in the worker config"
+            ));
+        }
+        let placement = match job.allocation.as_ref().and_then(|a| a.slice.as_ref()) {
+            Some(SliceAssignment::Mig { start, memory_slices, .. }) => {
+                Some(MigPlacement { start: *start, size: *memory_slices })
+            }
+            _ => None,
+        };
+        let created = self.shared.gpus.create_mig_instance(gpu, profile, placement).map_err(|e| e.to_string())?;
+        self.shared.refresh_info();
+        Ok(Some(MigPick { uuid: created.uuid, created: true }))
     }
 
     fn launch_spec(&self, job: &Job, epoch: u64, gpus: &[u32], mig_uuid: Option<&str>) -> Result<LaunchSpec, String> {

@@ -1,6 +1,7 @@
 //! Worker daemons from their TOML config: a worker killed with SIGKILL has its jobs requeued
 //! after the TTL and its orphans killed when it comes back; a worker frozen past the TTL is
-//! fenced and kills its stale job itself.
+//! fenced and kills its stale job itself; a worker managing MIG creates an instance per MIG job
+//! and destroys it afterwards.
 
 use corral_integration::cluster::{Cluster, ClusterOptions};
 use corral_integration::is_dead;
@@ -41,6 +42,11 @@ fn pids(file: &Path, at_least: usize) -> Vec<u32> {
 }
 
 fn setup() -> (Cluster, WorkerProc, tempfile::TempDir) {
+    setup_with(|config| config)
+}
+
+/// A one-coordinator cluster and one worker whose config `edit` may change.
+fn setup_with(edit: impl FnOnce(String) -> String) -> (Cluster, WorkerProc, tempfile::TempDir) {
     let cluster = Cluster::start(1, ClusterOptions { node_ttl: "2s".into(), ..Default::default() });
     let init = cluster.corral_at(0, &["cluster", "init"]);
     assert!(init.status.success(), "{}", String::from_utf8_lossy(&init.stderr));
@@ -48,6 +54,7 @@ fn setup() -> (Cluster, WorkerProc, tempfile::TempDir) {
     // Jobs run as nobody: let them write their pid file.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
     let mut worker = WorkerProc::configure(dir.path(), "w1", &cluster.endpoints(), 2);
+    worker.edit_config(edit);
     worker.start();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -120,4 +127,45 @@ fn frozen_worker_is_fenced_and_kills_its_stale_job() {
     assert_ne!(pids(&pid_file, 2)[1], first);
     cluster.json(&["cancel", &job.to_string()]);
     wait_for(&cluster, job, "cancelled", |d| d["state"] == "cancelled");
+}
+
+/// With `mig.manage`, each MIG job gets an instance made for it at start and destroyed at its
+/// end: two 3g.40gb jobs share the card at once, each on its own MIG device, and a 7g.80gb job
+/// after them can only be created because both of their instances are gone.
+#[test]
+fn managed_mig_instances_are_created_per_job_and_destroyed_after() {
+    let (cluster, worker, _dir) = setup_with(|config| {
+        let config = config.replace(
+            "model = \"RTX 5090\"\nmemory = \"32GiB\"\ncount = 2\n",
+            "model = \"H100 80GB\"\nmemory = \"80GiB\"\ncount = 1\nmig = true\n",
+        );
+        assert!(config.contains("mig = true"), "the device section changed: {config}");
+        format!("{config}\n[mig]\nmanage = true\n")
+    });
+    let submit = |profile: &str, secs: u32| -> u64 {
+        let script = format!("echo $CUDA_VISIBLE_DEVICES; sleep {secs}");
+        let doc = cluster.json(&["submit", "--gpu-slice", &format!("mig:{profile}"), "--", "sh", "-c", &script]);
+        doc["id"].as_u64().expect("job id")
+    };
+    let logs = |job: u64| -> String {
+        let out = cluster.corral_at(0, &["logs", &job.to_string()]);
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let a = submit("3g.40gb", 3);
+    let b = submit("3g.40gb", 3);
+    wait_for(&cluster, a, "running", |d| d["state"] == "running");
+    wait_for(&cluster, b, "running", |d| d["state"] == "running");
+    assert_eq!(show(&cluster, a)["state"], "running", "both halves of the card at once");
+    let c = submit("7g.80gb", 0);
+    for job in [a, b, c] {
+        let doc = wait_for(&cluster, job, "finished", |d| d["state"] != "pending" && d["state"] != "running");
+        assert_eq!(doc["state"], "succeeded", "job {job}: {doc}\n{}", worker.log());
+    }
+    let (ua, ub, uc) = (logs(a), logs(b), logs(c));
+    for uuid in [&ua, &ub, &uc] {
+        assert!(uuid.starts_with("MIG-"), "CUDA_VISIBLE_DEVICES should name a MIG device: '{uuid}'");
+    }
+    assert_ne!(ua, ub, "each job has its own instance");
+    let log = worker.log();
+    assert_eq!(log.matches("destroyed a simulated MIG instance").count(), 3, "{log}");
 }

@@ -6,6 +6,7 @@
 //! [`GpuReading`].
 
 mod nvml;
+mod nvml_mig;
 pub mod simulated;
 
 pub use nvml::NvmlGpus;
@@ -36,6 +37,14 @@ pub struct MigInstance {
     /// Profile such as `1g.10gb`, when the driver names it.
     pub profile: Option<String>,
     pub memory_mib: u64,
+}
+
+/// Where a GPU instance sits: its first memory slice and how many it covers (eighths of the
+/// device memory on A100/H100/H200).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigPlacement {
+    pub start: u32,
+    pub size: u32,
 }
 
 /// What a backend knows about one device beyond what registration carries.
@@ -120,6 +129,11 @@ pub enum GpuError {
     NoNvml { detail: String },
     #[error("nvml {call} failed: {detail}; check the driver with nvidia-smi")]
     Nvml { call: &'static str, detail: String },
+    /// A MIG request the device cannot satisfy (MIG off, unknown profile, no room left).
+    #[error("gpu {index}: {detail}")]
+    Mig { index: u32, detail: String },
+    #[error("the {backend} backend cannot create or destroy MIG instances")]
+    MigUnsupported { backend: &'static str },
 }
 
 /// A source of GPU inventory and health.
@@ -139,10 +153,40 @@ pub trait GpuBackend: Send + Sync + 'static {
     /// calls): async callers use `spawn_blocking`.
     fn read(&self, allocated: &[u32]) -> Vec<GpuReading>;
 
+    /// Creates a GPU instance of `profile` (e.g. `1g.10gb`) on device `index`, with one compute
+    /// instance spanning it, and returns the new MIG device. Needs MIG mode already on: turning
+    /// it on resets the GPU, which the worker never does by itself.
+    /// `placement` is where the scheduler put it (memory-slice start and size); `None` lets the
+    /// driver choose.
+    fn create_mig_instance(
+        &self,
+        index: u32,
+        profile: &str,
+        placement: Option<MigPlacement>,
+    ) -> Result<MigInstance, GpuError> {
+        let _ = (index, profile, placement);
+        Err(GpuError::MigUnsupported { backend: self.name() })
+    }
+
+    /// Destroys the MIG device `uuid` of device `index` (its compute and GPU instance). Fails
+    /// while processes still use it.
+    fn destroy_mig_instance(&self, index: u32, uuid: &str) -> Result<(), GpuError> {
+        let _ = (index, uuid);
+        Err(GpuError::MigUnsupported { backend: self.name() })
+    }
+
     /// Current health of every device, never dirty (the worker decides that).
     fn health(&self, allocated: &[u32]) -> Vec<GpuHealth> {
         self.read(allocated).iter().map(|r| r.to_health(false)).collect()
     }
+}
+
+/// A MIG profile name such as `1g.10gb` or `3g.40gb`: (compute slices, memory in GB). Suffixes
+/// such as `+me` are kept out of the numbers.
+pub fn parse_mig_profile(profile: &str) -> Option<(u32, u64)> {
+    let (slices, rest) = profile.split_once("g.")?;
+    let memory = rest.split(['+', '-']).next()?.strip_suffix("gb")?;
+    Some((slices.parse().ok().filter(|s| *s > 0)?, memory.parse().ok().filter(|m| *m > 0)?))
 }
 
 /// Reads `/proc/<pid>/comm`.

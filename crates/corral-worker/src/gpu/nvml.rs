@@ -6,7 +6,10 @@
 //! readings (temperature, utilization, memory, power, ECC, compute processes) at every call.
 //! Critical XID errors arrive as NVML events, which a background thread collects into counters.
 
-use super::{process_name, DeviceInfo, GpuBackend, GpuError, GpuProcess, GpuReading, MigInstance, MigState};
+use super::nvml_mig::{self, MAX_MIG_DEVICES};
+use super::{
+    process_name, DeviceInfo, GpuBackend, GpuError, GpuProcess, GpuReading, MigInstance, MigPlacement, MigState,
+};
 use corral_types::GpuDevice;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
@@ -19,16 +22,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// MIG devices per GPU never exceed this (7 on A100/H100/H200).
-const MAX_MIG_DEVICES: u32 = 8;
-
 /// What the XID thread has seen per device index: (count, last code).
 type XidCounters = Arc<Mutex<BTreeMap<u32, (u64, u64)>>>;
 
 /// The devices NVML reports on this host.
 pub struct NvmlGpus {
     nvml: Arc<Nvml>,
-    info: Vec<DeviceInfo>,
+    /// Static facts; the MIG layout part changes when instances are created or destroyed.
+    info: Mutex<Vec<DeviceInfo>>,
     xids: XidCounters,
     stop: Arc<AtomicBool>,
 }
@@ -58,7 +59,7 @@ impl NvmlGpus {
         let stop = Arc::new(AtomicBool::new(false));
         watch_xids(Arc::clone(&nvml), count, Arc::clone(&xids), Arc::clone(&stop));
         tracing::info!(devices = count, "nvml backend ready");
-        Ok(NvmlGpus { nvml, info, xids, stop })
+        Ok(NvmlGpus { nvml, info: Mutex::new(info), xids, stop })
     }
 
     fn read_one(&self, info: &DeviceInfo) -> GpuReading {
@@ -120,15 +121,49 @@ impl GpuBackend for NvmlGpus {
     }
 
     fn devices(&self) -> Vec<GpuDevice> {
-        self.info.iter().map(|i| i.device.clone()).collect()
+        self.info().into_iter().map(|i| i.device).collect()
     }
 
     fn info(&self) -> Vec<DeviceInfo> {
-        self.info.clone()
+        self.info.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn read(&self, _allocated: &[u32]) -> Vec<GpuReading> {
-        self.info.iter().map(|info| self.read_one(info)).collect()
+        self.info().iter().map(|info| self.read_one(info)).collect()
+    }
+
+    fn create_mig_instance(
+        &self,
+        index: u32,
+        profile: &str,
+        placement: Option<MigPlacement>,
+    ) -> Result<MigInstance, GpuError> {
+        let device = self.nvml.device_by_index(index).map_err(nvml_error("device_by_index"))?;
+        let created = nvml_mig::create(&self.nvml, &device, index, profile, placement);
+        self.refresh_mig(index, &device);
+        let created = created?;
+        tracing::info!(gpu = index, profile, uuid = %created.uuid, "created a MIG instance");
+        Ok(created)
+    }
+
+    fn destroy_mig_instance(&self, index: u32, uuid: &str) -> Result<(), GpuError> {
+        let device = self.nvml.device_by_index(index).map_err(nvml_error("device_by_index"))?;
+        let destroyed = nvml_mig::destroy(&self.nvml, &device, index, uuid);
+        self.refresh_mig(index, &device);
+        destroyed?;
+        tracing::info!(gpu = index, uuid, "destroyed a MIG instance");
+        Ok(())
+    }
+}
+
+impl NvmlGpus {
+    /// Re-reads the MIG layout of one device after it changed.
+    fn refresh_mig(&self, index: u32, device: &Device<'_>) {
+        let layout = mig_state(device);
+        let mut info = self.info.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(entry) = info.iter_mut().find(|i| i.device.index == index) {
+            entry.mig = layout;
+        }
     }
 }
 

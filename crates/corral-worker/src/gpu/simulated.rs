@@ -17,10 +17,17 @@
 //! ```
 //!
 //! Removing an entry (or the file) heals the device, except the XID counter, which only grows.
+//!
+//! A device declared with `mig = true` behaves like a MIG-capable card with MIG mode on and no
+//! instances yet: instances are created and destroyed in memory, with the card's limits (7
+//! compute slices, 8 memory slices, no overlap), so the worker's MIG management runs here too.
 //! Write the file atomically (write a temp file, then rename it over) so a reading never sees
 //! half of it; a file that does not parse is reported once and the previous faults stay.
 
-use super::{process_name, GpuBackend, GpuProcess, GpuReading};
+use super::{
+    parse_mig_profile, process_name, DeviceInfo, GpuBackend, GpuError, GpuProcess, GpuReading, MigInstance,
+    MigPlacement, MigState,
+};
 use corral_types::GpuDevice;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -49,6 +56,23 @@ impl Default for SimulatedConfig {
 pub struct SimulatedDevice {
     pub model: String,
     pub memory_mib: u64,
+    /// MIG-capable with MIG mode on.
+    pub mig: bool,
+}
+
+/// Compute and memory slices of a simulated MIG card.
+const MIG_COMPUTE_SLICES: u32 = 7;
+const MIG_MEMORY_SLICES: u32 = 8;
+
+/// One simulated MIG instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SimMig {
+    uuid: String,
+    profile: String,
+    compute_slices: u32,
+    start: u32,
+    memory_slices: u32,
+    memory_mib: u64,
 }
 
 /// Injected misbehaviour of the simulated devices: the content of the faults file.
@@ -113,12 +137,19 @@ pub struct SimulatedGpus {
     devices: Vec<GpuDevice>,
     faults_file: Option<PathBuf>,
     state: Mutex<FaultState>,
+    /// MIG instances per device index; present only for MIG devices.
+    mig: Mutex<BTreeMap<u32, Vec<SimMig>>>,
+    /// Numbers the MIG UUIDs handed out.
+    mig_serial: std::sync::atomic::AtomicU64,
 }
 
 impl SimulatedGpus {
     /// `config.count` identical devices, without fault injection.
     pub fn new(config: SimulatedConfig) -> Self {
-        let specs = vec![SimulatedDevice { model: config.model, memory_mib: config.memory_mib }; config.count as usize];
+        let specs = vec![
+            SimulatedDevice { model: config.model, memory_mib: config.memory_mib, mig: false };
+            config.count as usize
+        ];
         Self::with_devices(&config.host, &specs)
     }
 
@@ -132,10 +163,18 @@ impl SimulatedGpus {
                 uuid: simulated_uuid(host, index),
                 model: spec.model.clone(),
                 memory_mib: spec.memory_mib,
+                mig_capable: spec.mig,
                 ..Default::default()
             })
             .collect();
-        SimulatedGpus { devices, faults_file: None, state: Mutex::new(FaultState::default()) }
+        let mig = specs.iter().zip(0u32..).filter(|(spec, _)| spec.mig).map(|(_, index)| (index, Vec::new())).collect();
+        SimulatedGpus {
+            devices,
+            faults_file: None,
+            state: Mutex::new(FaultState::default()),
+            mig: Mutex::new(mig),
+            mig_serial: std::sync::atomic::AtomicU64::new(0),
+        }
     }
 
     /// Re-reads faults from `path` at every reading; a missing file means no faults.
@@ -193,6 +232,93 @@ impl GpuBackend for SimulatedGpus {
 
     fn devices(&self) -> Vec<GpuDevice> {
         self.devices.clone()
+    }
+
+    fn info(&self) -> Vec<DeviceInfo> {
+        let mig = self.mig.lock().unwrap_or_else(|p| p.into_inner());
+        self.devices
+            .iter()
+            .map(|device| {
+                let mut info = DeviceInfo::plain(device.clone());
+                if let Some(instances) = mig.get(&device.index) {
+                    info.mig = MigState::Enabled {
+                        instances: instances
+                            .iter()
+                            .map(|m| MigInstance {
+                                uuid: m.uuid.clone(),
+                                profile: Some(m.profile.clone()),
+                                memory_mib: m.memory_mib,
+                            })
+                            .collect(),
+                    };
+                }
+                info
+            })
+            .collect()
+    }
+
+    fn create_mig_instance(
+        &self,
+        index: u32,
+        profile: &str,
+        placement: Option<MigPlacement>,
+    ) -> Result<MigInstance, GpuError> {
+        let error = |detail: String| GpuError::Mig { index, detail };
+        let device = self.devices.iter().find(|d| d.index == index).ok_or_else(|| error("no such device".into()))?;
+        let mut mig = self.mig.lock().unwrap_or_else(|p| p.into_inner());
+        let instances = mig.get_mut(&index).ok_or_else(|| error("MIG mode is off (not a MIG device)".into()))?;
+        let (compute_slices, memory_gb) = parse_mig_profile(profile)
+            .filter(|(c, _)| *c <= MIG_COMPUTE_SLICES)
+            .ok_or_else(|| error(format!("MIG profile {profile} is not offered by this device")))?;
+        let slice_mib = (device.memory_mib / u64::from(MIG_MEMORY_SLICES)).max(1);
+        let memory_slices = u32::try_from((memory_gb * 1024).div_ceil(slice_mib)).unwrap_or(u32::MAX);
+        if memory_slices > MIG_MEMORY_SLICES {
+            return Err(error(format!("MIG profile {profile} is not offered by this device")));
+        }
+        let used_compute: u32 = instances.iter().map(|m| m.compute_slices).sum();
+        if used_compute + compute_slices > MIG_COMPUTE_SLICES {
+            return Err(error(format!("no room for a {profile} instance: {used_compute} of 7 compute slices in use")));
+        }
+        let free = |start: u32| {
+            start + memory_slices <= MIG_MEMORY_SLICES
+                && instances.iter().all(|m| start + memory_slices <= m.start || m.start + m.memory_slices <= start)
+        };
+        let start = match placement {
+            Some(p) if free(p.start) => p.start,
+            _ => (0..MIG_MEMORY_SLICES)
+                .find(|s| free(*s))
+                .ok_or_else(|| error(format!("no room for a {profile} instance: memory slices taken")))?,
+        };
+        let serial = self.mig_serial.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let parent = device.uuid.trim_start_matches("GPU-");
+        let created = SimMig {
+            uuid: format!("MIG-{parent}-{serial:04x}"),
+            profile: profile.to_owned(),
+            compute_slices,
+            start,
+            memory_slices,
+            memory_mib: u64::from(memory_slices) * slice_mib,
+        };
+        tracing::info!(gpu = index, profile, start, uuid = %created.uuid, "created a simulated MIG instance");
+        let instance = MigInstance {
+            uuid: created.uuid.clone(),
+            profile: Some(created.profile.clone()),
+            memory_mib: created.memory_mib,
+        };
+        instances.push(created);
+        Ok(instance)
+    }
+
+    fn destroy_mig_instance(&self, index: u32, uuid: &str) -> Result<(), GpuError> {
+        let mut mig = self.mig.lock().unwrap_or_else(|p| p.into_inner());
+        let instances = mig.get_mut(&index).ok_or_else(|| GpuError::Mig { index, detail: "MIG mode is off".into() })?;
+        let before = instances.len();
+        instances.retain(|m| m.uuid != uuid);
+        if instances.len() == before {
+            return Err(GpuError::Mig { index, detail: format!("no MIG device {uuid}") });
+        }
+        tracing::info!(gpu = index, uuid, "destroyed a simulated MIG instance");
+        Ok(())
     }
 
     fn read(&self, allocated: &[u32]) -> Vec<GpuReading> {
@@ -266,8 +392,8 @@ mod tests {
         let gpus = SimulatedGpus::with_devices(
             "h",
             &[
-                SimulatedDevice { model: "H200".into(), memory_mib: 143_771 },
-                SimulatedDevice { model: "RTX 5090".into(), memory_mib: 32_768 },
+                SimulatedDevice { model: "H200".into(), memory_mib: 143_771, mig: false },
+                SimulatedDevice { model: "RTX 5090".into(), memory_mib: 32_768, mig: false },
             ],
         );
         let devices = gpus.devices();
@@ -321,6 +447,39 @@ mod tests {
         let gpus = SimulatedGpus::new(SimulatedConfig { count: 1, ..Default::default() }).with_faults_file(&file);
         let r = &gpus.read(&[])[0];
         assert!(r.error.as_deref().is_some_and(|e| e.contains("fallen off the bus")), "{r:?}");
+    }
+
+    #[test]
+    fn mig_instances_are_created_within_the_card_limits_and_destroyed() {
+        let gpus = SimulatedGpus::with_devices(
+            "h",
+            &[
+                SimulatedDevice { model: "H100 80GB".into(), memory_mib: 81_920, mig: true },
+                SimulatedDevice { model: "RTX 5090".into(), memory_mib: 32_768, mig: false },
+            ],
+        );
+        assert!(gpus.devices()[0].mig_capable);
+        assert_eq!(gpus.info()[0].mig, MigState::Enabled { instances: vec![] });
+        assert_eq!(gpus.info()[1].mig, MigState::Unsupported);
+
+        let a = gpus.create_mig_instance(0, "3g.40gb", Some(MigPlacement { start: 4, size: 4 })).expect("3g.40gb");
+        assert!(a.uuid.starts_with("MIG-"), "{a:?}");
+        assert_eq!(a.memory_mib, 40_960);
+        let b = gpus.create_mig_instance(0, "3g.40gb", None).expect("second 3g.40gb");
+        assert_ne!(a.uuid, b.uuid);
+        // 6 of 7 compute slices and all 8 memory slices are taken now.
+        let full = gpus.create_mig_instance(0, "1g.10gb", None).expect_err("no memory left");
+        assert!(full.to_string().contains("no room"), "{full}");
+        let MigState::Enabled { instances } = &gpus.info()[0].mig else { panic!("mig on") };
+        assert_eq!(instances.len(), 2);
+
+        gpus.destroy_mig_instance(0, &a.uuid).expect("destroy");
+        gpus.create_mig_instance(0, "1g.10gb", None).expect("room again");
+        assert!(gpus.destroy_mig_instance(0, &a.uuid).is_err(), "already gone");
+        let err = gpus.create_mig_instance(1, "1g.10gb", None).expect_err("not a MIG device");
+        assert!(err.to_string().contains("MIG mode is off"), "{err}");
+        let err = gpus.create_mig_instance(0, "9g.1gb", None).expect_err("unknown profile");
+        assert!(err.to_string().contains("not offered"), "{err}");
     }
 
     #[test]
