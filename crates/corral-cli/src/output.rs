@@ -213,6 +213,8 @@ pub fn node_json(n: &pb::NodeView) -> Value {
             "problems": g.problems,
             "dirty_reason": (!g.dirty_reason.is_empty()).then(|| g.dirty_reason.clone()),
             "dirty_job_id": g.dirty_job_id,
+            "mig_capable": g.mig_capable,
+            "slices": g.slices.iter().map(|s| json!({"job_id": s.job_id, "slice": s.slice})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
 }

@@ -191,10 +191,17 @@ impl Corral for Api {
                     .iter()
                     .map(|g| {
                         let health = live.as_ref().and_then(|l| l.gpus.iter().find(|h| h.index == g.index));
-                        let job_ids: Vec<u64> = jobs
+                        let on_gpu: Vec<&&Job> = jobs
                             .iter()
                             .filter(|j| j.allocation.as_ref().is_some_and(|a| a.gpus.contains(&g.index)))
-                            .map(|j| j.id)
+                            .collect();
+                        let job_ids: Vec<u64> = on_gpu.iter().map(|j| j.id).collect();
+                        let slices = on_gpu
+                            .iter()
+                            .filter_map(|j| {
+                                let slice = j.allocation.as_ref()?.slice.as_ref()?;
+                                Some(pb::GpuSliceView { job_id: j.id, slice: slice.to_string() })
+                            })
                             .collect();
                         let state = if health.is_some_and(|h| h.dirty) {
                             "dirty"
@@ -222,6 +229,8 @@ impl Corral for Api {
                             dirty_job_id: health.and_then(|h| h.dirty_job_id),
                             xid_errors: health.map(|h| h.xid_errors).unwrap_or(0),
                             power_mw: health.map(|h| h.power_mw).unwrap_or(0),
+                            slices,
+                            mig_capable: g.supports_mig(),
                         }
                     })
                     .collect();

@@ -156,6 +156,17 @@ fn managed_mig_instances_are_created_per_job_and_destroyed_after() {
     wait_for(&cluster, a, "running", |d| d["state"] == "running");
     wait_for(&cluster, b, "running", |d| d["state"] == "running");
     assert_eq!(show(&cluster, a)["state"], "running", "both halves of the card at once");
+    let nodes = cluster.json(&["nodes"]);
+    let gpu = &nodes[0]["gpus"][0];
+    assert_eq!(gpu["mig_capable"], true, "{nodes}");
+    let mut slices: Vec<String> = gpu["slices"]
+        .as_array()
+        .expect("slices")
+        .iter()
+        .map(|s| s["slice"].as_str().unwrap_or("").to_owned())
+        .collect();
+    slices.sort();
+    assert_eq!(slices, ["mig:3g.40gb@0", "mig:3g.40gb@4"], "{nodes}");
     let c = submit("7g.80gb", 0);
     for job in [a, b, c] {
         let doc = wait_for(&cluster, job, "finished", |d| d["state"] != "pending" && d["state"] != "running");
