@@ -154,43 +154,30 @@ fn rules() -> Vec<Rule> {
 /// range selectors and grouping labels that are not function names, keywords or numbers.
 fn metric_names(expr: &str) -> Vec<String> {
     // Operators and aggregations (which may take `by (...)` before their parenthesis).
-    const KEYWORDS: &[&str] = &[
-        "and",
-        "or",
-        "unless",
-        "bool",
-        "offset",
-        "atan2",
-        "inf",
-        "nan",
-        "sum",
-        "min",
-        "max",
-        "avg",
-        "group",
-        "stddev",
-        "stdvar",
-        "count",
-        "count_values",
-        "bottomk",
-        "topk",
-        "quantile",
-    ];
-    const GROUPING: &[&str] = &["by", "without", "on", "ignoring", "group_left", "group_right"];
+    const KEYWORDS: &str = "and or unless bool offset atan2 inf nan \
+        sum min max avg group stddev stdvar count count_values bottomk topk quantile";
+    const GROUPING: &str = "by without on ignoring group_left group_right";
     let chars: Vec<char> = expr.chars().collect();
     let mut names = Vec::new();
     let mut i = 0;
-    // Skips from an opening bracket to its match, stepping over quoted strings.
+    // From an opening quote to just past its match.
+    let skip_string = |mut i: usize| -> usize {
+        let quote = chars[i];
+        i += 1;
+        while i < chars.len() && chars[i] != quote {
+            i += if chars[i] == '\\' { 2 } else { 1 };
+        }
+        assert!(i < chars.len(), "unterminated string in {expr}");
+        i + 1
+    };
+    // From an opening bracket to just past its match, stepping over quoted strings.
     let skip_group = |mut i: usize, open: char, close: char| -> usize {
         let mut depth = 0;
         while i < chars.len() {
             match chars[i] {
                 '"' | '\'' | '`' => {
-                    let quote = chars[i];
-                    i += 1;
-                    while i < chars.len() && chars[i] != quote {
-                        i += if chars[i] == '\\' { 2 } else { 1 };
-                    }
+                    i = skip_string(i);
+                    continue;
                 }
                 c if c == open => depth += 1,
                 c if c == close => {
@@ -212,7 +199,7 @@ fn metric_names(expr: &str) -> Vec<String> {
         } else if c == '[' {
             i = skip_group(i, '[', ']');
         } else if c == '"' || c == '\'' || c == '`' {
-            i = skip_group(i, c, c);
+            i = skip_string(i);
         } else if c == '$' || c.is_ascii_digit() || c == '.' {
             // A Grafana variable or a number (1e6, 0.99): not a metric.
             i += 1;
@@ -230,11 +217,11 @@ fn metric_names(expr: &str) -> Vec<String> {
                 next += 1;
             }
             let called = next < chars.len() && chars[next] == '(';
-            if GROUPING.contains(&word.as_str()) {
+            if GROUPING.split_whitespace().any(|g| g == word) {
                 if called {
                     i = skip_group(next, '(', ')');
                 }
-            } else if !called && !KEYWORDS.contains(&word.to_ascii_lowercase().as_str()) {
+            } else if !called && !KEYWORDS.split_whitespace().any(|k| k.eq_ignore_ascii_case(&word)) {
                 names.push(word);
             }
         } else {
@@ -267,25 +254,29 @@ fn unknown_names(expr: &str, known: &BTreeSet<String>, place: &str, problems: &m
     }
 }
 
+/// Every panel of a dashboard, rows and the panels inside collapsed rows included.
+fn all_panels(dashboard: &Value) -> Vec<&Value> {
+    let mut panels = Vec::new();
+    let mut stack: Vec<&Value> = dashboard["panels"].as_array().expect("panels").iter().collect();
+    while let Some(panel) = stack.pop() {
+        stack.extend(panel["panels"].as_array().into_iter().flatten());
+        panels.push(panel);
+    }
+    panels
+}
+
 /// Every query of a dashboard: (where, PromQL). Variable queries give their metric selector.
 fn dashboard_queries(dashboard: &Value) -> Vec<(String, String)> {
-    fn walk(panels: &[Value], queries: &mut Vec<(String, String)>) {
-        for panel in panels {
-            let title = panel["title"].as_str().unwrap_or("untitled");
-            if panel["type"] == "row" {
-                walk(panel["panels"].as_array().map_or(&[], Vec::as_slice), queries);
-                continue;
-            }
-            let targets = panel["targets"].as_array().map_or(&[][..], Vec::as_slice);
-            assert!(!targets.is_empty(), "panel '{title}' has no query");
-            for target in targets {
-                let expr = target["expr"].as_str().unwrap_or_else(|| panic!("panel '{title}': a target without expr"));
-                queries.push((format!("panel '{title}'"), expr.to_string()));
-            }
+    let mut queries = Vec::new();
+    for panel in all_panels(dashboard).into_iter().filter(|panel| panel["type"] != "row") {
+        let title = panel["title"].as_str().unwrap_or("untitled");
+        let targets = panel["targets"].as_array().map_or(&[][..], Vec::as_slice);
+        assert!(!targets.is_empty(), "panel '{title}' has no query");
+        for target in targets {
+            let expr = target["expr"].as_str().unwrap_or_else(|| panic!("panel '{title}': a target without expr"));
+            queries.push((format!("panel '{title}'"), expr.to_string()));
         }
     }
-    let mut queries = Vec::new();
-    walk(dashboard["panels"].as_array().expect("panels"), &mut queries);
     for variable in dashboard["templating"]["list"].as_array().expect("templating.list") {
         if variable["type"] != "query" {
             continue;
@@ -315,8 +306,9 @@ fn dashboards() -> Vec<(PathBuf, Value)> {
 #[test]
 fn metric_names_skips_functions_labels_and_variables() {
     let expr = r#"histogram_quantile(0.99, sum by (le) (rate(a_bucket{x="{y}", le=~"$v"}[$__rate_interval])))
-        / on (instance) group_left (node) b_total * 1e6 and on() max(c:rec) == bool 1 unless $var"#;
-    assert_eq!(metric_names(expr), ["a_bucket", "b_total", "c:rec"]);
+        / on (instance) group_left (node) b_total * 1e6 and on() max(c:rec) == bool 1 unless $var
+        or label_replace(d, "dst", "$1 (x", "src", "(.*)") or sum without (gpu) (e offset 5m)"#;
+    assert_eq!(metric_names(expr), ["a_bucket", "b_total", "c:rec", "d", "e"]);
 }
 
 #[test]
@@ -449,11 +441,9 @@ fn dashboard_queries_use_contract_metrics_and_the_datasource_variable() {
             unknown_names(&expr, &known, &format!("{file} {place}"), &mut problems);
         }
         let mut ids = BTreeSet::new();
-        let mut stack: Vec<&Value> = dashboard["panels"].as_array().expect("panels").iter().collect();
-        while let Some(panel) = stack.pop() {
+        for panel in all_panels(&dashboard) {
             let title = panel["title"].as_str().unwrap_or("untitled");
             assert!(ids.insert(panel["id"].as_u64().expect("panel id")), "{file}: duplicate id of panel '{title}'");
-            stack.extend(panel["panels"].as_array().into_iter().flatten());
             if panel["type"] != "row" {
                 let targets = panel["targets"].as_array().into_iter().flatten();
                 for source in std::iter::once(&panel["datasource"]).chain(targets.map(|t| &t["datasource"])) {
