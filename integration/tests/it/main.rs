@@ -1,9 +1,11 @@
 //! Multi-process tests: each spawns the real `corral` binary (`corral dev` pools) and drives it
-//! through the CLI, as users and operators do.
+//! through the CLI, as users and operators do. `prometheus_config` checks the monitoring files
+//! of cluster-configs/ (Prometheus rules and their tests, the Grafana dashboard) with promtool.
 
 mod bad_input;
 mod billing;
 mod cluster;
 mod job_path;
+mod prometheus_config;
 mod tso;
 mod worker;
