@@ -217,22 +217,6 @@ impl Drop for DevPool {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metric_values_are_found_by_name_and_labels() {
-        let text = "# TYPE a gauge\na 1\na_total 9\nb{x=\"1\",y=\"a,b\\\"c\"} 2.5\nb{x=\"2\"} 3\n# EOF\n";
-        assert_eq!(metric_value(text, "a", &[]), Some(1.0));
-        assert_eq!(metric_value(text, "a_total", &[]), Some(9.0));
-        assert_eq!(metric_value(text, "b", &[("x", "2")]), Some(3.0));
-        assert_eq!(metric_value(text, "b", &[("y", "a,b\"c"), ("x", "1")]), Some(2.5));
-        assert_eq!(metric_value(text, "b", &[("x", "3")]), None);
-        assert_eq!(metric_value(text, "c", &[]), None);
-    }
-}
-
 pub(crate) fn unique() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -326,4 +310,20 @@ pub fn one_line_stderr(out: &Output) -> String {
     let text = String::from_utf8_lossy(&out.stderr).to_string();
     assert_eq!(text.trim_end().lines().count(), 1, "expected a one-line error, got: {text:?}");
     text.trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_values_are_found_by_name_and_labels() {
+        let text = "# TYPE a gauge\na 1\na_total 9\nb{x=\"1\",y=\"a,b\\\"c\"} 2.5\nb{x=\"2\"} 3\n# EOF\n";
+        assert_eq!(metric_value(text, "a", &[]), Some(1.0));
+        assert_eq!(metric_value(text, "a_total", &[]), Some(9.0));
+        assert_eq!(metric_value(text, "b", &[("x", "2")]), Some(3.0));
+        assert_eq!(metric_value(text, "b", &[("y", "a,b\"c"), ("x", "1")]), Some(2.5));
+        assert_eq!(metric_value(text, "b", &[("x", "3")]), None);
+        assert_eq!(metric_value(text, "c", &[]), None);
+    }
 }
