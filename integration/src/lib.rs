@@ -43,6 +43,8 @@ pub fn corral_bin() -> PathBuf {
 pub struct DevPool {
     child: Option<Child>,
     pub addr: String,
+    /// `host:port` of the metrics listener, when started with [`DevPool::start_with_metrics`].
+    pub metrics_addr: Option<String>,
     pub data_dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
     stderr_log: PathBuf,
@@ -55,6 +57,15 @@ impl DevPool {
         let data_dir = tmp.path().join("data");
         let mut pool = DevPool::start_in(&data_dir, extra);
         pool._tmp = Some(tmp);
+        pool
+    }
+
+    /// Starts a pool that also serves Prometheus metrics on a free loopback port.
+    pub fn start_with_metrics(extra: &[&str]) -> DevPool {
+        let mut all = vec!["--metrics-addr", "127.0.0.1:0"];
+        all.extend(extra);
+        let pool = DevPool::start(&all);
+        assert!(pool.metrics_addr.is_some(), "corral dev did not say where it serves metrics");
         pool
     }
 
@@ -74,24 +85,48 @@ impl DevPool {
             .spawn()
             .expect("spawn corral dev");
         let stdout = child.stdout.take().expect("stdout");
+        // (is the ready line, address): the metrics line comes before the ready line.
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(rest) = line.strip_prefix("corral dev ready at ") {
-                    let addr = rest.split_whitespace().next().unwrap_or_default().to_string();
-                    let _ = tx.send(addr);
+                let first_word = |rest: &str| rest.split_whitespace().next().unwrap_or_default().to_string();
+                if let Some(rest) = line.strip_prefix("corral dev metrics at http://") {
+                    let _ = tx.send((false, first_word(rest).trim_end_matches("/metrics").to_string()));
+                } else if let Some(rest) = line.strip_prefix("corral dev ready at ") {
+                    let _ = tx.send((true, first_word(rest)));
                 }
             }
         });
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(addr) => addr,
-            Err(_) => {
-                let _ = child.kill();
-                let log = std::fs::read_to_string(&stderr_log).unwrap_or_default();
-                panic!("corral dev did not get ready within 60s; its stderr:\n{log}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut metrics_addr = None;
+        let addr = loop {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok((true, addr)) => break addr,
+                Ok((false, metrics)) => metrics_addr = Some(metrics),
+                Err(_) => {
+                    let _ = child.kill();
+                    let log = std::fs::read_to_string(&stderr_log).unwrap_or_default();
+                    panic!("corral dev did not get ready within 60s; its stderr:\n{log}");
+                }
             }
         };
-        DevPool { child: Some(child), addr, data_dir: data_dir.to_path_buf(), _tmp: None, stderr_log }
+        DevPool { child: Some(child), addr, metrics_addr, data_dir: data_dir.to_path_buf(), _tmp: None, stderr_log }
+    }
+
+    /// `GET /metrics` from the pool's metrics listener; panics unless it answers 200.
+    pub fn scrape(&self) -> String {
+        let addr = self.metrics_addr.as_deref().expect("pool started with metrics");
+        let (status, body) = http_get(addr, "/metrics").unwrap_or_else(|e| panic!("scrape {addr}: {e}"));
+        assert_eq!(status, 200, "GET /metrics answered {status}: {body}");
+        body
+    }
+
+    /// Replaces the simulated GPUs' faults file (atomically, as the file's docs ask).
+    pub fn write_faults(&self, toml: &str) {
+        let path = self.data_dir.join("worker/faults.toml");
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, toml).expect("write faults");
+        std::fs::rename(&tmp, &path).expect("rename faults");
     }
 
     /// Runs `corral --endpoint <addr> <args>`.
@@ -203,6 +238,68 @@ pub fn is_dead(pid: u32) -> bool {
     }
 }
 
+/// A minimal HTTP/1.0 GET on loopback: (status, body).
+pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    Ok((status, body.to_string()))
+}
+
+/// The value of the sample of metric `name` (exact name, e.g. `corral_placements_total`) whose
+/// labels include every pair of `labels`, in OpenMetrics/Prometheus text `text`.
+pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|line| {
+        let rest = line.strip_prefix(name)?;
+        let (label_text, value) = match rest.strip_prefix('{') {
+            Some(inner) => {
+                let (labels, value) = inner.rsplit_once('}')?;
+                (labels, value)
+            }
+            None if rest.starts_with(' ') => ("", rest),
+            None => return None,
+        };
+        let found = parse_labels(label_text);
+        let matches = labels.iter().all(|(k, v)| found.iter().any(|(fk, fv)| fk == k && fv == v));
+        let value = value.split_whitespace().next()?;
+        matches.then(|| value.parse().ok()).flatten()
+    })
+}
+
+/// `a="x",b="y"` into pairs (values unescaped).
+fn parse_labels(text: &str) -> Vec<(String, String)> {
+    let mut pairs = Vec::new();
+    let mut chars = text.chars().peekable();
+    loop {
+        let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
+        if key.is_empty() || chars.next() != Some('"') {
+            return pairs;
+        }
+        let mut value = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some('n') => value.push('\n'),
+                    Some(other) => value.push(other),
+                    None => {}
+                },
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        pairs.push((key.trim_start_matches(',').trim().to_string(), value));
+        if chars.peek() == Some(&',') {
+            chars.next();
+        }
+    }
+}
+
 /// Runs the binary without a pool (argument errors, unreachable endpoints).
 pub fn corral_raw(args: &[&str]) -> Output {
     Command::new(corral_bin()).args(args).output().expect("run corral")
@@ -213,4 +310,20 @@ pub fn one_line_stderr(out: &Output) -> String {
     let text = String::from_utf8_lossy(&out.stderr).to_string();
     assert_eq!(text.trim_end().lines().count(), 1, "expected a one-line error, got: {text:?}");
     text.trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_values_are_found_by_name_and_labels() {
+        let text = "# TYPE a gauge\na 1\na_total 9\nb{x=\"1\",y=\"a,b\\\"c\"} 2.5\nb{x=\"2\"} 3\n# EOF\n";
+        assert_eq!(metric_value(text, "a", &[]), Some(1.0));
+        assert_eq!(metric_value(text, "a_total", &[]), Some(9.0));
+        assert_eq!(metric_value(text, "b", &[("x", "2")]), Some(3.0));
+        assert_eq!(metric_value(text, "b", &[("y", "a,b\"c"), ("x", "1")]), Some(2.5));
+        assert_eq!(metric_value(text, "b", &[("x", "3")]), None);
+        assert_eq!(metric_value(text, "c", &[]), None);
+    }
 }

@@ -63,6 +63,9 @@ pub enum Command {
     Logs(LogsArgs),
     /// List worker nodes and their GPUs.
     Nodes,
+    /// Live view of the pool: nodes, GPUs (temperature, utilization, state), queue by tenant,
+    /// running jobs. Redraws every --interval until Ctrl-C.
+    Top(TopArgs),
     /// Billing: what each tenant's GPU use cost.
     #[command(subcommand)]
     Billing(BillingCommand),
@@ -157,6 +160,20 @@ pub struct DevArgs {
     /// Memory of each simulated GPU.
     #[arg(long, default_value = "32GiB", value_parser = parse_size)]
     pub gpu_memory: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (loopback only): the coordinator's and
+    /// the worker's series on one listener.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Time between two refreshes, e.g. 2s or 500ms.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub interval: std::time::Duration,
+    /// Print one frame and exit (with --output json: one JSON document).
+    #[arg(long)]
+    pub once: bool,
 }
 
 #[derive(Debug, Args)]

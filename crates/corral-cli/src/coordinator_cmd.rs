@@ -1,5 +1,6 @@
 //! `corral coordinator --config FILE`: a coordinator daemon (one Raft member) from TOML.
 
+use crate::metrics_http::MetricsSource;
 use anyhow::{bail, Context};
 use corral_coordinator::{Coordinator, CoordinatorConfig};
 use corral_raft::{RaftNode, RaftNodeConfig};
@@ -21,6 +22,8 @@ pub struct CoordinatorFile {
     pub advertise: Option<String>,
     /// Holds the Raft log, state machine and snapshots.
     pub data_dir: PathBuf,
+    /// Address to serve Prometheus metrics on (`GET /metrics`); absent: no metrics listener.
+    pub metrics_addr: Option<String>,
     #[serde(default)]
     pub raft: RaftSection,
     #[serde(default)]
@@ -97,6 +100,9 @@ impl CoordinatorFile {
         if self.data_dir.as_os_str().is_empty() {
             return Err("data-dir: must not be empty".into());
         }
+        if let Some(m) = &self.metrics_addr {
+            crate::metrics_http::parse_addr("metrics-addr", m)?;
+        }
         let r = &self.raft;
         if r.heartbeat_interval_ms == 0 || r.election_timeout_min_ms <= r.heartbeat_interval_ms {
             return Err("raft.election-timeout-min-ms: must be greater than raft.heartbeat-interval-ms".into());
@@ -158,10 +164,17 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         ..Default::default()
     };
     let coordinator = Coordinator::new(node.clone(), config);
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let server = tokio::spawn(coordinator.serve(listener, async move {
-        let _ = stop_rx.wait_for(|s| *s).await;
-    }));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    if let Some(m) = &file.metrics_addr {
+        let addr = crate::metrics_http::parse_addr("metrics-addr", m).map_err(anyhow::Error::msg)?;
+        let sources = vec![MetricsSource::Coordinator(coordinator.clone())];
+        let bound = crate::metrics_http::start(addr, sources, stopped(stop_rx.clone())).await?;
+        println!("corral coordinator {} serving metrics at http://{bound}/metrics", file.node_id);
+    }
+    let server = tokio::spawn(coordinator.serve(listener, stopped(stop_rx)));
     println!("corral coordinator {} listening on {bound} (advertised as {advertise})", file.node_id);
     crate::dev::termination().await;
     tracing::info!("shutting down");
@@ -200,6 +213,10 @@ mod tests {
             ("listen = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n", "missing field `node-id`"),
             ("node-id = 0\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n", "node-id: must be greater than 0"),
             ("node-id = 1\nlisten = \"nowhere\"\ndata-dir = \"/x\"\n", "listen: 'nowhere' is not IP:PORT"),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\nmetrics-addr = \"localhost\"\n",
+                "metrics-addr: 'localhost' is not IP:PORT",
+            ),
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[scheduler]\nnode-ttl = \"soon\"\n",
                 "scheduler.node-ttl",

@@ -1,6 +1,7 @@
 //! `corral dev`: a single-node coordinator and a worker with simulated GPUs in one process.
 
 use crate::args::DevArgs;
+use crate::metrics_http::MetricsSource;
 use anyhow::{bail, Context};
 use corral_client::{Client, ClientConfig};
 use corral_coordinator::{Coordinator, CoordinatorConfig};
@@ -56,6 +57,16 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     if !listen.ip().is_loopback() {
         bail!("corral dev serves without TLS, so it listens on loopback only: use e.g. 127.0.0.1:{}", listen.port());
     }
+    let metrics_addr = match &args.metrics_addr {
+        Some(m) => {
+            let addr = crate::metrics_http::parse_addr("--metrics-addr", m).map_err(anyhow::Error::msg)?;
+            if !addr.ip().is_loopback() {
+                bail!("corral dev serves metrics on loopback only: use e.g. --metrics-addr 127.0.0.1:{}", addr.port());
+            }
+            Some(addr)
+        }
+        None => None,
+    };
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create data dir {}", args.data_dir.display()))?;
     let data_dir = args.data_dir.canonicalize()?;
@@ -98,6 +109,15 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     .with_faults_file(data_dir.join("worker/faults.toml"));
     let client = Client::new(ClientConfig::new(vec![addr.to_string()]))?;
     let worker = Worker::new(worker_config, client.gateway(), Arc::new(executor), Arc::new(gpus));
+    // One listener exports both: the coordinator's series and the worker's do not overlap.
+    let metrics = match metrics_addr {
+        Some(addr) => {
+            let sources =
+                vec![MetricsSource::Coordinator(coordinator.clone()), MetricsSource::Worker(worker.metrics())];
+            Some(crate::metrics_http::start(addr, sources, stopped(stop_rx.clone())).await?)
+        }
+        None => None,
+    };
     let worker = tokio::spawn(worker.run(agent_listener, stopped(stop_rx.clone())));
 
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -110,6 +130,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             bail!("the dev worker did not register within 30s");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if let Some(bound) = metrics {
+        println!("corral dev metrics at http://{bound}/metrics");
     }
     println!(
         "corral dev ready at {addr} ({} x {} simulated, data in {})",

@@ -6,7 +6,9 @@ mod cluster_cmd;
 mod commands;
 mod coordinator_cmd;
 mod dev;
+mod metrics_http;
 mod output;
+mod top;
 mod worker_cmd;
 
 use args::{Cli, Command};
@@ -83,6 +85,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cancel(args) => commands::cancel(&global, args).await,
         Command::Logs(args) => commands::logs(&global, args).await,
         Command::Nodes => commands::nodes(&global).await,
+        Command::Top(args) => top::run(&global, args).await,
         Command::Ts { count } => commands::ts(&global, count).await,
         Command::Billing(args::BillingCommand::Report(args)) => billing::report(&global, args).await,
         Command::History(args) => billing::history(&global, args).await,

@@ -36,6 +36,8 @@ pub struct WorkerFile {
     pub listen: String,
     /// Address the coordinators reach the agent at (default: the bound `listen` address).
     pub advertise: Option<String>,
+    /// Address to serve Prometheus metrics on (`GET /metrics`); absent: no metrics listener.
+    pub metrics_addr: Option<String>,
     #[serde(default = "default_heartbeat_interval")]
     pub heartbeat_interval: String,
     /// SIGTERM to SIGKILL when a job is cancelled.
@@ -272,6 +274,9 @@ impl WorkerFile {
                 return Err(format!("advertise: '{a}' is not host:port"));
             }
         }
+        if let Some(m) = &self.metrics_addr {
+            crate::metrics_http::parse_addr("metrics-addr", m)?;
+        }
         if duration("heartbeat-interval", &self.heartbeat_interval)?.is_zero() {
             return Err("heartbeat-interval: must be greater than 0".into());
         }
@@ -496,10 +501,17 @@ pub async fn run(config_path: &Path, token: Option<String>) -> anyhow::Result<()
         listener.local_addr()?,
         file.coordinators.join(",")
     );
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let mut running = tokio::spawn(worker.run(listener, async move {
-        let _ = stop_rx.wait_for(|s| *s).await;
-    }));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    if let Some(m) = &file.metrics_addr {
+        let addr = crate::metrics_http::parse_addr("metrics-addr", m).map_err(anyhow::Error::msg)?;
+        let sources = vec![crate::metrics_http::MetricsSource::Worker(worker.metrics())];
+        let bound = crate::metrics_http::start(addr, sources, stopped(stop_rx.clone())).await?;
+        println!("corral worker {} serving metrics at http://{bound}/metrics", file.node_name());
+    }
+    let mut running = tokio::spawn(worker.run(listener, stopped(stop_rx)));
     tokio::select! {
         _ = crate::dev::termination() => {
             tracing::info!("shutting down: killing local jobs");
@@ -702,6 +714,7 @@ mod tests {
             (with("[hygiene]\nsettle-time = \"soon\"\n"), "hygiene.settle-time"),
             (with("[mig]\nmanage = true\n"), "mig.manage: no device in gpu.devices has mig = true"),
             (with("[executor]\ncgroup-root = \"../x\"\n"), "executor.cgroup-root"),
+            (format!("metrics-addr = \":9481\"\n{MINIMAL}"), "metrics-addr: ':9481' is not IP:PORT"),
         ];
         for (text, expected) in cases {
             let path = dir.path().join("w.toml");

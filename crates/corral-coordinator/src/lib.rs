@@ -10,6 +10,7 @@ mod error;
 mod gateway;
 mod group_commit;
 mod liveness;
+mod metrics;
 mod scheduler;
 mod tso;
 
@@ -66,6 +67,8 @@ struct Inner {
     submits: std::sync::OnceLock<group_commit::GroupCommit>,
     tso: Tso,
     liveness: Liveness,
+    /// Scheduler counters and pass latency, exported while this node leads.
+    scheduler_metrics: metrics::SchedulerMetrics,
     config: CoordinatorConfig,
 }
 
@@ -78,6 +81,7 @@ impl Coordinator {
                 submits: std::sync::OnceLock::new(),
                 tso: Tso::default(),
                 liveness: Liveness::default(),
+                scheduler_metrics: metrics::SchedulerMetrics::default(),
                 config,
             }),
         }
@@ -122,6 +126,7 @@ impl Coordinator {
             };
             match allocation {
                 Some((Allocation::Granted(first), window_end)) => {
+                    tso.served.inc_by(count);
                     if first.physical_ms() + tso::WINDOW_MS / 2 > window_end && tso.begin_prefetch() {
                         let coord = self.clone();
                         tokio::spawn(async move {

@@ -31,6 +31,11 @@ impl Liveness {
         self.lock().get(node).cloned()
     }
 
+    /// Every node's entry, for metrics.
+    pub fn snapshot(&self) -> BTreeMap<String, NodeLive> {
+        self.lock().clone()
+    }
+
     /// Nodes among `up` not heard from within `ttl`. A node never seen by this leader gets a
     /// grace period of one `ttl` from now (a new leader has no heartbeat history).
     pub fn expired<'a>(&self, up: impl Iterator<Item = &'a str>, ttl: Duration) -> Vec<String> {

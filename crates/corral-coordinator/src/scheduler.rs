@@ -54,6 +54,7 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> usize {
             return 0;
         }
     };
+    let started = std::time::Instant::now();
     let pass = {
         let data = coord.inner.node.state.read();
         // Nothing can be placed without a node: skip the pass over a long queue.
@@ -67,9 +68,17 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> usize {
         let mut reasons = coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
         *reasons = pass.pending.iter().map(|p| (p.job_id, p.reason.to_string())).collect();
     }
-    let Some(command) = pass.command() else { return 0 };
-    match coord.propose(command).await {
+    let metrics = &coord.inner.scheduler_metrics;
+    let Some(command) = pass.command() else {
+        metrics.pass_duration.observe(started.elapsed().as_secs_f64());
+        return 0;
+    };
+    let proposed = coord.propose(command).await;
+    metrics.pass_duration.observe(started.elapsed().as_secs_f64());
+    match proposed {
         Ok(Outcome::Scheduled(out)) => {
+            metrics.placements.inc_by(out.placed.len() as u64);
+            metrics.preemptions.inc_by(out.preempted.len() as u64);
             for (job_id, reason) in &out.rejected {
                 tracing::debug!(job_id, reason = %reason, "decision not applied");
             }

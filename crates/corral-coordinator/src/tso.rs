@@ -10,6 +10,7 @@
 //! - a wall clock that jumps backwards never makes timestamps go backwards (logged).
 
 use corral_types::Timestamp;
+use prometheus_client::metrics::counter::Counter;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -102,6 +103,8 @@ pub(crate) struct Tso {
     pub extending: tokio::sync::Mutex<()>,
     /// An early extension is already on its way.
     pub prefetching: AtomicBool,
+    /// Timestamps handed out by this node (`corral_tso_timestamps_total`).
+    pub served: Counter,
 }
 
 impl Tso {

@@ -9,7 +9,9 @@ pub mod executor;
 pub mod gpu;
 pub mod health;
 pub mod hygiene;
+mod metrics;
 pub mod mps;
 mod worker;
 
+pub use metrics::WorkerMetrics;
 pub use worker::{infiniband_devices, JobUser, UserMapping, Worker, WorkerConfig};

@@ -159,6 +159,8 @@ struct LocalJob {
     /// The MIG device the job runs on, if any.
     mig_uuid: Option<String>,
     handle: Option<JobHandle>,
+    /// Tenant the job runs for (metrics).
+    tenant: String,
     /// The process tree is gone; the exit report may still be in flight.
     exited: bool,
     /// A stop order is being carried out (signals sent, SIGKILL scheduled).
@@ -186,6 +188,11 @@ pub(crate) struct WorkerShared {
     /// Highest id of a heartbeat the coordinator accepted, and a signal at each.
     heartbeat_accepted: AtomicU64,
     heartbeat_sent: Notify,
+    /// The GPU reading of the last heartbeat (metrics show it).
+    last_readings: Mutex<Vec<GpuReading>>,
+    /// When the coordinator last accepted a heartbeat.
+    last_heartbeat_ok: Mutex<Option<Instant>>,
+    started: Instant,
 }
 
 /// The MIG device picked for a job.
@@ -227,6 +234,48 @@ impl WorkerShared {
     /// GPU indices of jobs whose processes still run.
     fn allocated_gpus(&self) -> Vec<u32> {
         self.jobs().values().filter(|j| !j.exited).flat_map(|j| j.gpus.clone()).collect()
+    }
+
+    /// What a metrics scrape exports now: the last heartbeat's GPU reading with hygiene and
+    /// health, and the cgroup usage of every running job.
+    pub(crate) fn metrics_snapshot(&self) -> crate::metrics::Snapshot {
+        let info = self.info.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let readings = self.last_readings.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let gpus = {
+            let health = self.health.lock().unwrap_or_else(|p| p.into_inner());
+            readings
+                .into_iter()
+                .map(|reading| {
+                    let device = info.iter().find(|d| d.device.index == reading.index);
+                    crate::metrics::GpuSample {
+                        uuid: device.map(|d| d.device.uuid.clone()).unwrap_or_default(),
+                        device: format!("nvidia{}", device.and_then(|d| d.minor).unwrap_or(reading.index)),
+                        model: device.map(|d| d.device.model.clone()).unwrap_or_default(),
+                        total_mib: device.map_or(0, |d| d.device.memory_mib),
+                        dirty: self.hygiene.is_dirty(reading.index),
+                        healthy: health.is_healthy(reading.index),
+                        reading,
+                    }
+                })
+                .collect()
+        };
+        let running: Vec<(u64, String, JobHandle)> = self
+            .jobs()
+            .iter()
+            .filter(|(_, j)| !j.exited)
+            .filter_map(|(id, j)| j.handle.clone().map(|h| (*id, j.tenant.clone(), h)))
+            .collect();
+        let jobs = running
+            .into_iter()
+            .map(|(job_id, tenant, handle)| crate::metrics::JobSample { job_id, tenant, usage: handle.usage() })
+            .collect();
+        let last_ok = *self.last_heartbeat_ok.lock().unwrap_or_else(|p| p.into_inner());
+        crate::metrics::Snapshot {
+            hostname: self.config.node_name.clone(),
+            gpus,
+            heartbeat_age_secs: last_ok.unwrap_or(self.started).elapsed().as_secs_f64(),
+            jobs,
+        }
     }
 
     /// Reads every GPU off the async executor (driver calls block).
@@ -318,8 +367,16 @@ impl Worker {
                 heartbeats_started: AtomicU64::new(0),
                 heartbeat_accepted: AtomicU64::new(0),
                 heartbeat_sent: Notify::new(),
+                last_readings: Mutex::new(Vec::new()),
+                last_heartbeat_ok: Mutex::new(None),
+                started: Instant::now(),
             }),
         }
+    }
+
+    /// The worker's metrics, to serve while it runs.
+    pub fn metrics(&self) -> crate::WorkerMetrics {
+        crate::metrics::WorkerMetrics { shared: Arc::clone(&self.shared) }
     }
 
     fn node_spec(&self) -> NodeSpec {
@@ -359,6 +416,7 @@ impl Worker {
         *self.shared.info.lock().unwrap_or_else(|p| p.into_inner()) = info;
         self.shared.hygiene.start(&readings);
         self.shared.health.lock().unwrap_or_else(|p| p.into_inner()).update(&readings);
+        *self.shared.last_readings.lock().unwrap_or_else(|p| p.into_inner()) = readings;
     }
 
     /// Serves the agent on `agent_listener`, registers, and runs the heartbeat loop until
@@ -461,6 +519,7 @@ impl Worker {
                 })
                 .collect()
         };
+        *shared.last_readings.lock().unwrap_or_else(|p| p.into_inner()) = readings;
         let request = pb::HeartbeatRequest {
             node: shared.config.node_name.clone(),
             node_epoch: shared.node_epoch.load(Ordering::SeqCst),
@@ -468,6 +527,7 @@ impl Worker {
             running,
         };
         let reply = shared.gateway.heartbeat(request).await?;
+        *shared.last_heartbeat_ok.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         shared.heartbeat_accepted.fetch_max(id, Ordering::SeqCst);
         shared.heartbeat_sent.notify_waiters();
         if reply.reregister {
@@ -590,6 +650,7 @@ impl Worker {
             job_id,
             LocalJob {
                 epoch,
+                tenant: job.spec.tenant.clone(),
                 gpus: gpus.clone(),
                 mig_uuid: mig_uuid.clone(),
                 handle: Some(handle.clone()),
@@ -651,7 +712,15 @@ impl Worker {
         let shared = self.shared.clone();
         shared.jobs().insert(
             job_id,
-            LocalJob { epoch, gpus: Vec::new(), mig_uuid: None, handle: None, exited: true, stopping: false },
+            LocalJob {
+                epoch,
+                tenant: String::new(),
+                gpus: Vec::new(),
+                mig_uuid: None,
+                handle: None,
+                exited: true,
+                stopping: false,
+            },
         );
         tokio::spawn(async move { report_finished(&shared, job_id, epoch, report).await });
     }

@@ -6,6 +6,7 @@ mod bad_input;
 mod billing;
 mod cluster;
 mod job_path;
+mod metrics;
 mod prometheus_config;
 mod tso;
 mod worker;

@@ -27,8 +27,8 @@ use nix::unistd::Pid;
 use tokio::process::Child;
 use tracing::{debug, error, info, warn};
 
-pub use cgroup::CgroupVersion;
 use cgroup::JobCgroup;
+pub use cgroup::{CgroupUsage, CgroupVersion};
 pub use process::{STDERR_LOG, STDOUT_LOG};
 pub use runc::{RuncConfig, RuncExecutor};
 
@@ -437,6 +437,11 @@ impl JobHandle {
     /// The job's cgroup path relative to the hierarchy root(s).
     pub fn cgroup_name(&self) -> &str {
         self.shared.cgroup.name()
+    }
+
+    /// Memory and CPU time the job's cgroup uses now (reads a few cgroup files).
+    pub fn usage(&self) -> CgroupUsage {
+        self.shared.cgroup.usage()
     }
 }
 

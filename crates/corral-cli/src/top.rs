@@ -1,0 +1,214 @@
+//! `corral top`: a live view of the pool (nodes, GPUs with temperature, utilization and state,
+//! the queue by tenant, running jobs) redrawn with plain ANSI escapes every `--interval`;
+//! `--once` prints a single frame (as JSON with `--output json`).
+
+use crate::args::{GlobalArgs, OutputFormat, TopArgs};
+use crate::commands::client;
+use crate::output;
+use anyhow::bail;
+use corral_client::Client;
+use corral_proto::v1 as pb;
+use corral_types::{Job, JobState, Timestamp};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::ExitCode;
+
+/// Clear the screen and move the cursor home.
+const CLEAR: &str = "\x1b[H\x1b[2J";
+
+/// One picture of the pool.
+struct Frame {
+    nodes: Vec<pb::NodeView>,
+    jobs: Vec<Job>,
+}
+
+/// Pending and running jobs of one tenant.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct TenantQueue {
+    pending: u32,
+    running: u32,
+    /// Whole GPUs held by the running jobs.
+    running_gpus: u32,
+}
+
+impl Frame {
+    async fn fetch(client: &Client) -> anyhow::Result<Frame> {
+        let nodes = client.list_nodes().await?;
+        let jobs = client.list_jobs(false, None).await?;
+        Ok(Frame { nodes, jobs })
+    }
+
+    fn queue(&self) -> BTreeMap<&str, TenantQueue> {
+        let mut queue: BTreeMap<&str, TenantQueue> = BTreeMap::new();
+        for job in &self.jobs {
+            let q = queue.entry(job.spec.tenant.as_str()).or_default();
+            match job.state {
+                JobState::Pending => q.pending += 1,
+                JobState::Running => {
+                    q.running += 1;
+                    q.running_gpus +=
+                        job.allocation.as_ref().map_or(0, |a| a.parts().map(|(_, g)| g.len() as u32).sum::<u32>());
+                }
+                _ => {}
+            }
+        }
+        queue
+    }
+
+    fn running(&self) -> Vec<Job> {
+        self.jobs.iter().filter(|j| j.state == JobState::Running).cloned().collect()
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "nodes": self.nodes.iter().map(output::node_json).collect::<Vec<_>>(),
+            "queue": self.queue().iter().map(|(tenant, q)| json!({
+                "tenant": tenant,
+                "pending": q.pending,
+                "running": q.running,
+                "running_gpus": q.running_gpus,
+            })).collect::<Vec<_>>(),
+            "running": self.running().iter().map(output::job_json).collect::<Vec<_>>(),
+        })
+    }
+
+    fn render(&self) -> String {
+        let gpu_rows: Vec<Vec<String>> = self
+            .nodes
+            .iter()
+            .flat_map(|n| {
+                n.gpus.iter().map(move |g| {
+                    let jobs = g.job_ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+                    vec![
+                        n.name.clone(),
+                        g.index.to_string(),
+                        g.model.clone(),
+                        g.state.clone(),
+                        g.temperature_c.to_string(),
+                        g.utilization_percent.to_string(),
+                        format!("{}/{}", g.memory_used_mib, g.memory_mib),
+                        format!("{:.0}", g.power_mw as f64 / 1000.0),
+                        if jobs.is_empty() { "-".into() } else { jobs },
+                    ]
+                })
+            })
+            .collect();
+        let queue_rows: Vec<Vec<String>> = self
+            .queue()
+            .iter()
+            .map(|(tenant, q)| {
+                vec![tenant.to_string(), q.pending.to_string(), q.running.to_string(), q.running_gpus.to_string()]
+            })
+            .collect();
+        let running = self.running();
+        [
+            format!("NODES\n{}", output::nodes_table(&self.nodes)),
+            format!(
+                "GPUS\n{}",
+                output::table(
+                    &["NODE", "GPU", "MODEL", "STATE", "TEMP(C)", "UTIL(%)", "MEM(MiB)", "POWER(W)", "JOBS"],
+                    &gpu_rows
+                )
+            ),
+            format!("QUEUE\n{}", output::table(&["TENANT", "PENDING", "RUNNING", "GPUS"], &queue_rows)),
+            format!("RUNNING\n{}", output::jobs_table(&running)),
+        ]
+        .join("\n\n")
+    }
+}
+
+fn now_utc() -> String {
+    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    output::format_utc(Timestamp::compose(ms, 0))
+}
+
+pub async fn run(global: &GlobalArgs, args: TopArgs) -> anyhow::Result<ExitCode> {
+    let client = client(global)?;
+    if args.once {
+        let frame = Frame::fetch(&client).await?;
+        match global.output {
+            OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&frame.json())?),
+            OutputFormat::Table => println!("{}", frame.render()),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if global.output == OutputFormat::Json {
+        bail!("--output json prints one frame: use `corral top --once --output json`");
+    }
+    if args.interval.is_zero() {
+        bail!("invalid --interval 0: give a time between refreshes such as 2s");
+    }
+    let endpoints = global.endpoint.join(",");
+    let interval = corral_types::format_duration(args.interval);
+    loop {
+        // A failed refresh (e.g. during a leader change) shows the error and tries again.
+        let body = match Frame::fetch(&client).await {
+            Ok(frame) => frame.render(),
+            Err(e) => format!("error: {e}"),
+        };
+        let mut stdout = std::io::stdout().lock();
+        write!(
+            stdout,
+            "{CLEAR}corral top  {endpoints}  {}  (every {interval}, Ctrl-C to quit)\n\n{body}\n",
+            now_utc()
+        )?;
+        stdout.flush()?;
+        drop(stdout);
+        tokio::select! {
+            _ = tokio::time::sleep(args.interval) => {}
+            _ = crate::dev::termination() => return Ok(ExitCode::SUCCESS),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_types::{Allocation, JobSpec};
+
+    fn job(id: u64, tenant: &str, state: JobState, gpus: Vec<u32>) -> Job {
+        let spec =
+            JobSpec { name: "j".into(), tenant: tenant.into(), command: vec!["true".into()], ..Default::default() };
+        let allocation =
+            (!gpus.is_empty()).then(|| Allocation { node: "n1".into(), gpus, epoch: 1, ..Default::default() });
+        Job {
+            id,
+            spec,
+            state,
+            request_id: String::new(),
+            submitted_at: Timestamp::compose(1_000, 0),
+            admitted_at: None,
+            started_at: None,
+            finished_at: None,
+            allocation,
+            exit_code: None,
+            signal: None,
+            reason: None,
+            cancel_requested: false,
+            attempts: 1,
+            worker_run_time_ms: None,
+            preemption: None,
+        }
+    }
+
+    #[test]
+    fn queue_counts_jobs_and_gpus_per_tenant() {
+        let frame = Frame {
+            nodes: Vec::new(),
+            jobs: vec![
+                job(1, "a", JobState::Running, vec![0, 1]),
+                job(2, "a", JobState::Pending, vec![]),
+                job(3, "b", JobState::Pending, vec![]),
+            ],
+        };
+        let queue = frame.queue();
+        assert_eq!(queue["a"], TenantQueue { pending: 1, running: 1, running_gpus: 2 });
+        assert_eq!(queue["b"], TenantQueue { pending: 1, running: 0, running_gpus: 0 });
+        let doc = frame.json();
+        assert_eq!(doc["running"][0]["id"], 1, "{doc}");
+        assert_eq!(doc["queue"][1]["tenant"], "b", "{doc}");
+        let text = frame.render();
+        assert!(text.contains("QUEUE\nTENANT  PENDING  RUNNING  GPUS\na       1        1        2"), "{text}");
+    }
+}
