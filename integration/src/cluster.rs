@@ -228,10 +228,12 @@ impl Cluster {
                     .map(|i| {
                         let log = self.log_of(i);
                         let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                        let pid = self.nodes[i].child.as_ref().map(Child::id).unwrap_or(0);
                         format!(
-                            "node {} does not answer; its log ends:\n{}",
+                            "node {} does not answer; its log ends:\n{}\n{}",
                             self.nodes[i].node_id,
-                            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                            tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+                            crate::thread_dump(pid)
                         )
                     })
                     .collect();

@@ -327,3 +327,32 @@ mod tests {
         assert_eq!(metric_value(text, "c", &[]), None);
     }
 }
+
+/// What every thread of a hung process is doing, for a test's failure message: the kernel's
+/// view of each thread (state and wait channel) and, where gdb is installed, their stacks.
+pub fn thread_dump(pid: u32) -> String {
+    let mut out = format!("threads of pid {pid}:\n");
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.flatten().collect::<Vec<_>>());
+    for task in tasks.unwrap_or_default() {
+        let path = task.path();
+        let read = |name: &str| std::fs::read_to_string(path.join(name)).unwrap_or_default().trim().to_owned();
+        let stat = read("stat");
+        // The state letter follows the parenthesised command name.
+        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next().unwrap_or('?')).unwrap_or('?');
+        out.push_str(&format!(
+            "  {} {:<16} state {state} wchan {}\n",
+            task.file_name().to_string_lossy(),
+            read("comm"),
+            read("wchan")
+        ));
+    }
+    let gdb = std::process::Command::new("gdb")
+        .args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt 30"])
+        .stdin(std::process::Stdio::null())
+        .output();
+    match gdb {
+        Ok(o) if o.status.success() => out.push_str(&String::from_utf8_lossy(&o.stdout)),
+        _ => out.push_str("(no gdb: stacks not shown)\n"),
+    }
+    out
+}
