@@ -22,6 +22,19 @@ pub fn trivial_job(name: &str) -> corral_types::JobSpec {
     }
 }
 
+/// `--ca/--cert/--key` for the certificate `name` (e.g. "admin", "client-user") of a
+/// `corral certs init` directory.
+pub fn tls_args(certs: &Path, name: &str) -> Vec<String> {
+    vec![
+        "--ca".into(),
+        certs.join("ca.pem").display().to_string(),
+        "--cert".into(),
+        certs.join(format!("{name}.pem")).display().to_string(),
+        "--key".into(),
+        certs.join(format!("{name}-key.pem")).display().to_string(),
+    ]
+}
+
 /// Path of the `corral` binary: `$CORRAL_BIN`, else `target/<profile>/corral` next to the test binary.
 pub fn corral_bin() -> PathBuf {
     if let Ok(bin) = std::env::var("CORRAL_BIN") {

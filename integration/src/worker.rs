@@ -35,6 +35,17 @@ impl WorkerProc {
         WorkerProc { name: name.to_string(), config, data_dir, log, child: None }
     }
 
+    /// Talks mutual TLS with the worker certificate `worker-<name>.pem` of `certs`.
+    pub fn use_tls(&self, certs: &Path) {
+        let mut text = std::fs::read_to_string(&self.config).expect("worker config");
+        text.push_str(&format!(
+            "\n[tls]\nca = \"{0}/ca.pem\"\ncert = \"{0}/worker-{1}.pem\"\nkey = \"{0}/worker-{1}-key.pem\"\n",
+            certs.display(),
+            self.name
+        ));
+        std::fs::write(&self.config, text).expect("write worker config");
+    }
+
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "worker {} is running", self.name);
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log");

@@ -59,6 +59,12 @@ pub struct WorkerFile {
     pub mps: MpsSection,
     #[serde(default)]
     pub mig: MigSection,
+    /// Mutual TLS towards the coordinators and for the agent (a worker certificate whose name
+    /// is this node's name).
+    pub tls: Option<crate::coordinator_cmd::TlsSection>,
+    /// Serve the agent (job logs) in plaintext on a non-loopback address (without [tls]).
+    #[serde(default)]
+    pub insecure: bool,
 }
 
 fn default_listen() -> String {
@@ -313,6 +319,9 @@ impl WorkerFile {
         if duration("hygiene.recheck-interval", &self.hygiene.recheck_interval)?.is_zero() {
             return Err("hygiene.recheck-interval: must be greater than 0".into());
         }
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+        }
         if self.mig.manage {
             return Err("mig.manage: creating MIG instances is not supported yet; lay them out with `nvidia-smi mig` and set manage = false".into());
         }
@@ -465,7 +474,27 @@ async fn build(file: &WorkerFile, token: Option<String>) -> anyhow::Result<(Work
     let gpus = gpu_backend(file)?;
     let executor = executor(file)?;
     let mut config = file.worker_config().map_err(anyhow::Error::msg)?;
+    let tls = match &file.tls {
+        Some(section) => {
+            let identity = corral_security::certificate_identity(&section.cert)?;
+            if identity.name != config.node_name {
+                bail!(
+                    "tls.cert: {} is the certificate of worker '{}', but this node is '{}'",
+                    section.cert.display(),
+                    identity.name,
+                    config.node_name
+                );
+            }
+            Some(section.load(corral_security::Role::Worker)?)
+        }
+        None => None,
+    };
     let listen: SocketAddr = file.listen.parse()?;
+    if tls.is_none() && !file.insecure && !listen.ip().is_loopback() {
+        bail!(
+            "listen: {listen} is not a loopback address and the agent would serve job logs in plaintext: configure [tls] (see `corral certs init`), or set insecure = true"
+        );
+    }
     let listener = TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     let bound = listener.local_addr()?;
     config.advertise_addr = match &file.advertise {
@@ -477,6 +506,8 @@ async fn build(file: &WorkerFile, token: Option<String>) -> anyhow::Result<(Work
     };
     let mut client_config = ClientConfig::new(file.coordinators.clone());
     client_config.token = file.token.clone().or(token);
+    client_config.tls = tls.as_ref().map(|(_, client)| client.clone());
+    config.agent_tls = tls.map(|(server, _)| server);
     let client = Client::new(client_config)?;
     Ok((Worker::new(config, client.gateway(), executor, gpus), listener))
 }

@@ -95,6 +95,8 @@ pub struct WorkerConfig {
     pub extra_devices: Vec<PathBuf>,
     /// `RLIMIT_NOFILE` of every job; `None` inherits the worker's.
     pub open_files: Option<u64>,
+    /// Serve the agent over TLS, to coordinator certificates only; `None`: plaintext.
+    pub agent_tls: Option<corral_security::ServerTls>,
 }
 
 impl WorkerConfig {
@@ -116,6 +118,7 @@ impl WorkerConfig {
             mps: MpsConfig::default(),
             extra_devices: Vec::new(),
             open_files: None,
+            agent_tls: None,
         }
     }
 
@@ -348,9 +351,19 @@ impl Worker {
             tracing::warn!(cgroup = %cgroup, "killed a job left running by an earlier worker process");
         }
         self.inspect_gpus().await;
-        let incoming = tonic::transport::server::TcpIncoming::from(agent_listener).with_nodelay(Some(true));
+        let audit = Arc::new(corral_security::AuditLog::in_dir(&self.shared.config.data_dir));
+        let refusals = audit.clone();
+        let on_refused = Arc::new(move |r: corral_security::Refusal| {
+            refusals.record(corral_security::AuditEvent::denied("tls-handshake", r.addr.to_string(), "-", r.reason));
+        });
+        let tls = self.shared.config.agent_tls.clone();
+        let guard = crate::agent::RoleGuard { tls: tls.is_some(), audit };
+        let incoming = corral_security::incoming(agent_listener, tls, on_refused);
         let agent = tonic::transport::Server::builder()
-            .add_service(crate::agent::server(self.shared.clone()))
+            .add_service(tonic::service::interceptor::InterceptedService::new(
+                crate::agent::server(self.shared.clone()),
+                move |request| guard.check(request),
+            ))
             .serve_with_incoming(incoming);
         let agent = tokio::spawn(agent);
         tokio::pin!(shutdown);

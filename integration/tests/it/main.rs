@@ -5,5 +5,6 @@ mod bad_input;
 mod billing;
 mod cluster;
 mod job_path;
+mod security;
 mod tso;
 mod worker;
