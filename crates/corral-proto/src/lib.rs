@@ -5,6 +5,7 @@
 //! can send anything.
 
 mod convert;
+pub mod fuzz;
 
 /// A billing ledger segment (the domain type, re-exported for API clients).
 pub use corral_core::Segment;
