@@ -37,13 +37,18 @@ impl WorkerProc {
 
     /// Talks mutual TLS with the worker certificate `worker-<name>.pem` of `certs`.
     pub fn use_tls(&self, certs: &Path) {
-        let mut text = std::fs::read_to_string(&self.config).expect("worker config");
-        text.push_str(&format!(
+        self.append_config(&format!(
             "\n[tls]\nca = \"{0}/ca.pem\"\ncert = \"{0}/worker-{1}.pem\"\nkey = \"{0}/worker-{1}-key.pem\"\n",
             certs.display(),
             self.name
         ));
-        std::fs::write(&self.config, text).expect("write worker config");
+    }
+
+    /// Appends TOML (whole sections, e.g. `[users]`) to the config before `start`.
+    pub fn append_config(&self, text: &str) {
+        let mut config = std::fs::read_to_string(&self.config).expect("worker config");
+        config.push_str(text);
+        std::fs::write(&self.config, config).expect("write worker config");
     }
 
     pub fn start(&mut self) {

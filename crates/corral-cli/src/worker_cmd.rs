@@ -123,6 +123,8 @@ pub struct ExecutorSection {
     pub rdma: bool,
     /// RLIMIT_NOFILE of jobs.
     pub open_files: Option<u64>,
+    /// Most processes and threads of one job (its cgroup's pids.max).
+    pub pids_max: u64,
 }
 
 impl Default for ExecutorSection {
@@ -133,6 +135,7 @@ impl Default for ExecutorSection {
             cdi_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
             rdma: false,
             open_files: None,
+            pids_max: corral_worker::DEFAULT_PIDS_MAX,
         }
     }
 }
@@ -307,6 +310,9 @@ impl WorkerFile {
                 e.cgroup_root
             ));
         }
+        if e.pids_max == 0 {
+            return Err("executor.pids-max: must be greater than 0".into());
+        }
         if e.open_files == Some(0) {
             return Err("executor.open-files: must be greater than 0 (leave it out to inherit)".into());
         }
@@ -419,6 +425,7 @@ impl WorkerFile {
             c.extra_devices = corral_worker::infiniband_devices();
         }
         c.open_files = self.executor.open_files;
+        c.pids_max = Some(self.executor.pids_max);
         Ok(c)
     }
 

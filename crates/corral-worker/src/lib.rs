@@ -12,4 +12,4 @@ pub mod hygiene;
 pub mod mps;
 mod worker;
 
-pub use worker::{infiniband_devices, JobUser, UserMapping, Worker, WorkerConfig};
+pub use worker::{infiniband_devices, JobUser, UserMapping, Worker, WorkerConfig, DEFAULT_PIDS_MAX};

@@ -71,6 +71,9 @@ impl UserMapping {
     }
 }
 
+/// Default `pids.max` of a job.
+pub const DEFAULT_PIDS_MAX: u64 = 4096;
+
 /// Plain worker settings (the binary builds them from TOML or flags).
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -95,6 +98,9 @@ pub struct WorkerConfig {
     pub extra_devices: Vec<PathBuf>,
     /// `RLIMIT_NOFILE` of every job; `None` inherits the worker's.
     pub open_files: Option<u64>,
+    /// Most processes and threads of one job (`pids.max` of its cgroup): a fork bomb stops
+    /// there instead of starving the node. `None`: unlimited.
+    pub pids_max: Option<u64>,
     /// Serve the agent over TLS, to coordinator certificates only; `None`: plaintext.
     pub agent_tls: Option<corral_security::ServerTls>,
 }
@@ -118,6 +124,7 @@ impl WorkerConfig {
             mps: MpsConfig::default(),
             extra_devices: Vec::new(),
             open_files: None,
+            pids_max: Some(DEFAULT_PIDS_MAX),
             agent_tls: None,
         }
     }
@@ -717,7 +724,7 @@ impl Worker {
             limits: ResourceLimits {
                 memory_bytes: (job.spec.memory_bytes > 0).then_some(job.spec.memory_bytes),
                 cpu_millis: (job.spec.cpu_millis > 0).then_some(job.spec.cpu_millis),
-                pids_max: None,
+                pids_max: config.pids_max,
                 open_files: config.open_files,
             },
             uid: user.map(|u| u.uid),

@@ -4,6 +4,7 @@
 mod bad_input;
 mod billing;
 mod cluster;
+mod isolation;
 mod job_path;
 mod security;
 mod tso;
