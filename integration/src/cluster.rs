@@ -17,6 +17,9 @@ pub struct ClusterOptions {
     pub node_ttl: String,
     /// Extra environment of node `index` (e.g. a failpoint): (index, name, value).
     pub node_env: Vec<(usize, String, String)>,
+    /// Mutual TLS from a `corral certs init` directory: node `i` uses `coordinator-<i+1>.pem`,
+    /// and the fixture's CLI calls use `admin.pem`.
+    pub tls: Option<PathBuf>,
 }
 
 impl Default for ClusterOptions {
@@ -27,6 +30,7 @@ impl Default for ClusterOptions {
             hosts: None,
             node_ttl: "10s".into(),
             node_env: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -88,6 +92,17 @@ impl Cluster {
             self.options.keep_logs_after_snapshot,
             self.options.node_ttl
         );
+        let mut text = text;
+        if let Some(certs) = &self.options.tls {
+            let n = slot + 1;
+            text.push_str(&format!(
+                "\n[tls]\nca = \"{0}/ca.pem\"\ncert = \"{0}/coordinator-{n}.pem\"\nkey = \"{0}/coordinator-{n}-key.pem\"\n",
+                certs.display()
+            ));
+        } else if self.options.hosts.is_some() {
+            // Namespaced hosts are off loopback: plaintext must be asked for.
+            text = format!("insecure = true\n{text}");
+        }
         std::fs::write(&config, text).expect("write config");
         let log = self.dir.path().join(format!("coordinator-{slot}.log"));
         self.nodes.push(CoordinatorProc { node_id: id, addr, config, child: None, log });
@@ -158,13 +173,32 @@ impl Cluster {
         self.nodes.iter().map(|n| n.addr.as_str()).collect::<Vec<_>>().join(",")
     }
 
+    /// `--ca/--cert/--key` of the admin certificate when the cluster runs TLS.
+    pub fn admin_tls_args(&self) -> Vec<String> {
+        match &self.options.tls {
+            Some(certs) => crate::tls_args(certs, "admin"),
+            None => Vec::new(),
+        }
+    }
+
+    /// Data directory of node `index` (holds `audit.jsonl`).
+    pub fn data_dir(&self, index: usize) -> PathBuf {
+        self.dir.path().join(format!("data-{index}"))
+    }
+
     pub fn corral_at(&self, index: usize, args: &[&str]) -> Output {
-        Command::new(corral_bin()).args(["--endpoint", &self.nodes[index].addr]).args(args).output().expect("corral")
+        Command::new(corral_bin())
+            .args(self.admin_tls_args())
+            .args(["--endpoint", &self.nodes[index].addr])
+            .args(args)
+            .output()
+            .expect("corral")
     }
 
     /// Runs a CLI command against all endpoints, which must succeed; returns the JSON output.
     pub fn json(&self, args: &[&str]) -> Value {
         let out = Command::new(corral_bin())
+            .args(self.admin_tls_args())
             .args(["--endpoint", &self.endpoints(), "--output", "json"])
             .args(args)
             .output()

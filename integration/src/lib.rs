@@ -22,6 +22,19 @@ pub fn trivial_job(name: &str) -> corral_types::JobSpec {
     }
 }
 
+/// `--ca/--cert/--key` for the certificate `name` (e.g. "admin", "client-user") of a
+/// `corral certs init` directory.
+pub fn tls_args(certs: &Path, name: &str) -> Vec<String> {
+    vec![
+        "--ca".into(),
+        certs.join("ca.pem").display().to_string(),
+        "--cert".into(),
+        certs.join(format!("{name}.pem")).display().to_string(),
+        "--key".into(),
+        certs.join(format!("{name}-key.pem")).display().to_string(),
+    ]
+}
+
 /// Path of the `corral` binary: `$CORRAL_BIN`, else `target/<profile>/corral` next to the test binary.
 pub fn corral_bin() -> PathBuf {
     if let Ok(bin) = std::env::var("CORRAL_BIN") {
@@ -312,22 +325,6 @@ pub fn one_line_stderr(out: &Output) -> String {
     text.trim_end().to_string()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metric_values_are_found_by_name_and_labels() {
-        let text = "# TYPE a gauge\na 1\na_total 9\nb{x=\"1\",y=\"a,b\\\"c\"} 2.5\nb{x=\"2\"} 3\n# EOF\n";
-        assert_eq!(metric_value(text, "a", &[]), Some(1.0));
-        assert_eq!(metric_value(text, "a_total", &[]), Some(9.0));
-        assert_eq!(metric_value(text, "b", &[("x", "2")]), Some(3.0));
-        assert_eq!(metric_value(text, "b", &[("y", "a,b\"c"), ("x", "1")]), Some(2.5));
-        assert_eq!(metric_value(text, "b", &[("x", "3")]), None);
-        assert_eq!(metric_value(text, "c", &[]), None);
-    }
-}
-
 /// What every thread of a hung process is doing, for a test's failure message: the kernel's
 /// view of each thread (state and wait channel) and, where gdb is installed, their stacks.
 pub fn thread_dump(pid: u32) -> String {
@@ -355,4 +352,20 @@ pub fn thread_dump(pid: u32) -> String {
         _ => out.push_str("(no gdb: stacks not shown)\n"),
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_values_are_found_by_name_and_labels() {
+        let text = "# TYPE a gauge\na 1\na_total 9\nb{x=\"1\",y=\"a,b\\\"c\"} 2.5\nb{x=\"2\"} 3\n# EOF\n";
+        assert_eq!(metric_value(text, "a", &[]), Some(1.0));
+        assert_eq!(metric_value(text, "a_total", &[]), Some(9.0));
+        assert_eq!(metric_value(text, "b", &[("x", "2")]), Some(3.0));
+        assert_eq!(metric_value(text, "b", &[("y", "a,b\"c"), ("x", "1")]), Some(2.5));
+        assert_eq!(metric_value(text, "b", &[("x", "3")]), None);
+        assert_eq!(metric_value(text, "c", &[]), None);
+    }
 }

@@ -41,6 +41,22 @@ impl WorkerProc {
         std::fs::write(&self.config, edit(text)).expect("write worker config");
     }
 
+    /// Talks mutual TLS with the worker certificate `worker-<name>.pem` of `certs`.
+    pub fn use_tls(&self, certs: &Path) {
+        self.append_config(&format!(
+            "\n[tls]\nca = \"{0}/ca.pem\"\ncert = \"{0}/worker-{1}.pem\"\nkey = \"{0}/worker-{1}-key.pem\"\n",
+            certs.display(),
+            self.name
+        ));
+    }
+
+    /// Appends TOML (whole sections, e.g. `[users]`) to the config before `start`.
+    pub fn append_config(&self, text: &str) {
+        let mut config = std::fs::read_to_string(&self.config).expect("worker config");
+        config.push_str(text);
+        std::fs::write(&self.config, config).expect("write worker config");
+    }
+
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "worker {} is running", self.name);
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log");

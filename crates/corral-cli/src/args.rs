@@ -25,6 +25,15 @@ pub struct GlobalArgs {
     /// Access token of the tenant or admin.
     #[arg(long, global = true, env = "CORRAL_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// CA certificate (PEM) of the cluster: talk mutual TLS (with --cert and --key).
+    #[arg(long, global = true, env = "CORRAL_CA")]
+    pub ca: Option<PathBuf>,
+    /// Our client certificate (PEM) signed by the cluster CA.
+    #[arg(long, global = true, env = "CORRAL_CERT")]
+    pub cert: Option<PathBuf>,
+    /// The private key (PEM) of --cert.
+    #[arg(long, global = true, env = "CORRAL_KEY")]
+    pub key: Option<PathBuf>,
     /// Output format.
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
@@ -71,11 +80,66 @@ pub enum Command {
     Billing(BillingCommand),
     /// Accounting history (like Slurm's sacct): job, tenant, GPUs, start, end, elapsed, state, cost.
     History(HistoryArgs),
+    /// Create a dev certificate authority and role certificates for mutual TLS.
+    #[command(subcommand)]
+    Certs(CertsCommand),
+    /// Access tokens of tenants and admins (admin only): create, list, revoke.
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Print a cluster-wide timestamp from the leader's timestamp oracle (TSO).
     Ts {
         /// Take a contiguous range of this many and print the first.
         #[arg(long, default_value_t = 1)]
         count: u32,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CertsCommand {
+    /// Write ca.pem and certificates carrying their role (coordinator, worker, admin, client).
+    Init(CertsInitArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CertsInitArgs {
+    /// Directory to write the PEM files to (refuses to replace an existing CA).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Coordinator certificates coordinator-1 .. coordinator-N.
+    #[arg(long, default_value_t = 3)]
+    pub coordinators: u32,
+    /// Extra host names or IPs the coordinator and worker certificates are valid for
+    /// (127.0.0.1, ::1 and localhost always are).
+    #[arg(long, value_delimiter = ',')]
+    pub hosts: Vec<String>,
+    /// Worker node names, one certificate each (worker-NAME.pem).
+    #[arg(long, value_delimiter = ',')]
+    pub workers: Vec<String>,
+    /// Client certificates for users (client-NAME.pem); admin.pem is always written.
+    #[arg(long, value_delimiter = ',', default_value = "user")]
+    pub clients: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Issue a token and print its secret (shown once; only its SHA-256 is stored).
+    Create {
+        /// The tenant the token acts as.
+        #[arg(long, required_unless_present = "admin", conflicts_with = "admin")]
+        tenant: Option<String>,
+        /// An admin token: every tenant, tokens and the cluster.
+        #[arg(long)]
+        admin: bool,
+        /// Lifetime, e.g. 12h or 30d (default: no expiry).
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Option<std::time::Duration>,
+    },
+    /// List tokens (never their secrets).
+    List,
+    /// Revoke a token for good.
+    Revoke {
+        /// Token id (from `corral token list`).
+        id: u64,
     },
 }
 
@@ -178,9 +242,9 @@ pub struct TopArgs {
 
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
-    /// Tenant to run and bill the job as.
-    #[arg(long, default_value = "default")]
-    pub tenant: String,
+    /// Tenant to run and bill the job as (default: the token's tenant, else `default`).
+    #[arg(long)]
+    pub tenant: Option<String>,
     /// Priority class (default: the cluster's default class).
     #[arg(long)]
     pub priority: Option<String>,

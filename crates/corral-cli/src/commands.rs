@@ -15,6 +15,14 @@ pub fn client(global: &GlobalArgs) -> anyhow::Result<Client> {
         global.endpoint.iter().map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect();
     let mut config = ClientConfig::new(endpoints);
     config.token = global.token.clone();
+    config.tls = match (&global.ca, &global.cert, &global.key) {
+        (None, None, None) => None,
+        (Some(ca), Some(cert), Some(key)) => {
+            let files = corral_security::TlsFiles { ca: ca.clone(), cert: cert.clone(), key: key.clone() };
+            Some(corral_security::client_tls_config(&files)?)
+        }
+        _ => bail!("TLS needs all of --ca, --cert and --key (or CORRAL_CA, CORRAL_CERT and CORRAL_KEY)"),
+    };
     Ok(Client::new(config)?)
 }
 
@@ -41,7 +49,8 @@ pub async fn submit(global: &GlobalArgs, args: SubmitArgs) -> anyhow::Result<Exi
     });
     let spec = JobSpec {
         name,
-        tenant: args.tenant,
+        // Empty: the coordinator fills in the token's tenant (or `default`).
+        tenant: args.tenant.unwrap_or_default(),
         priority_class: args.priority.unwrap_or_default(),
         gpus: args.gpus,
         gpu_slice,
@@ -58,7 +67,11 @@ pub async fn submit(global: &GlobalArgs, args: SubmitArgs) -> anyhow::Result<Exi
             checkpoint_signal: args.signal,
         },
     };
-    spec.validate()?;
+    let mut checked = spec.clone();
+    if checked.tenant.is_empty() {
+        checked.tenant = "default".into();
+    }
+    checked.validate()?;
     let submitted = client(global)?.submit(&spec).await?;
     match global.output {
         OutputFormat::Json => print_json(&serde_json::json!({ "id": submitted.job_id }))?,

@@ -28,6 +28,68 @@ pub struct CoordinatorFile {
     pub raft: RaftSection,
     #[serde(default)]
     pub scheduler: SchedulerSection,
+    /// Mutual TLS for every connection (Raft peers, workers, clients).
+    pub tls: Option<TlsSection>,
+    /// Serve plaintext on a non-loopback address (without [tls]): anyone who can reach the
+    /// port is admin. Only for isolated networks.
+    #[serde(default)]
+    pub insecure: bool,
+    #[serde(default)]
+    pub auth: AuthSection,
+}
+
+/// PEM files of a coordinator or worker (`corral certs init` writes them).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct TlsSection {
+    /// The cluster CA: peers must present certificates it signed.
+    pub ca: PathBuf,
+    /// Our certificate (its role must match the daemon).
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TlsSection {
+    pub fn files(&self) -> corral_security::TlsFiles {
+        corral_security::TlsFiles { ca: self.ca.clone(), cert: self.cert.clone(), key: self.key.clone() }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        for (key, path) in [("tls.ca", &self.ca), ("tls.cert", &self.cert), ("tls.key", &self.key)] {
+            if path.as_os_str().is_empty() {
+                return Err(format!("{key}: must not be empty"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads the files; our certificate must carry `role`.
+    pub fn load(
+        &self,
+        role: corral_security::Role,
+    ) -> anyhow::Result<(corral_security::ServerTls, tonic::transport::ClientTlsConfig)> {
+        let files = self.files();
+        let identity = corral_security::certificate_identity(&files.cert)?;
+        if identity.role != role {
+            bail!(
+                "tls.cert: {} is a {} certificate; this daemon needs a {role} certificate",
+                files.cert.display(),
+                identity.role
+            );
+        }
+        Ok((corral_security::ServerTls::load(&files)?, corral_security::client_tls_config(&files)?))
+    }
+}
+
+/// Who may use the user API.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct AuthSection {
+    /// Require a token on the user API even without TLS (TLS always requires one, unless the
+    /// client holds an admin certificate).
+    pub require_tokens: bool,
+    /// Hex SHA-256 of a bootstrap admin token (`printf %s "$SECRET" | sha256sum`).
+    pub admin_token_sha256: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -114,6 +176,21 @@ impl CoordinatorFile {
             return Err("raft.snapshot-every: must be greater than 0".into());
         }
         corral_types::parse_duration(&self.scheduler.node_ttl).map_err(|e| format!("scheduler.node-ttl: {e}"))?;
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+        }
+        let listen: SocketAddr =
+            self.listen.parse().map_err(|_| format!("listen: '{}' is not IP:PORT", self.listen))?;
+        if self.tls.is_none() && !self.insecure && !listen.ip().is_loopback() {
+            return Err(format!(
+                "listen: {listen} is not a loopback address: configure [tls] (see `corral certs init`), or set insecure = true to serve plaintext"
+            ));
+        }
+        if let Some(hash) = &self.auth.admin_token_sha256 {
+            if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+                return Err("auth.admin-token-sha256: must be 64 lower-case hex digits (sha256sum of the token)".into());
+            }
+        }
         Ok(())
     }
 }
@@ -142,6 +219,14 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
     crate::dev::init_tracing();
     let file = CoordinatorFile::load(config_path)?;
     claim_data_dir(&file.data_dir, file.node_id)?;
+    let tls = file.tls.as_ref().map(|t| t.load(corral_security::Role::Coordinator)).transpose()?;
+    let security = corral_coordinator::SecurityConfig {
+        server_tls: tls.as_ref().map(|(server, _)| server.clone()),
+        client_tls: tls.as_ref().map(|(_, client)| client.clone()),
+        require_tokens: file.auth.require_tokens,
+        admin_token_sha256: file.auth.admin_token_sha256.clone(),
+        audit: std::sync::Arc::new(corral_security::AuditLog::in_dir(&file.data_dir)),
+    };
     let listen: SocketAddr = file.listen.parse()?;
     let listener = TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     let bound = listener.local_addr()?;
@@ -155,12 +240,14 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         election_timeout_max_ms: file.raft.election_timeout_max_ms,
         snapshot_every: file.raft.snapshot_every,
         keep_logs_after_snapshot: file.raft.keep_logs_after_snapshot,
+        client_tls: tls.as_ref().map(|(_, client)| client.clone()),
     };
     let node =
         RaftNode::open(&raft_config).await.with_context(|| format!("cannot open {}", file.data_dir.display()))?;
     let config = CoordinatorConfig {
         node_ttl: corral_types::parse_duration(&file.scheduler.node_ttl)?,
         advertise_addr: advertise.clone(),
+        security,
         ..Default::default()
     };
     let coordinator = Coordinator::new(node.clone(), config);
@@ -220,6 +307,15 @@ mod tests {
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[scheduler]\nnode-ttl = \"soon\"\n",
                 "scheduler.node-ttl",
+            ),
+            ("node-id = 1\nlisten = \"0.0.0.0:1\"\ndata-dir = \"/x\"\n", "listen: 0.0.0.0:1 is not a loopback address"),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[tls]\nca = \"ca.pem\"\ncert = \"c.pem\"\n",
+                "missing field `key`",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[auth]\nadmin-token-sha256 = \"abc\"\n",
+                "auth.admin-token-sha256",
             ),
         ];
         for (text, expected) in cases {

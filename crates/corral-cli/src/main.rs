@@ -8,6 +8,7 @@ mod coordinator_cmd;
 mod dev;
 mod metrics_http;
 mod output;
+mod security_cmd;
 mod top;
 mod worker_cmd;
 
@@ -41,7 +42,19 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // A daemon must never die of a peer closing its socket (a killed coordinator, a worker that
+    // went away): every write to it is an EPIPE error, on every thread.
+    if matches!(cli.command, Command::Dev(_) | Command::Coordinator(_) | Command::Worker(_)) {
+        // SAFETY: setting a signal disposition before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        }
+    }
+    // Sockets are written on the runtime's threads: there a peer that closed its end (a TLS
+    // server refusing us, a client going away) must be an EPIPE error, not a silent death by
+    // SIGPIPE. Children get a clean signal mask from std's spawn.
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().on_thread_start(block_sigpipe).build();
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -55,6 +68,17 @@ fn main() -> ExitCode {
             eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Blocks SIGPIPE on the calling thread (it stays fatal on the main thread, which prints).
+fn block_sigpipe() {
+    // SAFETY: sigset operations on a local set, then pthread_sigmask on the current thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }
 
@@ -86,6 +110,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Logs(args) => commands::logs(&global, args).await,
         Command::Nodes => commands::nodes(&global).await,
         Command::Top(args) => top::run(&global, args).await,
+        Command::Certs(args::CertsCommand::Init(args)) => security_cmd::certs_init(&global, args),
+        Command::Token(command) => security_cmd::token(&global, command).await,
         Command::Ts { count } => commands::ts(&global, count).await,
         Command::Billing(args::BillingCommand::Report(args)) => billing::report(&global, args).await,
         Command::History(args) => billing::history(&global, args).await,

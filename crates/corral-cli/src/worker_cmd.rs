@@ -61,6 +61,12 @@ pub struct WorkerFile {
     pub mps: MpsSection,
     #[serde(default)]
     pub mig: MigSection,
+    /// Mutual TLS towards the coordinators and for the agent (a worker certificate whose name
+    /// is this node's name).
+    pub tls: Option<crate::coordinator_cmd::TlsSection>,
+    /// Serve the agent (job logs) in plaintext on a non-loopback address (without [tls]).
+    #[serde(default)]
+    pub insecure: bool,
 }
 
 fn default_listen() -> String {
@@ -122,6 +128,8 @@ pub struct ExecutorSection {
     pub rdma: bool,
     /// RLIMIT_NOFILE of jobs.
     pub open_files: Option<u64>,
+    /// Most processes and threads of one job (its cgroup's pids.max).
+    pub pids_max: u64,
 }
 
 impl Default for ExecutorSection {
@@ -132,6 +140,7 @@ impl Default for ExecutorSection {
             cdi_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
             rdma: false,
             open_files: None,
+            pids_max: corral_worker::DEFAULT_PIDS_MAX,
         }
     }
 }
@@ -310,6 +319,9 @@ impl WorkerFile {
                 e.cgroup_root
             ));
         }
+        if e.pids_max == 0 {
+            return Err("executor.pids-max: must be greater than 0".into());
+        }
         if e.open_files == Some(0) {
             return Err("executor.open-files: must be greater than 0 (leave it out to inherit)".into());
         }
@@ -321,6 +333,9 @@ impl WorkerFile {
         duration("hygiene.settle-time", &self.hygiene.settle_time)?;
         if duration("hygiene.recheck-interval", &self.hygiene.recheck_interval)?.is_zero() {
             return Err("hygiene.recheck-interval: must be greater than 0".into());
+        }
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
         }
         if self.mig.manage && self.gpu.backend == "simulated" && !self.gpu.devices.iter().any(|d| d.mig) {
             return Err("mig.manage: no device in gpu.devices has mig = true, so there is nothing to manage".into());
@@ -420,6 +435,7 @@ impl WorkerFile {
         }
         c.open_files = self.executor.open_files;
         c.mig_manage = self.mig.manage;
+        c.pids_max = Some(self.executor.pids_max);
         Ok(c)
     }
 
@@ -475,7 +491,27 @@ async fn build(file: &WorkerFile, token: Option<String>) -> anyhow::Result<(Work
     let gpus = gpu_backend(file)?;
     let executor = executor(file)?;
     let mut config = file.worker_config().map_err(anyhow::Error::msg)?;
+    let tls = match &file.tls {
+        Some(section) => {
+            let identity = corral_security::certificate_identity(&section.cert)?;
+            if identity.name != config.node_name {
+                bail!(
+                    "tls.cert: {} is the certificate of worker '{}', but this node is '{}'",
+                    section.cert.display(),
+                    identity.name,
+                    config.node_name
+                );
+            }
+            Some(section.load(corral_security::Role::Worker)?)
+        }
+        None => None,
+    };
     let listen: SocketAddr = file.listen.parse()?;
+    if tls.is_none() && !file.insecure && !listen.ip().is_loopback() {
+        bail!(
+            "listen: {listen} is not a loopback address and the agent would serve job logs in plaintext: configure [tls] (see `corral certs init`), or set insecure = true"
+        );
+    }
     let listener = TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     let bound = listener.local_addr()?;
     config.advertise_addr = match &file.advertise {
@@ -487,6 +523,8 @@ async fn build(file: &WorkerFile, token: Option<String>) -> anyhow::Result<(Work
     };
     let mut client_config = ClientConfig::new(file.coordinators.clone());
     client_config.token = file.token.clone().or(token);
+    client_config.tls = tls.as_ref().map(|(_, client)| client.clone());
+    config.agent_tls = tls.map(|(server, _)| server);
     let client = Client::new(client_config)?;
     Ok((Worker::new(config, client.gateway(), executor, gpus), listener))
 }

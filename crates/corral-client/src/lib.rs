@@ -50,6 +50,8 @@ pub struct ClientConfig {
     /// `host:port` of one or more coordinators.
     pub endpoints: Vec<String>,
     pub token: Option<String>,
+    /// Mutual TLS: the cluster CA and our certificate; `None`: plaintext.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
     pub connect_timeout: Duration,
     /// Longest one attempt of a unary call may take before it is retried (with the same
     /// request id): a partitioned or deposed coordinator must not hang the caller.
@@ -63,6 +65,7 @@ impl ClientConfig {
         ClientConfig {
             endpoints,
             token: None,
+            tls: None,
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(5),
             retry_for: Duration::from_secs(5),
@@ -81,6 +84,21 @@ struct Pool {
     /// Address that answered last (the leader, after a redirect).
     preferred: Option<String>,
     channels: BTreeMap<String, Channel>,
+}
+
+/// A TLS failure hidden in a transport error status, explained.
+fn tls_refusal(status: &Status) -> Option<String> {
+    if !matches!(status.code(), Code::Unavailable | Code::Unknown) {
+        return None;
+    }
+    let mut chain = status.message().to_string();
+    let mut source = std::error::Error::source(status);
+    while let Some(s) = source {
+        chain.push_str(": ");
+        chain.push_str(&s.to_string());
+        source = s.source();
+    }
+    corral_security::describe_tls_error(&chain)
 }
 
 fn retryable(status: &Status) -> bool {
@@ -121,19 +139,26 @@ impl Client {
         if let Some(c) = self.pool().channels.get(addr) {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        let scheme = if self.config.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| e.to_string())?
             .connect_timeout(self.config.connect_timeout)
             .timeout(self.config.request_timeout)
             .tcp_nodelay(true);
+        if let Some(tls) = &self.config.tls {
+            endpoint = endpoint.tls_config(tls.clone()).map_err(|e| e.to_string())?;
+        }
         let channel = endpoint.connect().await.map_err(|e| {
             let mut msg = e.to_string();
+            let mut chain = msg.clone();
             let mut source = std::error::Error::source(&e);
             while let Some(s) = source {
                 msg = s.to_string();
+                chain.push_str(": ");
+                chain.push_str(&msg);
                 source = s.source();
             }
-            msg
+            corral_security::describe_tls_error(&chain).unwrap_or(msg)
         })?;
         self.pool().channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
@@ -166,6 +191,7 @@ impl Client {
             for addr in self.candidates() {
                 let channel = match self.channel(&addr).await {
                     Ok(c) => c,
+                    Err(e) if e.starts_with("TLS:") => return Err(ClientError::Protocol(format!("{e} ({addr})"))),
                     Err(e) => {
                         last_error = e;
                         self.forget(&addr);
@@ -177,6 +203,19 @@ impl Client {
                     Ok(v) => {
                         self.pool().preferred = Some(addr);
                         return Ok(v);
+                    }
+                    Err(status) if self.config.tls.is_some() && tls_refusal(&status).is_some() => {
+                        let message = tls_refusal(&status).unwrap_or_default();
+                        return Err(ClientError::Status(Status::new(Code::Unauthenticated, message)));
+                    }
+                    Err(status)
+                        if self.config.tls.is_none()
+                            && status.code() == Code::Internal
+                            && status.message().contains("h2 protocol error") =>
+                    {
+                        return Err(ClientError::Protocol(format!(
+                            "the coordinator at {addr} did not answer in plaintext: it probably requires TLS (pass --ca, --cert and --key)"
+                        )));
                     }
                     Err(status) if retryable(&status) => {
                         let leader =
@@ -361,6 +400,51 @@ impl Client {
 
     fn admin(channel: Channel) -> ClusterAdminClient<Channel> {
         ClusterAdminClient::new(channel)
+            .max_decoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
+            .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
+    }
+
+    /// Issues a token (admin only); the reply carries the secret, shown once.
+    pub async fn create_token(
+        &self,
+        tenant: Option<String>,
+        admin: bool,
+        ttl: Option<Duration>,
+    ) -> Result<pb::CreateTokenResponse, ClientError> {
+        let msg = pb::CreateTokenRequest {
+            tenant: tenant.unwrap_or_default(),
+            admin,
+            ttl_secs: ttl.map(|d| d.as_secs().max(1)),
+        };
+        // A retry after a lost reply issues a second token, whose secret nobody saw: it shows
+        // in `token list` and can be revoked.
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(msg.clone());
+                async move { Self::corral(ch).create_token(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    pub async fn list_tokens(&self) -> Result<Vec<pb::TokenInfo>, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::ListTokensRequest {});
+                async move { Self::corral(ch).list_tokens(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner().tokens)
+    }
+
+    pub async fn revoke_token(&self, token_id: u64) -> Result<pb::TokenInfo, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::RevokeTokenRequest { token_id });
+                async move { Self::corral(ch).revoke_token(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
     }
 
     /// Bootstraps a cluster on the first configured endpoint (not forwarded anywhere else).

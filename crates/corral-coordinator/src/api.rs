@@ -1,5 +1,6 @@
 //! The user-facing `Corral` gRPC service: submit, show, list, cancel, logs, nodes.
 
+use crate::auth::Principal;
 use crate::{CoordError, Coordinator};
 use corral_core::{Command, Outcome};
 use corral_proto::v1::corral_server::{Corral, CorralServer};
@@ -13,7 +14,8 @@ use tonic::{Request, Response, Status};
 
 pub(crate) fn server(coord: Coordinator) -> CorralServer<Api> {
     CorralServer::new(Api { coord })
-        .max_decoding_message_size(corral_proto::MAX_MESSAGE_BYTES)
+        // Requests are untrusted input; replies (e.g. `jobs --all` on a big cluster) may be larger.
+        .max_decoding_message_size(corral_proto::MAX_USER_MESSAGE_BYTES)
         .max_encoding_message_size(corral_proto::MAX_MESSAGE_BYTES)
 }
 
@@ -25,6 +27,49 @@ impl Api {
     fn job(&self, job_id: u64) -> Result<Job, CoordError> {
         let data = self.coord.inner.node.state.read();
         data.state.jobs.get(&job_id).cloned().ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))
+    }
+
+    /// The spec as `who` may submit it: a tenant submits only as itself (an empty tenant becomes
+    /// the token's tenant, or `default` for an admin).
+    fn own_spec<T>(&self, request: &Request<T>, who: &Principal, mut spec: JobSpec) -> Result<JobSpec, Status> {
+        if spec.tenant.is_empty() {
+            spec.tenant = who.tenant().unwrap_or("default").to_string();
+        }
+        if !who.may_access(&spec.tenant) {
+            return Err(self.coord.deny(
+                request,
+                "submit",
+                &who.describe(),
+                Status::permission_denied(format!(
+                    "permission denied: tenant {} cannot submit jobs as tenant {}",
+                    who.tenant().unwrap_or_default(),
+                    spec.tenant
+                )),
+            ));
+        }
+        Ok(spec)
+    }
+
+    /// Refuses a tenant's filter naming another tenant.
+    fn own_tenant_filter<T>(
+        &self,
+        request: &Request<T>,
+        action: &str,
+        who: &Principal,
+        tenant: Option<&str>,
+    ) -> Result<(), Status> {
+        match tenant {
+            Some(t) if !who.may_access(t) => Err(self.coord.deny(
+                request,
+                action,
+                &who.describe(),
+                Status::permission_denied(format!(
+                    "permission denied: tenant {} cannot see tenant {t}",
+                    who.tenant().unwrap_or_default()
+                )),
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn node_address(&self, node: &str) -> Option<String> {
@@ -45,13 +90,26 @@ fn job_reply(job: &Job, pending_reasons: &std::collections::BTreeMap<u64, String
     reply
 }
 
+fn token_info(t: &corral_core::TokenRecord) -> pb::TokenInfo {
+    pb::TokenInfo {
+        id: t.id,
+        tenant: t.tenant.clone(),
+        admin: t.admin,
+        created: t.created.0,
+        expires_at_ms: t.expires_at_ms,
+        revoked: t.revoked,
+    }
+}
+
 type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Corral for Api {
     async fn submit(&self, request: Request<pb::SubmitRequest>) -> Result<Response<pb::SubmitResponse>, Status> {
+        let who = self.coord.principal(&request, "submit")?;
+        let spec = request.get_ref().spec.clone().ok_or_else(|| Status::invalid_argument("missing job spec"))?;
+        let spec = self.own_spec(&request, &who, spec.try_into()?)?;
         let req = request.into_inner();
-        let spec: JobSpec = req.spec.ok_or_else(|| Status::invalid_argument("missing job spec"))?.try_into()?;
         // Fail fast on what the state machine would refuse anyway; apply() checks again.
         self.coord.inner.node.state.read().state.check_submit(&spec).map_err(CoordError::from)?;
         let (job_id, duplicate) = self.coord.submit(req.request_id, spec).await?;
@@ -62,18 +120,22 @@ impl Corral for Api {
         &self,
         request: Request<pb::SubmitBatchRequest>,
     ) -> Result<Response<pb::SubmitBatchResponse>, Status> {
-        let req = request.into_inner();
-        if req.jobs.len() > MAX_BATCH {
+        let who = self.coord.principal(&request, "submit")?;
+        if request.get_ref().jobs.len() > MAX_BATCH {
+            let req = request.get_ref();
             return Err(Status::invalid_argument(format!(
                 "batch of {} jobs is too large: send at most {MAX_BATCH} per call",
                 req.jobs.len()
             )));
         }
-        let mut jobs = Vec::with_capacity(req.jobs.len());
-        for (i, job) in req.jobs.into_iter().enumerate() {
-            let spec = job.spec.ok_or_else(|| Status::invalid_argument(format!("job {i} of the batch has no spec")))?;
-            let spec: JobSpec = spec.try_into()?;
-            jobs.push((job.request_id, spec));
+        let mut jobs = Vec::with_capacity(request.get_ref().jobs.len());
+        for (i, job) in request.get_ref().jobs.iter().enumerate() {
+            let spec = job
+                .spec
+                .clone()
+                .ok_or_else(|| Status::invalid_argument(format!("job {i} of the batch has no spec")))?;
+            let spec = self.own_spec(&request, &who, spec.try_into()?)?;
+            jobs.push((job.request_id.clone(), spec));
         }
         let results = match self.coord.propose(Command::SubmitJobs { jobs }).await? {
             Outcome::JobsSubmitted(results) => results,
@@ -91,14 +153,21 @@ impl Corral for Api {
 
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
         self.coord.linearizable().await?;
-        let job = self.job(request.into_inner().job_id)?;
+        let who = self.coord.principal(&request, "show")?;
+        let job = self.job(request.get_ref().job_id)?;
+        self.coord.require_owner(&request, "show", "show", &who, &job)?;
         let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
         Ok(Response::new(job_reply(&job, &reasons)))
     }
 
     async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
         self.coord.linearizable().await?;
-        let req = request.into_inner();
+        let who = self.coord.principal(&request, "list jobs")?;
+        self.own_tenant_filter(&request, "list jobs", &who, request.get_ref().tenant.as_deref())?;
+        let mut req = request.into_inner();
+        if req.tenant.is_none() {
+            req.tenant = who.tenant().map(String::from);
+        }
         let data = self.coord.inner.node.state.read();
         let tenant_ok = |j: &Job| req.tenant.as_ref().is_none_or(|t| *t == j.spec.tenant);
         let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
@@ -112,7 +181,13 @@ impl Corral for Api {
     }
 
     async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::Job>, Status> {
-        let job_id = request.into_inner().job_id;
+        let who = self.coord.principal(&request, "cancel")?;
+        let job_id = request.get_ref().job_id;
+        let job = self.job(job_id)?;
+        self.coord.require_owner(&request, "cancel", "cancel", &who, &job)?;
+        if who.is_admin() && self.coord.security().auth_enabled() {
+            self.coord.audit_admin(&request, "cancel", &who, format!("job {job_id} of tenant {}", job.spec.tenant));
+        }
         match self.coord.propose(Command::CancelJob { job_id, reason: "cancelled by user".into() }).await? {
             Outcome::Job(job) => Ok(Response::new((&*job).into())),
             other => Err(Status::internal(format!("unexpected outcome of cancel: {other:?}"))),
@@ -122,8 +197,10 @@ impl Corral for Api {
     type ReadLogsStream = LogStream;
 
     async fn read_logs(&self, request: Request<pb::ReadLogsRequest>) -> Result<Response<LogStream>, Status> {
+        let who = self.coord.principal(&request, "logs")?;
+        let mut job = self.job(request.get_ref().job_id)?;
+        self.coord.require_owner(&request, "logs", "read the logs of", &who, &job)?;
         let req = request.into_inner();
-        let mut job = self.job(req.job_id)?;
         // With --follow, wait until the job is placed somewhere (or ends without running).
         while req.follow && job.allocation.is_none() && !job.state.is_terminal() {
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -141,7 +218,18 @@ impl Corral for Api {
                 job.id, allocation.node
             ))
         };
-        let mut client = WorkerAgentClient::connect(format!("http://{address}")).await.map_err(|e| unreachable(&e))?;
+        let client_tls = self.coord.security().client_tls.clone();
+        let scheme = if client_tls.is_some() { "https" } else { "http" };
+        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(|e| unreachable(&e))?
+            .connect_timeout(Duration::from_secs(5));
+        if let Some(tls) = client_tls {
+            endpoint = endpoint.tls_config(tls).map_err(|e| unreachable(&e))?;
+        }
+        let channel = endpoint.connect().await.map_err(|e| unreachable(&e))?;
+        let mut client = WorkerAgentClient::new(channel)
+            .max_decoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
+            .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES);
         let upstream = client.read_logs(req).await.map_err(|e| unreachable(&e.message()))?.into_inner();
         Ok(Response::new(Box::pin(upstream)))
     }
@@ -151,7 +239,12 @@ impl Corral for Api {
         request: Request<pb::ListSegmentsRequest>,
     ) -> Result<Response<pb::ListSegmentsResponse>, Status> {
         self.coord.linearizable().await?;
-        let req = request.into_inner();
+        let who = self.coord.principal(&request, "billing")?;
+        self.own_tenant_filter(&request, "billing", &who, request.get_ref().tenant.as_deref())?;
+        let mut req = request.into_inner();
+        if req.tenant.is_none() {
+            req.tenant = who.tenant().map(String::from);
+        }
         let data = self.coord.inner.node.state.read();
         let segments = data
             .state
@@ -170,13 +263,72 @@ impl Corral for Api {
         &self,
         request: Request<pb::GetTimestampsRequest>,
     ) -> Result<Response<pb::GetTimestampsResponse>, Status> {
+        self.coord.principal(&request, "timestamps")?;
         let count = request.into_inner().count;
         let first = self.coord.timestamps(u64::from(count)).await?;
         Ok(Response::new(pb::GetTimestampsResponse { first: first.0, count }))
     }
 
-    async fn list_nodes(&self, _: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
+    async fn create_token(
+        &self,
+        request: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        let who = self.coord.principal(&request, "token create")?;
+        self.coord.require_admin(&request, "token create", &who)?;
+        let req = request.get_ref().clone();
+        if req.admin != req.tenant.is_empty() {
+            return Err(Status::invalid_argument("give either a tenant or --admin, not both"));
+        }
+        let ts = self.coord.timestamps(1).await?;
+        let expires_at_ms = match req.ttl_secs {
+            Some(0) => return Err(Status::invalid_argument("--ttl must be greater than zero")),
+            Some(secs) => Some(ts.physical_ms().saturating_add(secs.saturating_mul(1000))),
+            None => None,
+        };
+        let secret = crate::auth::new_token_secret();
+        let command = Command::CreateToken {
+            tenant: req.tenant.clone(),
+            admin: req.admin,
+            sha256: crate::auth::token_sha256(&secret),
+            expires_at_ms,
+        };
+        let token_id = match self.coord.propose_at(ts, command).await? {
+            Outcome::TokenCreated { token_id } => token_id,
+            other => return Err(Status::internal(format!("unexpected outcome of token create: {other:?}"))),
+        };
+        let whom = if req.admin { "admin".to_string() } else { format!("tenant {}", req.tenant) };
+        self.coord.audit_admin(&request, "token create", &who, format!("token {token_id} for {whom}"));
+        let token = self.coord.inner.node.state.read().state.tokens.get(&token_id).map(token_info);
+        Ok(Response::new(pb::CreateTokenResponse { token, secret }))
+    }
+
+    async fn list_tokens(
+        &self,
+        request: Request<pb::ListTokensRequest>,
+    ) -> Result<Response<pb::ListTokensResponse>, Status> {
         self.coord.linearizable().await?;
+        let who = self.coord.principal(&request, "token list")?;
+        self.coord.require_admin(&request, "token list", &who)?;
+        let tokens = self.coord.inner.node.state.read().state.tokens.values().map(token_info).collect();
+        Ok(Response::new(pb::ListTokensResponse { tokens }))
+    }
+
+    async fn revoke_token(&self, request: Request<pb::RevokeTokenRequest>) -> Result<Response<pb::TokenInfo>, Status> {
+        let who = self.coord.principal(&request, "token revoke")?;
+        self.coord.require_admin(&request, "token revoke", &who)?;
+        let token_id = request.get_ref().token_id;
+        self.coord.propose(Command::RevokeToken { token_id }).await?;
+        self.coord.audit_admin(&request, "token revoke", &who, format!("token {token_id}"));
+        let token = self.coord.inner.node.state.read().state.tokens.get(&token_id).map(token_info);
+        token.map(Response::new).ok_or_else(|| Status::not_found(format!("token {token_id} not found")))
+    }
+
+    async fn list_nodes(
+        &self,
+        request: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        self.coord.linearizable().await?;
+        let who = self.coord.principal(&request, "nodes")?;
         let data = self.coord.inner.node.state.read();
         let nodes = data
             .state
@@ -195,8 +347,12 @@ impl Corral for Api {
                             .iter()
                             .filter(|j| j.allocation.as_ref().is_some_and(|a| a.gpus.contains(&g.index)))
                             .collect();
-                        let job_ids: Vec<u64> = on_gpu.iter().map(|j| j.id).collect();
-                        let slices = on_gpu
+                        let busy = !on_gpu.is_empty();
+                        // A tenant sees that a GPU is busy, but only its own job ids and slices.
+                        let visible: Vec<&&Job> =
+                            on_gpu.iter().copied().filter(|j| who.may_access(&j.spec.tenant)).collect();
+                        let job_ids: Vec<u64> = visible.iter().map(|j| j.id).collect();
+                        let slices = visible
                             .iter()
                             .filter_map(|j| {
                                 let slice = j.allocation.as_ref()?.slice.as_ref()?;
@@ -207,7 +363,7 @@ impl Corral for Api {
                             "dirty"
                         } else if health.is_some_and(|h| !h.problems.is_empty()) {
                             "unhealthy"
-                        } else if !job_ids.is_empty() {
+                        } else if busy {
                             "allocated"
                         } else if n.state == corral_types::NodeState::Up {
                             "idle"
@@ -226,7 +382,9 @@ impl Corral for Api {
                             job_ids,
                             problems: health.map(|h| h.problems.clone()).unwrap_or_default(),
                             dirty_reason: health.map(|h| h.dirty_reason.clone()).unwrap_or_default(),
-                            dirty_job_id: health.and_then(|h| h.dirty_job_id),
+                            dirty_job_id: health
+                                .and_then(|h| h.dirty_job_id)
+                                .filter(|id| data.state.jobs.get(id).is_none_or(|j| who.may_access(&j.spec.tenant))),
                             xid_errors: health.map(|h| h.xid_errors).unwrap_or(0),
                             power_mw: health.map(|h| h.power_mw).unwrap_or(0),
                             slices,

@@ -15,6 +15,8 @@ use tonic::{Request, Response, Status};
 
 pub(crate) fn server(coord: Coordinator) -> ClusterAdminServer<Admin> {
     ClusterAdminServer::new(Admin { coord })
+        .max_decoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
+        .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
 }
 
 pub(crate) struct Admin {
@@ -109,13 +111,14 @@ impl Coordinator {
 
 #[tonic::async_trait]
 impl ClusterAdmin for Admin {
-    async fn init(&self, _: Request<pb::ClusterInitRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
+    async fn init(&self, request: Request<pb::ClusterInitRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
         self.coord.init_cluster().await?;
+        self.coord.audit_cluster(&request, "cluster init", format!("node {}", self.coord.inner.node.id));
         Ok(Response::new(self.status().await))
     }
 
     async fn join(&self, request: Request<pb::JoinRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
-        let req = request.into_inner();
+        let req = request.get_ref().clone();
         if req.addr.is_empty() {
             return Err(Status::invalid_argument("missing address of the joining coordinator"));
         }
@@ -133,11 +136,12 @@ impl ClusterAdmin for Admin {
                 .await
                 .map_err(membership_error)?;
         }
+        self.coord.audit_cluster(&request, "cluster join", format!("node {} at {}", req.node_id, req.addr));
         Ok(Response::new(self.status().await))
     }
 
     async fn leave(&self, request: Request<pb::LeaveRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
-        let node_id = request.into_inner().node_id;
+        let node_id = request.get_ref().node_id;
         let raft = &self.coord.inner.node.raft;
         let membership = raft.metrics().borrow().membership_config.membership().clone();
         if membership.get_node(&node_id).is_none() {
@@ -157,6 +161,7 @@ impl ClusterAdmin for Admin {
                 .map_err(membership_error)?;
         }
         tracing::info!(node_id, "coordinator removed from the cluster");
+        self.coord.audit_cluster(&request, "cluster leave", format!("node {node_id}"));
         Ok(Response::new(self.status().await))
     }
 

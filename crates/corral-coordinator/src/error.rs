@@ -34,9 +34,8 @@ impl From<CoordError> for tonic::Status {
         use tonic::Status;
         let message = e.to_string();
         match e {
-            CoordError::Rejected(ApplyError::NoSuchJob(_) | ApplyError::NoSuchNode(_)) | CoordError::NotFound(_) => {
-                Status::not_found(message)
-            }
+            CoordError::Rejected(ApplyError::NoSuchJob(_) | ApplyError::NoSuchNode(_) | ApplyError::NoSuchToken(_))
+            | CoordError::NotFound(_) => Status::not_found(message),
             CoordError::Rejected(
                 ApplyError::TooManyGpus { .. } | ApplyError::TooMuchMemory { .. } | ApplyError::TooManyCpus { .. },
             ) => Status::failed_precondition(message),

@@ -18,6 +18,41 @@ pub(crate) struct Gateway {
 }
 
 impl Gateway {
+    /// Over TLS a worker speaks only for the node its certificate names.
+    fn require_node<T>(&self, request: &Request<T>, action: &str, node: &str) -> Result<(), Status> {
+        match self.coord.worker_identity(request) {
+            Some(name) if name != node => Err(self.coord.deny(
+                request,
+                action,
+                &format!("worker {name}"),
+                Status::permission_denied(format!(
+                    "permission denied: the certificate of worker {name} cannot act for node {node}"
+                )),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Over TLS a worker reports only jobs placed on its own node; a report about another
+    /// node's job is audited and answered as stale (not accepted, nothing changes), so that a
+    /// late report from a node the job has left is not retried forever.
+    fn job_on_own_node<T>(&self, request: &Request<T>, action: &str, job_id: u64) -> bool {
+        let Some(name) = self.coord.worker_identity(request) else { return true };
+        let placed_here = {
+            let data = self.coord.inner.node.state.read();
+            data.state.jobs.get(&job_id).and_then(|j| j.allocation.as_ref()).is_some_and(|a| a.gpus_on(&name).is_some())
+        };
+        if !placed_here {
+            self.coord.deny(
+                request,
+                action,
+                &format!("worker {name}"),
+                Status::permission_denied(format!("permission denied: job {job_id} is not placed on node {name}")),
+            );
+        }
+        placed_here
+    }
+
     /// Workers must talk to the leader: its memory holds heartbeats and it proposes changes.
     fn require_leader(&self) -> Result<(), CoordError> {
         if self.coord.is_leader() {
@@ -36,7 +71,8 @@ impl WorkerGateway for Gateway {
     async fn register(&self, request: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterResponse>, Status> {
         self.require_leader()?;
         let spec: corral_types::NodeSpec =
-            request.into_inner().spec.ok_or_else(|| Status::invalid_argument("missing node spec"))?.into();
+            request.get_ref().spec.clone().ok_or_else(|| Status::invalid_argument("missing node spec"))?.into();
+        self.require_node(&request, "register", &spec.name)?;
         if spec.name.is_empty() {
             return Err(Status::invalid_argument("node name must not be empty"));
         }
@@ -56,6 +92,7 @@ impl WorkerGateway for Gateway {
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         self.require_leader()?;
+        self.require_node(&request, "heartbeat", &request.get_ref().node)?;
         let hb = request.into_inner();
         let data = self.coord.inner.node.state.read();
         let current = data.state.nodes.get(&hb.node).filter(|n| n.epoch == hb.node_epoch && n.state == NodeState::Up);
@@ -116,6 +153,9 @@ impl WorkerGateway for Gateway {
         &self,
         request: Request<pb::ReportStartedRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
+        if !self.job_on_own_node(&request, "report started", request.get_ref().job_id) {
+            return Ok(Response::new(pb::ReportResponse { accepted: false }));
+        }
         let r = request.into_inner();
         let outcome = self.coord.propose(Command::JobStarted { job_id: r.job_id, epoch: r.epoch }).await?;
         Ok(Response::new(pb::ReportResponse { accepted: outcome != Outcome::Stale }))
@@ -125,6 +165,9 @@ impl WorkerGateway for Gateway {
         &self,
         request: Request<pb::ReportFinishedRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
+        if !self.job_on_own_node(&request, "report finished", request.get_ref().job_id) {
+            return Ok(Response::new(pb::ReportResponse { accepted: false }));
+        }
         let r = request.into_inner();
         let report = r.report.ok_or_else(|| Status::invalid_argument("missing exit report"))?.into();
         let outcome = self.coord.propose(Command::JobFinished { job_id: r.job_id, epoch: r.epoch, report }).await?;

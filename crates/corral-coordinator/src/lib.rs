@@ -5,6 +5,7 @@
 //! memory; only state changes (node down, registrations) go through the log.
 
 mod api;
+mod auth;
 mod cluster;
 mod error;
 mod gateway;
@@ -14,6 +15,7 @@ mod metrics;
 mod scheduler;
 mod tso;
 
+pub use auth::{token_sha256, SecurityConfig};
 pub use error::{CoordError, LEADER_ADDR_METADATA};
 pub use tso::{CLOCK_SKEW_FAILPOINT, MAX_COUNT as MAX_TIMESTAMPS_PER_CALL};
 
@@ -40,6 +42,8 @@ pub struct CoordinatorConfig {
     /// The leader serves timestamps only while a quorum acknowledged it within this time; keep
     /// it below the Raft election timeout so a deposed leader stops before another is elected.
     pub leader_lease: Duration,
+    /// TLS, tokens and the audit log; the default serves plaintext and lets everyone in.
+    pub security: SecurityConfig,
 }
 
 impl Default for CoordinatorConfig {
@@ -49,6 +53,7 @@ impl Default for CoordinatorConfig {
             schedule_interval: Duration::from_millis(500),
             advertise_addr: String::new(),
             leader_lease: Duration::from_millis(150),
+            security: SecurityConfig::default(),
         }
     }
 }
@@ -99,7 +104,7 @@ impl Coordinator {
 
     /// Replicates `command` stamped with `ts` (which must come from the oracle, or be at most the
     /// last applied timestamp for commands that carry no event time).
-    async fn propose_at(&self, ts: Timestamp, command: Command) -> Result<Outcome, CoordError> {
+    pub(crate) async fn propose_at(&self, ts: Timestamp, command: Command) -> Result<Outcome, CoordError> {
         match self.inner.node.raft.client_write(RaftRequest(Request { ts, command })).await {
             Ok(reply) => reply.data.map_err(CoordError::Rejected),
             Err(openraft::error::RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
@@ -252,12 +257,22 @@ impl Coordinator {
         let scheduler = tokio::spawn(scheduler::run(self.clone()));
         let (submits, group_task) = group_commit::GroupCommit::start(self.clone());
         let _ = self.inner.submits.set(submits);
-        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let audit = self.inner.config.security.audit.clone();
+        let on_refused = Arc::new(move |r: corral_security::Refusal| {
+            audit.record(corral_security::AuditEvent::denied("tls-handshake", r.addr.to_string(), "-", r.reason));
+        });
+        let incoming = corral_security::incoming(listener, self.inner.config.security.server_tls.clone(), on_refused);
+        let guard = |service: auth::Service| {
+            let coord = self.clone();
+            move |request: tonic::Request<()>| coord.check_role(service, request)
+        };
+        use tonic::service::interceptor::InterceptedService;
+        let raft = corral_raft::RaftGrpcService::new(self.inner.node.raft.clone()).into_server();
         let result = tonic::transport::Server::builder()
-            .add_service(corral_raft::RaftGrpcService::new(self.inner.node.raft.clone()).into_server())
-            .add_service(api::server(self.clone()))
-            .add_service(gateway::server(self.clone()))
-            .add_service(cluster::server(self.clone()))
+            .add_service(InterceptedService::new(raft, guard(auth::Service::Raft)))
+            .add_service(InterceptedService::new(api::server(self.clone()), guard(auth::Service::Api)))
+            .add_service(InterceptedService::new(gateway::server(self.clone()), guard(auth::Service::Gateway)))
+            .add_service(InterceptedService::new(cluster::server(self.clone()), guard(auth::Service::ClusterAdmin)))
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         scheduler.abort();

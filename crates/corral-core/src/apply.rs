@@ -52,7 +52,9 @@ impl State {
             | Command::Noop
             | Command::AddCoordinator { .. }
             | Command::ExtendTso { .. }
-            | Command::RemoveCoordinator { .. } => {}
+            | Command::RemoveCoordinator { .. }
+            | Command::CreateToken { .. }
+            | Command::RevokeToken { .. } => {}
         }
         let segments_before = self.next_segment_id;
         let response = self.apply(request);
@@ -116,6 +118,10 @@ impl State {
                 }
                 Ok(Outcome::Done)
             }
+            Command::CreateToken { tenant, admin, sha256, expires_at_ms } => {
+                self.create_token(ts, tenant, *admin, sha256, *expires_at_ms)
+            }
+            Command::RevokeToken { token_id } => self.revoke_token(*token_id),
         }
     }
 

@@ -111,6 +111,20 @@ pub enum Command {
     RemoveCoordinator {
         node_id: u64,
     },
+    /// Issues an access token; only the SHA-256 of its secret is replicated.
+    CreateToken {
+        /// Empty for an admin token.
+        tenant: String,
+        admin: bool,
+        /// Lower-case hex SHA-256 of the secret.
+        sha256: String,
+        /// Unix milliseconds after which the token is refused.
+        expires_at_ms: Option<u64>,
+    },
+    /// Revokes a token for good (the record stays, so its use is reported as revoked).
+    RevokeToken {
+        token_id: u64,
+    },
 }
 
 /// A command with the TSO timestamp the leader stamped on it: the state machine's only clock.
@@ -138,6 +152,9 @@ pub enum Outcome {
     Done,
     /// What a `Schedule` command did.
     Scheduled(ScheduleOutcome),
+    TokenCreated {
+        token_id: u64,
+    },
 }
 
 /// The parts of a `Schedule` command that were applied and the ones that were not.
@@ -186,4 +203,8 @@ pub enum ApplyError {
     NodeIdReused(u64),
     #[error("invalid cluster config: {0}")]
     InvalidConfig(String),
+    #[error("token {0} not found")]
+    NoSuchToken(u64),
+    #[error("invalid token: {0}")]
+    InvalidToken(String),
 }

@@ -17,6 +17,7 @@ mod quota;
 mod resources;
 mod sched;
 mod state;
+mod tokens;
 mod usage;
 
 pub use apply::Touched;
@@ -29,4 +30,5 @@ pub use quota::{format_gpus, QuotaBlock};
 pub use resources::{job_milli_gpus, MILLI_PER_GPU};
 pub use sched::{place, schedule, PassStats, PendingJob, PendingReason, SchedulingPass};
 pub use state::{CoordinatorRecord, State};
+pub use tokens::{TokenRecord, MAX_TOKENS};
 pub use usage::UsageLedger;

@@ -2,6 +2,7 @@
 //! that make apply() and the scheduling pass independent of the number of queued jobs.
 
 use crate::resources::{gang_shape, job_milli_gpus, GpuLoad, SliceReq};
+use crate::tokens::TokenRecord;
 use crate::usage::UsageLedger;
 use crate::{ClusterConfig, Segment};
 use corral_types::{Job, JobId, JobSpec, JobState, NodeStatus, Timestamp};
@@ -39,6 +40,11 @@ pub struct State {
     /// state (set it after `from_parts`).
     #[serde(default)]
     pub usage: UsageLedger,
+    /// Access tokens by id (hashes only). Persist them with the scalar state.
+    #[serde(default)]
+    pub tokens: BTreeMap<u64, TokenRecord>,
+    #[serde(default)]
+    pub next_token_id: u64,
     /// Derived indexes. Rebuilt on load, not persisted.
     #[serde(skip)]
     pub(crate) index: Index,
@@ -183,6 +189,8 @@ impl Default for State {
             ledger: BTreeMap::new(),
             next_segment_id: 1,
             usage: UsageLedger::default(),
+            tokens: BTreeMap::new(),
+            next_token_id: 1,
             index: Index::default(),
         }
     }
@@ -329,6 +337,8 @@ impl State {
             ledger: BTreeMap::new(),
             next_segment_id: 1,
             usage: UsageLedger::default(),
+            tokens: BTreeMap::new(),
+            next_token_id: 1,
             index,
         }
     }

@@ -3,7 +3,7 @@
 use crate::v1 as pb;
 use corral_core::{
     ClusterConfig, Command, CoordinatorRecord, Placement, Preemption, PriorityClass, Request, SchedulerConfig, Segment,
-    State, TenantPolicy, UsageLedger, FORMAT_VERSION,
+    State, TenantPolicy, TokenRecord, UsageLedger, FORMAT_VERSION,
 };
 use corral_types::{
     Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, NodeState, NodeStatus,
@@ -596,6 +596,13 @@ fn command_to_pb(r: &Request) -> pb::Command {
             placements: placements.iter().map(placement_to_pb).collect(),
             preemptions: preemptions.iter().map(preemption_to_pb).collect(),
         }),
+        Command::CreateToken { tenant, admin, sha256, expires_at_ms } => Kind::CreateToken(pb::CreateToken {
+            tenant: tenant.clone(),
+            admin: *admin,
+            sha256: sha256.clone(),
+            expires_at_ms: *expires_at_ms,
+        }),
+        Command::RevokeToken { token_id } => Kind::RevokeToken(pb::RevokeToken { token_id: *token_id }),
     };
     pb::Command { format_version: FORMAT_VERSION, ts: r.ts.0, kind: Some(kind) }
 }
@@ -639,6 +646,10 @@ fn command_from_pb(c: pb::Command) -> Result<Request, ProtoError> {
             placements: s.placements.into_iter().map(placement_from_pb).collect::<Result<_, _>>()?,
             preemptions: s.preemptions.into_iter().map(preemption_from_pb).collect(),
         },
+        Kind::CreateToken(t) => {
+            Command::CreateToken { tenant: t.tenant, admin: t.admin, sha256: t.sha256, expires_at_ms: t.expires_at_ms }
+        }
+        Kind::RevokeToken(r) => Command::RevokeToken { token_id: r.token_id },
     };
     Ok(Request { ts: Timestamp(c.ts), command })
 }
@@ -680,6 +691,8 @@ pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
         usage: usage_to_pb(&s.usage),
         segments: s.ledger.values().map(segment_to_pb).collect(),
         next_segment_id: s.next_segment_id,
+        tokens: tokens_to_pb(s),
+        next_token_id: s.next_token_id,
     }
     .encode_to_vec()
 }
@@ -720,7 +733,42 @@ pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, ProtoError> {
     state.usage = usage_from_pb(s.usage);
     state.ledger = s.segments.into_iter().map(|g| (g.id, segment_from_pb(g))).collect();
     state.next_segment_id = s.next_segment_id.max(1);
+    state.tokens = tokens_from_pb(s.tokens);
+    state.next_token_id = s.next_token_id.max(1);
     Ok(state)
+}
+
+fn tokens_to_pb(s: &State) -> Vec<pb::TokenRecord> {
+    s.tokens
+        .values()
+        .map(|t| pb::TokenRecord {
+            id: t.id,
+            tenant: t.tenant.clone(),
+            admin: t.admin,
+            sha256: t.sha256.clone(),
+            created: t.created.0,
+            expires_at_ms: t.expires_at_ms,
+            revoked: t.revoked,
+        })
+        .collect()
+}
+
+fn tokens_from_pb(records: Vec<pb::TokenRecord>) -> BTreeMap<u64, TokenRecord> {
+    records
+        .into_iter()
+        .map(|t| {
+            let record = TokenRecord {
+                id: t.id,
+                tenant: t.tenant,
+                admin: t.admin,
+                sha256: t.sha256,
+                created: Timestamp(t.created),
+                expires_at_ms: t.expires_at_ms,
+                revoked: t.revoked,
+            };
+            (t.id, record)
+        })
+        .collect()
 }
 
 /// Encodes one job (persisted per key in the state machine store).
@@ -755,6 +803,9 @@ pub struct StateMeta {
     /// Fair-share usage history: set `State::usage` to it after `State::from_parts`.
     pub usage: UsageLedger,
     pub next_segment_id: u64,
+    /// Access tokens: set `State::tokens` to them after `State::from_parts`.
+    pub tokens: BTreeMap<u64, TokenRecord>,
+    pub next_token_id: u64,
 }
 
 /// Encodes the scalar part of the state.
@@ -769,6 +820,8 @@ pub fn meta_to_bytes(s: &State) -> Vec<u8> {
         tso_window_end_ms: s.tso_window_end_ms,
         usage: usage_to_pb(&s.usage),
         next_segment_id: s.next_segment_id,
+        tokens: tokens_to_pb(s),
+        next_token_id: s.next_token_id,
         ..Default::default()
     }
     .encode_to_vec()
@@ -787,6 +840,8 @@ pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, ProtoError> {
         tso_window_end_ms: s.tso_window_end_ms,
         usage: usage_from_pb(s.usage),
         next_segment_id: s.next_segment_id.max(1),
+        tokens: tokens_from_pb(s.tokens),
+        next_token_id: s.next_token_id.max(1),
     })
 }
 
@@ -819,6 +874,27 @@ mod tests {
         let back = snapshot_from_bytes(&snapshot_to_bytes(&state)).unwrap();
         assert_eq!(back, state);
         assert_eq!(back.pending_jobs().count(), 1, "derived index rebuilt");
+    }
+
+    #[test]
+    fn tokens_round_trip_through_commands_snapshots_and_meta() {
+        let hash: String = std::iter::repeat_n('e', 64).collect();
+        let commands = [
+            Command::Configure(ClusterConfig::dev_defaults()),
+            Command::CreateToken { tenant: "team-a".into(), admin: false, sha256: hash, expires_at_ms: Some(99) },
+            Command::CreateToken { tenant: String::new(), admin: true, sha256: "f".repeat(64), expires_at_ms: None },
+            Command::RevokeToken { token_id: 2 },
+        ];
+        let mut state = State::default();
+        for (i, command) in commands.into_iter().enumerate() {
+            let request = Request { ts: Timestamp(i as u64 + 1), command };
+            assert_eq!(command_from_bytes(&command_to_bytes(&request)).unwrap(), request);
+            state.apply(&request).unwrap();
+        }
+        assert_eq!(state.tokens.len(), 2);
+        assert_eq!(snapshot_from_bytes(&snapshot_to_bytes(&state)).unwrap(), state);
+        let meta = meta_from_bytes(&meta_to_bytes(&state)).unwrap();
+        assert_eq!((meta.tokens, meta.next_token_id), (state.tokens.clone(), state.next_token_id));
     }
 
     #[test]

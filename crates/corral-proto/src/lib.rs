@@ -5,6 +5,7 @@
 //! can send anything.
 
 mod convert;
+pub mod fuzz;
 
 /// A billing ledger segment (the domain type, re-exported for API clients).
 pub use corral_core::Segment;
@@ -27,5 +28,12 @@ pub mod raft {
     tonic::include_proto!("corral.raft.v1");
 }
 
-/// Largest gRPC message any corral endpoint accepts or sends.
+/// Largest gRPC message between coordinators (Raft: batches of entries, snapshot chunks) and
+/// between coordinators and workers (heartbeat replies list every job placed on a node).
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// Largest message of the user API (a `SubmitBatch` of 10,000 ordinary jobs fits).
+pub const MAX_USER_MESSAGE_BYTES: usize = 16 << 20;
+
+/// Largest message of cluster admin calls and of the worker agent's log stream (64 KiB chunks).
+pub const MAX_SMALL_MESSAGE_BYTES: usize = 4 << 20;

@@ -21,13 +21,16 @@ use tonic::transport::{Channel, Endpoint};
 
 /// Creates one gRPC client per peer.
 #[derive(Debug, Clone, Default)]
-pub struct GrpcNetworkFactory;
+pub struct GrpcNetworkFactory {
+    /// Our coordinator certificate and the cluster CA; `None`: plaintext.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
+}
 
 impl RaftNetworkFactory<TypeConfig> for GrpcNetworkFactory {
     type Network = GrpcNetwork;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> GrpcNetwork {
-        GrpcNetwork { target, addr: node.addr.clone(), client: None }
+        GrpcNetwork { target, addr: node.addr.clone(), tls: self.tls.clone(), client: None }
     }
 }
 
@@ -35,6 +38,7 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNetworkFactory {
 pub struct GrpcNetwork {
     target: NodeId,
     addr: String,
+    tls: Option<tonic::transport::ClientTlsConfig>,
     client: Option<RaftClient<Channel>>,
 }
 
@@ -45,10 +49,14 @@ impl GrpcNetwork {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{}", self.addr))
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", self.addr))
             .map_err(|e| Unreachable::new(&e))?
             .connect_timeout(Duration::from_millis(500))
             .tcp_nodelay(true);
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.clone()).map_err(|e| Unreachable::new(&e))?;
+        }
         let client = RaftClient::new(endpoint.connect_lazy())
             .max_decoding_message_size(corral_proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(corral_proto::MAX_MESSAGE_BYTES);

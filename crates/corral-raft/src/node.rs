@@ -22,6 +22,8 @@ pub struct RaftNodeConfig {
     pub snapshot_every: u64,
     /// Keep this many entries in the log below the snapshot for lagging followers.
     pub keep_logs_after_snapshot: u64,
+    /// TLS towards peers (our coordinator certificate, the cluster CA); `None`: plaintext.
+    pub client_tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl RaftNodeConfig {
@@ -34,6 +36,7 @@ impl RaftNodeConfig {
             election_timeout_max_ms: 300,
             snapshot_every: 20_000,
             keep_logs_after_snapshot: 1_000,
+            client_tls: None,
         }
     }
 }
@@ -73,9 +76,8 @@ impl RaftNode {
         log_config.wal.flush_batch_wait = Some(std::time::Duration::ZERO);
         let log_store = LogStore::<TypeConfig>::open_with_config(log_config)?;
         let state = StateMachineStore::open(&config.data_dir)?;
-        let raft =
-            Raft::new(config.node_id, Arc::new(raft_config), GrpcNetworkFactory, log_store.clone(), state.clone())
-                .await?;
+        let network = GrpcNetworkFactory { tls: config.client_tls.clone() };
+        let raft = Raft::new(config.node_id, Arc::new(raft_config), network, log_store.clone(), state.clone()).await?;
         Ok(RaftNode { id: config.node_id, raft, state, log: log_store })
     }
 

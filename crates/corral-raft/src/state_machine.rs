@@ -160,6 +160,8 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
     );
     state.usage = meta.usage;
     state.next_segment_id = meta.next_segment_id;
+    state.tokens = meta.tokens;
+    state.next_token_id = meta.next_token_id;
     for kv in t.tree.scan_prefix(SEGMENT) {
         let (_, v) = kv?;
         let segment = corral_proto::segment_from_bytes(&v)?;

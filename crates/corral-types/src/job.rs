@@ -146,6 +146,42 @@ impl JobSpec {
         if self.tenant.is_empty() {
             return Err(JobSpecError::Invalid { field: "tenant".into(), reason: "must not be empty".into() });
         }
+        let too_long = |field: &str, len: usize, max: usize| {
+            (len > max)
+                .then(|| JobSpecError::Invalid { field: field.into(), reason: format!("longer than {max} bytes") })
+        };
+        if let Some(e) = too_long("tenant", self.tenant.len(), MAX_SHORT_NAME)
+            .or_else(|| too_long("priority", self.priority_class.len(), MAX_SHORT_NAME))
+            .or_else(|| too_long("image", self.image.as_deref().map_or(0, str::len), MAX_PATH))
+        {
+            return Err(e);
+        }
+        if self.command.len() > MAX_ARGS {
+            return Err(JobSpecError::Invalid {
+                field: "command".into(),
+                reason: format!("{} arguments, at most {MAX_ARGS}", self.command.len()),
+            });
+        }
+        let command_bytes: usize = self.command.iter().map(String::len).sum();
+        if command_bytes > MAX_COMMAND_BYTES {
+            return Err(JobSpecError::Invalid {
+                field: "command".into(),
+                reason: format!("{command_bytes} bytes, at most {MAX_COMMAND_BYTES}: pass large inputs in a file"),
+            });
+        }
+        if self.env.len() > MAX_ENV_VARS {
+            return Err(JobSpecError::Invalid {
+                field: "env".into(),
+                reason: format!("{} variables, at most {MAX_ENV_VARS}", self.env.len()),
+            });
+        }
+        let env_bytes: usize = self.env.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if env_bytes > MAX_ENV_BYTES {
+            return Err(JobSpecError::Invalid {
+                field: "env".into(),
+                reason: format!("{env_bytes} bytes, at most {MAX_ENV_BYTES}"),
+            });
+        }
         if self.name.len() > 256 {
             return Err(JobSpecError::Invalid { field: "name".into(), reason: "longer than 256 bytes".into() });
         }
@@ -183,6 +219,17 @@ impl JobSpec {
 /// Lifecycle of a job. `Pending` and `Running` are live; the rest are terminal. A preempted job
 /// goes straight back to `Pending` (requeued); it ends in `Preempted` only when it opted out of
 /// requeueing (`SchedOptions::no_requeue`).
+/// Longest tenant or priority class name.
+pub const MAX_SHORT_NAME: usize = 128;
+/// Longest image path.
+pub const MAX_PATH: usize = 4096;
+/// Most command arguments, and their total size.
+pub const MAX_ARGS: usize = 4096;
+pub const MAX_COMMAND_BYTES: usize = 256 * 1024;
+/// Most environment variables, and their total size (names and values).
+pub const MAX_ENV_VARS: usize = 1024;
+pub const MAX_ENV_BYTES: usize = 256 * 1024;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum JobState {
     Pending,
@@ -381,6 +428,32 @@ mod tests {
         let mut s = spec();
         s.sched.checkpoint_signal = Some(9);
         assert!(matches!(s.validate(), Err(JobSpecError::Invalid { .. })));
+    }
+
+    #[test]
+    fn validate_bounds_sizes() {
+        let field = |s: &JobSpec| match s.validate() {
+            Err(JobSpecError::Invalid { field, reason }) => format!("{field}: {reason}"),
+            other => format!("{other:?}"),
+        };
+        let mut s = spec();
+        s.command = vec!["x".repeat(MAX_COMMAND_BYTES + 1)];
+        assert!(field(&s).starts_with("command: "), "{}", field(&s));
+        let mut s = spec();
+        s.command = vec!["a".into(); MAX_ARGS + 1];
+        assert!(field(&s).starts_with("command: 4097 arguments"), "{}", field(&s));
+        let mut s = spec();
+        s.env = (0..=MAX_ENV_VARS).map(|i| (format!("K{i}"), String::new())).collect();
+        assert!(field(&s).starts_with("env: "), "{}", field(&s));
+        let mut s = spec();
+        s.env.insert("BIG".into(), "v".repeat(MAX_ENV_BYTES));
+        assert!(field(&s).starts_with("env: "), "{}", field(&s));
+        let mut s = spec();
+        s.tenant = "t".repeat(MAX_SHORT_NAME + 1);
+        assert_eq!(field(&s), "tenant: longer than 128 bytes");
+        let mut s = spec();
+        s.image = Some("/".repeat(MAX_PATH + 1));
+        assert_eq!(field(&s), "image: longer than 4096 bytes");
     }
 
     #[test]

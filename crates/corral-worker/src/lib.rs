@@ -14,4 +14,4 @@ pub mod mps;
 mod worker;
 
 pub use metrics::WorkerMetrics;
-pub use worker::{infiniband_devices, JobUser, UserMapping, Worker, WorkerConfig};
+pub use worker::{infiniband_devices, JobUser, UserMapping, Worker, WorkerConfig, DEFAULT_PIDS_MAX};

@@ -71,6 +71,9 @@ impl UserMapping {
     }
 }
 
+/// Default `pids.max` of a job.
+pub const DEFAULT_PIDS_MAX: u64 = 4096;
+
 /// Plain worker settings (the binary builds them from TOML or flags).
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -98,6 +101,11 @@ pub struct WorkerConfig {
     /// Create a MIG instance for a MIG job when no free one of its profile exists, and destroy
     /// it when the job ends. Off: jobs use the instances the operator laid out.
     pub mig_manage: bool,
+    /// Most processes and threads of one job (`pids.max` of its cgroup): a fork bomb stops
+    /// there instead of starving the node. `None`: unlimited.
+    pub pids_max: Option<u64>,
+    /// Serve the agent over TLS, to coordinator certificates only; `None`: plaintext.
+    pub agent_tls: Option<corral_security::ServerTls>,
 }
 
 impl WorkerConfig {
@@ -120,6 +128,8 @@ impl WorkerConfig {
             extra_devices: Vec::new(),
             open_files: None,
             mig_manage: false,
+            pids_max: Some(DEFAULT_PIDS_MAX),
+            agent_tls: None,
         }
     }
 
@@ -432,9 +442,19 @@ impl Worker {
             tracing::warn!(cgroup = %cgroup, "killed a job left running by an earlier worker process");
         }
         self.inspect_gpus().await;
-        let incoming = tonic::transport::server::TcpIncoming::from(agent_listener).with_nodelay(Some(true));
+        let audit = Arc::new(corral_security::AuditLog::in_dir(&self.shared.config.data_dir));
+        let refusals = audit.clone();
+        let on_refused = Arc::new(move |r: corral_security::Refusal| {
+            refusals.record(corral_security::AuditEvent::denied("tls-handshake", r.addr.to_string(), "-", r.reason));
+        });
+        let tls = self.shared.config.agent_tls.clone();
+        let guard = crate::agent::RoleGuard { tls: tls.is_some(), audit };
+        let incoming = corral_security::incoming(agent_listener, tls, on_refused);
         let agent = tonic::transport::Server::builder()
-            .add_service(crate::agent::server(self.shared.clone()))
+            .add_service(tonic::service::interceptor::InterceptedService::new(
+                crate::agent::server(self.shared.clone()),
+                move |request| guard.check(request),
+            ))
             .serve_with_incoming(incoming);
         let agent = tokio::spawn(agent);
         tokio::pin!(shutdown);
@@ -831,7 +851,7 @@ impl Worker {
             limits: ResourceLimits {
                 memory_bytes: (job.spec.memory_bytes > 0).then_some(job.spec.memory_bytes),
                 cpu_millis: (job.spec.cpu_millis > 0).then_some(job.spec.cpu_millis),
-                pids_max: None,
+                pids_max: config.pids_max,
                 open_files: config.open_files,
             },
             uid: user.map(|u| u.uid),

@@ -34,6 +34,24 @@ fn succeeding_job_sees_its_gpus_and_wait_exits_zero() {
     assert_eq!(pool.ok(&["logs", &job.to_string()]), expected);
 }
 
+/// The daemon ignores SIGPIPE (a peer closing a socket must not kill it); its jobs must not
+/// inherit that: `producer | head` relies on the producer dying of SIGPIPE.
+#[test]
+fn jobs_start_with_default_signal_dispositions() {
+    let pool = DevPool::start(&[]);
+    let job = pool.submit(&["--", "sh", "-c", "grep -E '^Sig(Ign|Blk):' /proc/self/status"]);
+    let wait = pool.corral(&["wait", &job.to_string(), "--timeout", "60s"]);
+    assert_eq!(wait.status.code(), Some(0));
+    let logs = pool.ok(&["logs", &job.to_string()]);
+    for line in logs.lines() {
+        let (name, mask) = line.split_once(':').expect("Name: mask");
+        let mask = u64::from_str_radix(mask.trim(), 16).expect("hex mask");
+        let sigpipe = 1u64 << (libc::SIGPIPE - 1);
+        assert_eq!(mask & sigpipe, 0, "SIGPIPE is in the job's {name}: {logs}");
+    }
+    assert_eq!(logs.lines().count(), 2, "{logs}");
+}
+
 #[test]
 fn memory_hog_is_killed_by_its_cgroup() {
     let pool = DevPool::start(&[]);

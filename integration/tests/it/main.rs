@@ -5,8 +5,10 @@
 mod bad_input;
 mod billing;
 mod cluster;
+mod isolation;
 mod job_path;
 mod metrics;
 mod prometheus_config;
+mod security;
 mod tso;
 mod worker;

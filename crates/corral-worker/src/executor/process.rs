@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -97,6 +97,8 @@ pub(crate) fn prepare_work_dir(spec: &LaunchSpec) -> Result<(File, File), ExecEr
     let created = !dir.exists();
     if created {
         fs::create_dir_all(dir).map_err(|e| work_dir_error(dir, e))?;
+        // Private to the job's user: another tenant's job cannot list or read it.
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(|e| work_dir_error(dir, e))?;
     } else if !dir.is_dir() {
         return Err(work_dir_error(
             dir,
@@ -105,7 +107,13 @@ pub(crate) fn prepare_work_dir(spec: &LaunchSpec) -> Result<(File, File), ExecEr
     }
     let open_log = |name: &str| {
         let path = dir.join(name);
-        OpenOptions::new().create(true).append(true).open(&path).map_err(|e| work_dir_error(&path, e))
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| work_dir_error(&path, e))
     };
     let stdout = open_log(STDOUT_LOG)?;
     let stderr = open_log(STDERR_LOG)?;
@@ -130,7 +138,8 @@ pub(crate) struct SpawnPlan<'a> {
 
 /// Spawns the main process. In the forked child, before exec: `setsid()`, write `0` to each
 /// `cgroup.procs` (moves the child itself, so nothing it forks can start outside the cgroup),
-/// `PR_SET_NO_NEW_PRIVS`, then `setgroups`/`setgid`/`setuid` when the spec asks for them.
+/// `PR_SET_NO_NEW_PRIVS`, an empty capability bounding set, then `setgroups`/`setgid`/`setuid`
+/// when the spec asks for them.
 pub(crate) fn spawn(plan: SpawnPlan<'_>) -> Result<Child, ExecError> {
     let spec = plan.spec;
     let mut command = Command::new(&plan.program);
@@ -164,6 +173,34 @@ pub(crate) fn spawn(plan: SpawnPlan<'_>) -> Result<Child, ExecError> {
     Ok(child)
 }
 
+/// Empties the capability bounding set and the ambient set, so the job never holds a capability:
+/// a job that stays root (no user mapping) execs with none, and one that switches to its
+/// tenant's uid cannot regain any. Needs CAP_SETPCAP: a worker without it has none to give away.
+/// Runs in the forked child; async-signal-safe only.
+fn drop_capabilities() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    unsafe {
+        if libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0) != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINVAL) {
+                return Err(e);
+            }
+        }
+        for cap in 0..64 as libc::c_ulong {
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
+                match io::Error::last_os_error().raw_os_error() {
+                    // Past the last capability this kernel knows.
+                    Some(libc::EINVAL) => break,
+                    // Not privileged: nothing to drop.
+                    Some(libc::EPERM) => return Ok(()),
+                    _ => return Err(io::Error::last_os_error()),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Runs in the forked child; async-signal-safe only.
 fn child_setup(procs_fds: &[RawFd], open_files: Option<u64>, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
     // SAFETY (all blocks below): plain system calls with valid arguments; see `spawn`.
@@ -186,6 +223,7 @@ fn child_setup(procs_fds: &[RawFd], open_files: Option<u64>, uid: Option<u32>, g
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    drop_capabilities()?;
     if let Some(gid) = gid {
         let groups = [gid as libc::gid_t];
         if unsafe { libc::setgroups(1, groups.as_ptr()) } != 0 {

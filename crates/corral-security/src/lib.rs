@@ -1,0 +1,154 @@
+//! corral security: mutual TLS with roles carried in certificates, the dev CA generator and the
+//! audit log.
+//!
+//! Every certificate the cluster CA issues carries its role as a subject alternative name URI
+//! `corral://role/<role>` (coordinator, worker, client, admin) and its name as the subject CN.
+//! Servers accept connections only from certificates the CA signed ([`ServerTls`]); each
+//! connection's [`Peer`] (role and name) reaches every request, and services check the role.
+//! Boundary: the only crate that knows rustls, rcgen and x509-parser.
+
+mod audit;
+mod certs;
+mod client;
+mod server;
+
+pub use audit::{AuditEvent, AuditLog};
+pub use certs::{generate_dev_certs, DevCerts};
+pub use client::{client_tls_config, describe_tls_error};
+pub use server::{incoming, Conn, Refusal, ServerTls};
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Prefix of the SAN URI that carries a certificate's role.
+pub const ROLE_URI_PREFIX: &str = "corral://role/";
+
+/// What a certificate entitles its holder to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// A Raft member: Raft RPCs, cluster admin, the worker agent's log stream.
+    Coordinator,
+    /// A worker daemon: the worker gateway only.
+    Worker,
+    /// A user client: the user API, with a tenant token.
+    Client,
+    /// An operator client: the user API as admin (no token needed) and cluster admin.
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Coordinator => "coordinator",
+            Role::Worker => "worker",
+            Role::Client => "client",
+            Role::Admin => "admin",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "coordinator" => Some(Role::Coordinator),
+            "worker" => Some(Role::Worker),
+            "client" => Some(Role::Client),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+
+    /// The SAN URI naming this role.
+    pub fn uri(self) -> String {
+        format!("{ROLE_URI_PREFIX}{}", self.as_str())
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// PEM files of one party: the cluster CA it trusts, and its own certificate and key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Who holds a verified certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIdentity {
+    pub role: Role,
+    /// The subject common name (a node name, "admin", a client name).
+    pub name: String,
+}
+
+/// The other end of a server connection, attached to every request it carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub addr: Option<SocketAddr>,
+    /// Over TLS: the verified client certificate's identity (`None` for a plaintext connection,
+    /// or a CA-signed certificate without a valid role).
+    pub identity: Option<PeerIdentity>,
+    pub tls: bool,
+}
+
+impl Peer {
+    pub fn role(&self) -> Option<Role> {
+        self.identity.as_ref().map(|i| i.role)
+    }
+
+    /// "worker w1 at 127.0.0.1:4242", for audit lines and errors.
+    pub fn describe(&self) -> String {
+        let addr = self.addr.map(|a| a.to_string()).unwrap_or_else(|| "unknown address".into());
+        match &self.identity {
+            Some(i) => format!("{} {} at {addr}", i.role, i.name),
+            None if self.tls => format!("certificate without a corral role at {addr}"),
+            None => format!("plaintext peer at {addr}"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {what}")]
+    Pem { path: PathBuf, what: String },
+    #[error("TLS: {0}")]
+    Config(String),
+    #[error("cannot write {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("cannot generate certificates: {0}")]
+    Generate(String),
+}
+
+/// The role and name a certificate (DER) carries.
+pub fn identity_of(cert_der: &[u8]) -> Result<PeerIdentity, String> {
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(cert_der).map_err(|e| format!("unreadable certificate: {e}"))?;
+    let name = cert.subject().iter_common_name().next().and_then(|cn| cn.as_str().ok()).unwrap_or_default().to_string();
+    let san = cert.subject_alternative_name().map_err(|e| format!("bad subject alternative names: {e}"))?;
+    let mut roles = san.into_iter().flat_map(|s| s.value.general_names.iter()).filter_map(|g| match g {
+        x509_parser::extensions::GeneralName::URI(uri) => uri.strip_prefix(ROLE_URI_PREFIX),
+        _ => None,
+    });
+    let role = roles.next().ok_or("certificate carries no corral://role/ URI")?;
+    if roles.next().is_some() {
+        return Err("certificate carries more than one corral role".into());
+    }
+    let role = Role::parse(role).ok_or_else(|| format!("unknown role '{role}' in certificate"))?;
+    Ok(PeerIdentity { role, name })
+}
+
+/// The role and name of the (first) certificate in a PEM file.
+pub fn certificate_identity(path: &std::path::Path) -> Result<PeerIdentity, TlsError> {
+    let certs = server::load_certs(path)?;
+    identity_of(certs[0].as_ref()).map_err(|what| TlsError::Pem { path: path.to_path_buf(), what })
+}
+
+/// Reads a whole file, naming it on error.
+pub(crate) fn read(path: &std::path::Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read { path: path.to_path_buf(), source })
+}
