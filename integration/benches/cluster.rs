@@ -3,7 +3,8 @@
 //! the first successful write.
 //!
 //! Run: `cargo build --release -p corral-cli && cargo bench -p corral-integration --bench cluster`
-//! (set `CORRAL_BENCH_SECS` to change the length of each phase, default 5).
+//! (set `CORRAL_BENCH_SECS` to change the length of each phase, default 5; `CORRAL_BENCH_TLS=1`
+//! runs every connection, Raft and clients, over mutual TLS with the admin certificate).
 
 use corral_client::{Client, ClientConfig};
 use corral_integration::cluster::{Cluster, ClusterOptions};
@@ -16,8 +17,35 @@ fn spec() -> JobSpec {
     corral_integration::trivial_job("bench")
 }
 
+/// Mutual TLS of the clients, when the bench runs with `CORRAL_BENCH_TLS`.
+static CLIENT_TLS: std::sync::OnceLock<tonic::transport::ClientTlsConfig> = std::sync::OnceLock::new();
+
+fn client_config(endpoints: &str) -> ClientConfig {
+    let mut config = ClientConfig::new(endpoints.split(',').map(String::from).collect());
+    config.tls = CLIENT_TLS.get().cloned();
+    config
+}
+
 fn client(endpoints: &str) -> Client {
-    Client::new(ClientConfig::new(endpoints.split(',').map(String::from).collect())).expect("client")
+    Client::new(client_config(endpoints)).expect("client")
+}
+
+/// Writes a dev CA and certificates for `nodes` coordinators under `dir` with `corral certs init`.
+fn certs_init(dir: &std::path::Path, nodes: u64) {
+    let out = std::process::Command::new(corral_integration::corral_bin())
+        .args(["certs", "init", "--dir"])
+        .arg(dir)
+        .args(["--coordinators", &nodes.to_string()])
+        .output()
+        .expect("corral certs init");
+    assert!(out.status.success(), "certs init: {}", String::from_utf8_lossy(&out.stderr));
+    let files = corral_security::TlsFiles {
+        ca: dir.join("ca.pem"),
+        cert: dir.join("admin.pem"),
+        key: dir.join("admin-key.pem"),
+    };
+    let tls = corral_security::client_tls_config(&files).expect("client tls");
+    CLIENT_TLS.set(tls).expect("set once");
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -142,10 +170,17 @@ fn main() {
     let secs: u64 = std::env::var("CORRAL_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let nodes: u64 = std::env::var("CORRAL_BENCH_NODES").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
-    let mut cluster = Cluster::start(nodes, ClusterOptions::default());
+    let certs = tempfile::tempdir().expect("tempdir");
+    let mut options = ClusterOptions::default();
+    if std::env::var("CORRAL_BENCH_TLS").is_ok() {
+        certs_init(certs.path(), nodes);
+        options.tls = Some(certs.path().to_path_buf());
+    }
+    let mut cluster = Cluster::start(nodes, options);
     cluster.init_and_join_all();
     let endpoints = cluster.endpoints();
-    println!("{nodes}-node loopback cluster, {secs}s per phase, fsync on every append");
+    let transport = if CLIENT_TLS.get().is_some() { "mutual TLS" } else { "plaintext" };
+    println!("{nodes}-node loopback cluster ({transport}), {secs}s per phase, fsync on every append");
     if std::env::var("CORRAL_BENCH_ONLY_LATENCY").is_ok() {
         let (lat, failed) = rt.block_on(open_loop(&endpoints, 1000, secs));
         println!(
@@ -192,7 +227,7 @@ fn main() {
         }
     });
     let probe = {
-        let mut config = ClientConfig::new(endpoints.split(',').map(String::from).collect());
+        let mut config = client_config(&endpoints);
         config.retry_for = Duration::from_secs(60);
         Client::new(config).expect("client")
     };
