@@ -17,6 +17,9 @@ use std::process::ExitCode;
 /// Clear the screen and move the cursor home.
 const CLEAR: &str = "\x1b[H\x1b[2J";
 
+/// How many pending jobs a frame lists (the oldest); the QUEUE section counts them all.
+const PENDING_SHOWN: usize = 10;
+
 /// One picture of the pool.
 struct Frame {
     nodes: Vec<pb::NodeView>,
@@ -58,6 +61,14 @@ impl Frame {
 
     fn running(&self) -> Vec<Job> {
         self.jobs.iter().filter(|j| j.state == JobState::Running).cloned().collect()
+    }
+
+    /// The jobs waiting longest, with why they wait.
+    fn oldest_pending(&self) -> Vec<Job> {
+        let mut pending: Vec<Job> = self.jobs.iter().filter(|j| j.state == JobState::Pending).cloned().collect();
+        pending.sort_by_key(|j| (j.submitted_at, j.id));
+        pending.truncate(PENDING_SHOWN);
+        pending
     }
 
     fn json(&self) -> Value {
@@ -102,7 +113,8 @@ impl Frame {
             })
             .collect();
         let running = self.running();
-        [
+        let pending = self.oldest_pending();
+        let mut sections = vec![
             format!("NODES\n{}", output::nodes_table(&self.nodes)),
             format!(
                 "GPUS\n{}",
@@ -113,8 +125,11 @@ impl Frame {
             ),
             format!("QUEUE\n{}", output::table(&["TENANT", "PENDING", "RUNNING", "GPUS"], &queue_rows)),
             format!("RUNNING\n{}", output::jobs_table(&running)),
-        ]
-        .join("\n\n")
+        ];
+        if !pending.is_empty() {
+            sections.push(format!("PENDING (oldest {PENDING_SHOWN})\n{}", output::jobs_table(&pending)));
+        }
+        sections.join("\n\n")
     }
 }
 
@@ -210,5 +225,8 @@ mod tests {
         assert_eq!(doc["queue"][1]["tenant"], "b", "{doc}");
         let text = frame.render();
         assert!(text.contains("QUEUE\nTENANT  PENDING  RUNNING  GPUS\na       1        1        2"), "{text}");
+        let pending = text.split_once("PENDING (oldest 10)\n").expect("a pending section").1;
+        let ids: Vec<&str> = pending.lines().skip(1).filter_map(|l| l.split_whitespace().next()).collect();
+        assert_eq!(ids, ["2", "3"], "{text}");
     }
 }
