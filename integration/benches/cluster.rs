@@ -191,6 +191,11 @@ fn main() {
         );
         return;
     }
+    if std::env::var("CORRAL_BENCH_ONLY_BATCH").is_ok() {
+        let rate = rt.block_on(batches(&endpoints, 4, 1000, secs));
+        println!("batch submit (4 callers x 1000 jobs): {rate:>8.0} jobs/s");
+        return;
+    }
     if std::env::var("CORRAL_BENCH_ONLY_UNARY").is_ok() {
         rt.block_on(async {
             for clients in [1, 16, 64] {
