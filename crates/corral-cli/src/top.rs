@@ -31,8 +31,8 @@ struct Frame {
 struct TenantQueue {
     pending: u32,
     running: u32,
-    /// Whole GPUs held by the running jobs.
-    running_gpus: u32,
+    /// GPUs held by the running jobs, in thousandths (an MPS half is 500, a whole GPU 1000).
+    running_milli_gpus: u64,
 }
 
 impl Frame {
@@ -50,8 +50,11 @@ impl Frame {
                 JobState::Pending => q.pending += 1,
                 JobState::Running => {
                     q.running += 1;
-                    q.running_gpus +=
-                        job.allocation.as_ref().map_or(0, |a| a.parts().map(|(_, g)| g.len() as u32).sum::<u32>());
+                    let gpus: u64 = job.allocation.as_ref().map_or(0, |a| a.parts().map(|(_, g)| g.len() as u64).sum());
+                    q.running_milli_gpus += match &job.spec.gpu_slice {
+                        Some(slice) => u64::from(slice.milli_gpus()),
+                        None => gpus * 1000,
+                    };
                 }
                 _ => {}
             }
@@ -78,7 +81,7 @@ impl Frame {
                 "tenant": tenant,
                 "pending": q.pending,
                 "running": q.running,
-                "running_gpus": q.running_gpus,
+                "running_gpus": q.running_milli_gpus as f64 / 1000.0,
             })).collect::<Vec<_>>(),
             "running": self.running().iter().map(output::job_json).collect::<Vec<_>>(),
         })
@@ -109,7 +112,12 @@ impl Frame {
             .queue()
             .iter()
             .map(|(tenant, q)| {
-                vec![tenant.to_string(), q.pending.to_string(), q.running.to_string(), q.running_gpus.to_string()]
+                vec![
+                    tenant.to_string(),
+                    q.pending.to_string(),
+                    q.running.to_string(),
+                    gpu_equivalents(q.running_milli_gpus),
+                ]
             })
             .collect();
         let running = self.running();
@@ -131,6 +139,12 @@ impl Frame {
         }
         sections.join("\n\n")
     }
+}
+
+/// Thousandths of a GPU as GPU-equivalents: `2`, `0.5`, `1.428`.
+fn gpu_equivalents(milli: u64) -> String {
+    let text = format!("{}.{:03}", milli / 1000, milli % 1000);
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
 fn now_utc() -> String {
@@ -208,6 +222,19 @@ mod tests {
     }
 
     #[test]
+    fn fractional_jobs_count_as_their_share_of_a_gpu() {
+        let mut half = job(4, "c", JobState::Running, vec![2]);
+        half.spec.gpu_slice = Some(corral_types::GpuSlice::parse("mps:50").expect("slice"));
+        let frame = Frame { nodes: Vec::new(), jobs: vec![half, job(5, "c", JobState::Running, vec![3])] };
+        assert_eq!(frame.queue()["c"].running_milli_gpus, 1500);
+        assert_eq!(frame.json()["queue"][0]["running_gpus"], 1.5);
+        assert_eq!(gpu_equivalents(1500), "1.5");
+        assert_eq!(gpu_equivalents(2000), "2");
+        assert_eq!(gpu_equivalents(0), "0");
+        assert_eq!(gpu_equivalents(1428), "1.428");
+    }
+
+    #[test]
     fn queue_counts_jobs_and_gpus_per_tenant() {
         let frame = Frame {
             nodes: Vec::new(),
@@ -218,8 +245,8 @@ mod tests {
             ],
         };
         let queue = frame.queue();
-        assert_eq!(queue["a"], TenantQueue { pending: 1, running: 1, running_gpus: 2 });
-        assert_eq!(queue["b"], TenantQueue { pending: 1, running: 0, running_gpus: 0 });
+        assert_eq!(queue["a"], TenantQueue { pending: 1, running: 1, running_milli_gpus: 2000 });
+        assert_eq!(queue["b"], TenantQueue { pending: 1, running: 0, running_milli_gpus: 0 });
         let doc = frame.json();
         assert_eq!(doc["running"][0]["id"], 1, "{doc}");
         assert_eq!(doc["queue"][1]["tenant"], "b", "{doc}");
