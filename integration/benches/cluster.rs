@@ -192,8 +192,9 @@ fn main() {
         return;
     }
     if std::env::var("CORRAL_BENCH_ONLY_BATCH").is_ok() {
-        let rate = rt.block_on(batches(&endpoints, 4, 1000, secs));
-        println!("batch submit (4 callers x 1000 jobs): {rate:>8.0} jobs/s");
+        let callers: usize = std::env::var("CORRAL_BENCH_BATCH_CALLERS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
+        let rate = rt.block_on(batches(&endpoints, callers, 1000, secs));
+        println!("batch submit ({callers} callers x 1000 jobs): {rate:>8.0} jobs/s");
         return;
     }
     if std::env::var("CORRAL_BENCH_ONLY_UNARY").is_ok() {

@@ -137,7 +137,17 @@ impl Corral for Api {
             let spec = self.own_spec(&request, &who, spec.try_into()?)?;
             jobs.push((job.request_id.clone(), spec));
         }
-        let results = match self.coord.propose(Command::SubmitJobs { jobs }).await? {
+        let proposed = {
+            let _slot = self
+                .coord
+                .inner
+                .batch_slots
+                .acquire()
+                .await
+                .map_err(|_| Status::unavailable("coordinator is shutting down"))?;
+            self.coord.propose(Command::SubmitJobs { jobs }).await?
+        };
+        let results = match proposed {
             Outcome::JobsSubmitted(results) => results,
             other => return Err(Status::internal(format!("unexpected outcome of batch submit: {other:?}"))),
         };

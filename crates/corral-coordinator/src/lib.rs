@@ -30,6 +30,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
+/// `SubmitBatch` entries a leader keeps in the Raft pipeline at once.
+const BATCHES_IN_FLIGHT: usize = 2;
+
 /// Tunables of a coordinator.
 #[derive(Debug, Clone)]
 pub struct CoordinatorConfig {
@@ -70,6 +73,10 @@ struct Inner {
     pending_reasons: std::sync::Mutex<std::collections::BTreeMap<u64, String>>,
     /// Set once by `serve`: batches concurrent submits into one Raft entry.
     submits: std::sync::OnceLock<group_commit::GroupCommit>,
+    /// Admission control of `SubmitBatch`: at most this many batch entries in the Raft pipeline
+    /// at once; further callers wait here instead of piling megabytes of entries onto the
+    /// followers (which then miss heartbeats and call elections).
+    batch_slots: tokio::sync::Semaphore,
     tso: Tso,
     liveness: Liveness,
     /// Scheduler counters and pass latency, exported while this node leads.
@@ -84,6 +91,7 @@ impl Coordinator {
                 node,
                 pending_reasons: std::sync::Mutex::default(),
                 submits: std::sync::OnceLock::new(),
+                batch_slots: tokio::sync::Semaphore::new(BATCHES_IN_FLIGHT),
                 tso: Tso::default(),
                 liveness: Liveness::default(),
                 scheduler_metrics: metrics::SchedulerMetrics::default(),
