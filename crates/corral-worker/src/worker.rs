@@ -166,7 +166,8 @@ fn host_memory_bytes() -> u64 {
 struct LocalJob {
     epoch: u64,
     gpus: Vec<u32>,
-    /// The MIG device the job runs on, if any.
+    /// The MIG device the job runs on, if any, until it is free for another job (at the exit, or
+    /// once destroyed if it was made for this job).
     mig_uuid: Option<String>,
     handle: Option<JobHandle>,
     /// Tenant the job runs for (metrics).
@@ -705,14 +706,22 @@ impl Worker {
             tracing::info!(job_id, epoch, code = ?exit.exit_code, signal = ?exit.signal, oom = exit.oom_killed, "job exited");
             if let Some(j) = shared.jobs().get_mut(&job_id) {
                 j.exited = true;
+                // An instance the operator laid out is free again; one made for this job stays
+                // taken until it is destroyed below, so no other job starts on it meanwhile.
+                if !mig_created {
+                    j.mig_uuid = None;
+                }
             }
             // The job's cgroup is empty now (wait drained it): its GPUs must be clean too.
             if shared.check_hygiene(job_id, epoch, &gpus).await {
                 shared.heartbeat_now().await;
             }
             if let (Some(uuid), true, Some(&gpu)) = (mig_uuid, mig_created, gpus.first()) {
-                let shared = Arc::clone(&shared);
-                let _ = tokio::task::spawn_blocking(move || shared.destroy_mig_instance(gpu, uuid)).await;
+                let cleanup = Arc::clone(&shared);
+                let _ = tokio::task::spawn_blocking(move || cleanup.destroy_mig_instance(gpu, uuid)).await;
+                if let Some(j) = shared.jobs().get_mut(&job_id) {
+                    j.mig_uuid = None;
+                }
             }
             let report = JobExitReport {
                 exit_code: exit.exit_code,
@@ -765,8 +774,8 @@ impl Worker {
             // Simulated without MIG, or MIG off: nothing to pick; the job sees the whole device.
             _ => return Ok(None),
         };
-        let used: Vec<String> =
-            self.shared.jobs().values().filter(|j| !j.exited).filter_map(|j| j.mig_uuid.clone()).collect();
+        // Held by a running job, or made for a job that ended and not destroyed yet.
+        let used: Vec<String> = self.shared.jobs().values().filter_map(|j| j.mig_uuid.clone()).collect();
         if let Some(free) =
             instances.iter().find(|i| i.profile.as_deref() == Some(profile.as_str()) && !used.contains(&i.uuid))
         {
