@@ -52,9 +52,21 @@ impl WorkerProc {
 
     /// Appends TOML (whole sections, e.g. `[users]`) to the config before `start`.
     pub fn append_config(&self, text: &str) {
-        let mut config = std::fs::read_to_string(&self.config).expect("worker config");
-        config.push_str(text);
-        std::fs::write(&self.config, config).expect("write worker config");
+        self.edit_config(|config| config + text);
+    }
+
+    /// Waits (up to 30 s) until `cluster` lists this worker's node as up.
+    pub fn wait_registered(&self, cluster: &crate::cluster::Cluster) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let nodes = cluster.json(&["nodes"]);
+            if nodes.as_array().is_some_and(|n| n.iter().any(|n| n["name"] == self.name.as_str() && n["state"] == "up"))
+            {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "worker {} never registered: {}", self.name, self.log());
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 
     pub fn start(&mut self) {

@@ -26,13 +26,7 @@ impl AuditEvent {
         principal: impl Into<String>,
         detail: impl Into<String>,
     ) -> Self {
-        AuditEvent {
-            outcome: "denied",
-            action: action.into(),
-            peer: peer.into(),
-            principal: principal.into(),
-            detail: detail.into(),
-        }
+        Self::new("denied", action.into(), peer.into(), principal.into(), detail.into())
     }
 
     pub fn admin(
@@ -41,13 +35,11 @@ impl AuditEvent {
         principal: impl Into<String>,
         detail: impl Into<String>,
     ) -> Self {
-        AuditEvent {
-            outcome: "admin",
-            action: action.into(),
-            peer: peer.into(),
-            principal: principal.into(),
-            detail: detail.into(),
-        }
+        Self::new("admin", action.into(), peer.into(), principal.into(), detail.into())
+    }
+
+    fn new(outcome: &'static str, action: String, peer: String, principal: String, detail: String) -> Self {
+        AuditEvent { outcome, action, peer, principal, detail }
     }
 }
 

@@ -28,22 +28,12 @@ fn pool() -> Pool {
     // Tenant users must be able to walk to their work dirs under the worker's data dir.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let worker = WorkerProc::configure(dir.path(), "w1", &cluster.endpoints(), 2);
-    let config = std::fs::read_to_string(&worker.config).expect("config");
-    let config = config.replace("runc = \"\"\n", &format!("runc = \"\"\npids-max = {PIDS_MAX}\n"));
-    std::fs::write(&worker.config, config).expect("write config");
+    worker.edit_config(|config| config.replace("runc = \"\"\n", &format!("runc = \"\"\npids-max = {PIDS_MAX}\n")));
     worker
         .append_config("\n[users.tenants]\nteam-a = { uid = 2001, gid = 2001 }\nteam-b = { uid = 2002, gid = 2002 }\n");
     let mut worker = worker;
     worker.start();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let nodes = cluster.json(&["nodes"]);
-        if nodes.as_array().is_some_and(|n| n.iter().any(|n| n["name"] == "w1" && n["state"] == "up")) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "worker never registered: {}", worker.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    worker.wait_registered(&cluster);
     Pool { cluster, worker, _dir: dir }
 }
 

@@ -56,15 +56,7 @@ fn setup_with(edit: impl FnOnce(String) -> String) -> (Cluster, WorkerProc, temp
     let mut worker = WorkerProc::configure(dir.path(), "w1", &cluster.endpoints(), 2);
     worker.edit_config(edit);
     worker.start();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let nodes = cluster.json(&["nodes"]);
-        if nodes.as_array().is_some_and(|n| n.iter().any(|n| n["name"] == "w1" && n["state"] == "up")) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "worker never registered: {}", worker.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    worker.wait_registered(&cluster);
     (cluster, worker, dir)
 }
 
