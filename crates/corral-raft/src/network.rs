@@ -2,6 +2,15 @@
 //!
 //! openraft's request/response types travel as serde_json inside a `RaftMessage`; application
 //! commands inside entries are protobuf (see `RaftRequest`).
+//!
+//! AppendEntries is bounded twice over, because openraft 0.9 bounds it by entry count only and
+//! gives each request one heartbeat interval (50 ms) to complete:
+//! - by bytes: a request carries at most `APPEND_BUDGET` bytes of entries (at least one entry)
+//!   and answers `PartialSuccess` up to the last entry it carried, so a follower far behind
+//!   catches up in many small steps instead of failing on one huge message for ever;
+//! - by time: a request that outlives openraft's timeout keeps going in the background, and
+//!   the retry of the same range waits for it instead of starting over, so one slow request
+//!   (a large entry, a slow disk, a busy host) still completes.
 
 use crate::types::{NodeId, Raft, TypeConfig};
 use corral_proto::raft::raft_client::RaftClient;
@@ -30,8 +39,22 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNetworkFactory {
     type Network = GrpcNetwork;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> GrpcNetwork {
-        GrpcNetwork { target, addr: node.addr.clone(), tls: self.tls.clone(), client: None }
+        GrpcNetwork { target, addr: node.addr.clone(), tls: self.tls.clone(), client: None, in_flight: None }
     }
+}
+
+/// Most bytes (serialized) of entries one AppendEntries request carries.
+const APPEND_BUDGET: usize = 4 << 20;
+
+type AppendResult = Result<AppendEntriesResponse<NodeId>, RpcErr>;
+
+/// An AppendEntries request still on its way after openraft stopped waiting for it.
+struct InFlight {
+    vote: openraft::Vote<NodeId>,
+    prev: Option<openraft::LogId<NodeId>>,
+    /// Last entry the request carries.
+    last: Option<openraft::LogId<NodeId>>,
+    task: tokio::task::JoinHandle<AppendResult>,
 }
 
 /// A connection to one peer, (re)connected lazily.
@@ -40,6 +63,15 @@ pub struct GrpcNetwork {
     addr: String,
     tls: Option<tonic::transport::ClientTlsConfig>,
     client: Option<RaftClient<Channel>>,
+    in_flight: Option<InFlight>,
+}
+
+impl Drop for GrpcNetwork {
+    fn drop(&mut self) {
+        if let Some(in_flight) = self.in_flight.take() {
+            in_flight.task.abort();
+        }
+    }
 }
 
 type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
@@ -71,32 +103,124 @@ impl GrpcNetwork {
         E: std::error::Error + DeserializeOwned,
     {
         let data = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut client = self.client().map_err(RPCError::Unreachable)?;
-        let msg = RaftMessage { data };
-        let call = async {
-            match kind {
-                RpcKind::Append => client.append_entries(msg).await,
-                RpcKind::Vote => client.vote(msg).await,
-                RpcKind::Snapshot => client.install_snapshot(msg).await,
-            }
-        };
-        let reply = match tokio::time::timeout(option.hard_ttl(), call).await {
-            Ok(Ok(reply)) => reply.into_inner(),
-            Ok(Err(status)) => {
-                // A broken channel is reconnected on the next call.
-                self.client = None;
-                return Err(if status.code() == tonic::Code::Unavailable {
-                    RPCError::Unreachable(Unreachable::new(&status))
-                } else {
-                    RPCError::Network(NetworkError::new(&status))
-                });
-            }
-            Err(elapsed) => return Err(RPCError::Network(NetworkError::new(&elapsed))),
-        };
-        let result: Result<Resp, RaftError<NodeId, E>> =
-            serde_json::from_slice(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        let client = self.client().map_err(RPCError::Unreachable)?;
+        let result = send(client, self.target, kind, data, option.hard_ttl()).await;
+        if result.is_err() {
+            // A broken channel is reconnected on the next call.
+            self.client = None;
+        }
+        result
     }
+
+    /// AppendEntries within the byte budget, joined to an earlier request of the same range
+    /// that is still on its way (see the module docs).
+    async fn append(&mut self, rpc: AppendEntriesRequest<TypeConfig>, option: RPCOption) -> AppendResult {
+        if rpc.entries.is_empty() {
+            // A heartbeat: it never disturbs a transfer in flight.
+            return self.call(RpcKind::Append, &rpc, &option).await;
+        }
+        let last = rpc.entries.last().map(|e| e.log_id);
+        let joinable =
+            self.in_flight.as_ref().is_some_and(|f| f.vote == rpc.vote && f.prev == rpc.prev_log_id && f.last <= last);
+        if !joinable {
+            if let Some(stale) = self.in_flight.take() {
+                stale.task.abort();
+            }
+            let (data, carried) = bounded_append(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+            let client = self.client().map_err(RPCError::Unreachable)?;
+            let (target, ttl) = (self.target, option.hard_ttl());
+            // The request may take longer than openraft waits: it runs on its own.
+            let task =
+                tokio::spawn(
+                    async move { send(client, target, RpcKind::Append, data, ttl.max(APPEND_PATIENCE)).await },
+                );
+            self.in_flight = Some(InFlight { vote: rpc.vote, prev: rpc.prev_log_id, last: carried, task });
+        }
+        let in_flight = self.in_flight.as_mut().expect("set above");
+        let result = match tokio::time::timeout(option.hard_ttl(), &mut in_flight.task).await {
+            Err(elapsed) => return Err(RPCError::Network(NetworkError::new(&elapsed))),
+            Ok(Err(join)) => Err(RPCError::Network(NetworkError::new(&join))),
+            Ok(Ok(result)) => result,
+        };
+        let carried = in_flight.last;
+        self.in_flight = None;
+        match result {
+            // The follower took what this request carried: say how far that is.
+            Ok(AppendEntriesResponse::Success) if carried < last => Ok(AppendEntriesResponse::PartialSuccess(carried)),
+            Err(e) => {
+                self.client = None;
+                Err(e)
+            }
+            other => other,
+        }
+    }
+}
+
+/// How long an AppendEntries request may run in the background before it is given up.
+const APPEND_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The request serialized with as many entries as fit the budget (at least one), and the log
+/// id of the last one it carries.
+fn bounded_append(
+    rpc: &AppendEntriesRequest<TypeConfig>,
+) -> Result<(Vec<u8>, Option<openraft::LogId<NodeId>>), serde_json::Error> {
+    let all = serde_json::to_vec(rpc)?;
+    if all.len() <= APPEND_BUDGET {
+        return Ok((all, rpc.entries.last().map(|e| e.log_id)));
+    }
+    let mut size = 0;
+    let mut take = 0;
+    for entry in &rpc.entries {
+        size += serde_json::to_vec(entry)?.len() + 1;
+        if take > 0 && size > APPEND_BUDGET {
+            break;
+        }
+        take += 1;
+    }
+    let part: AppendEntriesRequest<TypeConfig> = AppendEntriesRequest {
+        vote: rpc.vote,
+        prev_log_id: rpc.prev_log_id,
+        leader_commit: rpc.leader_commit,
+        entries: rpc.entries[..take].to_vec(),
+    };
+    tracing::debug!(entries = take, of = rpc.entries.len(), "append entries split by size");
+    Ok((serde_json::to_vec(&part)?, part.entries.last().map(|e| e.log_id)))
+}
+
+/// One Raft RPC: `data` (a serialized request) to `target`, its reply decoded.
+async fn send<Resp, E>(
+    mut client: RaftClient<Channel>,
+    target: NodeId,
+    kind: RpcKind,
+    data: Vec<u8>,
+    ttl: Duration,
+) -> Result<Resp, RpcErr<E>>
+where
+    Resp: DeserializeOwned,
+    E: std::error::Error + DeserializeOwned,
+{
+    let msg = RaftMessage { data };
+    let call = async {
+        match kind {
+            RpcKind::Append => client.append_entries(msg).await,
+            RpcKind::Vote => client.vote(msg).await,
+            RpcKind::Snapshot => client.install_snapshot(msg).await,
+        }
+    };
+    let reply = match tokio::time::timeout(ttl, call).await {
+        Ok(Ok(reply)) => reply.into_inner(),
+        Ok(Err(status)) => {
+            return Err(if status.code() == tonic::Code::Unavailable {
+                RPCError::Unreachable(Unreachable::new(&status))
+            } else {
+                RPCError::Network(NetworkError::new(&status))
+            });
+        }
+        Err(elapsed) => return Err(RPCError::Network(NetworkError::new(&elapsed))),
+    };
+    let result: Result<Resp, RaftError<NodeId, E>> =
+        serde_json::from_slice(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+    result.map_err(|e| RPCError::RemoteError(RemoteError::new(target, e)))
 }
 
 #[derive(Clone, Copy)]
@@ -112,7 +236,7 @@ impl RaftNetwork<TypeConfig> for GrpcNetwork {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcErr> {
-        self.call(RpcKind::Append, &rpc, &option).await
+        self.append(rpc, option).await
     }
 
     async fn install_snapshot(

@@ -51,6 +51,8 @@ struct Shared {
     data: RwLock<StateMachineData>,
     trees: Trees,
     snapshot_dir: PathBuf,
+    /// Serializes writes of the snapshot file (a build and an install may race).
+    snapshot_file: std::sync::Mutex<()>,
     applied_tx: watch::Sender<u64>,
 }
 
@@ -95,7 +97,14 @@ impl StateMachineStore {
         }
         let applied = data.last_applied.map(|l| l.index).unwrap_or(0);
         let (applied_tx, _) = watch::channel(applied);
-        Ok(StateMachineStore { shared: Arc::new(Shared { data: RwLock::new(data), trees, snapshot_dir, applied_tx }) })
+        let shared = Shared {
+            data: RwLock::new(data),
+            trees,
+            snapshot_dir,
+            snapshot_file: std::sync::Mutex::new(()),
+            applied_tx,
+        };
+        Ok(StateMachineStore { shared: Arc::new(shared) })
     }
 
     /// Read access to the applied state. Never hold the guard across an `.await`.
@@ -218,18 +227,59 @@ fn persist(t: &Trees, data: &StateMachineData, touched: &Touched) -> Result<(), 
 type SnapshotMetaT = SnapshotMeta<NodeId, openraft::BasicNode>;
 
 /// Snapshot file: u64 BE length of the JSON meta, the meta, then the protobuf state.
-fn write_snapshot_file(dir: &Path, meta: &SnapshotMetaT, state: &[u8]) -> std::io::Result<()> {
+///
+/// Invariant: the file only moves forward. Writers (a snapshot build and an install can run at
+/// once) take `lock`, write their own temporary file, and replace the current file only if it
+/// is not newer than theirs; returns false when a newer snapshot was already there.
+fn write_snapshot_file(
+    dir: &Path,
+    lock: &std::sync::Mutex<()>,
+    meta: &SnapshotMetaT,
+    state: &[u8],
+) -> std::io::Result<bool> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let meta_json = serde_json::to_vec(meta).map_err(json_err)?;
-    let tmp = dir.join(format!("{SNAPSHOT_FILE}.tmp"));
-    {
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("{SNAPSHOT_FILE}.tmp-{}-{n}", std::process::id()));
+    let written = (|| {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(&(meta_json.len() as u64).to_be_bytes())?;
         f.write_all(&meta_json)?;
         f.write_all(state)?;
-        f.sync_all()?;
+        f.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+    let current = read_snapshot_meta(dir).ok().flatten();
+    if current.is_some_and(|c| c.last_log_id > meta.last_log_id) {
+        let _ = std::fs::remove_file(&tmp);
+        return Ok(false);
     }
     std::fs::rename(&tmp, dir.join(SNAPSHOT_FILE))?;
-    std::fs::File::open(dir)?.sync_all()
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(true)
+}
+
+/// The meta of the current snapshot file, without reading the state.
+fn read_snapshot_meta(dir: &Path) -> std::io::Result<Option<SnapshotMetaT>> {
+    use std::io::Read;
+    let mut file = match std::fs::File::open(dir.join(SNAPSHOT_FILE)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len)?;
+    let len = usize::try_from(u64::from_be_bytes(len))
+        .ok()
+        .filter(|l| *l < 64 << 20)
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "corrupt snapshot file"))?;
+    let mut meta = vec![0u8; len];
+    file.read_exact(&mut meta)?;
+    serde_json::from_slice(&meta).map(Some).map_err(json_err)
 }
 
 fn read_snapshot_file(dir: &Path) -> std::io::Result<Option<(SnapshotMetaT, Vec<u8>)>> {
@@ -304,8 +354,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let bytes = snapshot.into_inner();
         let state = corral_proto::snapshot_from_bytes(&bytes)
             .map_err(|e| StorageError::from(StorageIOError::<NodeId>::read_snapshot(Some(meta.signature()), &e)))?;
-        write_snapshot_file(&self.shared.snapshot_dir, meta, &bytes)
-            .map_err(|e| StorageError::from(StorageIOError::<NodeId>::write_snapshot(Some(meta.signature()), &e)))?;
+        let shared = Arc::clone(&self.shared);
+        let (meta_copy, written_bytes) = (meta.clone(), bytes.clone());
+        tokio::task::spawn_blocking(move || {
+            write_snapshot_file(&shared.snapshot_dir, &shared.snapshot_file, &meta_copy, &written_bytes)
+        })
+        .await
+        .map_err(|e| io_err(std::io::Error::other(e.to_string())))?
+        .map_err(|e| StorageError::from(StorageIOError::<NodeId>::write_snapshot(Some(meta.signature()), &e)))?;
         let applied = {
             let mut data = self.shared.data.write().unwrap_or_else(|p| p.into_inner());
             *data =
@@ -335,13 +391,88 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             None => "empty".to_string(),
         };
         let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
-        let dir = self.shared.snapshot_dir.clone();
-        let (meta, bytes) =
-            tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &meta, &bytes).map(|()| (meta, bytes)))
-                .await
-                .map_err(|e| io_err(std::io::Error::other(e.to_string())))?
-                .map_err(|e| StorageError::from(StorageIOError::<NodeId>::write_snapshot(None, &e)))?;
-        tracing::info!(snapshot = %meta.snapshot_id, bytes = bytes.len(), "built snapshot");
+        let shared = Arc::clone(&self.shared);
+        let (meta, bytes, current) = tokio::task::spawn_blocking(move || {
+            write_snapshot_file(&shared.snapshot_dir, &shared.snapshot_file, &meta, &bytes).map(|w| (meta, bytes, w))
+        })
+        .await
+        .map_err(|e| io_err(std::io::Error::other(e.to_string())))?
+        .map_err(|e| StorageError::from(StorageIOError::<NodeId>::write_snapshot(None, &e)))?;
+        if current {
+            tracing::info!(snapshot = %meta.snapshot_id, bytes = bytes.len(), "built snapshot");
+        } else {
+            tracing::info!(snapshot = %meta.snapshot_id, "built snapshot is older than the installed one: not kept");
+        }
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_core::{ClusterConfig, Command, Request};
+    use corral_types::{JobSpec, Timestamp};
+    use openraft::{CommittedLeaderId, LogId};
+
+    /// A state with `jobs` queued jobs: a snapshot of a few megabytes.
+    fn state_with(jobs: usize) -> State {
+        let mut state = State::default();
+        let config = Request { ts: Timestamp(1), command: Command::Configure(ClusterConfig::dev_defaults()) };
+        state.apply(&config).expect("configure");
+        let spec = |i: usize| JobSpec {
+            name: format!("job-{i}"),
+            tenant: "default".into(),
+            command: vec!["sleep".into(), "x".repeat(64)],
+            ..Default::default()
+        };
+        let batch = (0..jobs).map(|i| (format!("r{i}"), spec(i))).collect();
+        state.apply(&Request { ts: Timestamp(2), command: Command::SubmitJobs { jobs: batch } }).expect("submit");
+        state
+    }
+
+    fn meta(index: u64) -> SnapshotMetaT {
+        SnapshotMeta {
+            last_log_id: Some(LogId::new(CommittedLeaderId::new(1, 1), index)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: format!("1-1-{index}"),
+        }
+    }
+
+    /// A snapshot build (of the state at index 10) racing an install (of the state at index
+    /// 20) leaves the snapshot file whole and at index 20: never corrupt, never rolled back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_build_racing_an_install_keeps_the_newest_snapshot_intact() {
+        let (older, newer) = (state_with(30_000), state_with(30_001));
+        let (older_bytes, newer_bytes) =
+            (corral_proto::snapshot_to_bytes(&older), corral_proto::snapshot_to_bytes(&newer));
+        for round in 0..6 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut store = StateMachineStore::open(dir.path()).expect("open");
+            store.install_snapshot(&meta(10), Box::new(Cursor::new(older_bytes.clone()))).await.expect("install older");
+            let (mut builder, mut installer) = (store.clone(), store.clone());
+            let newer_bytes = newer_bytes.clone();
+            let build = tokio::spawn(async move { builder.build_snapshot().await.map(|_| ()) });
+            let install =
+                tokio::spawn(
+                    async move { installer.install_snapshot(&meta(20), Box::new(Cursor::new(newer_bytes))).await },
+                );
+            let (built, installed) = (build.await.expect("build task"), install.await.expect("install task"));
+            built.unwrap_or_else(|e| panic!("round {round}: build failed: {e}"));
+            installed.unwrap_or_else(|e| panic!("round {round}: install failed: {e}"));
+            let (meta, bytes) = read_snapshot_file(&dir.path().join("snapshots"))
+                .unwrap_or_else(|e| panic!("round {round}: unreadable snapshot file: {e}"))
+                .expect("a snapshot file");
+            assert_eq!(meta.last_log_id.map(|l| l.index), Some(20), "round {round}: the snapshot went back");
+            let state = corral_proto::snapshot_from_bytes(&bytes)
+                .unwrap_or_else(|e| panic!("round {round}: corrupt snapshot state: {e}"));
+            assert_eq!(state.jobs.len(), 30_001, "round {round}");
+            let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("snapshots"))
+                .expect("dir")
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n != SNAPSHOT_FILE)
+                .collect();
+            assert!(leftovers.is_empty(), "round {round}: temporary files left: {leftovers:?}");
+        }
     }
 }
