@@ -86,12 +86,23 @@ pub enum Command {
     /// Access tokens of tenants and admins (admin only): create, list, revoke.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// The fence guard a worker starts beside itself (internal): kills the worker's jobs when
+    /// its lease runs out or the worker dies.
+    #[command(hide = true)]
+    WorkerGuard(WorkerGuardArgs),
     /// Print a cluster-wide timestamp from the leader's timestamp oracle (TSO).
     Ts {
         /// Take a contiguous range of this many and print the first.
         #[arg(long, default_value_t = 1)]
         count: u32,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerGuardArgs {
+    /// The worker's cgroup root: every job cgroup under it is killed when the lease runs out.
+    #[arg(long)]
+    pub cgroup_root: String,
 }
 
 #[derive(Debug, Subcommand)]

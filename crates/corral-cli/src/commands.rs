@@ -8,7 +8,6 @@ use corral_proto::v1::LogStream;
 use corral_types::{GpuSlice, JobSpec, JobState};
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
 
 pub fn client(global: &GlobalArgs) -> anyhow::Result<Client> {
     let endpoints: Vec<String> =
@@ -91,35 +90,36 @@ pub async fn show(global: &GlobalArgs, args: JobArg) -> anyhow::Result<ExitCode>
 
 pub async fn wait(global: &GlobalArgs, args: WaitArgs) -> anyhow::Result<ExitCode> {
     let client = client(global)?;
-    let started = Instant::now();
     let progress = std::io::stderr().is_terminal();
     let mut last_state = None;
-    loop {
-        let job = client.get_job(args.job).await?;
+    // The leader pushes every change of the job: no polling interval in the latency.
+    let follow = client.wait_job(args.job, |job| {
         if progress && last_state != Some(job.state) {
-            eprintln!("job {}: {} {}", job.id, job.state, output::reason(&job));
+            eprintln!("job {}: {} {}", job.id, job.state, output::reason(job));
             last_state = Some(job.state);
         }
-        if job.state.is_terminal() {
-            match global.output {
-                OutputFormat::Json => print_json(&output::job_json(&job))?,
-                OutputFormat::Table => println!("job {} {} ({})", job.id, job.state, output::reason(&job)),
-            }
-            return Ok(if job.state == JobState::Succeeded { ExitCode::SUCCESS } else { ExitCode::from(1) });
-        }
-        if let Some(timeout) = args.timeout {
-            if started.elapsed() >= timeout {
+    });
+    let job = match args.timeout {
+        Some(timeout) => match tokio::time::timeout(timeout, follow).await {
+            Ok(job) => job?,
+            Err(_) => {
+                let state =
+                    client.get_job(args.job).await.map(|j| j.state.to_string()).unwrap_or_else(|_| "unknown".into());
                 eprintln!(
-                    "error: timed out after {} waiting for job {} (still {})",
+                    "error: timed out after {} waiting for job {} (still {state})",
                     corral_types::format_duration(timeout),
-                    job.id,
-                    job.state
+                    args.job,
                 );
                 return Ok(ExitCode::from(2));
             }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        },
+        None => follow.await?,
+    };
+    match global.output {
+        OutputFormat::Json => print_json(&output::job_json(&job))?,
+        OutputFormat::Table => println!("job {} {} ({})", job.id, job.state, output::reason(&job)),
     }
+    Ok(if job.state == JobState::Succeeded { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 pub async fn jobs(global: &GlobalArgs, args: JobsArgs, queue_only: bool) -> anyhow::Result<ExitCode> {

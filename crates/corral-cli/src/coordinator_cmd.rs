@@ -122,11 +122,36 @@ impl Default for RaftSection {
 pub struct SchedulerSection {
     /// A worker silent for this long is marked down and its jobs requeued, e.g. "10s".
     pub node_ttl: String,
+    /// A worker that no leader answered for this long stops its jobs (fencing), so that they
+    /// are dead before the node TTL gives them to other nodes. Default: half the node TTL;
+    /// at most three quarters of it.
+    pub fence_after: Option<String>,
 }
 
 impl Default for SchedulerSection {
     fn default() -> Self {
-        SchedulerSection { node_ttl: "10s".into() }
+        SchedulerSection { node_ttl: "10s".into(), fence_after: None }
+    }
+}
+
+impl SchedulerSection {
+    /// (node TTL, fence time), checked.
+    pub fn lease(&self) -> Result<(Duration, Duration), String> {
+        let ttl = corral_types::parse_duration(&self.node_ttl).map_err(|e| format!("scheduler.node-ttl: {e}"))?;
+        if ttl < Duration::from_millis(500) {
+            return Err(format!("scheduler.node-ttl: {} is shorter than 500ms", self.node_ttl));
+        }
+        let fence = match &self.fence_after {
+            Some(f) => corral_types::parse_duration(f).map_err(|e| format!("scheduler.fence-after: {e}"))?,
+            None => ttl / 2,
+        };
+        if fence.is_zero() || fence > ttl * 3 / 4 {
+            return Err(format!(
+                "scheduler.fence-after: must be greater than 0 and at most three quarters of scheduler.node-ttl ({}), so that a fenced worker's jobs are dead before the ttl gives them to other nodes",
+                self.node_ttl
+            ));
+        }
+        Ok((ttl, fence))
     }
 }
 
@@ -175,7 +200,7 @@ impl CoordinatorFile {
         if r.snapshot_every == 0 {
             return Err("raft.snapshot-every: must be greater than 0".into());
         }
-        corral_types::parse_duration(&self.scheduler.node_ttl).map_err(|e| format!("scheduler.node-ttl: {e}"))?;
+        self.scheduler.lease()?;
         if let Some(tls) = &self.tls {
             tls.validate()?;
         }
@@ -244,12 +269,9 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
     };
     let node =
         RaftNode::open(&raft_config).await.with_context(|| format!("cannot open {}", file.data_dir.display()))?;
-    let config = CoordinatorConfig {
-        node_ttl: corral_types::parse_duration(&file.scheduler.node_ttl)?,
-        advertise_addr: advertise.clone(),
-        security,
-        ..Default::default()
-    };
+    let (node_ttl, fence_after) = file.scheduler.lease().map_err(anyhow::Error::msg)?;
+    let config =
+        CoordinatorConfig { node_ttl, fence_after, advertise_addr: advertise.clone(), security, ..Default::default() };
     let coordinator = Coordinator::new(node.clone(), config);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

@@ -98,7 +98,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let mut worker_config = WorkerConfig::for_host(NODE_NAME.to_string(), data_dir.join("worker"));
     let agent_addr = agent_listener.local_addr()?.to_string();
     worker_config.advertise_addr = agent_addr.clone();
-    let executor = ProcessExecutor::new(format!("corral/dev-{}", path_tag(&data_dir)))?;
+    let cgroup_root = format!("corral/dev-{}", path_tag(&data_dir));
+    worker_config.fence_guard = Some(crate::worker_cmd::fence_guard(&cgroup_root)?);
+    let executor = ProcessExecutor::new(cgroup_root)?;
     let gpus = SimulatedGpus::new(SimulatedConfig {
         count: args.gpus,
         model: args.gpu_model.clone(),

@@ -42,6 +42,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Command::WorkerGuard(args) = &cli.command {
+        // A plain blocking loop, no async runtime: it must keep working when nothing else does.
+        return match corral_worker::run_guard(&args.cgroup_root) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: corral fence guard: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     // A daemon must never die of a peer closing its socket (a killed coordinator, a worker that
     // went away): every write to it is an EPIPE error, on every thread.
     if matches!(cli.command, Command::Dev(_) | Command::Coordinator(_) | Command::Worker(_)) {
@@ -113,6 +123,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Certs(args::CertsCommand::Init(args)) => security_cmd::certs_init(&global, args),
         Command::Token(command) => security_cmd::token(&global, command).await,
         Command::Ts { count } => commands::ts(&global, count).await,
+        Command::WorkerGuard(_) => unreachable!("the fence guard runs before the async runtime starts"),
         Command::Billing(args::BillingCommand::Report(args)) => billing::report(&global, args).await,
         Command::History(args) => billing::history(&global, args).await,
     }

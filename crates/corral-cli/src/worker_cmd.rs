@@ -10,7 +10,7 @@ use corral_worker::gpu::{GpuBackend, NvmlGpus, SimulatedDevice, SimulatedGpus};
 use corral_worker::health::{HealthPolicy, DEFAULT_FATAL_XIDS};
 use corral_worker::hygiene::HygieneConfig;
 use corral_worker::mps::MpsConfig;
-use corral_worker::{JobUser, UserMapping, Worker, WorkerConfig};
+use corral_worker::{GuardCommand, JobUser, UserMapping, Worker, WorkerConfig};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -481,7 +481,19 @@ fn executor(file: &WorkerFile) -> anyhow::Result<Arc<dyn Executor>> {
 }
 
 /// The worker a validated file describes, with its bound agent listener.
-async fn build(file: &WorkerFile, token: Option<String>) -> anyhow::Result<(Worker, TcpListener)> {
+/// The fence guard of a worker whose job cgroups live under `cgroup_root`: this binary's
+/// hidden `worker-guard` command.
+pub fn fence_guard(cgroup_root: &str) -> anyhow::Result<GuardCommand> {
+    let program = std::env::current_exe().context("cannot find the corral binary to start the fence guard")?;
+    Ok(GuardCommand { program, args: vec!["worker-guard".into(), "--cgroup-root".into(), cgroup_root.into()] })
+}
+
+/// Builds the worker of `file`; `guard` starts its fence guard (see [`fence_guard`]).
+async fn build(
+    file: &WorkerFile,
+    token: Option<String>,
+    guard: Option<GuardCommand>,
+) -> anyhow::Result<(Worker, TcpListener)> {
     std::fs::create_dir_all(&file.data_dir)
         .with_context(|| format!("cannot create data-dir {}", file.data_dir.display()))?;
     // Jobs get work dirs under data-dir and run with them as cwd: resolve a relative one now.
@@ -491,6 +503,7 @@ async fn build(file: &WorkerFile, token: Option<String>) -> anyhow::Result<(Work
     let gpus = gpu_backend(file)?;
     let executor = executor(file)?;
     let mut config = file.worker_config().map_err(anyhow::Error::msg)?;
+    config.fence_guard = guard;
     let tls = match &file.tls {
         Some(section) => {
             let identity = corral_security::certificate_identity(&section.cert)?;
@@ -532,7 +545,8 @@ async fn build(file: &WorkerFile, token: Option<String>) -> anyhow::Result<(Work
 pub async fn run(config_path: &Path, token: Option<String>) -> anyhow::Result<()> {
     crate::dev::init_tracing();
     let file = WorkerFile::load(config_path)?;
-    let (worker, listener) = build(&file, token).await?;
+    let guard = fence_guard(&file.executor.cgroup_root)?;
+    let (worker, listener) = build(&file, token, Some(guard)).await?;
     println!(
         "corral worker {} serving logs on {}; registering with {}",
         file.node_name(),
@@ -670,7 +684,8 @@ mod tests {
         )
         .expect("write config");
         let file = WorkerFile::load(&config).expect("config");
-        let (worker, agent) = build(&file, None).await.expect("build worker");
+        // In-process: this test binary cannot be the fence guard.
+        let (worker, agent) = build(&file, None, None).await.expect("build worker");
         let worker = tokio::spawn(worker.run(agent, stopped(stop_rx.clone())));
 
         let client = Client::new(ClientConfig::new(vec![addr.clone()])).expect("client");

@@ -377,6 +377,42 @@ impl Client {
         Ok(reply.into_inner().try_into()?)
     }
 
+    /// The job now and at each change until it ends, from the leader (one stream; it ends
+    /// early when the leadership changes).
+    pub async fn watch_job(&self, job_id: u64) -> Result<tonic::Streaming<pb::Job>, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::WatchJobRequest { job_id });
+                async move { Self::corral(ch).watch_job(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// Follows job `job_id` until it ends and returns it; `on_change` sees every state the
+    /// leader sends. Follows leader changes; fails only when no coordinator answers for
+    /// `retry_for` or the job is unknown.
+    pub async fn wait_job(&self, job_id: u64, mut on_change: impl FnMut(&Job)) -> Result<Job, ClientError> {
+        loop {
+            let mut stream = self.watch_job(job_id).await?;
+            loop {
+                match stream.message().await {
+                    Ok(Some(job)) => {
+                        let job = Job::try_from(job)?;
+                        on_change(&job);
+                        if job.state.is_terminal() {
+                            return Ok(job);
+                        }
+                    }
+                    // The leader changed or the connection broke: watch again from the new one.
+                    Ok(None) => break,
+                    Err(status) if retryable(&status) => break,
+                    Err(status) => return Err(ClientError::Status(status)),
+                }
+            }
+        }
+    }
+
     /// Streams a job's output; with `follow`, until the job ends.
     pub async fn read_logs(&self, job_id: u64, follow: bool) -> Result<tonic::Streaming<pb::LogChunk>, ClientError> {
         let reply = self
@@ -512,7 +548,7 @@ impl Client {
 
     /// The worker-side protocol, on the same failover and leader redirects.
     pub fn gateway(&self) -> GatewayClient {
-        GatewayClient { client: self.clone() }
+        GatewayClient { client: self.clone(), attempt_timeout: None }
     }
 }
 
@@ -527,9 +563,28 @@ pub struct Submitted {
 #[derive(Clone)]
 pub struct GatewayClient {
     client: Client,
+    /// Longest one attempt may take before the next coordinator is tried.
+    attempt_timeout: Option<std::time::Duration>,
+}
+
+/// Runs one attempt of a call, bounded by `limit`: a frozen coordinator answers nothing.
+async fn bounded<T>(limit: Option<Duration>, call: impl Future<Output = Result<T, Status>>) -> Result<T, Status> {
+    match limit {
+        Some(limit) => tokio::time::timeout(limit, call)
+            .await
+            .unwrap_or_else(|_| Err(Status::deadline_exceeded(format!("no answer within {limit:?}")))),
+        None => call.await,
+    }
 }
 
 impl GatewayClient {
+    /// The same client, giving up on a coordinator that does not answer one attempt within
+    /// `limit` and trying the next (a worker's lease depends on hearing from a leader quickly).
+    pub fn with_attempt_timeout(mut self, limit: Duration) -> Self {
+        self.attempt_timeout = Some(limit);
+        self
+    }
+
     fn raw(channel: Channel) -> WorkerGatewayClient<Channel> {
         WorkerGatewayClient::new(channel)
             .max_decoding_message_size(corral_proto::MAX_MESSAGE_BYTES)
@@ -537,46 +592,67 @@ impl GatewayClient {
     }
 
     pub async fn register(&self, req: pb::RegisterRequest) -> Result<pb::RegisterResponse, ClientError> {
+        let limit = self.attempt_timeout;
         let reply = self
             .client
             .with_retry(|ch| {
                 let req = req.clone();
-                async move { Self::raw(ch).register(req).await }
+                async move { bounded(limit, Self::raw(ch).register(req)).await }
             })
             .await?;
         Ok(reply.into_inner())
     }
 
     pub async fn heartbeat(&self, req: pb::HeartbeatRequest) -> Result<pb::HeartbeatResponse, ClientError> {
+        let limit = self.attempt_timeout;
         let reply = self
             .client
             .with_retry(|ch| {
                 let req = req.clone();
-                async move { Self::raw(ch).heartbeat(req).await }
+                async move { bounded(limit, Self::raw(ch).heartbeat(req)).await }
             })
             .await?;
         Ok(reply.into_inner())
     }
 
-    pub async fn report_started(&self, req: pb::ReportStartedRequest) -> Result<bool, ClientError> {
+    /// The node's desired state, pushed by the leader at every change (see
+    /// `WorkerGateway.WatchDesired`); the stream ends when the leadership changes.
+    pub async fn watch_desired(
+        &self,
+        req: pb::WatchDesiredRequest,
+    ) -> Result<tonic::Streaming<pb::DesiredState>, ClientError> {
+        let limit = self.attempt_timeout;
         let reply = self
             .client
             .with_retry(|ch| {
                 let req = req.clone();
-                async move { Self::raw(ch).report_started(req).await }
+                async move { bounded(limit, Self::raw(ch).watch_desired(req)).await }
             })
             .await?;
-        Ok(reply.into_inner().accepted)
+        Ok(reply.into_inner())
     }
 
-    pub async fn report_finished(&self, req: pb::ReportFinishedRequest) -> Result<bool, ClientError> {
+    pub async fn report_started(&self, req: pb::ReportStartedRequest) -> Result<pb::ReportResponse, ClientError> {
+        let limit = self.attempt_timeout;
         let reply = self
             .client
             .with_retry(|ch| {
                 let req = req.clone();
-                async move { Self::raw(ch).report_finished(req).await }
+                async move { bounded(limit, Self::raw(ch).report_started(req)).await }
             })
             .await?;
-        Ok(reply.into_inner().accepted)
+        Ok(reply.into_inner())
+    }
+
+    pub async fn report_finished(&self, req: pb::ReportFinishedRequest) -> Result<pb::ReportResponse, ClientError> {
+        let limit = self.attempt_timeout;
+        let reply = self
+            .client
+            .with_retry(|ch| {
+                let req = req.clone();
+                async move { bounded(limit, Self::raw(ch).report_finished(req)).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
     }
 }

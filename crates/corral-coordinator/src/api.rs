@@ -102,6 +102,45 @@ fn token_info(t: &corral_core::TokenRecord) -> pb::TokenInfo {
 }
 
 type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
+type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
+
+/// A watched job is sent again at least this often while it waits, so that the reason of the
+/// leader's latest scheduling pass reaches the watcher.
+const WATCH_REFRESH: Duration = Duration::from_millis(500);
+
+/// Sends job `job_id` now and at every change until it ends, while this node leads in `term`.
+fn watch_job(coord: Coordinator, job_id: u64, term: u64) -> tokio::sync::mpsc::Receiver<Result<pb::Job, Status>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut applied = coord.inner.node.state.subscribe_applied();
+        let mut last: Option<pb::Job> = None;
+        loop {
+            if coord.leading_term() != Some(term) {
+                // Deposed: the stream ends before the job did, and the client asks the new leader.
+                return;
+            }
+            let reply = {
+                let data = coord.inner.node.state.read();
+                let Some(job) = data.state.jobs.get(&job_id) else { return };
+                let reasons = coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
+                (job_reply(job, &reasons), job.state.is_terminal())
+            };
+            let (reply, terminal) = reply;
+            if last.as_ref() != Some(&reply) {
+                if tx.send(Ok(reply.clone())).await.is_err() || terminal {
+                    return;
+                }
+                last = Some(reply);
+            }
+            tokio::select! {
+                changed = applied.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(WATCH_REFRESH) => {}
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    rx
+}
 
 #[tonic::async_trait]
 impl Corral for Api {
@@ -204,6 +243,19 @@ impl Corral for Api {
         }
     }
 
+    type WatchJobStream = JobStream;
+
+    async fn watch_job(&self, request: Request<pb::WatchJobRequest>) -> Result<Response<JobStream>, Status> {
+        self.coord.linearizable().await?;
+        let who = self.coord.principal(&request, "watch")?;
+        let job_id = request.get_ref().job_id;
+        let job = self.job(job_id)?;
+        self.coord.require_owner(&request, "watch", "watch", &who, &job)?;
+        let term = self.coord.leading_term().ok_or_else(|| self.coord.not_leader())?;
+        let rx = watch_job(self.coord.clone(), job_id, term);
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
     type ReadLogsStream = LogStream;
 
     async fn read_logs(&self, request: Request<pb::ReadLogsRequest>) -> Result<Response<LogStream>, Status> {
@@ -211,9 +263,11 @@ impl Corral for Api {
         let mut job = self.job(request.get_ref().job_id)?;
         self.coord.require_owner(&request, "logs", "read the logs of", &who, &job)?;
         let req = request.into_inner();
-        // With --follow, wait until the job is placed somewhere (or ends without running).
+        // With --follow, wait until the job is placed somewhere (or ends without running),
+        // woken by every applied change.
+        let mut applied = self.coord.inner.node.state.subscribe_applied();
         while req.follow && job.allocation.is_none() && !job.state.is_terminal() {
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            let _ = tokio::time::timeout(WATCH_REFRESH, applied.changed()).await;
             job = self.job(req.job_id)?;
         }
         let Some(allocation) = job.allocation else {

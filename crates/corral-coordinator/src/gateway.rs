@@ -1,10 +1,18 @@
-//! The `WorkerGateway` gRPC service: registration, heartbeats and job reports from workers.
+//! The `WorkerGateway` gRPC service: registration, heartbeats, the pushed desired state and job
+//! reports from workers.
+//!
+//! Invariant: only a leader that may answer workers (`Coordinator::worker_term`: leading, lease
+//! confirmed, its own term applied) answers; everyone else redirects or asks to retry. So no
+//! report is judged, no worker is told to re-register and no lease is granted from a state that
+//! lags or from a deposed leader.
 
 use crate::{CoordError, Coordinator};
-use corral_core::{Command, Outcome};
+use corral_core::{ApplyError, Command, Outcome};
 use corral_proto::v1::worker_gateway_server::{WorkerGateway, WorkerGatewayServer};
 use corral_proto::v1::{self as pb};
-use corral_types::{GpuHealth, JobState, NodeState};
+use corral_types::{GpuHealth, NodeState};
+use std::pin::Pin;
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 pub(crate) fn server(coord: Coordinator) -> WorkerGatewayServer<Gateway> {
@@ -16,6 +24,8 @@ pub(crate) fn server(coord: Coordinator) -> WorkerGatewayServer<Gateway> {
 pub(crate) struct Gateway {
     coord: Coordinator,
 }
+
+type DesiredStream = Pin<Box<dyn Stream<Item = Result<pb::DesiredState, Status>> + Send>>;
 
 impl Gateway {
     /// Over TLS a worker speaks only for the node its certificate names.
@@ -35,53 +45,82 @@ impl Gateway {
 
     /// Over TLS a worker reports only jobs placed on its own node; a report about another
     /// node's job is audited and answered as stale (not accepted, nothing changes), so that a
-    /// late report from a node the job has left is not retried forever.
-    fn job_on_own_node<T>(&self, request: &Request<T>, action: &str, job_id: u64) -> bool {
-        let Some(name) = self.coord.worker_identity(request) else { return true };
-        let placed_here = {
+    /// late report from a node the job has left is not retried forever. Judged on the state of
+    /// a leader that answers workers; returns the applied index it was judged at.
+    fn job_on_own_node<T>(&self, request: &Request<T>, action: &str, job_id: u64) -> Result<(), u64> {
+        let Some(name) = self.coord.worker_identity(request) else { return Ok(()) };
+        let (placed_here, revision) = {
             let data = self.coord.inner.node.state.read();
-            data.state.jobs.get(&job_id).and_then(|j| j.allocation.as_ref()).is_some_and(|a| a.gpus_on(&name).is_some())
+            let placed = data
+                .state
+                .jobs
+                .get(&job_id)
+                .and_then(|j| j.allocation.as_ref())
+                .is_some_and(|a| a.gpus_on(&name).is_some());
+            (placed, data.last_applied.map_or(0, |l| l.index))
         };
-        if !placed_here {
-            self.coord.deny(
-                request,
-                action,
-                &format!("worker {name}"),
-                Status::permission_denied(format!("permission denied: job {job_id} is not placed on node {name}")),
-            );
-        }
-        placed_here
-    }
-
-    /// Workers must talk to the leader: its memory holds heartbeats and it proposes changes.
-    fn require_leader(&self) -> Result<(), CoordError> {
-        if self.coord.is_leader() {
+        if placed_here {
             return Ok(());
         }
-        let metrics = self.coord.inner.node.raft.metrics().borrow().clone();
-        let leader_addr = metrics
-            .current_leader
-            .and_then(|id| metrics.membership_config.membership().get_node(&id).map(|n| n.addr.clone()));
-        Err(CoordError::NotLeader { leader_id: metrics.current_leader, leader_addr })
+        self.coord.deny(
+            request,
+            action,
+            &format!("worker {name}"),
+            Status::permission_denied(format!("permission denied: job {job_id} is not placed on node {name}")),
+        );
+        Err(revision)
+    }
+
+    /// Proposes a worker's report; a stale epoch or an unknown job is answered "not accepted".
+    async fn report(&self, command: Command) -> Result<Response<pb::ReportResponse>, Status> {
+        let ts = self.coord.timestamps(1).await?;
+        match self.coord.propose_indexed(ts, command).await {
+            Ok((outcome, revision)) => {
+                if let Outcome::Job(job) = &outcome {
+                    tracing::info!(job_id = job.id, state = %job.state, reason = job.reason.as_deref().unwrap_or(""), "job finished");
+                }
+                Ok(Response::new(pb::ReportResponse { accepted: outcome != Outcome::Stale, revision }))
+            }
+            Err(CoordError::Rejected(ApplyError::NoSuchJob(_))) => {
+                let revision = self.coord.inner.node.state.read().last_applied.map_or(0, |l| l.index);
+                Ok(Response::new(pb::ReportResponse { accepted: false, revision }))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+fn gpu_health(g: &pb::GpuHealth) -> GpuHealth {
+    GpuHealth {
+        index: g.index,
+        temperature_c: g.temperature_c,
+        utilization_percent: g.utilization_percent,
+        memory_used_mib: g.memory_used_mib,
+        power_mw: g.power_mw,
+        xid_errors: g.xid_errors,
+        dirty: g.dirty,
+        dirty_reason: g.dirty_reason.clone(),
+        dirty_job_id: (g.dirty_job_id != 0).then_some(g.dirty_job_id),
+        problems: g.problems.clone(),
     }
 }
 
 #[tonic::async_trait]
 impl WorkerGateway for Gateway {
     async fn register(&self, request: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterResponse>, Status> {
-        self.require_leader()?;
         let spec: corral_types::NodeSpec =
             request.get_ref().spec.clone().ok_or_else(|| Status::invalid_argument("missing node spec"))?.into();
         self.require_node(&request, "register", &spec.name)?;
         if spec.name.is_empty() {
             return Err(Status::invalid_argument("node name must not be empty"));
         }
+        let term = self.coord.worker_term()?;
         let name = spec.name.clone();
         match self.coord.propose(Command::RegisterNode { spec }).await? {
             Outcome::NodeRegistered { epoch } => {
-                self.coord.inner.liveness.heartbeat(&name, Vec::new());
+                self.coord.inner.liveness.heartbeat(term, &name, Vec::new());
                 tracing::info!(node = %name, epoch, "node registered");
-                Ok(Response::new(pb::RegisterResponse { node_epoch: epoch }))
+                Ok(Response::new(pb::RegisterResponse { node_epoch: epoch, lease: Some(self.coord.worker_lease()) }))
             }
             other => Err(Status::internal(format!("unexpected outcome of register: {other:?}"))),
         }
@@ -91,89 +130,64 @@ impl WorkerGateway for Gateway {
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
-        self.require_leader()?;
         self.require_node(&request, "heartbeat", &request.get_ref().node)?;
         let hb = request.into_inner();
-        let data = self.coord.inner.node.state.read();
-        let current = data.state.nodes.get(&hb.node).filter(|n| n.epoch == hb.node_epoch && n.state == NodeState::Up);
-        if current.is_none() {
-            // Unknown, down, or registered again since: the worker kills its jobs and re-registers.
-            return Ok(Response::new(pb::HeartbeatResponse { reregister: true, ..Default::default() }));
-        }
-        let gpus = hb
-            .gpus
-            .iter()
-            .map(|g| GpuHealth {
-                index: g.index,
-                temperature_c: g.temperature_c,
-                utilization_percent: g.utilization_percent,
-                memory_used_mib: g.memory_used_mib,
-                power_mw: g.power_mw,
-                xid_errors: g.xid_errors,
-                dirty: g.dirty,
-                dirty_reason: g.dirty_reason.clone(),
-                dirty_job_id: (g.dirty_job_id != 0).then_some(g.dirty_job_id),
-                problems: g.problems.clone(),
-            })
-            .collect();
-        self.coord.inner.liveness.heartbeat(&hb.node, gpus);
-        // Jobs placed here (a gang job on each of its nodes), unless being cancelled or preempted.
-        let assignments: Vec<pb::Job> = data
-            .state
-            .jobs_on_node(&hb.node)
-            .filter(|j| !j.cancel_requested && j.preemption.is_none())
-            .map(Into::into)
-            .collect();
-        // What the worker runs but must stop: stale runs, cancelled jobs, preemption victims
-        // (with the victim class's grace period and checkpoint signal).
-        let kill = hb
-            .running
-            .into_iter()
-            .filter_map(|r| {
-                let job = data.state.jobs.get(&r.job_id);
-                let current = job.is_some_and(|j| {
-                    j.state == JobState::Running
-                        && j.allocation.as_ref().is_some_and(|a| a.epoch == r.epoch && a.gpus_on(&hb.node).is_some())
-                });
-                match job {
-                    Some(j) if current && j.cancel_requested => Some(pb::RunningJob { grace_secs: 0, ..r }),
-                    Some(j) if current => j.preemption.as_ref().map(|p| pb::RunningJob {
-                        grace_secs: p.grace_secs,
-                        checkpoint_signal: p.checkpoint_signal,
-                        ..r
-                    }),
-                    _ => Some(r),
+        let gpus = hb.gpus.iter().map(gpu_health).collect();
+        let term = match self.coord.worker_term() {
+            Ok(term) => term,
+            Err(e) => {
+                // The worker is alive even if this leader cannot vouch for itself right now:
+                // remember that, but grant no lease.
+                if let Some(term) = self.coord.leading_term() {
+                    self.coord.inner.liveness.heartbeat(term, &hb.node, gpus);
                 }
-            })
-            .collect();
-        Ok(Response::new(pb::HeartbeatResponse { assignments, kill, reregister: false }))
+                return Err(e.into());
+            }
+        };
+        self.coord.inner.liveness.heartbeat(term, &hb.node, gpus);
+        let current = {
+            let data = self.coord.inner.node.state.read();
+            data.state.nodes.get(&hb.node).is_some_and(|n| n.epoch == hb.node_epoch && n.state == NodeState::Up)
+        };
+        // Unknown, down, or registered again since: the worker stops its jobs and registers again.
+        Ok(Response::new(pb::HeartbeatResponse { reregister: !current, lease: Some(self.coord.worker_lease()), term }))
+    }
+
+    type WatchDesiredStream = DesiredStream;
+
+    async fn watch_desired(
+        &self,
+        request: Request<pb::WatchDesiredRequest>,
+    ) -> Result<Response<DesiredStream>, Status> {
+        self.require_node(&request, "watch desired state", &request.get_ref().node)?;
+        let term = self.coord.worker_term()?;
+        let req = request.into_inner();
+        let rx = crate::desired::stream(self.coord.clone(), req.node, req.node_epoch, term);
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
     async fn report_started(
         &self,
         request: Request<pb::ReportStartedRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
-        if !self.job_on_own_node(&request, "report started", request.get_ref().job_id) {
-            return Ok(Response::new(pb::ReportResponse { accepted: false }));
+        self.coord.worker_term()?;
+        if let Err(revision) = self.job_on_own_node(&request, "report started", request.get_ref().job_id) {
+            return Ok(Response::new(pb::ReportResponse { accepted: false, revision }));
         }
         let r = request.into_inner();
-        let outcome = self.coord.propose(Command::JobStarted { job_id: r.job_id, epoch: r.epoch }).await?;
-        Ok(Response::new(pb::ReportResponse { accepted: outcome != Outcome::Stale }))
+        self.report(Command::JobStarted { job_id: r.job_id, epoch: r.epoch }).await
     }
 
     async fn report_finished(
         &self,
         request: Request<pb::ReportFinishedRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
-        if !self.job_on_own_node(&request, "report finished", request.get_ref().job_id) {
-            return Ok(Response::new(pb::ReportResponse { accepted: false }));
+        self.coord.worker_term()?;
+        if let Err(revision) = self.job_on_own_node(&request, "report finished", request.get_ref().job_id) {
+            return Ok(Response::new(pb::ReportResponse { accepted: false, revision }));
         }
         let r = request.into_inner();
         let report = r.report.ok_or_else(|| Status::invalid_argument("missing exit report"))?.into();
-        let outcome = self.coord.propose(Command::JobFinished { job_id: r.job_id, epoch: r.epoch, report }).await?;
-        if let Outcome::Job(job) = &outcome {
-            tracing::info!(job_id = job.id, state = %job.state, reason = job.reason.as_deref().unwrap_or(""), "job finished");
-        }
-        Ok(Response::new(pb::ReportResponse { accepted: outcome != Outcome::Stale }))
+        self.report(Command::JobFinished { job_id: r.job_id, epoch: r.epoch, report }).await
     }
 }

@@ -7,6 +7,7 @@
 mod api;
 mod auth;
 mod cluster;
+mod desired;
 mod error;
 mod gateway;
 mod group_commit;
@@ -38,6 +39,10 @@ const BATCHES_IN_FLIGHT: usize = 2;
 pub struct CoordinatorConfig {
     /// A node whose last heartbeat is older than this is marked down and its jobs requeued.
     pub node_ttl: Duration,
+    /// A worker whose last answered heartbeat was sent this long ago stops its jobs (its
+    /// fence guard kills what is left halfway between this and `node_ttl`), so that a job
+    /// never runs on two nodes at once. Less than `node_ttl`.
+    pub fence_after: Duration,
     /// Scheduling passes run at least this often on the leader (and on every applied change).
     pub schedule_interval: Duration,
     /// Address other coordinators, workers and clients reach this one at (API and Raft).
@@ -53,6 +58,7 @@ impl Default for CoordinatorConfig {
     fn default() -> Self {
         CoordinatorConfig {
             node_ttl: Duration::from_secs(10),
+            fence_after: Duration::from_secs(5),
             schedule_interval: Duration::from_millis(500),
             advertise_addr: String::new(),
             leader_lease: Duration::from_millis(150),
@@ -113,8 +119,16 @@ impl Coordinator {
     /// Replicates `command` stamped with `ts` (which must come from the oracle, or be at most the
     /// last applied timestamp for commands that carry no event time).
     pub(crate) async fn propose_at(&self, ts: Timestamp, command: Command) -> Result<Outcome, CoordError> {
+        self.propose_indexed(ts, command).await.map(|(outcome, _)| outcome)
+    }
+
+    /// Like [`Coordinator::propose_at`], also returning the log index the command was applied at.
+    pub(crate) async fn propose_indexed(&self, ts: Timestamp, command: Command) -> Result<(Outcome, u64), CoordError> {
         match self.inner.node.raft.client_write(RaftRequest(Request { ts, command })).await {
-            Ok(reply) => reply.data.map_err(CoordError::Rejected),
+            Ok(reply) => {
+                let index = reply.log_id.index;
+                reply.data.map(|outcome| (outcome, index)).map_err(CoordError::Rejected)
+            }
             Err(openraft::error::RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
                 Err(CoordError::NotLeader { leader_id: f.leader_id, leader_addr: f.leader_node.map(|n| n.addr) })
             }
@@ -171,6 +185,37 @@ impl Coordinator {
             )));
         }
         Ok(metrics.current_term)
+    }
+
+    /// The term in which this node may answer workers: it leads, a quorum confirmed it within
+    /// the lease (a deposed leader stops answering before another is elected, so a worker's
+    /// lease never outlives the leadership that granted it), and it applied an entry of its own
+    /// term (everything earlier terms committed is in its state: no job is judged, killed or
+    /// hidden from a worker on a state that lags).
+    pub(crate) fn worker_term(&self) -> Result<u64, CoordError> {
+        let term = self.leader_term_within_lease()?;
+        let applied_term = self.inner.node.state.read().last_applied.map(|l| l.leader_id.term);
+        if applied_term != Some(term) {
+            return Err(CoordError::Unavailable(format!(
+                "this coordinator became leader in term {term} and is still applying what earlier terms committed: retry shortly"
+            )));
+        }
+        Ok(term)
+    }
+
+    /// The lease this coordinator grants workers with each answer.
+    pub(crate) fn worker_lease(&self) -> corral_proto::v1::Lease {
+        let config = &self.inner.config;
+        corral_proto::v1::Lease {
+            node_ttl_ms: config.node_ttl.as_millis() as u64,
+            fence_after_ms: config.fence_after.as_millis() as u64,
+        }
+    }
+
+    /// The current term if this node believes it leads.
+    pub(crate) fn leading_term(&self) -> Option<u64> {
+        let metrics = self.inner.node.raft.metrics().borrow().clone();
+        (metrics.current_leader == Some(self.inner.node.id)).then_some(metrics.current_term)
     }
 
     /// Makes this node's oracle serve in `term`: starts above everything committed so far and
@@ -255,8 +300,7 @@ impl Coordinator {
 
     /// True if this node currently believes it leads the cluster.
     pub fn is_leader(&self) -> bool {
-        let metrics = self.inner.node.raft.metrics().borrow().clone();
-        metrics.current_leader == Some(self.inner.node.id)
+        self.leading_term().is_some()
     }
 
     /// Serves the Raft, user API and worker gateway services on `listener` until `shutdown`

@@ -13,10 +13,8 @@ pub(crate) async fn run(coord: Coordinator) {
             _ = applied.changed() => {}
             _ = tokio::time::sleep(interval) => {}
         }
-        if !coord.is_leader() {
-            continue;
-        }
-        mark_silent_nodes_down(&coord).await;
+        let Some(term) = coord.leading_term() else { continue };
+        mark_silent_nodes_down(&coord, term).await;
         schedule_once(&coord).await;
         // Coalesce: under a stream of submits, one pass covers every change applied meanwhile
         // instead of one pass per applied entry.
@@ -27,13 +25,15 @@ pub(crate) async fn run(coord: Coordinator) {
 /// Least time between two scheduling passes.
 const MIN_PASS_GAP: std::time::Duration = std::time::Duration::from_millis(25);
 
-async fn mark_silent_nodes_down(coord: &Coordinator) {
+/// Marks down the up nodes not heard from within the TTL in this leadership term (a node that
+/// leads again starts its TTLs afresh: see `liveness`).
+async fn mark_silent_nodes_down(coord: &Coordinator, term: u64) {
     let up: Vec<String> = {
         let data = coord.inner.node.state.read();
         data.state.nodes.values().filter(|n| n.state == NodeState::Up).map(|n| n.spec.name.clone()).collect()
     };
     let ttl = coord.inner.config.node_ttl;
-    for node in coord.inner.liveness.expired(up.iter().map(String::as_str), ttl) {
+    for node in coord.inner.liveness.expired(term, up.iter().map(String::as_str), ttl) {
         tracing::warn!(node = %node, ttl_ms = ttl.as_millis() as u64, "no heartbeat within the ttl: marking node down");
         let reason = format!("node {node} lost (no heartbeat for {}s)", ttl.as_secs());
         if let Err(e) = coord.propose(Command::SetNodeState { node, state: NodeState::Down, reason }).await {

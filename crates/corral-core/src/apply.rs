@@ -5,6 +5,7 @@
 //! or wrong leader can never over-commit a GPU, a slice or a quota; preemptions are re-checked
 //! against the priority and reclaim rules.
 
+use crate::ledger::{billed_ms, RunLength};
 use crate::quota::{self, QuotaNumbers};
 use crate::resources::{fit_slice, gang_shape, job_milli_gpus, MigShape};
 use crate::{
@@ -407,13 +408,17 @@ impl State {
         }
     }
 
-    /// Ends the current run of a running job: charges its fair-share usage and frees what it held.
     /// Ends the current run of a job: charges fair-share usage, writes its billing segment
-    /// (labelled `end_state`) and frees its resources in the indexes.
-    fn end_run(&mut self, ts: Timestamp, job_id: JobId, end_state: &str) {
-        self.close_segment(job_id, ts, end_state);
+    /// (labelled `end_state`) and frees its resources in the indexes. `length` is `None` for a
+    /// run that never started (nothing to bill or charge).
+    fn end_run(&mut self, ts: Timestamp, job_id: JobId, end_state: &str, length: Option<RunLength>) {
+        if let Some(length) = length {
+            self.close_segment(job_id, ts, end_state, length);
+        }
         let Some(job) = self.jobs.get(&job_id) else { return };
-        if let Some(start) = job.started_at {
+        let placed = job.admitted_at.or(job.started_at);
+        if let (Some(length), Some(placed)) = (length, placed) {
+            let billed = billed_ms(placed, job.started_at.unwrap_or(placed), ts, length);
             let multiplier = self
                 .config
                 .priority_classes
@@ -422,7 +427,8 @@ impl State {
                 .unwrap_or(1000);
             let weighted = job_milli_gpus(&job.spec) * multiplier / 1000;
             let half_life = self.config.scheduler.usage_half_life_secs;
-            self.usage.charge(&job.spec.tenant, start.physical_ms(), ts.physical_ms(), weighted, half_life);
+            let end_ms = ts.physical_ms();
+            self.usage.charge(&job.spec.tenant, end_ms.saturating_sub(billed), end_ms, weighted, half_life);
         }
         self.index.remove_allocation(job);
     }
@@ -443,21 +449,48 @@ impl State {
         let Some(job) = self.current_run(job_id, epoch)? else {
             return Ok(Outcome::Stale);
         };
+        let node = job.allocation.as_ref().map(|a| a.node.clone()).unwrap_or_default();
         let preempted_by = job.preemption.as_ref().map(|p| p.by).filter(|_| !job.cancel_requested);
-        let no_requeue = job.spec.sched.no_requeue;
-        job.worker_run_time_ms = Some(report.run_time_ms);
-        // Started now at the latest: a lost start report still records the run (zero-length).
-        job.started_at.get_or_insert(ts);
-        if let Some(by) = preempted_by.filter(|_| !no_requeue) {
-            self.end_run(ts, job_id, "preempted");
-            // However the process ended after the notice (a checkpointing job often exits 0), the
-            // work is not done: the job goes back to the queue.
-            self.requeue(job_id, format!("requeued: preempted by job {by}"));
+        let (cancelled, no_requeue) = (job.cancel_requested, job.spec.sched.no_requeue);
+        let length = if report.never_started {
+            None
+        } else {
+            job.worker_run_time_ms = Some(report.run_time_ms);
+            if job.started_at.is_none() {
+                // No start report (skipped for a short job, or lost): the worker's run time says
+                // when it started.
+                let placed = job.admitted_at.unwrap_or(ts);
+                let estimate = Timestamp::compose(ts.physical_ms().saturating_sub(report.run_time_ms), 0);
+                job.started_at = Some(estimate.clamp(placed.min(ts), ts));
+            }
+            Some(RunLength::Reported { worker_ms: report.run_time_ms })
+        };
+        // A run that did not end on its own goes back to the queue, unless it was cancelled (it
+        // ends cancelled) or preempted with requeueing opted out (it ends preempted).
+        let requeue_reason = if cancelled {
+            None
+        } else if let Some(by) = preempted_by {
+            // However the process ended after the notice (a checkpointing job often exits 0),
+            // the work is not done.
+            (!no_requeue).then(|| format!("requeued: preempted by job {by}"))
+        } else if report.fenced {
+            Some(format!("requeued: node {node} lost contact with the coordinators and stopped the job"))
+        } else if report.never_started {
+            Some(format!("requeued: node {node} did not start the job"))
+        } else {
+            None
+        };
+        if let Some(reason) = requeue_reason {
+            let label = if preempted_by.is_some() { "preempted" } else { "requeued" };
+            self.end_run(ts, job_id, label, length);
+            self.requeue(job_id, reason);
             return Ok(Outcome::Job(Box::new(self.jobs[&job_id].clone())));
         }
         let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
-        let (state, reason) = if job.cancel_requested {
-            (JobState::Cancelled, job.reason.clone().unwrap_or_else(|| "cancelled".into()))
+        let (state, reason) = if cancelled {
+            let reason = job.reason.clone().unwrap_or_else(|| "cancelled".into());
+            let reason = if report.never_started { format!("{reason} (before it started)") } else { reason };
+            (JobState::Cancelled, reason)
         } else if let Some(by) = preempted_by {
             (JobState::Preempted, format!("preempted by job {by} (the job opted out of requeueing)"))
         } else if let Some(err) = &report.launch_error {
@@ -478,14 +511,13 @@ impl State {
         } else {
             (JobState::Failed, "ended without an exit status".to_string())
         };
-        self.end_run(ts, job_id, state.as_str());
+        self.end_run(ts, job_id, state.as_str(), length);
         let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
         job.state = state;
         job.reason = Some(reason);
         job.exit_code = report.exit_code;
         job.signal = report.signal;
         job.finished_at = Some(ts);
-        job.started_at.get_or_insert(ts);
         self.set_job_state_index(job_id, state);
         Ok(Outcome::Job(Box::new(self.jobs[&job_id].clone())))
     }
@@ -543,7 +575,7 @@ impl State {
                 Some(j) if j.preemption.is_some() => "preempted",
                 _ => "requeued",
             };
-            self.end_run(ts, id, label);
+            self.end_run(ts, id, label, Some(RunLength::Lost));
             let Some(job) = self.jobs.get_mut(&id) else { continue };
             let end = if job.cancel_requested {
                 Some(JobState::Cancelled)
@@ -805,8 +837,8 @@ mod tests {
         let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
         let started = Timestamp::compose(2_000, 0);
         s.apply(&Request { ts: started, command: Command::JobStarted { job_id: 1, epoch } }).unwrap();
-        let done = JobExitReport { exit_code: Some(0), ..Default::default() };
-        // 90 minutes later; the worker reports twice (retry after a timeout).
+        // 90 minutes later (the worker measured as much); it reports twice (retry after a timeout).
+        let done = JobExitReport { exit_code: Some(0), run_time_ms: 5_400_000, ..Default::default() };
         let end = Timestamp::compose(2_000 + 5_400_000, 3);
         let finish = Command::JobFinished { job_id: 1, epoch, report: done };
         s.apply(&Request { ts: end, command: finish.clone() }).unwrap();
@@ -844,7 +876,7 @@ mod tests {
             command: Command::JobStarted { job_id: 1, epoch: epoch2 },
         })
         .unwrap();
-        let done = JobExitReport { exit_code: Some(1), ..Default::default() };
+        let done = JobExitReport { exit_code: Some(1), run_time_ms: 1_800_000, ..Default::default() };
         let finish = Command::JobFinished { job_id: 1, epoch: epoch2, report: done };
         s.apply(&Request { ts: Timestamp::compose(3_603_000 + 1_800_000, 0), command: finish }).unwrap();
         assert_eq!(s.ledger.len(), 2);
@@ -855,6 +887,98 @@ mod tests {
             s.ledger.values().map(|g| crate::cost_micros(g.duration_ms(), g.gpu_milli, 890_000, 1000)).sum();
         assert_eq!(total, expected);
         assert_eq!(total, 1_335_000);
+    }
+
+    /// A start report that never arrived (lost, or skipped for a short job) no longer bills the
+    /// run as zero length: the worker's run time is billed.
+    #[test]
+    fn a_run_without_a_start_report_bills_its_worker_run_time() {
+        let mut s = cluster();
+        submit(&mut s, Timestamp::compose(1_000, 0).0, "a", spec(1)).unwrap();
+        schedule(&mut s, Timestamp::compose(1_000, 1).0);
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        let done = JobExitReport { exit_code: Some(0), run_time_ms: 600_000, ..Default::default() };
+        let end = Timestamp::compose(601_500, 0);
+        s.apply(&Request { ts: end, command: Command::JobFinished { job_id: 1, epoch, report: done } }).unwrap();
+        let seg = &s.ledger[&1];
+        assert_eq!(seg.duration_ms(), 600_000);
+        assert_eq!(seg.cost_micros, 148_333, "10 minutes of one RTX 5090 at 0.89/h");
+        let job = &s.jobs[&1];
+        assert_eq!(job.started_at, Some(Timestamp::compose(1_500, 0)), "the start is estimated from the run time");
+        assert_eq!(job.state, JobState::Succeeded);
+    }
+
+    /// A run that ends under a leader whose clock is an hour ahead is billed what the worker
+    /// measured, not an extra hour (the TSO interval only bounds it from above).
+    #[test]
+    fn a_leader_clock_an_hour_ahead_does_not_change_what_a_run_costs() {
+        let mut s = cluster();
+        submit(&mut s, Timestamp::compose(1_000, 0).0, "a", spec(1)).unwrap();
+        schedule(&mut s, Timestamp::compose(1_000, 1).0);
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        s.apply(&Request { ts: Timestamp::compose(1_010, 0), command: Command::JobStarted { job_id: 1, epoch } })
+            .unwrap();
+        let done = JobExitReport { exit_code: Some(0), run_time_ms: 120_000, ..Default::default() };
+        let skewed_end = Timestamp::compose(1_010 + 120_000 + 3_600_000, 0);
+        s.apply(&Request { ts: skewed_end, command: Command::JobFinished { job_id: 1, epoch, report: done } }).unwrap();
+        assert_eq!(s.ledger[&1].duration_ms(), 120_000);
+        assert_eq!(s.ledger[&1].cost_micros, crate::cost_micros(120_000, 1000, 890_000, 1000));
+    }
+
+    /// A job cancelled or preempted after its placement but before its worker launched it is
+    /// reported "never started": it ends (cancelled) or goes back to the queue (preempted) at
+    /// once, bills nothing and frees its GPU, so the next job does not wait for ever.
+    #[test]
+    fn a_job_stopped_before_it_launched_ends_without_running() {
+        let mut s = cluster();
+        submit(&mut s, 3, "a", spec(8)).unwrap();
+        schedule(&mut s, 4);
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        s.apply(&req(5, Command::CancelJob { job_id: 1, reason: "cancelled by user".into() })).unwrap();
+        assert_eq!(s.jobs[&1].state, JobState::Running, "a placed job waits for its worker to stop it");
+        let never = JobExitReport { never_started: true, ..Default::default() };
+        s.apply(&req(6, Command::JobFinished { job_id: 1, epoch, report: never.clone() })).unwrap();
+        let job = &s.jobs[&1];
+        assert_eq!(job.state, JobState::Cancelled);
+        assert_eq!(job.reason.as_deref(), Some("cancelled by user (before it started)"));
+        assert_eq!(job.started_at, None);
+        assert!(s.ledger.is_empty(), "nothing ran, nothing is billed");
+        assert!(s.allocated_gpus("n1").is_empty(), "the gpus are free again");
+
+        let mut low = spec(8);
+        low.priority_class = "preemptible".into();
+        submit(&mut s, 7, "low", low).unwrap();
+        schedule(&mut s, 8);
+        let mut high = spec(8);
+        high.priority_class = "gpu-high-priority".into();
+        submit(&mut s, 9, "high", high).unwrap();
+        let epoch = s.jobs[&2].allocation.as_ref().unwrap().epoch;
+        s.apply(&req(10, Command::PreemptJob { job_id: 2, by: 3, grace_secs: 30 })).unwrap();
+        s.apply(&req(11, Command::JobFinished { job_id: 2, epoch, report: never })).unwrap();
+        assert_eq!(s.jobs[&2].state, JobState::Pending, "the victim is requeued");
+        assert_eq!(s.jobs[&2].reason.as_deref(), Some("requeued: preempted by job 3"));
+        assert_eq!(schedule(&mut s, 12).iter().map(|p| p.job_id).collect::<Vec<_>>(), vec![3]);
+        assert!(s.ledger.is_empty());
+    }
+
+    /// A worker that lost every coordinator kills its jobs and reports them fenced once it is
+    /// back: they did not end on their own, so they are requeued, and billed what they ran.
+    #[test]
+    fn a_fenced_run_is_requeued_and_billed_its_run_time() {
+        let mut s = cluster();
+        submit(&mut s, Timestamp::compose(1_000, 0).0, "a", spec(1)).unwrap();
+        schedule(&mut s, Timestamp::compose(1_000, 1).0);
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        let fenced = JobExitReport { signal: Some(9), fenced: true, run_time_ms: 7_000, ..Default::default() };
+        let ts = Timestamp::compose(20_000, 0);
+        s.apply(&Request { ts, command: Command::JobFinished { job_id: 1, epoch, report: fenced } }).unwrap();
+        let job = &s.jobs[&1];
+        assert_eq!(job.state, JobState::Pending);
+        assert_eq!(
+            job.reason.as_deref(),
+            Some("requeued: node n1 lost contact with the coordinators and stopped the job")
+        );
+        assert_eq!((s.ledger[&1].duration_ms(), s.ledger[&1].end_state.as_str()), (7_000, "requeued"));
     }
 
     #[test]
@@ -1003,7 +1127,7 @@ mod tests {
         assert_eq!(s.apply(&req(10, Command::PreemptJob { job_id: 1, by: 3, grace_secs: 5 })), Ok(Outcome::Stale));
         // Stopped by SIGTERM at 10 s: requeued, its run charged to fair-share usage.
         let ts = Timestamp::compose(10_000, 0).0;
-        let killed = JobExitReport { signal: Some(15), ..Default::default() };
+        let killed = JobExitReport { signal: Some(15), run_time_ms: 9_000, ..Default::default() };
         s.apply(&req(ts, Command::JobFinished { job_id: 1, epoch, report: killed })).unwrap();
         let j = &s.jobs[&1];
         assert_eq!((j.state, j.reason.as_deref()), (JobState::Pending, Some("requeued: preempted by job 3")));

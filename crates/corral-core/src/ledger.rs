@@ -4,6 +4,11 @@
 //! Invariant: a segment is created only by the state transition that ends a run (exit report of
 //! the current allocation epoch, or a requeue of a running job), so duplicate or stale worker
 //! reports, retries and leader changes can never charge twice.
+//!
+//! Invariant: a run is billed for how long it ran, not for a difference of one leader's wall
+//! clock: the worker's monotonic run time, clipped to the TSO interval since the placement (a
+//! worker cannot bill more than the cluster saw); the TSO interval alone only when the worker
+//! never reported (its node was lost).
 
 use crate::resources::job_milli_gpus;
 use crate::State;
@@ -30,6 +35,8 @@ pub struct Segment {
     pub price_micros_per_gpu_hour: u64,
     pub start: Timestamp,
     pub end: Timestamp,
+    /// The billed length of the run (see the module's billing invariant).
+    pub duration_ms: u64,
     /// How the run ended: succeeded, failed, cancelled, requeued, preempted.
     pub end_state: String,
     pub cost_micros: u64,
@@ -37,8 +44,17 @@ pub struct Segment {
 
 impl Segment {
     pub fn duration_ms(&self) -> u64 {
-        self.end.millis_since(self.start)
+        self.duration_ms
     }
+}
+
+/// How the length of a run that ends is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunLength {
+    /// The worker measured it on its monotonic clock.
+    Reported { worker_ms: u64 },
+    /// The worker never reported (its node was lost or restarted).
+    Lost,
 }
 
 /// Exact integer price: duration x GPU-equivalents x hourly price x class multiplier, rounded
@@ -54,10 +70,17 @@ pub fn cost_micros(duration_ms: u64, gpu_milli: u32, price_micros_per_gpu_hour: 
 impl State {
     /// Records the segment of the current run of `job_id`, ending at `end` (before the job's
     /// allocation is cleared). A run that never started, or held no GPU, records nothing.
-    pub(crate) fn close_segment(&mut self, job_id: JobId, end: Timestamp, end_state: &str) -> Option<u64> {
+    pub(crate) fn close_segment(
+        &mut self,
+        job_id: JobId,
+        end: Timestamp,
+        end_state: &str,
+        length: RunLength,
+    ) -> Option<u64> {
         let job = self.jobs.get(&job_id)?;
         let allocation = job.allocation.as_ref()?;
-        let start = job.started_at?;
+        let placed = job.admitted_at.or(job.started_at)?;
+        let start = job.started_at.unwrap_or(placed);
         let gpu_model = self
             .nodes
             .get(&allocation.node)
@@ -71,6 +94,7 @@ impl State {
             // GPU time is what is billed: a CPU-only run leaves no segment.
             return None;
         }
+        let duration_ms = billed_ms(placed, start, end, length);
         let milli = u32::try_from(job_milli_gpus(&job.spec)).unwrap_or(u32::MAX);
         let price = self.config.gpu_price(&gpu_model);
         let multiplier =
@@ -92,11 +116,22 @@ impl State {
             price_micros_per_gpu_hour: price,
             start,
             end,
+            duration_ms,
             end_state: end_state.to_string(),
-            cost_micros: cost_micros(end.millis_since(start), milli, price, multiplier),
+            cost_micros: cost_micros(duration_ms, milli, price, multiplier),
         };
         self.ledger.insert(id, segment);
         Some(id)
+    }
+}
+
+/// The billed length of a run placed at `placed` (TSO), started at `start` and ended at `end`:
+/// the worker's run time clipped to the TSO interval since the placement, or the TSO interval
+/// since the start when the worker never reported.
+pub(crate) fn billed_ms(placed: Timestamp, start: Timestamp, end: Timestamp, length: RunLength) -> u64 {
+    match length {
+        RunLength::Reported { worker_ms } => worker_ms.min(end.millis_since(placed)),
+        RunLength::Lost => end.millis_since(start),
     }
 }
 
@@ -116,5 +151,20 @@ mod tests {
         assert_eq!(cost_micros(1, 1000, 890_000, 1000), 0);
         // No overflow for a year on 1024 GPUs at a high price and multiplier.
         assert!(cost_micros(365 * 86_400_000, 1_024_000, 100_000_000, 10_000) > 0);
+    }
+
+    #[test]
+    fn runs_are_billed_by_the_worker_clock_clipped_to_the_tso_interval() {
+        let ts = |ms| Timestamp::compose(ms, 0);
+        let reported = |ms| RunLength::Reported { worker_ms: ms };
+        // The usual case: the worker's run time, shorter than the interval since placement.
+        assert_eq!(billed_ms(ts(1_000), ts(1_050), ts(61_100), reported(60_000)), 60_000);
+        // An end stamped by a leader whose clock is an hour ahead changes nothing.
+        assert_eq!(billed_ms(ts(1_000), ts(1_050), ts(3_661_100), reported(60_000)), 60_000);
+        // A worker claiming more than the cluster saw is clipped to the interval.
+        assert_eq!(billed_ms(ts(1_000), ts(1_050), ts(11_000), reported(60_000)), 10_000);
+        // A lost node: the TSO interval from the start (or the placement when no start came).
+        assert_eq!(billed_ms(ts(1_000), ts(2_000), ts(12_000), RunLength::Lost), 10_000);
+        assert_eq!(billed_ms(ts(1_000), ts(1_000), ts(12_000), RunLength::Lost), 11_000);
     }
 }

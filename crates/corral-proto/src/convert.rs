@@ -287,6 +287,8 @@ impl From<&JobExitReport> for pb::JobExitReport {
             run_time_ms: r.run_time_ms,
             launch_error: r.launch_error.clone(),
             timed_out: r.timed_out,
+            never_started: r.never_started,
+            fenced: r.fenced,
         }
     }
 }
@@ -300,6 +302,8 @@ impl From<pb::JobExitReport> for JobExitReport {
             run_time_ms: r.run_time_ms,
             timed_out: r.timed_out,
             launch_error: r.launch_error,
+            never_started: r.never_started,
+            fenced: r.fenced,
         }
     }
 }
@@ -493,6 +497,7 @@ pub fn segment_to_pb(g: &Segment) -> pb::Segment {
         end: g.end.0,
         end_state: g.end_state.clone(),
         cost_micros: g.cost_micros,
+        duration_ms: Some(g.duration_ms),
     }
 }
 
@@ -512,6 +517,7 @@ pub fn segment_from_pb(g: pb::Segment) -> Segment {
         price_micros_per_gpu_hour: g.price_micros_per_gpu_hour,
         start: Timestamp(g.start),
         end: Timestamp(g.end),
+        duration_ms: g.duration_ms.unwrap_or_else(|| Timestamp(g.end).millis_since(Timestamp(g.start))),
         end_state: g.end_state,
         cost_micros: g.cost_micros,
     }

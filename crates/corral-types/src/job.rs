@@ -349,12 +349,21 @@ pub struct JobExitReport {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub oom_killed: bool,
-    /// Monotonic run time measured by the worker, a cross-check of the TSO timestamps.
+    /// Monotonic run time measured by the worker (spawn to exit): what the run is billed,
+    /// clipped to the TSO interval since its placement.
     pub run_time_ms: u64,
     /// The worker killed the job at its time limit.
     pub timed_out: bool,
     /// Set when the worker could not start the job at all.
     pub launch_error: Option<String>,
+    /// The job was asked to stop (cancel, preemption) before this worker launched it: it never
+    /// ran, nothing is billed.
+    #[serde(default)]
+    pub never_started: bool,
+    /// The worker killed the job because it lost contact with every coordinator for the fence
+    /// time: the job did not end on its own and goes back to the queue.
+    #[serde(default)]
+    pub fenced: bool,
 }
 
 /// A job as the replicated state holds it.

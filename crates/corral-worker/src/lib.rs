@@ -1,17 +1,25 @@
-//! corral worker daemon: GPU backends, job executors in cgroups and containers, heartbeats,
-//! GPU health and post-job hygiene, log files.
+//! corral worker daemon: GPU backends, job executors in cgroups and containers, the reconciler
+//! and its runtime, the fence guard, heartbeats, GPU health and post-job hygiene, log files.
 //!
 //! Boundary: talks to coordinators only through `corral_client::GatewayClient`; hardware
-//! behind `gpu::GpuBackend`, process isolation behind `executor::Executor`.
+//! behind `gpu::GpuBackend`, process isolation behind `executor::Executor`; every decision
+//! about jobs in `reconcile` (pure), every effect in `runtime`.
 
 mod agent;
+mod config;
 pub mod executor;
+pub mod fence;
 pub mod gpu;
 pub mod health;
 pub mod hygiene;
+mod launch;
 mod metrics;
 pub mod mps;
+pub mod reconcile;
+mod runtime;
 mod worker;
 
+pub use config::{infiniband_devices, JobUser, UserMapping, WorkerConfig, DEFAULT_PIDS_MAX};
+pub use fence::{run_guard, GuardCommand};
 pub use metrics::WorkerMetrics;
-pub use worker::{infiniband_devices, JobUser, UserMapping, Worker, WorkerConfig, DEFAULT_PIDS_MAX};
+pub use worker::Worker;

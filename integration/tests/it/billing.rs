@@ -1,4 +1,5 @@
-//! Billing from a real pool: the ledger charges each run once, exactly, from TSO times.
+//! Billing from a real pool: the ledger charges each run once, exactly, for the worker's
+//! monotonic run time clipped to the TSO interval since its placement.
 
 use corral_integration::DevPool;
 
@@ -18,10 +19,13 @@ fn report_and_history_charge_runs_exactly_at_their_rates() {
     let mut per_job = Vec::new();
     for (job, gpu_milli, multiplier) in [(high, 2000, 2000), (cheap, 1000, 400)] {
         let doc = pool.wait_for(job, "succeeded", |d| d["state"] == "succeeded");
+        let admitted = doc["admitted_ts"].as_u64().expect("admitted_ts") >> 18;
         let start = doc["started_ts"].as_u64().expect("started_ts") >> 18;
         let end = doc["finished_ts"].as_u64().expect("finished_ts") >> 18;
-        assert!(end > start, "{doc}");
-        let cost = expected_cost(end - start, gpu_milli, 890_000, multiplier);
+        assert!(end > start && start >= admitted, "{doc}");
+        let worker_ms = doc["worker_run_time_ms"].as_u64().expect("worker_run_time_ms");
+        assert!(worker_ms >= 300, "the worker measured the whole sleep: {doc}");
+        let cost = expected_cost(worker_ms.min(end - admitted), gpu_milli, 890_000, multiplier);
         assert!(cost > 0);
         total += cost;
         per_job.push((job, cost));

@@ -1,5 +1,5 @@
-//! Worker daemons from their TOML config: a worker killed with SIGKILL has its jobs requeued
-//! after the TTL and its orphans killed when it comes back; a worker frozen past the TTL is
+//! Worker daemons from their TOML config: a worker killed with SIGKILL has its jobs killed by
+//! its fence guard at once and requeued after the TTL; a worker frozen past the TTL is
 //! fenced and kills its stale job itself; a worker managing MIG creates an instance per MIG job
 //! and destroys it afterwards.
 
@@ -67,28 +67,30 @@ fn submit_sleeper(cluster: &Cluster, pid_file: &Path) -> u64 {
 }
 
 #[test]
-fn killed_worker_has_its_jobs_requeued_and_its_orphans_killed_on_return() {
+fn killed_worker_has_its_jobs_killed_by_its_guard_and_requeued() {
     let (cluster, mut worker, dir) = setup();
     let pid_file = dir.path().join("pids");
     let job = submit_sleeper(&cluster, &pid_file);
     wait_for(&cluster, job, "running", |d| d["state"] == "running" && d["node"] == "w1");
     let first = pids(&pid_file, 1)[0];
 
+    // The fence guard sees its worker's pipe close and kills the job's cgroup: no orphan keeps
+    // running while the coordinator, after the TTL, places the job again.
     worker.kill();
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while !is_dead(first) {
+        assert!(Instant::now() < deadline, "the guard did not kill the orphan {first} of its dead worker");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(show(&cluster, job)["state"], "running", "the coordinator waits for the TTL");
     let doc = wait_for(&cluster, job, "requeued", |d| d["state"] == "pending");
     assert!(doc["reason"].as_str().unwrap_or("").contains("lost"), "{doc}");
     let nodes = cluster.json(&["nodes"]);
     assert_eq!(nodes[0]["state"], "down", "{nodes}");
-    assert!(!is_dead(first), "without its worker the orphan still runs (nobody killed it yet)");
 
     worker.start();
     let doc = wait_for(&cluster, job, "running again", |d| d["state"] == "running" && d["attempts"] == 2);
     assert_eq!(doc["node"], "w1");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !is_dead(first) {
-        assert!(Instant::now() < deadline, "the returning worker did not kill its orphan {first}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let second = pids(&pid_file, 2)[1];
     assert_ne!(first, second);
     assert!(!is_dead(second));
@@ -104,10 +106,11 @@ fn frozen_worker_is_fenced_and_kills_its_stale_job() {
     wait_for(&cluster, job, "running", |d| d["state"] == "running");
     let first = pids(&pid_file, 1)[0];
 
-    // Frozen past the TTL: the coordinator gives the node up and requeues the job.
+    // Frozen past the TTL: its guard (not frozen) kills the job at the fence deadline, and the
+    // coordinator gives the node up and requeues the job after the full TTL.
     worker.signal(libc::SIGSTOP);
     wait_for(&cluster, job, "requeued", |d| d["state"] == "pending");
-    // Thawed, the worker learns its epoch is stale, kills what it ran and registers again.
+    // Thawed, the worker learns its epoch is stale and registers again.
     worker.signal(libc::SIGCONT);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !is_dead(first) {

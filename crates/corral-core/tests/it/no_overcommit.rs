@@ -17,16 +17,51 @@ const CLASSES: [&str; 3] = ["preemptible", "normal", "gpu-high-priority"];
 
 #[derive(Debug, Clone)]
 enum Op {
-    Submit { tenant: usize, class: usize, shape: usize, time_limit: Option<u64>, no_requeue: bool },
+    Submit {
+        tenant: usize,
+        class: usize,
+        shape: usize,
+        time_limit: Option<u64>,
+        no_requeue: bool,
+    },
     Schedule,
-    Finish { pick: usize, code: i32 },
-    ExitPreempted { pick: usize },
-    Cancel { pick: usize },
-    NodeDown { node: usize },
-    Register { node: usize },
-    Advance { secs: u64 },
-    RawPlace { pick: usize, node: usize, gpus: u8, slice: Option<(u32, u32)> },
-    RawPreempt { victim: usize, by: usize, grace: u32 },
+    Finish {
+        pick: usize,
+        code: i32,
+    },
+    ExitPreempted {
+        pick: usize,
+    },
+    /// The worker reports a run that never started (stopped before launch) or that it killed
+    /// after losing the coordinators (fenced), with its monotonic run time.
+    ExitEarly {
+        pick: usize,
+        never_started: bool,
+        run_secs: u64,
+    },
+    Cancel {
+        pick: usize,
+    },
+    NodeDown {
+        node: usize,
+    },
+    Register {
+        node: usize,
+    },
+    Advance {
+        secs: u64,
+    },
+    RawPlace {
+        pick: usize,
+        node: usize,
+        gpus: u8,
+        slice: Option<(u32, u32)>,
+    },
+    RawPreempt {
+        victim: usize,
+        by: usize,
+        grace: u32,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -36,6 +71,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => Just(Op::Schedule),
         3 => (any::<usize>(), -1..2i32).prop_map(|(pick, code)| Op::Finish { pick, code }),
         2 => any::<usize>().prop_map(|pick| Op::ExitPreempted { pick }),
+        2 => (any::<usize>(), any::<bool>(), 0..7200u64)
+            .prop_map(|(pick, never_started, run_secs)| Op::ExitEarly { pick, never_started, run_secs }),
         1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
         1 => (0..3usize).prop_map(|node| Op::NodeDown { node }),
         1 => (0..3usize).prop_map(|node| Op::Register { node }),
@@ -167,7 +204,7 @@ impl Sim {
                 if let Some(id) = self.pick(JobState::Running, *pick, |_| true) {
                     let epoch = self.state.jobs[&id].allocation.as_ref().unwrap().epoch;
                     self.apply(Command::JobStarted { job_id: id, epoch });
-                    let report = JobExitReport { exit_code: Some(*code), ..Default::default() };
+                    let report = JobExitReport { exit_code: Some(*code), run_time_ms: 1_500, ..Default::default() };
                     self.apply(Command::JobFinished { job_id: id, epoch, report });
                 }
             }
@@ -175,6 +212,19 @@ impl Sim {
                 if let Some(id) = self.pick(JobState::Running, *pick, |j| j.preemption.is_some()) {
                     let epoch = self.state.jobs[&id].allocation.as_ref().unwrap().epoch;
                     let report = JobExitReport { signal: Some(15), ..Default::default() };
+                    self.apply(Command::JobFinished { job_id: id, epoch, report });
+                }
+            }
+            Op::ExitEarly { pick, never_started, run_secs } => {
+                if let Some(id) = self.pick(JobState::Running, *pick, |_| true) {
+                    let epoch = self.state.jobs[&id].allocation.as_ref().unwrap().epoch;
+                    let report = JobExitReport {
+                        never_started: *never_started,
+                        fenced: !*never_started,
+                        signal: (!*never_started).then_some(9),
+                        run_time_ms: if *never_started { 0 } else { run_secs * 1000 },
+                        ..Default::default()
+                    };
                     self.apply(Command::JobFinished { job_id: id, epoch, report });
                 }
             }
@@ -331,6 +381,24 @@ fn check_invariants(state: &State) {
     }
     for (cohort, (used, quota)) in cohorts {
         assert!(used <= quota, "cohort {cohort} uses {used} over its quota {quota}");
+    }
+    // The ledger: one segment per run at most, never longer than the run's TSO interval, and no
+    // job that ended holds anything.
+    let mut runs = BTreeSet::new();
+    for segment in state.ledger.values() {
+        assert!(runs.insert((segment.job_id, segment.epoch)), "run {}/{} billed twice", segment.job_id, segment.epoch);
+        assert!(segment.end >= segment.start, "segment {} ends before it starts", segment.id);
+        let placed = state.jobs[&segment.job_id].submitted_at;
+        assert!(
+            segment.duration_ms() <= segment.end.millis_since(placed),
+            "segment {} bills {} ms, longer than the job existed",
+            segment.id,
+            segment.duration_ms()
+        );
+    }
+    for job in state.jobs.values().filter(|j| j.state.is_terminal()) {
+        let held = state.nodes.keys().any(|n| state.jobs_on_node(n).any(|j| j.id == job.id));
+        assert!(!held, "terminal job {} still holds resources", job.id);
     }
     let mut rebuilt = state.clone();
     rebuilt.rebuild_indexes();

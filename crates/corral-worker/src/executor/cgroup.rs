@@ -579,9 +579,8 @@ fn flat_keyed_value(text: &str, key: &str) -> Option<u64> {
     })
 }
 
-/// Kills and removes every `job-*` cgroup under `root`: what a previous worker process left
-/// behind when it died without cleaning up. Returns the names it reaped.
-pub(crate) fn reap_job_cgroups(version: CgroupVersion, root: &str) -> Result<Vec<String>, ExecError> {
+/// Names (`<root>/job-...`) of the job cgroups under `root`, in every hierarchy.
+fn job_cgroups(version: CgroupVersion, root: &str) -> Vec<String> {
     let parents: Vec<PathBuf> = match version {
         CgroupVersion::V2 => vec![Path::new(UNIFIED_MOUNT).join(root)],
         CgroupVersion::V1 => V1_CONTROLLERS.iter().map(|c| Path::new(UNIFIED_MOUNT).join(c).join(root)).collect(),
@@ -597,9 +596,29 @@ pub(crate) fn reap_job_cgroups(version: CgroupVersion, root: &str) -> Result<Vec
         .collect();
     names.sort();
     names.dedup();
+    names.into_iter().map(|name| format!("{root}/{name}")).collect()
+}
+
+/// Kills (without removing) every process of every `job-*` cgroup under `root`; returns the
+/// cgroups that still had processes. What a worker's fence guard does when the lease expires.
+pub(crate) fn kill_job_cgroups(version: CgroupVersion, root: &str) -> Result<Vec<String>, ExecError> {
+    let mut killed = Vec::new();
+    for full in job_cgroups(version, root) {
+        let cgroup = JobCgroup::load(version, &full)?;
+        if cgroup.pids()?.is_empty() {
+            continue;
+        }
+        cgroup.kill_all()?;
+        killed.push(full);
+    }
+    Ok(killed)
+}
+
+/// Kills and removes every `job-*` cgroup under `root`: what a previous worker process left
+/// behind when it died without cleaning up. Returns the names it reaped.
+pub(crate) fn reap_job_cgroups(version: CgroupVersion, root: &str) -> Result<Vec<String>, ExecError> {
     let mut reaped = Vec::new();
-    for name in names {
-        let full = format!("{root}/{name}");
+    for full in job_cgroups(version, root) {
         let cgroup = JobCgroup::load(version, &full)?;
         cgroup.kill_all()?;
         cgroup.remove()?;

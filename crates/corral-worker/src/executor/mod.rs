@@ -166,6 +166,15 @@ pub trait Executor: Send + Sync + 'static {
     fn reap_leftovers(&self) -> Result<Vec<String>, ExecError>;
 }
 
+/// Kills (SIGKILL, without removing them) the processes of every job cgroup under
+/// `cgroup_root`, whichever executor made them; returns the cgroups that had processes. Blocking.
+pub fn kill_job_cgroups(cgroup_root: &str) -> Result<Vec<String>, ExecError> {
+    if !cgroup::validate_relative_name(cgroup_root) {
+        return Err(ExecError::InvalidCgroupRoot(cgroup_root.to_owned()));
+    }
+    cgroup::kill_job_cgroups(CgroupVersion::detect(), cgroup_root.trim_end_matches('/'))
+}
+
 /// Runs each job as a plain process in its own cgroup under a common root cgroup.
 #[derive(Clone, Debug)]
 pub struct ProcessExecutor {

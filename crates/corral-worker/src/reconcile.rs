@@ -1,0 +1,565 @@
+//! The worker's decisions as one pure function: `reconcile(&Local, &Desired, &Policy)` compares
+//! what this worker runs and has reported with what the leader wants, and returns the actions
+//! that close the gap. It does no I/O and reads no clock; the runtime (`runtime.rs`) carries the
+//! actions out and records their effects in `Local`, so calling it again returns nothing new
+//! (level-triggered and idempotent, like openraft's engine emitting commands).
+//!
+//! Invariants:
+//! - nothing is launched unless the worker holds a lease (a leader answered within the fence
+//!   time); with no lease every job is stopped;
+//! - a job the leader wants stopped but that never ran here is reported "never started", so a
+//!   cancel or a preemption that arrives before the launch still ends the job;
+//! - an allocation epoch runs at most once per worker process: a local record is only forgotten
+//!   once a desired state at or after the revision of its exit report no longer lists it;
+//! - a job that does not appear in the desired state does not keep running;
+//! - every start and exit is reported until a leader accepts or rejects it; a worker that must
+//!   register again first stops everything and forgets what is stale.
+
+use corral_types::{Job, JobExitReport, JobId};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the leader wants of one job allocated on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Want {
+    Run,
+    /// Stop it (cancel, preemption): `signal` first if any (a checkpoint signal), SIGTERM, and
+    /// SIGKILL after `grace` (`None`: the worker's kill grace).
+    Stop {
+        grace: Option<Duration>,
+        signal: Option<i32>,
+    },
+}
+
+/// One job of the desired state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DesiredJob {
+    pub job: Arc<Job>,
+    /// Allocation epoch of the run the leader means.
+    pub epoch: u64,
+    pub want: Want,
+}
+
+/// The node's desired state as a leader last pushed it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Desired {
+    /// Applied log index it was read at; 0: none received since the registration.
+    pub revision: u64,
+    pub jobs: BTreeMap<JobId, DesiredJob>,
+}
+
+/// Where one report to the leaders stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// To be sent.
+    Pending,
+    /// Being sent, and retried until a leader accepts or rejects it.
+    InFlight,
+    /// A leader judged it at this applied index.
+    Done { revision: u64 },
+    /// Not needed: the job ended before its start was sent (the exit report carries the run).
+    Skipped,
+}
+
+/// Why the worker stops a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopCause {
+    /// The leader asked (cancel, preemption).
+    Leader,
+    /// The job is no longer allocated here (requeued elsewhere, or a newer epoch).
+    Orphan,
+    /// No leader answered within the fence time: the job must be dead before the leader gives
+    /// the node up and runs it elsewhere.
+    Fenced,
+    /// The leader no longer knows this node's epoch: it registers again, empty.
+    Reregister,
+    /// The worker shuts down.
+    Shutdown,
+}
+
+/// A job's local life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// Its process tree runs; `stopping` once a stop was ordered, with why.
+    Running { stopping: Option<StopCause> },
+    /// The process tree is gone; GPU hygiene and MIG clean-up run before the exit is reported.
+    Exiting,
+    /// Over; `report` is what the leader learns.
+    Ended { report: JobExitReport },
+}
+
+/// A job this worker process launched (or reports as never started).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalJob {
+    pub epoch: u64,
+    pub phase: Phase,
+    pub start: Delivery,
+    pub exit: Delivery,
+}
+
+/// The worker's standing with the leaders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Registering (at start, or again): nothing is launched yet.
+    Unregistered,
+    /// Registered, and a leader answered within the fence time.
+    Leased,
+    /// No leader answered within the fence time: stop everything, launch nothing; report what
+    /// ended once a leader answers again.
+    Fenced,
+    /// A leader does not know this node's epoch: stop everything, then register again.
+    MustReregister,
+}
+
+/// Everything the worker knows about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Local {
+    pub standing: Standing,
+    pub jobs: BTreeMap<JobId, LocalJob>,
+}
+
+/// The worker's settings that shape its decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// SIGTERM to SIGKILL for stops that do not name a grace (cancel, orphans).
+    pub kill_grace: Duration,
+    /// SIGTERM to SIGKILL when fenced or registering again: short, the leader is about to (or
+    /// already did) give the jobs to other nodes.
+    pub fence_grace: Duration,
+}
+
+/// One thing the runtime must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Start this allocation here.
+    Launch {
+        job: Arc<Job>,
+        epoch: u64,
+    },
+    /// The leader wants stopped a job that never ran here: record it as ended, never started.
+    NeverStarted {
+        job_id: JobId,
+        epoch: u64,
+    },
+    /// `signal` (or SIGTERM) to the job's tree, SIGKILL after `grace`.
+    Stop {
+        job_id: JobId,
+        epoch: u64,
+        grace: Duration,
+        signal: Option<i32>,
+        cause: StopCause,
+    },
+    ReportStarted {
+        job_id: JobId,
+        epoch: u64,
+    },
+    ReportFinished {
+        job_id: JobId,
+        epoch: u64,
+        report: JobExitReport,
+    },
+    /// Drop the record: the leader's state no longer names this run.
+    Forget {
+        job_id: JobId,
+    },
+    /// Register again (everything stale is stopped and forgotten).
+    Reregister,
+}
+
+/// The actions that bring this worker to what the leader wants.
+pub fn reconcile(local: &Local, desired: &Desired, policy: &Policy) -> Vec<Action> {
+    let mut actions = Vec::new();
+    match local.standing {
+        Standing::Unregistered => {}
+        Standing::Leased => follow(local, desired, policy, &mut actions),
+        Standing::Fenced => stop_all(local, StopCause::Fenced, policy.fence_grace, &mut actions),
+        Standing::MustReregister => {
+            stop_all(local, StopCause::Reregister, policy.fence_grace, &mut actions);
+            let busy = local.jobs.values().any(|j| !matches!(j.phase, Phase::Ended { .. }));
+            if !busy {
+                actions.push(Action::Reregister);
+            }
+            // Reports would be stale: the leader already requeued whatever ran here.
+            return actions;
+        }
+    }
+    report(local, desired, &mut actions);
+    actions
+}
+
+/// Launches, stops and never-started reports that make the local jobs match `desired`.
+fn follow(local: &Local, desired: &Desired, policy: &Policy, actions: &mut Vec<Action>) {
+    if desired.revision == 0 {
+        // Nothing heard since registering: no decision can be made yet.
+        return;
+    }
+    for (&job_id, want) in &desired.jobs {
+        let epoch = want.epoch;
+        match (local.jobs.get(&job_id), &want.want) {
+            (None, Want::Run) => actions.push(Action::Launch { job: want.job.clone(), epoch }),
+            (None, Want::Stop { .. }) => actions.push(Action::NeverStarted { job_id, epoch }),
+            (Some(l), Want::Stop { grace, signal }) if l.epoch == epoch => {
+                if matches!(l.phase, Phase::Running { stopping: None }) {
+                    let grace = grace.unwrap_or(policy.kill_grace);
+                    actions.push(Action::Stop { job_id, epoch, grace, signal: *signal, cause: StopCause::Leader });
+                }
+            }
+            (Some(_), _) => {}
+        }
+    }
+    for (&job_id, job) in &local.jobs {
+        let listed = desired.jobs.get(&job_id).is_some_and(|d| d.epoch == job.epoch);
+        if !listed && matches!(job.phase, Phase::Running { stopping: None }) {
+            let (epoch, grace) = (job.epoch, policy.kill_grace);
+            actions.push(Action::Stop { job_id, epoch, grace, signal: None, cause: StopCause::Orphan });
+        }
+    }
+}
+
+fn stop_all(local: &Local, cause: StopCause, grace: Duration, actions: &mut Vec<Action>) {
+    for (&job_id, job) in &local.jobs {
+        // A job stopping for another reason is stopped again, quicker: the lease is gone.
+        let stoppable = match job.phase {
+            Phase::Running { stopping: None } => true,
+            Phase::Running { stopping: Some(earlier) } => earlier != cause && earlier != StopCause::Shutdown,
+            _ => false,
+        };
+        if stoppable {
+            actions.push(Action::Stop { job_id, epoch: job.epoch, grace, signal: None, cause });
+        }
+    }
+}
+
+/// Start and exit reports due, and records the leader no longer needs.
+fn report(local: &Local, desired: &Desired, actions: &mut Vec<Action>) {
+    for (&job_id, job) in &local.jobs {
+        let epoch = job.epoch;
+        if job.start == Delivery::Pending && matches!(job.phase, Phase::Running { .. }) {
+            actions.push(Action::ReportStarted { job_id, epoch });
+        }
+        if let Phase::Ended { report } = &job.phase {
+            // Exits follow their start report, so a leader never sees them out of order.
+            if job.exit == Delivery::Pending && job.start != Delivery::InFlight {
+                actions.push(Action::ReportFinished { job_id, epoch, report: report.clone() });
+            }
+        }
+        if let Delivery::Done { revision } = job.exit {
+            let still_listed = desired.jobs.get(&job_id).is_some_and(|d| d.epoch == epoch);
+            if desired.revision >= revision && !still_listed {
+                actions.push(Action::Forget { job_id });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_types::{Allocation, JobSpec, JobState, Timestamp};
+
+    const POLICY: Policy = Policy { kill_grace: Duration::from_secs(5), fence_grace: Duration::from_secs(1) };
+
+    fn job(id: JobId, epoch: u64) -> Arc<Job> {
+        Arc::new(Job {
+            id,
+            spec: JobSpec { command: vec!["true".into()], tenant: "default".into(), ..Default::default() },
+            state: JobState::Running,
+            request_id: String::new(),
+            submitted_at: Timestamp(1),
+            admitted_at: Some(Timestamp(2)),
+            started_at: None,
+            finished_at: None,
+            allocation: Some(Allocation { node: "n1".into(), gpus: vec![0], epoch, ..Default::default() }),
+            exit_code: None,
+            signal: None,
+            reason: None,
+            cancel_requested: false,
+            attempts: 1,
+            worker_run_time_ms: None,
+            preemption: None,
+        })
+    }
+
+    fn run(id: JobId, epoch: u64) -> (JobId, DesiredJob) {
+        (id, DesiredJob { job: job(id, epoch), epoch, want: Want::Run })
+    }
+
+    fn stop(id: JobId, epoch: u64, grace: Option<u64>, signal: Option<i32>) -> (JobId, DesiredJob) {
+        let want = Want::Stop { grace: grace.map(Duration::from_secs), signal };
+        (id, DesiredJob { job: job(id, epoch), epoch, want })
+    }
+
+    fn desired(revision: u64, jobs: Vec<(JobId, DesiredJob)>) -> Desired {
+        Desired { revision, jobs: jobs.into_iter().collect() }
+    }
+
+    fn local(standing: Standing, jobs: Vec<(JobId, LocalJob)>) -> Local {
+        Local { standing, jobs: jobs.into_iter().collect() }
+    }
+
+    fn running(epoch: u64, stopping: Option<StopCause>, start: Delivery) -> LocalJob {
+        LocalJob { epoch, phase: Phase::Running { stopping }, start, exit: Delivery::Pending }
+    }
+
+    fn ended(epoch: u64, report: JobExitReport, start: Delivery, exit: Delivery) -> LocalJob {
+        LocalJob { epoch, phase: Phase::Ended { report }, start, exit }
+    }
+
+    fn exit0() -> JobExitReport {
+        JobExitReport { exit_code: Some(0), run_time_ms: 10, ..Default::default() }
+    }
+
+    fn never() -> JobExitReport {
+        JobExitReport { never_started: true, ..Default::default() }
+    }
+
+    /// Each row: what the worker has, what the leader wants, what must happen.
+    #[test]
+    fn table() {
+        let done = Delivery::Done { revision: 7 };
+        let rows: Vec<(&str, Local, Desired, Vec<Action>)> = vec![
+            (
+                "a new allocation is launched",
+                local(Standing::Leased, vec![]),
+                desired(5, vec![run(1, 10)]),
+                vec![Action::Launch { job: job(1, 10), epoch: 10 }],
+            ),
+            (
+                "nothing is decided before the first desired state",
+                local(Standing::Leased, vec![]),
+                desired(0, vec![]),
+                vec![],
+            ),
+            (
+                "a running job that is wanted is left alone once its start is reported",
+                local(Standing::Leased, vec![(1, running(10, None, Delivery::Done { revision: 4 }))]),
+                desired(5, vec![run(1, 10)]),
+                vec![],
+            ),
+            (
+                "a launched job reports its start",
+                local(Standing::Leased, vec![(1, running(10, None, Delivery::Pending))]),
+                desired(5, vec![run(1, 10)]),
+                vec![Action::ReportStarted { job_id: 1, epoch: 10 }],
+            ),
+            (
+                "cancelled before it was launched: reported never started, not launched",
+                local(Standing::Leased, vec![]),
+                desired(5, vec![stop(1, 10, None, None)]),
+                vec![Action::NeverStarted { job_id: 1, epoch: 10 }],
+            ),
+            (
+                "preempted before it was launched: reported never started",
+                local(Standing::Leased, vec![]),
+                desired(5, vec![stop(1, 10, Some(30), Some(10))]),
+                vec![Action::NeverStarted { job_id: 1, epoch: 10 }],
+            ),
+            (
+                "the never-started record is reported at once",
+                local(Standing::Leased, vec![(1, ended(10, never(), Delivery::Skipped, Delivery::Pending))]),
+                desired(5, vec![stop(1, 10, None, None)]),
+                vec![Action::ReportFinished { job_id: 1, epoch: 10, report: never() }],
+            ),
+            (
+                "a cancel stops a running job with the worker's grace",
+                local(Standing::Leased, vec![(1, running(10, None, done))]),
+                desired(8, vec![stop(1, 10, None, None)]),
+                vec![Action::Stop {
+                    job_id: 1,
+                    epoch: 10,
+                    grace: Duration::from_secs(5),
+                    signal: None,
+                    cause: StopCause::Leader,
+                }],
+            ),
+            (
+                "a preemption stops with the class's grace and checkpoint signal",
+                local(Standing::Leased, vec![(1, running(10, None, done))]),
+                desired(8, vec![stop(1, 10, Some(30), Some(10))]),
+                vec![Action::Stop {
+                    job_id: 1,
+                    epoch: 10,
+                    grace: Duration::from_secs(30),
+                    signal: Some(10),
+                    cause: StopCause::Leader,
+                }],
+            ),
+            (
+                "a job being stopped is not stopped twice",
+                local(Standing::Leased, vec![(1, running(10, Some(StopCause::Leader), done))]),
+                desired(8, vec![stop(1, 10, None, None)]),
+                vec![],
+            ),
+            (
+                "a job no longer allocated here is stopped",
+                local(Standing::Leased, vec![(1, running(10, None, done))]),
+                desired(8, vec![]),
+                vec![Action::Stop {
+                    job_id: 1,
+                    epoch: 10,
+                    grace: Duration::from_secs(5),
+                    signal: None,
+                    cause: StopCause::Orphan,
+                }],
+            ),
+            (
+                "an older epoch of a re-placed job is stopped; the new one waits for it",
+                local(Standing::Leased, vec![(1, running(10, None, done))]),
+                desired(9, vec![run(1, 12)]),
+                vec![Action::Stop {
+                    job_id: 1,
+                    epoch: 10,
+                    grace: Duration::from_secs(5),
+                    signal: None,
+                    cause: StopCause::Orphan,
+                }],
+            ),
+            (
+                "an exit is reported",
+                local(Standing::Leased, vec![(1, ended(10, exit0(), done, Delivery::Pending))]),
+                desired(8, vec![run(1, 10)]),
+                vec![Action::ReportFinished { job_id: 1, epoch: 10, report: exit0() }],
+            ),
+            (
+                "an exit waits for its start report in flight",
+                local(Standing::Leased, vec![(1, ended(10, exit0(), Delivery::InFlight, Delivery::Pending))]),
+                desired(8, vec![run(1, 10)]),
+                vec![],
+            ),
+            (
+                "an ended job is never launched again while the leader still lists it",
+                local(Standing::Leased, vec![(1, ended(10, exit0(), done, Delivery::InFlight))]),
+                desired(8, vec![run(1, 10)]),
+                vec![],
+            ),
+            (
+                "a reported exit is kept until a desired state as new as the report drops it",
+                local(Standing::Leased, vec![(1, ended(10, exit0(), done, Delivery::Done { revision: 9 }))]),
+                desired(8, vec![]),
+                vec![],
+            ),
+            (
+                "then it is forgotten",
+                local(Standing::Leased, vec![(1, ended(10, exit0(), done, Delivery::Done { revision: 9 }))]),
+                desired(9, vec![]),
+                vec![Action::Forget { job_id: 1 }],
+            ),
+            (
+                "placed here again under a new epoch: the old record is forgotten first, the launch follows",
+                local(Standing::Leased, vec![(1, ended(10, exit0(), done, Delivery::Done { revision: 9 }))]),
+                desired(11, vec![run(1, 12)]),
+                vec![Action::Forget { job_id: 1 }],
+            ),
+            (
+                "fenced: every running job is stopped quickly, nothing is launched",
+                local(
+                    Standing::Fenced,
+                    vec![(1, running(10, None, done)), (2, running(11, Some(StopCause::Leader), done))],
+                ),
+                desired(8, vec![run(1, 10), stop(2, 11, Some(60), None), run(3, 12)]),
+                vec![
+                    Action::Stop {
+                        job_id: 1,
+                        epoch: 10,
+                        grace: Duration::from_secs(1),
+                        signal: None,
+                        cause: StopCause::Fenced,
+                    },
+                    Action::Stop {
+                        job_id: 2,
+                        epoch: 11,
+                        grace: Duration::from_secs(1),
+                        signal: None,
+                        cause: StopCause::Fenced,
+                    },
+                ],
+            ),
+            (
+                "fenced: exits are still reported (they get through once a leader answers)",
+                local(Standing::Fenced, vec![(1, ended(10, exit0(), done, Delivery::Pending))]),
+                desired(8, vec![run(1, 10)]),
+                vec![Action::ReportFinished { job_id: 1, epoch: 10, report: exit0() }],
+            ),
+            (
+                "must register again: stop everything first",
+                local(Standing::MustReregister, vec![(1, running(10, None, done))]),
+                desired(8, vec![run(1, 10)]),
+                vec![Action::Stop {
+                    job_id: 1,
+                    epoch: 10,
+                    grace: Duration::from_secs(1),
+                    signal: None,
+                    cause: StopCause::Reregister,
+                }],
+            ),
+            (
+                "must register again: waits while a job is still exiting (stale reports are dropped)",
+                local(
+                    Standing::MustReregister,
+                    vec![
+                        (1, ended(10, exit0(), done, Delivery::Pending)),
+                        (2, LocalJob { epoch: 11, phase: Phase::Exiting, start: done, exit: Delivery::Pending }),
+                    ],
+                ),
+                desired(8, vec![]),
+                vec![],
+            ),
+            (
+                "must register again: once nothing runs, register",
+                local(Standing::MustReregister, vec![(1, ended(10, exit0(), done, Delivery::Pending))]),
+                desired(8, vec![]),
+                vec![Action::Reregister],
+            ),
+            (
+                "registering: nothing is launched",
+                local(Standing::Unregistered, vec![]),
+                desired(8, vec![run(1, 10)]),
+                vec![],
+            ),
+        ];
+        for (what, local, desired, expected) in rows {
+            assert_eq!(reconcile(&local, &desired, &POLICY), expected, "{what}");
+        }
+    }
+
+    /// Carrying the actions out (as the runtime records them) and reconciling again yields
+    /// nothing new: the function is level-triggered and idempotent.
+    #[test]
+    fn applying_the_actions_converges() {
+        let mut local = local(Standing::Leased, vec![(2, running(11, None, Delivery::Done { revision: 3 }))]);
+        let desired = desired(5, vec![run(1, 10), stop(2, 11, Some(10), Some(10)), stop(3, 12, None, None)]);
+        for round in 0..3 {
+            let actions = reconcile(&local, &desired, &POLICY);
+            if round > 0 {
+                assert!(
+                    actions.iter().all(|a| matches!(a, Action::ReportStarted { .. } | Action::ReportFinished { .. }))
+                        || actions.is_empty(),
+                    "round {round}: {actions:?}"
+                );
+            }
+            for action in actions {
+                match action {
+                    Action::Launch { epoch, job } => {
+                        local.jobs.insert(job.id, running(epoch, None, Delivery::Pending));
+                    }
+                    Action::NeverStarted { job_id, epoch } => {
+                        local.jobs.insert(job_id, ended(epoch, never(), Delivery::Skipped, Delivery::Pending));
+                    }
+                    Action::Stop { job_id, cause, .. } => {
+                        local.jobs.get_mut(&job_id).unwrap().phase = Phase::Running { stopping: Some(cause) };
+                    }
+                    Action::ReportStarted { job_id, .. } => {
+                        local.jobs.get_mut(&job_id).unwrap().start = Delivery::InFlight
+                    }
+                    Action::ReportFinished { job_id, .. } => {
+                        local.jobs.get_mut(&job_id).unwrap().exit = Delivery::InFlight
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        }
+        assert!(reconcile(&local, &desired, &POLICY).is_empty());
+        assert_eq!(local.jobs.len(), 3);
+    }
+}
