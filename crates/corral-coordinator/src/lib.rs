@@ -154,10 +154,13 @@ impl Coordinator {
             match allocation {
                 Some((Allocation::Granted(first), window_end)) => {
                     tso.served.inc_by(count);
-                    if first.physical_ms() + tso::WINDOW_MS / 2 > window_end && tso.begin_prefetch() {
+                    // Keep the window one WINDOW_MS ahead of the clock (not of the stamps, which
+                    // may already run ahead after a failover: the lead must not grow).
+                    let now = tso.clock.now_ms();
+                    if now + tso::WINDOW_MS / 2 > window_end && tso.begin_prefetch() {
                         let coord = self.clone();
                         tokio::spawn(async move {
-                            let _ = coord.extend_tso(term, first.physical_ms() + tso::WINDOW_MS / 2).await;
+                            let _ = coord.extend_tso(term, now + tso::WINDOW_MS / 2).await;
                             coord.inner.tso.end_prefetch();
                         });
                     }
@@ -233,7 +236,9 @@ impl Coordinator {
             (data.state.tso_window_end_ms, data.state.last_ts)
         };
         let floor = Timestamp::compose(window_end, Timestamp::MAX_LOGICAL).max(last_ts);
-        let upper = tso.clock.now_ms().max(window_end) + tso::WINDOW_MS;
+        // At most one window ahead of the clock, or a short step above the previous window: a
+        // run of failovers does not push the stamps further and further ahead of the clocks.
+        let upper = (tso.clock.now_ms() + tso::WINDOW_MS).max(window_end + tso::STEP_MS);
         self.propose_at(last_ts, Command::ExtendTso { upper_ms: upper }).await?;
         let mut state = tso.lock();
         *state = tso::TsoState { term: Some(term), last: floor, window_end_ms: upper, warned_at_ms: 0 };
@@ -251,7 +256,7 @@ impl Coordinator {
                 return Ok(());
             }
         }
-        let upper = needed.max(tso.clock.now_ms()) + tso::WINDOW_MS;
+        let upper = (tso.clock.now_ms() + tso::WINDOW_MS).max(needed + tso::STEP_MS);
         let last_ts = self.inner.node.state.read().state.last_ts;
         self.propose_at(last_ts, Command::ExtendTso { upper_ms: upper }).await?;
         let mut state = tso.lock();

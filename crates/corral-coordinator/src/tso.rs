@@ -17,6 +17,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// How far ahead of its clock a leader persists the window.
 pub const WINDOW_MS: u64 = 3_000;
+/// How far above the stamps a window reaches while the stamps run ahead of the clock (after a
+/// failover): 100 ms of 2^18 stamps each.
+pub const STEP_MS: u64 = 100;
+
+// The ledger trusts a worker's run time up to the TSO interval plus this allowance, which
+// must cover how far the stamps can run ahead of a leader's clock.
+const _: () = assert!(corral_core::TSO_LEAD_ALLOWANCE_MS >= WINDOW_MS + 1_000);
 /// Largest range one request may take.
 pub const MAX_COUNT: u64 = 100_000;
 

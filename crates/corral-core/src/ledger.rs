@@ -37,6 +37,9 @@ pub struct Segment {
     pub end: Timestamp,
     /// The billed length of the run (see the module's billing invariant).
     pub duration_ms: u64,
+    /// The node was lost before the worker reported the end: billed the TSO interval.
+    #[serde(default)]
+    pub lost: bool,
     /// How the run ended: succeeded, failed, cancelled, requeued, preempted.
     pub end_state: String,
     pub cost_micros: u64,
@@ -117,6 +120,7 @@ impl State {
             start,
             end,
             duration_ms,
+            lost: matches!(length, RunLength::Lost),
             end_state: end_state.to_string(),
             cost_micros: cost_micros(duration_ms, milli, price, multiplier),
         };
@@ -125,12 +129,18 @@ impl State {
     }
 }
 
+/// How much longer than its TSO interval a reported run may be billed. The stamps of a leader
+/// elected after a failover start above its predecessor's window, up to one TSO window (3 s)
+/// ahead of the clocks, so a TSO interval can be shorter than the time that really passed.
+pub const TSO_LEAD_ALLOWANCE_MS: u64 = 5_000;
+
 /// The billed length of a run placed at `placed` (TSO), started at `start` and ended at `end`:
-/// the worker's run time clipped to the TSO interval since the placement, or the TSO interval
-/// since the start when the worker never reported.
+/// the worker's run time clipped to the TSO interval since the placement (plus the allowance for
+/// stamps running ahead of the clock), or the TSO interval since the start when the worker never
+/// reported.
 pub(crate) fn billed_ms(placed: Timestamp, start: Timestamp, end: Timestamp, length: RunLength) -> u64 {
     match length {
-        RunLength::Reported { worker_ms } => worker_ms.min(end.millis_since(placed)),
+        RunLength::Reported { worker_ms } => worker_ms.min(end.millis_since(placed) + TSO_LEAD_ALLOWANCE_MS),
         RunLength::Lost => end.millis_since(start),
     }
 }
@@ -161,8 +171,11 @@ mod tests {
         assert_eq!(billed_ms(ts(1_000), ts(1_050), ts(61_100), reported(60_000)), 60_000);
         // An end stamped by a leader whose clock is an hour ahead changes nothing.
         assert_eq!(billed_ms(ts(1_000), ts(1_050), ts(3_661_100), reported(60_000)), 60_000);
-        // A worker claiming more than the cluster saw is clipped to the interval.
-        assert_eq!(billed_ms(ts(1_000), ts(1_050), ts(11_000), reported(60_000)), 10_000);
+        // A worker claiming more than the cluster saw is clipped to the interval (plus the
+        // allowance for stamps ahead of the clock).
+        assert_eq!(billed_ms(ts(1_000), ts(1_050), ts(11_000), reported(60_000)), 10_000 + TSO_LEAD_ALLOWANCE_MS);
+        // Stamps that ran ahead after a failover make the interval short: the worker's time stands.
+        assert_eq!(billed_ms(ts(1_000), ts(1_050), ts(1_300), reported(1_400)), 1_400);
         // A lost node: the TSO interval from the start (or the placement when no start came).
         assert_eq!(billed_ms(ts(1_000), ts(2_000), ts(12_000), RunLength::Lost), 10_000);
         assert_eq!(billed_ms(ts(1_000), ts(1_000), ts(12_000), RunLength::Lost), 11_000);

@@ -498,6 +498,7 @@ pub fn segment_to_pb(g: &Segment) -> pb::Segment {
         end_state: g.end_state.clone(),
         cost_micros: g.cost_micros,
         duration_ms: Some(g.duration_ms),
+        lost: g.lost,
     }
 }
 
@@ -518,6 +519,7 @@ pub fn segment_from_pb(g: pb::Segment) -> Segment {
         start: Timestamp(g.start),
         end: Timestamp(g.end),
         duration_ms: g.duration_ms.unwrap_or_else(|| Timestamp(g.end).millis_since(Timestamp(g.start))),
+        lost: g.lost,
         end_state: g.end_state,
         cost_micros: g.cost_micros,
     }

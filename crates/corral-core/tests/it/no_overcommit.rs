@@ -382,15 +382,15 @@ fn check_invariants(state: &State) {
     for (cohort, (used, quota)) in cohorts {
         assert!(used <= quota, "cohort {cohort} uses {used} over its quota {quota}");
     }
-    // The ledger: one segment per run at most, never longer than the run's TSO interval, and no
-    // job that ended holds anything.
+    // The ledger: one segment per run at most, never longer than the job's TSO lifetime (plus
+    // the allowance for stamps running ahead of the clock), and no job that ended holds anything.
     let mut runs = BTreeSet::new();
     for segment in state.ledger.values() {
         assert!(runs.insert((segment.job_id, segment.epoch)), "run {}/{} billed twice", segment.job_id, segment.epoch);
         assert!(segment.end >= segment.start, "segment {} ends before it starts", segment.id);
         let placed = state.jobs[&segment.job_id].submitted_at;
         assert!(
-            segment.duration_ms() <= segment.end.millis_since(placed),
+            segment.duration_ms() <= segment.end.millis_since(placed) + corral_core::TSO_LEAD_ALLOWANCE_MS,
             "segment {} bills {} ms, longer than the job existed",
             segment.id,
             segment.duration_ms()
