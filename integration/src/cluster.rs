@@ -151,6 +151,13 @@ impl Cluster {
         }
     }
 
+    /// Sends a signal to node `index` (e.g. SIGSTOP / SIGCONT to freeze and thaw it).
+    pub fn signal(&self, index: usize, signal: i32) {
+        if let Some(child) = &self.nodes[index].child {
+            unsafe_kill(child.id(), signal);
+        }
+    }
+
     /// SIGTERM and wait: an orderly stop.
     pub fn stop(&mut self, index: usize) {
         if let Some(mut child) = self.nodes[index].child.take() {

@@ -10,6 +10,8 @@ pub struct WorkerProc {
     pub data_dir: PathBuf,
     log: PathBuf,
     child: Option<Child>,
+    /// Network namespace the worker runs in, if any.
+    namespace: Option<String>,
 }
 
 impl WorkerProc {
@@ -32,7 +34,25 @@ impl WorkerProc {
         );
         std::fs::write(&config, text).expect("write worker config");
         let log = dir.join(format!("worker-{name}.log"));
-        WorkerProc { name: name.to_string(), config, data_dir, log, child: None }
+        WorkerProc { name: name.to_string(), config, data_dir, log, child: None, namespace: None }
+    }
+
+    /// Runs the worker inside network namespace `namespace` (reached at `addr`), so that a test
+    /// can cut it off from every coordinator. Call before `start`.
+    pub fn in_namespace(&mut self, namespace: String, addr: &str) {
+        // Off loopback, plaintext must be asked for.
+        self.edit_config(|config| {
+            format!(
+                "insecure = true\n{}",
+                config.replace("listen = \"127.0.0.1:0\"", &format!("listen = \"{addr}:0\""))
+            )
+        });
+        self.namespace = Some(namespace);
+    }
+
+    /// The pid of the worker process, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Rewrites the config file (before `start`), e.g. to declare other devices.
@@ -73,7 +93,17 @@ impl WorkerProc {
         assert!(self.child.is_none(), "worker {} is running", self.name);
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log");
         let cwd = self.config.parent().expect("config dir").to_path_buf();
-        let child = Command::new(corral_bin())
+        let mut command = match &self.namespace {
+            // nsenter switches the network namespace only: `ip netns exec` would remount /sys
+            // and hide the cgroup hierarchies the worker runs its jobs in.
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/var/run/netns/{ns}")).arg("--").arg(corral_bin());
+                c
+            }
+            None => Command::new(corral_bin()),
+        };
+        let child = command
             .current_dir(cwd)
             .args(["worker", "--config"])
             .arg(&self.config)

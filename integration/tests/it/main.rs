@@ -4,9 +4,11 @@
 
 mod bad_input;
 mod billing;
+mod chaos;
 mod cluster;
 mod isolation;
 mod job_path;
+mod lifecycle;
 mod metrics;
 mod prometheus_config;
 mod security;

@@ -1,0 +1,493 @@
+//! Randomized fault harness: 3 coordinators and 2 workers, each in its own network namespace,
+//! under a seeded schedule of submits (whole GPUs, gangs, MPS slices, preemptible and
+//! gpu-high-priority), cancels (some right after the submit), SIGKILL and SIGSTOP of the
+//! leader, a follower and a worker, and partitions. Every job appends what it sees to a file the
+//! test owns; after healing, the test checks the lifecycle invariants against those lines, the
+//! replicated state and the billing ledger.
+//!
+//! `CORRAL_SEED=N` replays a schedule (the seed is printed at the start and in every failure);
+//! `CORRAL_SOAK_SECS=N` runs the schedule for N seconds instead of the default 60.
+
+use corral_client::{Client, ClientConfig};
+use corral_integration::cluster::{Cluster, ClusterOptions};
+use corral_integration::netns::NetHosts;
+use corral_integration::worker::WorkerProc;
+use corral_types::{GpuSlice, Job, JobSpec, JobState};
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Node TTL of the cluster; workers fence after half of it.
+const TTL: Duration = Duration::from_secs(4);
+
+/// xorshift64*: a small, seedable generator, so one seed always gives one schedule.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `0..n`.
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    fn millis(&mut self, from: u64, to: u64) -> Duration {
+        Duration::from_millis(from + self.below(to - from + 1))
+    }
+}
+
+/// What a submitted job asks for, to judge GPU sharing from the jobs' own lines.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Whole { gpus: u32 },
+    Gang,
+    Mps { percent: u32 },
+}
+
+impl Kind {
+    /// Share of each GPU it holds, in percent.
+    fn share(self) -> u32 {
+        match self {
+            Kind::Mps { percent } => percent,
+            _ => 100,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Coordinator(usize),
+    Worker(usize),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    Kill(Target),
+    Stop(Target),
+    Partition(Target),
+}
+
+struct Pool {
+    cluster: Cluster,
+    workers: Vec<WorkerProc>,
+    hosts: Arc<NetHosts>,
+    client: Client,
+    rt: tokio::runtime::Runtime,
+    lines: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Pool {
+    fn start() -> Pool {
+        let hosts = Arc::new(NetHosts::create(5));
+        let node_ttl = format!("{}s", TTL.as_secs());
+        let options = ClusterOptions { hosts: Some(hosts.clone()), node_ttl, ..Default::default() };
+        let cluster = Cluster::start(3, options);
+        cluster.init_and_join_all();
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let lines = dir.path().join("lines");
+        std::fs::write(&lines, "").expect("lines file");
+        std::fs::set_permissions(&lines, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let mut workers = Vec::new();
+        for (i, name) in ["w1", "w2"].into_iter().enumerate() {
+            let host = 4 + i;
+            let mut worker = WorkerProc::configure(dir.path(), name, &cluster.endpoints(), 2);
+            worker.in_namespace(hosts.namespace(host), &hosts.addr(host));
+            worker.start();
+            worker.wait_registered(&cluster);
+            workers.push(worker);
+        }
+        let endpoints = cluster.endpoints().split(',').map(String::from).collect();
+        let mut config = ClientConfig::new(endpoints);
+        config.connect_timeout = Duration::from_millis(500);
+        config.request_timeout = Duration::from_secs(2);
+        config.retry_for = Duration::from_secs(3);
+        let client = Client::new(config).expect("client");
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        Pool { cluster, workers, hosts, client, rt, lines, _dir: dir }
+    }
+
+    /// Host (1-based) of a target.
+    fn host(target: Target) -> usize {
+        match target {
+            Target::Coordinator(i) => i + 1,
+            Target::Worker(i) => 4 + i,
+        }
+    }
+
+    fn inject(&mut self, fault: Fault) {
+        match fault {
+            Fault::Kill(Target::Coordinator(i)) => self.cluster.kill(i),
+            Fault::Kill(Target::Worker(i)) => self.workers[i].kill(),
+            Fault::Stop(Target::Coordinator(i)) => self.cluster.signal(i, libc::SIGSTOP),
+            Fault::Stop(Target::Worker(i)) => self.workers[i].signal(libc::SIGSTOP),
+            Fault::Partition(target) => self.hosts.isolate(Self::host(target)),
+        }
+    }
+
+    fn heal(&mut self, fault: Fault) {
+        match fault {
+            Fault::Kill(Target::Coordinator(i)) => self.cluster.restart(i),
+            Fault::Kill(Target::Worker(i)) => self.workers[i].start(),
+            Fault::Stop(Target::Coordinator(i)) => self.cluster.signal(i, libc::SIGCONT),
+            Fault::Stop(Target::Worker(i)) => self.workers[i].signal(libc::SIGCONT),
+            Fault::Partition(target) => self.hosts.heal(Self::host(target)),
+        }
+    }
+
+    fn spec(&self, id_hint: u64, kind: Kind, priority: &str, ticks: u64) -> JobSpec {
+        let script = format!(
+            "i=0; while [ $i -lt {ticks} ]; do echo \"$CORRAL_JOB_ID $CORRAL_EPOCH $CORRAL_NODE $$ $CUDA_VISIBLE_DEVICES $(date +%s.%N)\" >> {}; i=$((i+1)); sleep 0.1; done",
+            self.lines.display()
+        );
+        let mut spec = JobSpec {
+            name: format!("chaos-{id_hint}"),
+            tenant: "default".into(),
+            priority_class: priority.into(),
+            command: vec!["sh".into(), "-c".into(), script],
+            ..Default::default()
+        };
+        match kind {
+            Kind::Whole { gpus } => spec.gpus = gpus,
+            Kind::Gang => {
+                spec.gpus = 2;
+                spec.sched.gpus_per_node = Some(1);
+            }
+            Kind::Mps { percent } => spec.gpu_slice = Some(GpuSlice::Mps { thread_percent: percent, memory_mib: None }),
+        }
+        spec
+    }
+}
+
+/// One line a job wrote: job, epoch, node, pid, GPUs, wall time.
+struct Line {
+    job: u64,
+    epoch: u64,
+    node: String,
+    pid: u32,
+    gpus: Vec<String>,
+    at: f64,
+}
+
+fn read_lines(path: &Path) -> Vec<Line> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() != 6 {
+                return None; // a line cut by a kill mid-write
+            }
+            Some(Line {
+                job: f[0].parse().ok()?,
+                epoch: f[1].parse().ok()?,
+                node: f[2].to_string(),
+                pid: f[3].parse().ok()?,
+                gpus: f[4].split(',').map(String::from).collect(),
+                at: f[5].parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// One process of one attempt, as seen through its lines.
+#[derive(Debug)]
+#[expect(dead_code, reason = "`pid` is shown in violations through Debug")]
+struct Run {
+    job: u64,
+    epoch: u64,
+    node: String,
+    pid: u32,
+    gpus: Vec<String>,
+    first: f64,
+    last: f64,
+}
+
+fn runs(lines: &[Line]) -> Vec<Run> {
+    let mut by: BTreeMap<(u64, u64, String, u32), Run> = BTreeMap::new();
+    for l in lines {
+        let run = by.entry((l.job, l.epoch, l.node.clone(), l.pid)).or_insert_with(|| Run {
+            job: l.job,
+            epoch: l.epoch,
+            node: l.node.clone(),
+            pid: l.pid,
+            gpus: l.gpus.clone(),
+            first: l.at,
+            last: l.at,
+        });
+        run.first = run.first.min(l.at);
+        run.last = run.last.max(l.at);
+    }
+    by.into_values().collect()
+}
+
+/// Every invariant the harness checks, as a list of violations.
+fn check(
+    jobs: &BTreeMap<u64, Job>,
+    acked: &BTreeMap<u64, Kind>,
+    runs: &[Run],
+    segments: &[corral_proto::Segment],
+    tso: &[u64],
+) -> Vec<String> {
+    let mut bad = Vec::new();
+    // Every acknowledged job survived and ended.
+    for id in acked.keys() {
+        match jobs.get(id) {
+            None => bad.push(format!("acknowledged job {id} is gone")),
+            Some(job) if !job.state.is_terminal() => {
+                bad.push(format!("job {id} is still {} after healing: {:?}", job.state, job.reason))
+            }
+            Some(_) => {}
+        }
+    }
+    // No two processes of one job at once, except the parts of one gang attempt.
+    let mut per_job: BTreeMap<u64, Vec<&Run>> = BTreeMap::new();
+    for run in runs {
+        per_job.entry(run.job).or_default().push(run);
+    }
+    for (job, runs) in &per_job {
+        for (i, a) in runs.iter().enumerate() {
+            for b in &runs[i + 1..] {
+                let gang_parts = a.epoch == b.epoch && a.node != b.node;
+                if !gang_parts && a.first <= b.last && b.first <= a.last {
+                    bad.push(format!("job {job} ran twice at once: {a:?} and {b:?}"));
+                }
+            }
+        }
+    }
+    // No GPU shared beyond 100%: at each process start, the shares of the processes that
+    // wrote a line around it on the same GPU.
+    for run in runs {
+        for gpu in &run.gpus {
+            let share: u32 = runs
+                .iter()
+                .filter(|o| o.node == run.node && o.gpus.contains(gpu) && o.first <= run.first && run.first <= o.last)
+                .map(|o| acked.get(&o.job).map_or(100, |k| k.share()))
+                .sum();
+            if share > 100 {
+                bad.push(format!(
+                    "GPU {gpu} of {} was held {share}% at {:.3} (by job {} and others)",
+                    run.node, run.first, run.job
+                ));
+            }
+        }
+    }
+    // Billing: every attempt that ran is billed once (one segment covers all nodes of a gang),
+    // and a segment's length matches what the attempt's processes showed: within 1 s for a run
+    // the worker reported; for a run whose node was lost (TSO interval), within the TTL above
+    // and one TSO window below (the stamps of a new leader may run that far ahead of the clock).
+    let mut billed: BTreeMap<(u64, u64), &corral_proto::Segment> = BTreeMap::new();
+    for s in segments {
+        if billed.insert((s.job_id, s.epoch), s).is_some() {
+            bad.push(format!("job {} epoch {} was billed twice", s.job_id, s.epoch));
+        }
+    }
+    let mut seen: BTreeMap<(u64, u64), (f64, f64)> = BTreeMap::new();
+    for run in runs {
+        let span = seen.entry((run.job, run.epoch)).or_insert((run.first, run.last));
+        span.0 = span.0.min(run.first);
+        span.1 = span.1.max(run.last);
+    }
+    for ((job, epoch), (first, last)) in &seen {
+        let Some(segment) = billed.get(&(*job, *epoch)) else {
+            bad.push(format!("job {job} epoch {epoch} ran but was never billed"));
+            continue;
+        };
+        let seen_ms = ((last - first) * 1000.0) as u64;
+        // A lost run is billed until the leader declares the loss: a TTL after the last
+        // heartbeat it saw, and a new leader starts that count again.
+        let (below, above) = if segment.lost { (4_000, 60_000) } else { (1_000, 1_200) };
+        if segment.duration_ms + below < seen_ms || segment.duration_ms > seen_ms + above {
+            bad.push(format!(
+                "job {job} epoch {epoch} was billed {} ms ({}{}) for a run seen for {seen_ms} ms (worker measured {:?} ms)",
+                segment.duration_ms,
+                segment.end_state,
+                if segment.lost { ", node lost" } else { "" },
+                jobs.get(job).and_then(|j| j.worker_run_time_ms)
+            ));
+        }
+    }
+    for ((job, epoch), s) in &billed {
+        if !seen.contains_key(&(*job, *epoch)) && !s.lost && s.duration_ms > 1_000 {
+            bad.push(format!("job {job} epoch {epoch} was billed {} ms without a line", s.duration_ms));
+        }
+    }
+    // The TSO never went backwards.
+    for pair in tso.windows(2) {
+        if pair[1] <= pair[0] {
+            bad.push(format!("TSO went from {} to {}", pair[0], pair[1]));
+        }
+    }
+    bad
+}
+
+fn soak_secs() -> u64 {
+    std::env::var("CORRAL_SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60)
+}
+
+#[test]
+fn lifecycle_invariants_hold_under_random_faults() {
+    let seed: u64 = std::env::var("CORRAL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1
+    });
+    eprintln!("chaos seed: {seed} (replay with CORRAL_SEED={seed})");
+    let mut rng = Rng(seed);
+    let mut pool = Pool::start();
+    let mut acked: BTreeMap<u64, Kind> = BTreeMap::new();
+    let mut tso = Vec::new();
+    let mut coordinator_fault: Option<(Instant, Fault)> = None;
+    let mut worker_fault: Option<(Instant, Fault)> = None;
+    let mut faults = Vec::new();
+    let end = Instant::now() + Duration::from_secs(soak_secs());
+    let mut step = 0u64;
+
+    while Instant::now() < end {
+        step += 1;
+        std::thread::sleep(rng.millis(50, 500));
+        for slot in [&mut coordinator_fault, &mut worker_fault] {
+            if let Some((at, fault)) = *slot {
+                if Instant::now() >= at {
+                    *slot = None;
+                    pool.heal(fault);
+                }
+            }
+        }
+        let roll = rng.below(100);
+        if roll < 50 {
+            let kind = match rng.below(10) {
+                0..=4 => Kind::Whole { gpus: 1 },
+                5 => Kind::Whole { gpus: 2 },
+                6 => Kind::Gang,
+                _ => Kind::Mps { percent: [25, 50, 75][rng.below(3) as usize] },
+            };
+            let priority = ["preemptible", "normal", "normal", "gpu-high-priority"][rng.below(4) as usize];
+            let spec = pool.spec(step, kind, priority, 2 + rng.below(25));
+            let cancel_at_once = rng.chance(20);
+            let client = pool.client.clone();
+            let submitted = pool.rt.block_on(async move {
+                let job = client.submit(&spec).await?;
+                if cancel_at_once {
+                    let _ = client.cancel(job.job_id).await;
+                }
+                Ok::<_, corral_client::ClientError>(job.job_id)
+            });
+            if let Ok(id) = submitted {
+                acked.insert(id, kind);
+            }
+        } else if roll < 65 {
+            if !acked.is_empty() {
+                let ids: Vec<u64> = acked.keys().copied().collect();
+                let id = ids[rng.below(ids.len() as u64) as usize];
+                let client = pool.client.clone();
+                let _ = pool.rt.block_on(async move { client.cancel(id).await });
+            }
+        } else if roll < 80 {
+            if coordinator_fault.is_none() {
+                let leader = pool.cluster.leader();
+                let index = if rng.chance(60) { leader } else { (leader + 1 + rng.below(2) as usize) % 3 };
+                let target = Target::Coordinator(index);
+                let (fault, lasts) = match rng.below(3) {
+                    0 => (Fault::Kill(target), rng.millis(300, 3_000)),
+                    1 => (Fault::Stop(target), rng.millis(300, 3_000)),
+                    _ => (Fault::Partition(target), rng.millis(1_000, 5_000)),
+                };
+                faults.push(format!("{fault:?} for {lasts:?} (leader was {leader})"));
+                pool.inject(fault);
+                coordinator_fault = Some((Instant::now() + lasts, fault));
+            }
+        } else if roll < 92 {
+            if worker_fault.is_none() {
+                let target = Target::Worker(rng.below(2) as usize);
+                let (fault, lasts) = match rng.below(3) {
+                    0 => (Fault::Kill(target), rng.millis(500, 6_000)),
+                    1 => (Fault::Stop(target), rng.millis(500, 6_000)),
+                    _ => (Fault::Partition(target), rng.millis(1_000, 6_000)),
+                };
+                faults.push(format!("{fault:?} for {lasts:?}"));
+                pool.inject(fault);
+                worker_fault = Some((Instant::now() + lasts, fault));
+            }
+        } else {
+            let client = pool.client.clone();
+            if let Ok(ts) = pool.rt.block_on(async move { client.timestamps(1).await }) {
+                tso.push(ts.0);
+            }
+        }
+    }
+    for slot in [&mut coordinator_fault, &mut worker_fault] {
+        if let Some((_, fault)) = slot.take() {
+            pool.heal(fault);
+        }
+    }
+    eprintln!("chaos seed {seed}: {step} steps, {} acknowledged jobs, {} faults", acked.len(), faults.len());
+
+    // Healed: every acknowledged job must end (the longest runs 2.7 s).
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let jobs = loop {
+        let client = pool.client.clone();
+        let jobs: BTreeMap<u64, Job> = pool
+            .rt
+            .block_on(async move { client.list_jobs(true, None).await })
+            .map(|all| all.into_iter().map(|j| (j.id, j)).collect())
+            .unwrap_or_default();
+        if !jobs.is_empty() && acked.keys().all(|id| jobs.get(id).is_some_and(|j| j.state.is_terminal())) {
+            break jobs;
+        }
+        if Instant::now() > deadline {
+            break jobs;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    for ts in [1, 2] {
+        let client = pool.client.clone();
+        if let Ok(t) = pool.rt.block_on(async move { client.timestamps(ts).await }) {
+            tso.push(t.0);
+        }
+    }
+    let client = pool.client.clone();
+    let segments = pool.rt.block_on(async move { client.segments(None, None, None, None).await }).expect("segments");
+    let runs = runs(&read_lines(&pool.lines));
+    let mut bad = check(&jobs, &acked, &runs, &segments, &tso);
+
+    // No ended job still holds a GPU: a gang over all four GPUs runs.
+    let mut last = pool.spec(0, Kind::Gang, "normal", 1);
+    last.gpus = 4;
+    last.sched.gpus_per_node = Some(2);
+    let client = pool.client.clone();
+    let finished = pool.rt.block_on(async move {
+        let job = client.submit(&last).await?;
+        tokio::time::timeout(Duration::from_secs(60), client.wait_job(job.job_id, |_| {}))
+            .await
+            .map_err(|_| corral_client::ClientError::Protocol("timed out after 60 s".into()))?
+    });
+    match finished {
+        Ok(job) if job.state == JobState::Succeeded => {}
+        Ok(job) => bad.push(format!("a job on every GPU ended {}: {:?}", job.state, job.reason)),
+        Err(e) => bad.push(format!("a job on every GPU never ran: some GPU is still held ({e})")),
+    }
+
+    let states: BTreeMap<String, usize> = jobs.values().fold(BTreeMap::new(), |mut m, j| {
+        *m.entry(j.state.to_string()).or_default() += 1;
+        m
+    });
+    eprintln!("chaos seed {seed}: {} processes seen, {} segments, end states {states:?}", runs.len(), segments.len());
+    assert!(
+        bad.is_empty(),
+        "chaos seed {seed} (replay with CORRAL_SEED={seed}) broke {} invariant(s):\n{}\nfaults:\n{}",
+        bad.len(),
+        bad.join("\n"),
+        faults.join("\n")
+    );
+}
