@@ -25,6 +25,7 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
@@ -164,10 +165,8 @@ const APPEND_PATIENCE: Duration = Duration::from_secs(30);
 fn bounded_append(
     rpc: &AppendEntriesRequest<TypeConfig>,
 ) -> Result<(Vec<u8>, Option<openraft::LogId<NodeId>>), serde_json::Error> {
-    let all = serde_json::to_vec(rpc)?;
-    if all.len() <= APPEND_BUDGET {
-        return Ok((all, rpc.entries.last().map(|e| e.log_id)));
-    }
+    // Sized entry by entry: a request openraft built over hundreds of large entries is never
+    // serialized whole (that alone took seconds and hundreds of MiB).
     let mut size = 0;
     let mut take = 0;
     for entry in &rpc.entries {
@@ -176,6 +175,9 @@ fn bounded_append(
             break;
         }
         take += 1;
+    }
+    if take == rpc.entries.len() {
+        return Ok((serde_json::to_vec(rpc)?, rpc.entries.last().map(|e| e.log_id)));
     }
     let part: AppendEntriesRequest<TypeConfig> = AppendEntriesRequest {
         vote: rpc.vote,
@@ -256,11 +258,32 @@ impl RaftNetwork<TypeConfig> for GrpcNetwork {
 #[derive(Clone)]
 pub struct RaftGrpcService {
     raft: Raft,
+    /// This node knows it lacks entries the leader has committed, and has stopped campaigning.
+    behind: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RaftGrpcService {
     pub fn new(raft: Raft) -> Self {
-        RaftGrpcService { raft }
+        RaftGrpcService { raft, behind: Arc::new(std::sync::atomic::AtomicBool::new(false)) }
+    }
+
+    /// openraft 0.9 has no pre-vote. A follower far behind, busy storing megabytes of entries,
+    /// misses the leader's heartbeats (they travel on the same stream, behind the large
+    /// requests), times out, raises the term and deposes a healthy leader, again and again, so
+    /// it never catches up. A node that lacks committed entries can never win an election
+    /// (every voter holding them refuses it), so while it knows it is behind the leader's
+    /// commit index it does not campaign; it still votes, and campaigns again once it has
+    /// caught up.
+    fn note_progress(&self, leader_commit: Option<u64>) {
+        use std::sync::atomic::Ordering;
+        let Some(commit) = leader_commit else { return };
+        let last = self.raft.metrics().borrow().last_log_index;
+        let behind = last.is_none_or(|l| l < commit);
+        if self.behind.swap(behind, Ordering::SeqCst) != behind {
+            tracing::info!(behind, commit, last_log_index = ?last, "catching up with the leader: elections {}",
+                if behind { "paused" } else { "resumed" });
+            self.raft.runtime_config().elect(!behind);
+        }
     }
 
     pub fn into_server(self) -> RaftServer<Self> {
@@ -287,7 +310,10 @@ impl RaftRpc for RaftGrpcService {
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
         let rpc: AppendEntriesRequest<TypeConfig> = decode(request)?;
-        encode(&self.raft.append_entries(rpc).await)
+        let leader_commit = rpc.leader_commit.map(|c| c.index);
+        let response = self.raft.append_entries(rpc).await;
+        self.note_progress(leader_commit);
+        encode(&response)
     }
 
     async fn vote(&self, request: tonic::Request<RaftMessage>) -> Result<tonic::Response<RaftMessage>, tonic::Status> {

@@ -163,6 +163,71 @@ fn lagging_follower_catches_up_from_a_snapshot() {
     assert_no_loss(&jobs, &acked);
 }
 
+/// A follower frozen through ~80 MB of large batch entries catches up through bounded
+/// AppendEntries, so that after the leader dies the next one commits a write at once: requests
+/// of hundreds of MiB never fit openraft's per-request timeout nor the message limit.
+#[test]
+fn a_follower_behind_by_80_mb_of_entries_catches_up_and_the_next_leader_writes() {
+    let rt = runtime();
+    // No snapshot: the follower must catch up from the log itself.
+    let options = ClusterOptions { snapshot_every: 10_000_000, ..Default::default() };
+    let mut cluster = Cluster::start(3, options);
+    cluster.init_and_join_all();
+    let leader = cluster.leader();
+    let follower = (leader + 1) % 3;
+    cluster.signal(follower, libc::SIGSTOP);
+    let client = client(&cluster.nodes[leader].addr);
+    let mut acked = Vec::new();
+    for batch in 0..40 {
+        // 250 jobs of 8 KiB each: 2 MiB per entry.
+        let jobs: Vec<(String, JobSpec)> = (0..250)
+            .map(|i| {
+                let rid = format!("big-{batch}-{i}");
+                let mut spec = spec(&rid);
+                spec.command = vec!["echo".into(), "x".repeat(8 * 1024)];
+                (rid, spec)
+            })
+            .collect();
+        let results = rt.block_on(client.submit_batch(&jobs)).expect("batch submit");
+        for ((rid, _), result) in jobs.iter().zip(results) {
+            acked.push((rid.clone(), result.expect("job accepted").job_id));
+        }
+    }
+    cluster.signal(follower, libc::SIGCONT);
+    cluster.kill(leader);
+
+    // A write through the survivors: the new leader must first bring the follower up to date.
+    let survivors: Vec<String> = (0..3).filter(|i| *i != leader).map(|i| cluster.nodes[i].addr.clone()).collect();
+    let survivors = survivors.join(",");
+    let writer = client_with_patience(&survivors, Duration::from_secs(60));
+    let written = rt.block_on(writer.submit_with_id("after-kill", &spec("after-kill")));
+    let written = written.unwrap_or_else(|e| {
+        let tails: Vec<String> = (0..3)
+            .filter(|i| *i != leader)
+            .map(|i| {
+                let log = cluster.log_of(i);
+                let tail: Vec<&str> = log.lines().filter(|l| !l.contains("requesting vote")).rev().take(40).collect();
+                format!("node {}:\n{}", i + 1, tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+            })
+            .collect();
+        panic!("no write within 60 s after the leader died: {e}\n{}", tails.join("\n"))
+    });
+    acked.push(("after-kill".into(), written.job_id));
+    cluster.wait_converged();
+    // The listing of 80 MB exceeds one message: look the first and last job of every batch up.
+    let reader = client_with_patience(&survivors, Duration::from_secs(10));
+    for (rid, id) in acked.iter().step_by(249) {
+        let job = rt.block_on(reader.get_job(*id)).unwrap_or_else(|e| panic!("acknowledged job {id} ({rid}): {e}"));
+        assert_eq!(&job.request_id, rid);
+    }
+}
+
+fn client_with_patience(endpoints: &str, retry_for: Duration) -> Client {
+    let mut config = ClientConfig::new(endpoints.split(',').map(String::from).collect());
+    config.retry_for = retry_for;
+    Client::new(config).expect("client")
+}
+
 #[test]
 fn join_and_leave_under_load() {
     let rt = runtime();
