@@ -85,7 +85,14 @@ struct Pool {
     client: Client,
     rt: tokio::runtime::Runtime,
     lines: PathBuf,
-    _dir: tempfile::TempDir,
+    /// Wall-clock windows (seconds) during which each worker was frozen.
+    frozen: Vec<(String, f64, f64)>,
+    frozen_since: BTreeMap<usize, f64>,
+    dir: tempfile::TempDir,
+}
+
+fn wall_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl Pool {
@@ -116,7 +123,7 @@ impl Pool {
         config.retry_for = Duration::from_secs(3);
         let client = Client::new(config).expect("client");
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-        Pool { cluster, workers, hosts, client, rt, lines, _dir: dir }
+        Pool { cluster, workers, hosts, client, rt, lines, frozen: Vec::new(), frozen_since: BTreeMap::new(), dir }
     }
 
     /// Host (1-based) of a target.
@@ -132,7 +139,10 @@ impl Pool {
             Fault::Kill(Target::Coordinator(i)) => self.cluster.kill(i),
             Fault::Kill(Target::Worker(i)) => self.workers[i].kill(),
             Fault::Stop(Target::Coordinator(i)) => self.cluster.signal(i, libc::SIGSTOP),
-            Fault::Stop(Target::Worker(i)) => self.workers[i].signal(libc::SIGSTOP),
+            Fault::Stop(Target::Worker(i)) => {
+                self.frozen_since.insert(i, wall_now());
+                self.workers[i].signal(libc::SIGSTOP);
+            }
             Fault::Partition(target) => self.hosts.isolate(Self::host(target)),
         }
     }
@@ -142,7 +152,11 @@ impl Pool {
             Fault::Kill(Target::Coordinator(i)) => self.cluster.restart(i),
             Fault::Kill(Target::Worker(i)) => self.workers[i].start(),
             Fault::Stop(Target::Coordinator(i)) => self.cluster.signal(i, libc::SIGCONT),
-            Fault::Stop(Target::Worker(i)) => self.workers[i].signal(libc::SIGCONT),
+            Fault::Stop(Target::Worker(i)) => {
+                self.workers[i].signal(libc::SIGCONT);
+                let since = self.frozen_since.remove(&i).unwrap_or_else(wall_now);
+                self.frozen.push((self.workers[i].name.clone(), since, wall_now()));
+            }
             Fault::Partition(target) => self.hosts.heal(Self::host(target)),
         }
     }
@@ -235,6 +249,7 @@ fn runs(lines: &[Line]) -> Vec<Run> {
 
 /// Every invariant the harness checks, as a list of violations.
 fn check(
+    frozen: &[(String, f64, f64)],
     jobs: &BTreeMap<u64, Job>,
     acked: &BTreeMap<u64, Kind>,
     runs: &[Run],
@@ -295,10 +310,19 @@ fn check(
         }
     }
     let mut seen: BTreeMap<(u64, u64), (f64, f64)> = BTreeMap::new();
+    // A worker measures a run until it sees the exit: one frozen when its job ended (or when
+    // its guard killed it) sees it only when thawed, and bills the run up to then (README).
+    let mut frozen_at_end: BTreeMap<(u64, u64), f64> = BTreeMap::new();
     for run in runs {
         let span = seen.entry((run.job, run.epoch)).or_insert((run.first, run.last));
         span.0 = span.0.min(run.first);
         span.1 = span.1.max(run.last);
+        let late: f64 = frozen
+            .iter()
+            .filter(|(node, from, to)| *node == run.node && *from <= run.last + 0.2 && *to >= run.last)
+            .map(|(_, from, to)| to - from.max(run.last))
+            .sum();
+        *frozen_at_end.entry((run.job, run.epoch)).or_default() += late;
     }
     for ((job, epoch), (first, last)) in &seen {
         let Some(segment) = billed.get(&(*job, *epoch)) else {
@@ -308,7 +332,8 @@ fn check(
         let seen_ms = ((last - first) * 1000.0) as u64;
         // A lost run is billed until the leader declares the loss: a TTL after the last
         // heartbeat it saw, and a new leader starts that count again.
-        let (below, above) = if segment.lost { (4_000, 60_000) } else { (1_000, 1_200) };
+        let late_ms = (frozen_at_end.get(&(*job, *epoch)).copied().unwrap_or(0.0) * 1000.0) as u64;
+        let (below, above) = if segment.lost { (4_000, 60_000) } else { (1_000, 1_200 + late_ms) };
         if segment.duration_ms + below < seen_ms || segment.duration_ms > seen_ms + above {
             bad.push(format!(
                 "job {job} epoch {epoch} was billed {} ms ({}{}) for a run seen for {seen_ms} ms (worker measured {:?} ms)",
@@ -459,7 +484,7 @@ fn lifecycle_invariants_hold_under_random_faults() {
     let client = pool.client.clone();
     let segments = pool.rt.block_on(async move { client.segments(None, None, None, None).await }).expect("segments");
     let runs = runs(&read_lines(&pool.lines));
-    let mut bad = check(&jobs, &acked, &runs, &segments, &tso);
+    let mut bad = check(&pool.frozen, &jobs, &acked, &runs, &segments, &tso);
 
     // No ended job still holds a GPU: a gang over all four GPUs runs.
     let mut last = pool.spec(0, Kind::Gang, "normal", 1);
@@ -483,11 +508,23 @@ fn lifecycle_invariants_hold_under_random_faults() {
         m
     });
     eprintln!("chaos seed {seed}: {} processes seen, {} segments, end states {states:?}", runs.len(), segments.len());
-    assert!(
-        bad.is_empty(),
-        "chaos seed {seed} (replay with CORRAL_SEED={seed}) broke {} invariant(s):\n{}\nfaults:\n{}",
-        bad.len(),
-        bad.join("\n"),
-        faults.join("\n")
-    );
+    if !bad.is_empty() {
+        // Keep the daemons' logs and the jobs' lines for the post-mortem.
+        let kept = std::env::temp_dir().join(format!("corral-chaos-{seed}"));
+        let _ = std::fs::create_dir_all(&kept);
+        for dir in [pool.cluster.dir(), pool.dir.path()] {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if entry.path().is_file() {
+                    let _ = std::fs::copy(entry.path(), kept.join(entry.file_name()));
+                }
+            }
+        }
+        panic!(
+            "chaos seed {seed} (replay with CORRAL_SEED={seed}) broke {} invariant(s) (logs kept in {}):\n{}\nfaults:\n{}",
+            bad.len(),
+            kept.display(),
+            bad.join("\n"),
+            faults.join("\n")
+        );
+    }
 }
