@@ -286,11 +286,64 @@ impl Runtime {
             if actions.is_empty() {
                 return;
             }
+            // Launches of whole-GPU jobs next to each other run in parallel (a launch is mostly
+            // cgroup set-up and fork/exec); everything else keeps its order.
+            let mut batch = Vec::new();
             for action in actions {
-                self.act(action);
+                match action {
+                    Action::Launch { job, epoch } if job.spec.gpu_slice.is_none() => batch.push((job, epoch)),
+                    other => {
+                        self.launch_all(std::mem::take(&mut batch));
+                        self.act(other);
+                    }
+                }
             }
+            self.launch_all(batch);
         }
         tracing::warn!("reconcile did not settle in 8 rounds; continuing at the next event");
+    }
+
+    /// Launches whole-GPU jobs, their cgroup set-up and fork/exec in parallel.
+    fn launch_all(&mut self, jobs: Vec<(Arc<Job>, u64)>) {
+        if jobs.len() <= 1 {
+            for (job, epoch) in jobs {
+                self.launch(&job, epoch);
+            }
+            return;
+        }
+        let node = self.shared.config().node_name.clone();
+        let mut prepared = Vec::new();
+        for (job, epoch) in jobs {
+            let Some(gpus) = job.allocation.as_ref().and_then(|a| a.gpus_on(&node)).map(<[u32]>::to_vec) else {
+                tracing::warn!(job_id = job.id, epoch, "desired state names a job with no part on this node");
+                continue;
+            };
+            self.shared.set_launching(job.id, true);
+            let spec = launch_spec(&self.shared, &job, epoch, &gpus, None);
+            prepared.push((job, epoch, gpus, spec));
+        }
+        let executor = &self.shared.executor;
+        // A launch spawns the job's output tasks: each thread enters this runtime.
+        let runtime = tokio::runtime::Handle::current();
+        let results: Vec<Result<RunningJob, String>> = std::thread::scope(|scope| {
+            let launches: Vec<_> = prepared
+                .iter()
+                .map(|(_, _, _, spec)| {
+                    let runtime = runtime.clone();
+                    scope.spawn(move || {
+                        let _entered = runtime.enter();
+                        match spec {
+                            Ok(spec) => executor.launch(spec).map_err(|e| e.to_string()),
+                            Err(e) => Err(e.clone()),
+                        }
+                    })
+                })
+                .collect();
+            launches.into_iter().map(|l| l.join().unwrap_or_else(|_| Err("the launch panicked".into()))).collect()
+        });
+        for ((job, epoch, gpus, _), result) in prepared.into_iter().zip(results) {
+            self.launched(&job, epoch, gpus, result.map(|running| (running, None)));
+        }
     }
 
     fn act(&mut self, action: Action) {
@@ -373,6 +426,19 @@ impl Runtime {
                     }
                 }
             });
+        self.launched(job, epoch, gpus, launched);
+    }
+
+    /// Records the outcome of a launch: the running job and the task that waits for it, or the
+    /// ended run with the launch error.
+    fn launched(
+        &mut self,
+        job: &Job,
+        epoch: u64,
+        gpus: Vec<u32>,
+        launched: Result<(RunningJob, Option<MigPick>), String>,
+    ) {
+        let job_id = job.id;
         let (running, mig) = match launched {
             Ok(launched) => launched,
             Err(error) => {
