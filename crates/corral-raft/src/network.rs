@@ -258,30 +258,72 @@ impl RaftNetwork<TypeConfig> for GrpcNetwork {
 #[derive(Clone)]
 pub struct RaftGrpcService {
     raft: Raft,
-    /// This node knows it lacks entries the leader has committed, and has stopped campaigning.
-    behind: Arc<std::sync::atomic::AtomicBool>,
+    catch_up: Arc<CatchUp>,
+}
+
+/// A follower this many committed entries short, fed requests this large, is catching up.
+const CATCH_UP_LAG_ENTRIES: u64 = 8;
+const CATCH_UP_REQUEST_BYTES: usize = 1 << 20;
+
+/// Whether this node knows it lacks entries the leader has committed (see `note_progress`).
+struct CatchUp {
+    behind: std::sync::atomic::AtomicBool,
+    /// When the last AppendEntries arrived.
+    last_append: std::sync::Mutex<std::time::Instant>,
 }
 
 impl RaftGrpcService {
     pub fn new(raft: Raft) -> Self {
-        RaftGrpcService { raft, behind: Arc::new(std::sync::atomic::AtomicBool::new(false)) }
+        let catch_up = Arc::new(CatchUp {
+            behind: std::sync::atomic::AtomicBool::new(false),
+            last_append: std::sync::Mutex::new(std::time::Instant::now()),
+        });
+        // A leader that stops sending (it died) must not leave this node silent for long: after
+        // four of the longest election timeouts without an AppendEntries it campaigns again,
+        // behind or not. (A follower that holds every committed entry campaigns as usual.)
+        let (raft2, watch) = (raft.clone(), Arc::downgrade(&catch_up));
+        let patience = Duration::from_millis(raft.config().election_timeout_max * 4);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let Some(catch_up) = watch.upgrade() else { return };
+                let quiet = catch_up.last_append.lock().map(|t| t.elapsed() > patience).unwrap_or(true);
+                if quiet && catch_up.behind.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    tracing::info!("no AppendEntries for {patience:?}: elections resumed");
+                    raft2.runtime_config().elect(true);
+                }
+            }
+        });
+        RaftGrpcService { raft, catch_up }
     }
 
     /// openraft 0.9 has no pre-vote. A follower far behind, busy storing megabytes of entries,
     /// misses the leader's heartbeats (they travel on the same stream, behind the large
     /// requests), times out, raises the term and deposes a healthy leader, again and again, so
     /// it never catches up. A node that lacks committed entries can never win an election
-    /// (every voter holding them refuses it), so while it knows it is behind the leader's
-    /// commit index it does not campaign; it still votes, and campaigns again once it has
-    /// caught up.
-    fn note_progress(&self, leader_commit: Option<u64>) {
+    /// (every voter holding them refuses it), so while the leader's requests show it behind the
+    /// commit index it does not campaign; it still votes, and campaigns again once caught up or
+    /// once the leader has been silent for four of the longest election timeouts.
+    ///
+    /// Under ordinary load every follower trails the commit index by an entry or two (the other
+    /// follower made the quorum): only a large request that leaves it many entries short marks
+    /// a catch-up.
+    fn note_progress(&self, leader_commit: Option<u64>, stored_up_to: Option<u64>, request_bytes: usize) {
         use std::sync::atomic::Ordering;
+        if let Ok(mut at) = self.catch_up.last_append.lock() {
+            *at = std::time::Instant::now();
+        }
         let Some(commit) = leader_commit else { return };
-        let last = self.raft.metrics().borrow().last_log_index;
-        let behind = last.is_none_or(|l| l < commit);
-        if self.behind.swap(behind, Ordering::SeqCst) != behind {
-            tracing::info!(behind, commit, last_log_index = ?last, "catching up with the leader: elections {}",
-                if behind { "paused" } else { "resumed" });
+        let lag = commit.saturating_sub(stored_up_to.unwrap_or(0));
+        let behind = lag >= CATCH_UP_LAG_ENTRIES && request_bytes >= CATCH_UP_REQUEST_BYTES;
+        if self.catch_up.behind.swap(behind, Ordering::SeqCst) != behind {
+            tracing::info!(
+                behind,
+                commit,
+                stored_up_to,
+                "catching up with the leader: elections {}",
+                if behind { "paused" } else { "resumed" }
+            );
             self.raft.runtime_config().elect(!behind);
         }
     }
@@ -309,10 +351,15 @@ impl RaftRpc for RaftGrpcService {
         &self,
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+        let request_bytes = request.get_ref().data.len();
         let rpc: AppendEntriesRequest<TypeConfig> = decode(request)?;
         let leader_commit = rpc.leader_commit.map(|c| c.index);
+        let carried = rpc.entries.last().map(|e| e.log_id.index).or(rpc.prev_log_id.map(|p| p.index));
         let response = self.raft.append_entries(rpc).await;
-        self.note_progress(leader_commit);
+        // After a success this node's log holds everything up to the request's last entry.
+        if matches!(response, Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_))) {
+            self.note_progress(leader_commit, carried, request_bytes);
+        }
         encode(&response)
     }
 
