@@ -311,14 +311,9 @@ impl Runtime {
             }
             return;
         }
-        let node = self.shared.config().node_name.clone();
         let mut prepared = Vec::new();
         for (job, epoch) in jobs {
-            let Some(gpus) = job.allocation.as_ref().and_then(|a| a.gpus_on(&node)).map(<[u32]>::to_vec) else {
-                tracing::warn!(job_id = job.id, epoch, "desired state names a job with no part on this node");
-                continue;
-            };
-            self.shared.set_launching(job.id, true);
+            let Some(gpus) = self.begin_launch(&job, epoch) else { continue };
             let spec = launch_spec(&self.shared, &job, epoch, &gpus, None);
             prepared.push((job, epoch, gpus, spec));
         }
@@ -406,13 +401,7 @@ impl Runtime {
     /// Starts allocation `epoch` of `job`: its MIG instance, the process in its cgroup, and the
     /// task that waits for it. A failure is recorded as an ended run with the launch error.
     fn launch(&mut self, job: &Job, epoch: u64) {
-        let job_id = job.id;
-        let node = &self.shared.config().node_name;
-        let Some(gpus) = job.allocation.as_ref().and_then(|a| a.gpus_on(node)).map(<[u32]>::to_vec) else {
-            tracing::warn!(job_id, epoch, "desired state names a job with no part on this node");
-            return;
-        };
-        self.shared.set_launching(job_id, true);
+        let Some(gpus) = self.begin_launch(job, epoch) else { return };
         let launched =
             pick_mig_instance(&self.shared, job, &gpus, &self.shared.taken_mig_instances()).and_then(|mig| {
                 let spec = launch_spec(&self.shared, job, epoch, &gpus, mig.as_ref().map(|m| m.uuid.as_str()));
@@ -427,6 +416,18 @@ impl Runtime {
                 }
             });
         self.launched(job, epoch, gpus, launched);
+    }
+
+    /// The GPUs of `job` on this node, with the job marked as launching; None (logged) when the
+    /// desired state names a job with no part here.
+    fn begin_launch(&self, job: &Job, epoch: u64) -> Option<Vec<u32>> {
+        let node = &self.shared.config().node_name;
+        let Some(gpus) = job.allocation.as_ref().and_then(|a| a.gpus_on(node)).map(<[u32]>::to_vec) else {
+            tracing::warn!(job_id = job.id, epoch, "desired state names a job with no part on this node");
+            return None;
+        };
+        self.shared.set_launching(job.id, true);
+        Some(gpus)
     }
 
     /// Records the outcome of a launch: the running job and the task that waits for it, or the
