@@ -214,6 +214,24 @@ impl Cluster {
         serde_json::from_slice(&out.stdout).expect("json")
     }
 
+    /// `corral show JOB` as JSON.
+    pub fn show(&self, job: u64) -> Value {
+        self.json(&["show", &job.to_string()])
+    }
+
+    /// Polls `show` until `pred` holds, for at most `within`; panics naming `what` otherwise.
+    pub fn wait_for(&self, job: u64, within: Duration, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let doc = self.show(job);
+            if pred(&doc) {
+                return doc;
+            }
+            assert!(Instant::now() < deadline, "job {job} never became {what} within {within:?}: {doc}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// `cluster status` of node `index`, if it answers.
     pub fn status(&self, index: usize) -> Option<Value> {
         let out = self.corral_at(index, &["--output", "json", "cluster", "status"]);

@@ -16,9 +16,7 @@ fn spec(name: &str) -> JobSpec {
 }
 
 fn client(endpoints: &str) -> Client {
-    let mut config = ClientConfig::new(endpoints.split(',').map(String::from).collect());
-    config.retry_for = Duration::from_secs(10);
-    Client::new(config).expect("client")
+    client_with_patience(endpoints, Duration::from_secs(10))
 }
 
 /// Concurrent submitters; each remembers the (request id, job id) pairs that were acknowledged.

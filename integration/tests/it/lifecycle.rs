@@ -6,27 +6,10 @@
 use corral_integration::cluster::{Cluster, ClusterOptions};
 use corral_integration::corral_bin;
 use corral_integration::worker::WorkerProc;
-use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn show(cluster: &Cluster, job: u64) -> Value {
-    cluster.json(&["show", &job.to_string()])
-}
-
-fn wait_for(cluster: &Cluster, job: u64, within: Duration, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + within;
-    loop {
-        let doc = show(cluster, job);
-        if pred(&doc) {
-            return doc;
-        }
-        assert!(Instant::now() < deadline, "job {job} never became {what} within {within:?}: {doc}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 fn submit(cluster: &Cluster, args: &[&str]) -> u64 {
     let mut all = vec!["submit"];
@@ -73,6 +56,22 @@ fn ticks(file: &Path) -> Vec<(u32, f64)> {
         .collect()
 }
 
+/// Deposes `leader` by freezing it past the election timeout; returns the node that leads next.
+fn depose(cluster: &Cluster, leader: usize) -> usize {
+    cluster.signal(leader, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(800));
+    cluster.signal(leader, libc::SIGCONT);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let next = cluster.leader();
+        if next != leader {
+            return next;
+        }
+        assert!(Instant::now() < deadline, "node {leader} stayed leader after its freeze");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `corral cancel` right after the submit, before the worker launched the job (it is frozen
 /// while the job is placed on it): the job ends cancelled and its GPUs serve the next job.
 #[test]
@@ -83,14 +82,14 @@ fn a_job_cancelled_before_its_launch_ends_and_frees_its_gpus() {
 
     w1.signal(libc::SIGSTOP);
     let job = submit(&cluster, &["--gpus", "2", "--", "sleep", "600"]);
-    wait_for(&cluster, job, Duration::from_secs(10), "placed", |d| d["node"] == "w1");
+    cluster.wait_for(job, Duration::from_secs(10), "placed", |d| d["node"] == "w1");
     cluster.json(&["cancel", &job.to_string()]);
     w1.signal(libc::SIGCONT);
 
-    let doc = wait_for(&cluster, job, Duration::from_secs(20), "cancelled", |d| d["state"] == "cancelled");
+    let doc = cluster.wait_for(job, Duration::from_secs(20), "cancelled", |d| d["state"] == "cancelled");
     assert!(doc["gpus"].as_array().is_none_or(Vec::is_empty) || doc["state"] == "cancelled", "{doc}");
     let next = submit(&cluster, &["--gpus", "2", "--", "true"]);
-    wait_for(&cluster, next, Duration::from_secs(20), "succeeded on the freed GPUs", |d| d["state"] == "succeeded");
+    cluster.wait_for(next, Duration::from_secs(20), "succeeded on the freed GPUs", |d| d["state"] == "succeeded");
 }
 
 /// A gpu-high-priority job preempts a victim that is placed but not yet launched: the victim
@@ -103,15 +102,15 @@ fn preempting_a_job_before_its_launch_lets_the_high_priority_job_run() {
 
     w1.signal(libc::SIGSTOP);
     let victim = submit(&cluster, &["--gpus", "2", "--priority", "preemptible", "--", "sleep", "600"]);
-    wait_for(&cluster, victim, Duration::from_secs(10), "placed", |d| d["node"] == "w1");
+    cluster.wait_for(victim, Duration::from_secs(10), "placed", |d| d["node"] == "w1");
     let high = submit(&cluster, &["--gpus", "2", "--priority", "gpu-high-priority", "--", "true"]);
     w1.signal(libc::SIGCONT);
 
-    wait_for(&cluster, high, Duration::from_secs(20), "succeeded", |d| d["state"] == "succeeded");
-    let doc = show(&cluster, victim);
+    cluster.wait_for(high, Duration::from_secs(20), "succeeded", |d| d["state"] == "succeeded");
+    let doc = cluster.show(victim);
     assert!(doc["state"] == "pending" || doc["state"] == "running", "the victim is requeued, not ended: {doc}");
     cluster.json(&["cancel", &victim.to_string()]);
-    wait_for(&cluster, victim, Duration::from_secs(20), "cancelled", |d| d["state"] == "cancelled");
+    cluster.wait_for(victim, Duration::from_secs(20), "cancelled", |d| d["state"] == "cancelled");
 }
 
 /// A coordinator that lost leadership longer than the node TTL ago and wins again must not
@@ -126,32 +125,20 @@ fn a_leader_that_wins_again_after_the_ttl_keeps_every_node_and_job() {
     let pids = dir.path().join("pids");
     let script = format!("echo $$ >> {}; exec sleep 600", pids.display());
     let job = submit(&cluster, &["--gpus", "1", "--", "sh", "-c", &script]);
-    wait_for(&cluster, job, Duration::from_secs(20), "running", |d| d["state"] == "running");
+    cluster.wait_for(job, Duration::from_secs(20), "running", |d| d["state"] == "running");
 
     let mut former_leaders = Vec::new();
     let mut rewon = false;
     for _ in 0..6 {
-        // Depose the leader by freezing it past the election timeout.
         let leader = cluster.leader();
-        cluster.signal(leader, libc::SIGSTOP);
-        std::thread::sleep(Duration::from_millis(800));
-        cluster.signal(leader, libc::SIGCONT);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let next = loop {
-            let next = cluster.leader();
-            if next != leader {
-                break next;
-            }
-            assert!(Instant::now() < deadline, "node {leader} stayed leader after its freeze");
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let next = depose(&cluster, leader);
         if former_leaders.contains(&next) {
             // It lost leadership at least one TTL ago: give its scheduler a few passes.
             std::thread::sleep(Duration::from_secs(2));
             rewon = true;
         }
         former_leaders.push(leader);
-        let doc = show(&cluster, job);
+        let doc = cluster.show(job);
         assert_eq!(doc["state"], "running", "{doc}");
         assert_eq!(doc["attempts"], 1, "a change of leader restarted the job: {doc}");
         let nodes = cluster.json(&["nodes"]);
@@ -165,7 +152,7 @@ fn a_leader_that_wins_again_after_the_ttl_keeps_every_node_and_job() {
     let written = std::fs::read_to_string(&pids).unwrap_or_default();
     assert_eq!(written.lines().count(), 1, "the job was launched more than once: {written}");
     cluster.json(&["cancel", &job.to_string()]);
-    wait_for(&cluster, job, Duration::from_secs(20), "cancelled", |d| d["state"] == "cancelled");
+    cluster.wait_for(job, Duration::from_secs(20), "cancelled", |d| d["state"] == "cancelled");
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -238,11 +225,11 @@ fn a_frozen_workers_job_never_overlaps_its_next_attempt() {
     let file = dir.path().join("ticks");
     let script = format!("while true; do echo \"$$ $(date +%s.%N)\" >> {}; sleep 0.05; done", file.display());
     let job = submit(&cluster, &["--gpus", "1", "--", "sh", "-c", &script]);
-    let doc = wait_for(&cluster, job, Duration::from_secs(20), "running", |d| d["state"] == "running");
+    let doc = cluster.wait_for(job, Duration::from_secs(20), "running", |d| d["state"] == "running");
     let (frozen, other) = if doc["node"] == "w1" { (&w1, "w2") } else { (&w2, "w1") };
 
     frozen.signal(libc::SIGSTOP);
-    wait_for(&cluster, job, Duration::from_secs(30), "running on the other worker", |d| {
+    cluster.wait_for(job, Duration::from_secs(30), "running on the other worker", |d| {
         d["state"] == "running" && d["node"] == other && d["attempts"] == 2
     });
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -263,7 +250,7 @@ fn a_frozen_workers_job_never_overlaps_its_next_attempt() {
         "attempt 1 ticked at {last_of_first:.3} after attempt 2 started at {first_of_second:.3}"
     );
     cluster.json(&["cancel", &job.to_string()]);
-    wait_for(&cluster, job, Duration::from_secs(20), "cancelled", |d| d["state"] == "cancelled");
+    cluster.wait_for(job, Duration::from_secs(20), "cancelled", |d| d["state"] == "cancelled");
 }
 
 /// A job that starts under a leader with a true clock and ends under one whose clock is an
@@ -278,33 +265,23 @@ fn a_leader_an_hour_ahead_bills_runs_what_the_worker_measured() {
     let cluster = cluster(3, options);
     let dir = shared_dir();
     let _w1 = worker(&cluster, dir.path(), "w1", 1);
-    let depose = |leader: usize| {
-        cluster.signal(leader, libc::SIGSTOP);
-        std::thread::sleep(Duration::from_millis(800));
-        cluster.signal(leader, libc::SIGCONT);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while cluster.leader() == leader {
-            assert!(Instant::now() < deadline, "node {leader} stayed leader after its freeze");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
     while cluster.leader() == skewed {
-        depose(skewed);
+        depose(&cluster, skewed);
     }
     let stop = dir.path().join("stop");
     let script = format!("while [ ! -e {} ]; do sleep 0.05; done", stop.display());
     let job = submit(&cluster, &["--gpus", "1", "--", "sh", "-c", &script]);
-    wait_for(&cluster, job, Duration::from_secs(20), "started", |d| !d["started_ts"].is_null());
+    cluster.wait_for(job, Duration::from_secs(20), "started", |d| !d["started_ts"].is_null());
     for _ in 0..20 {
         let leader = cluster.leader();
         if leader == skewed {
             break;
         }
-        depose(leader);
+        depose(&cluster, leader);
     }
     assert_eq!(cluster.leader(), skewed, "the skewed node never won an election");
     std::fs::write(&stop, "").expect("stop file");
-    let doc = wait_for(&cluster, job, Duration::from_secs(20), "succeeded", |d| d["state"] == "succeeded");
+    let doc = cluster.wait_for(job, Duration::from_secs(20), "succeeded", |d| d["state"] == "succeeded");
     let worker_ms = doc["worker_run_time_ms"].as_u64().expect("worker_run_time_ms");
     // The only GPU job of the pool: its GPU-hours are its billed length on one GPU.
     let report = cluster.json(&["billing", "report"]);

@@ -6,26 +6,9 @@
 use corral_integration::cluster::{Cluster, ClusterOptions};
 use corral_integration::is_dead;
 use corral_integration::worker::WorkerProc;
-use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-fn show(cluster: &Cluster, job: u64) -> Value {
-    cluster.json(&["show", &job.to_string()])
-}
-
-fn wait_for(cluster: &Cluster, job: u64, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let doc = show(cluster, job);
-        if pred(&doc) {
-            return doc;
-        }
-        assert!(Instant::now() < deadline, "job {job} never became {what}: {doc}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// Pids the job appended to `file`, one per attempt.
 fn pids(file: &Path, at_least: usize) -> Vec<u32> {
@@ -71,7 +54,7 @@ fn killed_worker_has_its_jobs_killed_by_its_guard_and_requeued() {
     let (cluster, mut worker, dir) = setup();
     let pid_file = dir.path().join("pids");
     let job = submit_sleeper(&cluster, &pid_file);
-    wait_for(&cluster, job, "running", |d| d["state"] == "running" && d["node"] == "w1");
+    cluster.wait_for(job, Duration::from_secs(60), "running", |d| d["state"] == "running" && d["node"] == "w1");
     let first = pids(&pid_file, 1)[0];
 
     // The fence guard sees its worker's pipe close and kills the job's cgroup: no orphan keeps
@@ -82,20 +65,21 @@ fn killed_worker_has_its_jobs_killed_by_its_guard_and_requeued() {
         assert!(Instant::now() < deadline, "the guard did not kill the orphan {first} of its dead worker");
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(show(&cluster, job)["state"], "running", "the coordinator waits for the TTL");
-    let doc = wait_for(&cluster, job, "requeued", |d| d["state"] == "pending");
+    assert_eq!(cluster.show(job)["state"], "running", "the coordinator waits for the TTL");
+    let doc = cluster.wait_for(job, Duration::from_secs(60), "requeued", |d| d["state"] == "pending");
     assert!(doc["reason"].as_str().unwrap_or("").contains("lost"), "{doc}");
     let nodes = cluster.json(&["nodes"]);
     assert_eq!(nodes[0]["state"], "down", "{nodes}");
 
     worker.start();
-    let doc = wait_for(&cluster, job, "running again", |d| d["state"] == "running" && d["attempts"] == 2);
+    let doc = cluster
+        .wait_for(job, Duration::from_secs(60), "running again", |d| d["state"] == "running" && d["attempts"] == 2);
     assert_eq!(doc["node"], "w1");
     let second = pids(&pid_file, 2)[1];
     assert_ne!(first, second);
     assert!(!is_dead(second));
     cluster.json(&["cancel", &job.to_string()]);
-    wait_for(&cluster, job, "cancelled", |d| d["state"] == "cancelled");
+    cluster.wait_for(job, Duration::from_secs(60), "cancelled", |d| d["state"] == "cancelled");
 }
 
 #[test]
@@ -103,13 +87,13 @@ fn frozen_worker_is_fenced_and_kills_its_stale_job() {
     let (cluster, worker, dir) = setup();
     let pid_file = dir.path().join("pids");
     let job = submit_sleeper(&cluster, &pid_file);
-    wait_for(&cluster, job, "running", |d| d["state"] == "running");
+    cluster.wait_for(job, Duration::from_secs(60), "running", |d| d["state"] == "running");
     let first = pids(&pid_file, 1)[0];
 
     // Frozen past the TTL: its guard (not frozen) kills the job at the fence deadline, and the
     // coordinator gives the node up and requeues the job after the full TTL.
     worker.signal(libc::SIGSTOP);
-    wait_for(&cluster, job, "requeued", |d| d["state"] == "pending");
+    cluster.wait_for(job, Duration::from_secs(60), "requeued", |d| d["state"] == "pending");
     // Thawed, the worker learns its epoch is stale and registers again.
     worker.signal(libc::SIGCONT);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -117,11 +101,12 @@ fn frozen_worker_is_fenced_and_kills_its_stale_job() {
         assert!(Instant::now() < deadline, "the fenced worker kept its stale job {first}: {}", worker.log());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let doc = wait_for(&cluster, job, "running again", |d| d["state"] == "running" && d["attempts"] == 2);
+    let doc = cluster
+        .wait_for(job, Duration::from_secs(60), "running again", |d| d["state"] == "running" && d["attempts"] == 2);
     assert_eq!(doc["node"], "w1");
     assert_ne!(pids(&pid_file, 2)[1], first);
     cluster.json(&["cancel", &job.to_string()]);
-    wait_for(&cluster, job, "cancelled", |d| d["state"] == "cancelled");
+    cluster.wait_for(job, Duration::from_secs(60), "cancelled", |d| d["state"] == "cancelled");
 }
 
 /// With `mig.manage`, each MIG job gets an instance made for it at start and destroyed at its
@@ -148,9 +133,9 @@ fn managed_mig_instances_are_created_per_job_and_destroyed_after() {
     };
     let a = submit("3g.40gb", 3);
     let b = submit("3g.40gb", 3);
-    wait_for(&cluster, a, "running", |d| d["state"] == "running");
-    wait_for(&cluster, b, "running", |d| d["state"] == "running");
-    assert_eq!(show(&cluster, a)["state"], "running", "both halves of the card at once");
+    cluster.wait_for(a, Duration::from_secs(60), "running", |d| d["state"] == "running");
+    cluster.wait_for(b, Duration::from_secs(60), "running", |d| d["state"] == "running");
+    assert_eq!(cluster.show(a)["state"], "running", "both halves of the card at once");
     let nodes = cluster.json(&["nodes"]);
     let gpu = &nodes[0]["gpus"][0];
     assert_eq!(gpu["mig_capable"], true, "{nodes}");
@@ -164,7 +149,8 @@ fn managed_mig_instances_are_created_per_job_and_destroyed_after() {
     assert_eq!(slices, ["mig:3g.40gb@0", "mig:3g.40gb@4"], "{nodes}");
     let c = submit("7g.80gb", 0);
     for job in [a, b, c] {
-        let doc = wait_for(&cluster, job, "finished", |d| d["state"] != "pending" && d["state"] != "running");
+        let doc = cluster
+            .wait_for(job, Duration::from_secs(60), "finished", |d| d["state"] != "pending" && d["state"] != "running");
         assert_eq!(doc["state"], "succeeded", "job {job}: {doc}\n{}", worker.log());
     }
     let (ua, ub, uc) = (logs(a), logs(b), logs(c));
