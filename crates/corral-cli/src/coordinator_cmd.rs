@@ -8,7 +8,6 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio::net::TcpListener;
 
 /// The coordinator's config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -253,7 +252,7 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         audit: std::sync::Arc::new(corral_security::AuditLog::in_dir(&file.data_dir)),
     };
     let listen: SocketAddr = file.listen.parse()?;
-    let listener = TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = crate::listen::bind(listen, "for clients and peers").await?;
     let bound = listener.local_addr()?;
     let advertise = file.advertise.clone().unwrap_or_else(|| bound.to_string());
 

@@ -70,7 +70,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create data dir {}", args.data_dir.display()))?;
     let data_dir = args.data_dir.canonicalize()?;
-    let listener = TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = crate::listen::bind(listen, "for clients").await?;
     let addr = listener.local_addr()?;
 
     let node = RaftNode::open(&RaftNodeConfig::new(1, data_dir.join("coordinator")))
@@ -120,7 +120,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let worker = tokio::spawn(worker.run(agent_listener, stopped(stop_rx.clone())));
+    // The worker stops first, while the coordinator still takes its last reports.
+    let (worker_stop_tx, worker_stop_rx) = watch::channel(false);
+    let worker = tokio::spawn(worker.run(agent_listener, stopped(worker_stop_rx)));
 
     let deadline = Instant::now() + Duration::from_secs(30);
     // Ready once this process's worker registered: after a restart the node is already up in the
@@ -146,8 +148,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 
     termination().await;
     tracing::info!("shutting down");
-    let _ = stop_tx.send(true);
+    let _ = worker_stop_tx.send(true);
     worker.await??;
+    let _ = stop_tx.send(true);
     if let Err(e) = node.raft.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");
     }

@@ -6,6 +6,7 @@ mod cluster_cmd;
 mod commands;
 mod coordinator_cmd;
 mod dev;
+mod listen;
 mod metrics_http;
 mod output;
 mod security_cmd;

@@ -32,7 +32,7 @@ pub fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, String> {
 
 /// Binds the metrics listener.
 pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.with_context(|| format!("cannot listen for metrics on {addr}"))
+    crate::listen::bind(addr, "for metrics").await
 }
 
 /// Renders every source's series as one OpenMetrics document.

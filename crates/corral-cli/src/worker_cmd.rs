@@ -525,7 +525,7 @@ async fn build(
             "listen: {listen} is not a loopback address and the agent would serve job logs in plaintext: configure [tls] (see `corral certs init`), or set insecure = true"
         );
     }
-    let listener = TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = crate::listen::bind(listen, "for the coordinators").await?;
     let bound = listener.local_addr()?;
     config.advertise_addr = match &file.advertise {
         Some(a) => a.clone(),

@@ -8,6 +8,7 @@ use openraft::{BasicNode, SnapshotPolicy};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// How to open a Raft node.
 #[derive(Debug, Clone)]
@@ -73,9 +74,13 @@ impl RaftNode {
         log_config.log_cache_capacity = Some(256 << 20);
         // openraft 0.9 keeps one log write in flight: waiting for more writes to batch into one
         // fsync only adds latency. Batching happens above, in the coordinator's group commit.
-        log_config.wal.flush_batch_wait = Some(std::time::Duration::ZERO);
-        let log_store = LogStore::<TypeConfig>::open_with_config(log_config)?;
-        let state = StateMachineStore::open(&config.data_dir)?;
+        log_config.wal.flush_batch_wait = Some(Duration::ZERO);
+        let log_store =
+            wait_for_lock(&log_dir, LOCK_PATIENCE, || LogStore::<TypeConfig>::open_with_config(log_config.clone()))
+                .await?;
+        let state =
+            wait_for_lock(&config.data_dir.join("sm"), LOCK_PATIENCE, || StateMachineStore::open(&config.data_dir))
+                .await?;
         let network = GrpcNetworkFactory { tls: config.client_tls.clone() };
         let raft = Raft::new(config.node_id, Arc::new(raft_config), network, log_store.clone(), state.clone()).await?;
         Ok(RaftNode { id: config.node_id, raft, state, log: log_store })
@@ -96,5 +101,107 @@ impl RaftNode {
             Err(openraft::error::RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// How long `open` waits for a data directory another process holds locked.
+const LOCK_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Runs `open` until the directory's lock is free, for at most `patience`. A process that was
+/// just killed can hold its data dir locked for a moment after it is reaped: a child it was
+/// forking still shares its open files until that child execs.
+async fn wait_for_lock<T, E>(
+    dir: &std::path::Path,
+    patience: Duration,
+    mut open: impl FnMut() -> Result<T, E>,
+) -> anyhow::Result<T>
+where
+    E: Into<anyhow::Error>,
+{
+    let deadline = Instant::now() + patience;
+    let mut told = false;
+    loop {
+        let err: anyhow::Error = match open() {
+            Ok(opened) => return Ok(opened),
+            Err(e) => e.into(),
+        };
+        if !is_lock_held(&err) {
+            return Err(err);
+        }
+        if Instant::now() >= deadline {
+            return Err(err.context(format!(
+                "{} is locked by another process for more than {patience:?}: is another coordinator (or `corral dev`) running on this data dir?",
+                dir.display()
+            )));
+        }
+        if !told {
+            told = true;
+            tracing::warn!(dir = %dir.display(), "data dir locked by another process; waiting up to {patience:?} for it to exit");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// True if `err` says a file lock is held elsewhere (raft-log's WAL lock or sled's).
+fn is_lock_held(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
+            || cause.to_string().contains("already locked")
+            || cause.to_string().contains("could not acquire lock")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_lock_held_elsewhere_is_waited_for_then_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let held = LogStore::<TypeConfig>::open(dir.path()).expect("first open");
+        let second = wait_for_lock(dir.path(), Duration::from_millis(200), || LogStore::<TypeConfig>::open(dir.path()))
+            .await
+            .map(|_| ())
+            .expect_err("the lock is held");
+        let message = format!("{second:#}");
+        assert!(message.contains("locked by another process for more than"), "{message}");
+        assert!(message.contains(&dir.path().display().to_string()), "{message}");
+        drop(held);
+
+        let sm = StateMachineStore::open(dir.path()).expect("first state machine open");
+        let second = wait_for_lock(dir.path(), Duration::from_millis(200), || StateMachineStore::open(dir.path()))
+            .await
+            .map(|_| ())
+            .expect_err("sled's lock is held");
+        assert!(format!("{second:#}").contains("locked by another process for more than"), "{second:#}");
+        drop(sm);
+    }
+
+    #[tokio::test]
+    async fn a_lock_freed_while_waiting_opens_and_other_errors_fail_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut tries = 0;
+        let opened = wait_for_lock(dir.path(), Duration::from_secs(10), || {
+            tries += 1;
+            if tries < 3 {
+                Err(std::io::Error::new(std::io::ErrorKind::WouldBlock, "already locked"))
+            } else {
+                Ok(tries)
+            }
+        })
+        .await
+        .expect("opens once free");
+        assert_eq!(opened, 3);
+
+        let started = Instant::now();
+        let mut tries = 0;
+        let err = wait_for_lock(dir.path(), Duration::from_secs(10), || -> Result<(), std::io::Error> {
+            tries += 1;
+            Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied"))
+        })
+        .await
+        .expect_err("not a lock");
+        assert_eq!(tries, 1, "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 }

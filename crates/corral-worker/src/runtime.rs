@@ -1,8 +1,9 @@
 //! The worker's runtime: one task owns the local state (`reconcile::Local`), asks `reconcile`
 //! what to do and carries it out. Everything that waits (job processes, stops, reports,
 //! heartbeats, registration, the desired-state stream) runs in tasks that report back as
-//! events; job, stop and report tasks live in a `JoinSet` that shutdown drains, and blocking
-//! cgroup kills run on the blocking pool.
+//! events; job and stop tasks live in a `JoinSet` that shutdown drains, report deliveries in
+//! one that shutdown flushes for a few seconds only, and blocking cgroup kills run on the
+//! blocking pool.
 //!
 //! The lease: each answer from a leader (registration or heartbeat) lets the worker keep its
 //! jobs until `fence_after` after the moment the answered request was *sent* (the leader heard
@@ -34,6 +35,10 @@ const WATCH_SILENCE: Duration = Duration::from_secs(6);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// How long shutdown waits for killed jobs to be reaped.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(30);
+/// How long shutdown then keeps trying to deliver pending reports. What is not delivered is not
+/// lost for the cluster: the worker registers again with a new epoch when it comes back, and the
+/// leader requeues whatever the old epoch still held.
+const SHUTDOWN_REPORT_FLUSH: Duration = Duration::from_secs(3);
 
 /// The lease terms a leader grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,8 +117,10 @@ pub(crate) struct Runtime {
     guard: Option<FenceGuard>,
     events: mpsc::UnboundedSender<Event>,
     inbox: mpsc::UnboundedReceiver<Event>,
-    /// Job processes, stops and report deliveries: drained at shutdown.
+    /// Job processes and stops: drained at shutdown.
     tasks: JoinSet<()>,
+    /// Report deliveries: given a short flush at shutdown (a coordinator may be gone for good).
+    reports: JoinSet<()>,
     /// Heartbeats, the desired-state stream and registration: aborted at shutdown.
     daemons: JoinSet<()>,
 }
@@ -133,6 +140,7 @@ impl Runtime {
             events,
             inbox,
             tasks: JoinSet::new(),
+            reports: JoinSet::new(),
             daemons: JoinSet::new(),
         }
     }
@@ -158,11 +166,11 @@ impl Runtime {
                 event = self.inbox.recv() => event,
                 _ = sleep_until(lease_check) => None,
                 Some(done) = self.tasks.join_next() => {
-                    if let Err(e) = done {
-                        if e.is_panic() {
-                            tracing::error!(error = %e, "a worker task panicked");
-                        }
-                    }
+                    log_panic(done);
+                    None
+                }
+                Some(done) = self.reports.join_next() => {
+                    log_panic(done);
                     None
                 }
             };
@@ -364,7 +372,13 @@ impl Runtime {
                     job.start = Delivery::InFlight;
                 }
                 let req = pb::ReportStartedRequest { node: self.shared.config().node_name.clone(), job_id, epoch };
-                self.tasks.spawn(deliver(self.shared.clone(), self.events.clone(), job_id, epoch, Report::Start(req)));
+                self.reports.spawn(deliver(
+                    self.shared.clone(),
+                    self.events.clone(),
+                    job_id,
+                    epoch,
+                    Report::Start(req),
+                ));
             }
             Action::ReportFinished { job_id, epoch, report } => {
                 if let Some(job) = self.local.jobs.get_mut(&job_id) {
@@ -376,7 +390,7 @@ impl Runtime {
                     epoch,
                     report: Some((&report).into()),
                 };
-                self.tasks.spawn(deliver(self.shared.clone(), self.events.clone(), job_id, epoch, Report::Exit(req)));
+                self.reports.spawn(deliver(self.shared.clone(), self.events.clone(), job_id, epoch, Report::Exit(req)));
             }
             Action::Forget { job_id } => {
                 self.local.jobs.remove(&job_id);
@@ -489,9 +503,27 @@ impl Runtime {
             tracing::warn!("some job tasks did not finish within {SHUTDOWN_DRAIN:?}");
             self.tasks.abort_all();
         }
+        let flushed =
+            tokio::time::timeout(SHUTDOWN_REPORT_FLUSH, async { while self.reports.join_next().await.is_some() {} })
+                .await;
+        if flushed.is_err() {
+            tracing::warn!(
+                pending = self.reports.len(),
+                "no leader took the last reports within {SHUTDOWN_REPORT_FLUSH:?}: the leader settles these jobs when this node registers again"
+            );
+            self.reports.abort_all();
+        }
         self.daemons.abort_all();
         if let Some(guard) = self.guard.take() {
             let _ = tokio::task::spawn_blocking(move || guard.stop()).await;
+        }
+    }
+}
+
+fn log_panic(done: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = done {
+        if e.is_panic() {
+            tracing::error!(error = %e, "a worker task panicked");
         }
     }
 }
