@@ -70,6 +70,11 @@ pub fn job_json(job: &Job) -> Value {
         "state": job.state.as_str(),
         "node": job.allocation.as_ref().map(|a| a.node.clone()),
         "gpus": job.allocation.as_ref().map(|a| a.gpus.clone()).unwrap_or_default(),
+        "parts": job.allocation.as_ref().map(|a| {
+            a.parts()
+                .map(|(node, gpus)| json!({ "node": node, "gpus": gpus, "status": part_status(a, node) }))
+                .collect::<Vec<_>>()
+        }).unwrap_or_default(),
         "gpus_requested": job.spec.gpus,
         "gpu_slice": job.spec.gpu_slice.as_ref().map(ToString::to_string),
         "cpus": f64::from(job.spec.cpu_millis) / 1000.0,
@@ -93,6 +98,29 @@ pub fn job_json(job: &Job) -> Value {
         "elapsed_secs": elapsed(job).map(|d| d.as_secs_f64()),
         "worker_run_time_ms": job.worker_run_time_ms,
     })
+}
+
+/// How the part of `alloc` on `node` stands: `running`, or how it ended.
+pub fn part_status(alloc: &corral_types::Allocation, node: &str) -> String {
+    let Some(end) = alloc.ended.iter().find(|e| e.node == node) else { return "running".into() };
+    let Some(r) = &end.report else { return "lost with its node".into() };
+    if r.never_started {
+        "never started".into()
+    } else if r.fenced {
+        "stopped: its node lost the coordinators".into()
+    } else if let Some(e) = &r.launch_error {
+        format!("launch failed: {e}")
+    } else if r.oom_killed {
+        "oom-killed".into()
+    } else if r.timed_out {
+        "timed out".into()
+    } else if let Some(code) = r.exit_code {
+        format!("exited {code}")
+    } else if let Some(signal) = r.signal {
+        format!("killed by signal {signal}")
+    } else {
+        "ended".into()
+    }
 }
 
 /// Renders rows as left-aligned columns.
@@ -154,11 +182,13 @@ pub fn job_details(job: &Job) -> String {
         ("command", job.spec.command.join(" ")),
     ];
     if let Some(a) = &job.allocation {
-        let gpus: Vec<String> = a.gpus.iter().map(u32::to_string).collect();
-        lines.push((
-            "node",
-            format!("{} (gpus {})", a.node, if gpus.is_empty() { "none".into() } else { gpus.join(",") }),
-        ));
+        for (node, gpus) in a.parts() {
+            let gpus: Vec<String> = gpus.iter().map(u32::to_string).collect();
+            let gpus = if gpus.is_empty() { "none".into() } else { gpus.join(",") };
+            // A gang's parts end apart: say how each one stands.
+            let status = if a.is_gang() { format!(", {}", part_status(a, node)) } else { String::new() };
+            lines.push(("node", format!("{node} (gpus {gpus}{status})")));
+        }
     }
     if job.spec.cpu_millis > 0 {
         lines.push(("cpus", format!("{}", f64::from(job.spec.cpu_millis) / 1000.0)));

@@ -3,8 +3,9 @@
 //!
 //! Invariant: each message is complete (level-triggered): a job that is allocated on the node is
 //! in it (also when it is being cancelled or preempted, so that a job stopped before its worker
-//! launched it is reported "never started" instead of being forgotten), and a job missing from
-//! it must not run there. Messages are computed from the applied state of a leader that answers
+//! launched it is reported "never started" instead of being forgotten), except a gang's part
+//! that already ended there, and a job missing from it must not run there. A gang's remaining
+//! parts are told to stop once one part ended other than with exit code 0. Messages are computed from the applied state of a leader that answers
 //! workers (`Coordinator::worker_term`) and carry the applied index, so a worker can order them.
 
 use crate::Coordinator;
@@ -41,11 +42,17 @@ fn desired<'a>(
     let wants: Vec<(&corral_types::Job, pb::DesiredAction, u32, Option<i32>)> = if current {
         state
             .jobs_on_node(node)
+            // A gang's part that ended here is done with this node (its GPUs stay held until
+            // every part ended): the worker forgets it.
+            .filter(|job| !job.allocation.as_ref().is_some_and(|a| a.part_ended(node)))
             .map(|job| {
                 if job.cancel_requested {
                     (job, pb::DesiredAction::Stop, 0, None)
                 } else if let Some(p) = &job.preemption {
                     (job, pb::DesiredAction::Stop, p.grace_secs, p.checkpoint_signal)
+                } else if job.allocation.as_ref().is_some_and(|a| a.stops_remaining_parts()) {
+                    // Another part failed or was lost: the gang fails (or is requeued) as a whole.
+                    (job, pb::DesiredAction::Stop, 0, None)
                 } else {
                     (job, pb::DesiredAction::Run, 0, None)
                 }
@@ -134,4 +141,105 @@ pub(crate) fn stream(
         }
     });
     rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_core::{ClusterConfig, Command, Placement, Request, State};
+    use corral_types::{GpuDevice, JobExitReport, JobSpec, NodeGpus, NodeSpec, SchedOptions, Timestamp};
+
+    fn apply(data: &mut StateMachineData, ms: u64, command: Command) {
+        data.state.apply(&Request { ts: Timestamp::compose(ms, 0), command }).expect("applied");
+    }
+
+    fn node(name: &str) -> NodeSpec {
+        NodeSpec {
+            name: name.into(),
+            address: "127.0.0.1:1".into(),
+            gpus: (0..2)
+                .map(|i| GpuDevice {
+                    index: i,
+                    uuid: format!("GPU-{name}-{i}"),
+                    model: "RTX 5090".into(),
+                    memory_mib: 32768,
+                    ..Default::default()
+                })
+                .collect(),
+            cpu_millis: 8_000,
+            memory_bytes: 32 << 30,
+            labels: vec![],
+        }
+    }
+
+    /// What the worker of `node` is told about job 1: `None` when it is not in the message.
+    fn action_for(data: &StateMachineData, node: &str) -> Option<pb::DesiredAction> {
+        let epoch = data.state.nodes[node].epoch;
+        let (_, message) = desired(data, node, epoch, 1);
+        message().jobs.iter().find(|j| j.job.as_ref().is_some_and(|job| job.id == 1)).map(|j| j.action())
+    }
+
+    /// A two-node gang on n1 and n2: a part that exited 0 is dropped from its node's message and
+    /// the other part runs on; a part that failed makes the remaining parts stop.
+    #[test]
+    fn a_gang_part_that_ended_leaves_its_node_and_a_failure_stops_the_rest() {
+        let mut data = StateMachineData { state: State::default(), ..Default::default() };
+        apply(&mut data, 1, Command::Configure(ClusterConfig::dev_defaults()));
+        for name in ["n1", "n2", "n3"] {
+            apply(&mut data, 2, Command::RegisterNode { spec: node(name) });
+        }
+        let gang = |id: &str| Command::SubmitJob {
+            request_id: id.into(),
+            spec: JobSpec {
+                name: "g".into(),
+                tenant: "default".into(),
+                gpus: 4,
+                command: vec!["true".into()],
+                sched: SchedOptions { gpus_per_node: Some(2), ..Default::default() },
+                ..Default::default()
+            },
+        };
+        apply(&mut data, 3, gang("a"));
+        let place = Placement {
+            job_id: 1,
+            node: "n1".into(),
+            gpus: vec![0, 1],
+            more_nodes: vec![NodeGpus { node: "n2".into(), gpus: vec![0, 1] }],
+            slice: None,
+        };
+        apply(&mut data, 4, Command::Schedule { placements: vec![place], preemptions: vec![] });
+        assert_eq!(action_for(&data, "n1"), Some(pb::DesiredAction::Run));
+        assert_eq!(action_for(&data, "n2"), Some(pb::DesiredAction::Run));
+        assert_eq!(action_for(&data, "n3"), None);
+
+        let epoch = data.state.jobs[&1].allocation.as_ref().unwrap().epoch;
+        let ok = JobExitReport { exit_code: Some(0), run_time_ms: 10, ..Default::default() };
+        apply(&mut data, 5, Command::JobFinished { job_id: 1, epoch, node: "n2".into(), report: ok });
+        assert_eq!(action_for(&data, "n2"), None, "the ended part is forgotten on its node");
+        assert_eq!(action_for(&data, "n1"), Some(pb::DesiredAction::Run), "a clean exit lets the rest run");
+
+        let ok = JobExitReport { exit_code: Some(0), ..Default::default() };
+        apply(&mut data, 6, Command::JobFinished { job_id: 1, epoch, node: "n1".into(), report: ok });
+
+        // Job 2: its first part fails, so its other part is told to stop.
+        apply(&mut data, 7, gang("b"));
+        let place = Placement {
+            job_id: 2,
+            node: "n2".into(),
+            gpus: vec![0, 1],
+            more_nodes: vec![NodeGpus { node: "n3".into(), gpus: vec![0, 1] }],
+            slice: None,
+        };
+        apply(&mut data, 8, Command::Schedule { placements: vec![place], preemptions: vec![] });
+        let epoch = data.state.jobs[&2].allocation.as_ref().unwrap().epoch;
+        let failed = JobExitReport { exit_code: Some(1), run_time_ms: 10, ..Default::default() };
+        apply(&mut data, 9, Command::JobFinished { job_id: 2, epoch, node: "n3".into(), report: failed });
+        let of_job_2 = |node: &str| {
+            let epoch = data.state.nodes[node].epoch;
+            let (_, message) = desired(&data, node, epoch, 1);
+            message().jobs.iter().find(|j| j.job.as_ref().is_some_and(|job| job.id == 2)).map(|j| j.action())
+        };
+        assert_eq!(of_job_2("n3"), None);
+        assert_eq!(of_job_2("n2"), Some(pb::DesiredAction::Stop), "a failed part stops the gang");
+    }
 }

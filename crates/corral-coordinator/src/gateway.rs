@@ -186,8 +186,14 @@ impl WorkerGateway for Gateway {
         if let Err(revision) = self.job_on_own_node(&request, "report finished", request.get_ref().job_id) {
             return Ok(Response::new(pb::ReportResponse { accepted: false, revision }));
         }
+        // Over TLS the certificate names the node; without it, the request does.
+        let identity = self.coord.worker_identity(&request);
         let r = request.into_inner();
+        let node = identity.unwrap_or(r.node);
+        if node.is_empty() {
+            return Err(Status::invalid_argument("missing node: name the node whose part of the job ended"));
+        }
         let report = r.report.ok_or_else(|| Status::invalid_argument("missing exit report"))?.into();
-        self.report(Command::JobFinished { job_id: r.job_id, epoch: r.epoch, report }).await
+        self.report(Command::JobFinished { job_id: r.job_id, epoch: r.epoch, node, report }).await
     }
 }

@@ -377,7 +377,7 @@ mod tests {
         let epoch = state.jobs[&1].allocation.as_ref().expect("placed").epoch;
         apply(&mut state, 3_000, Command::JobStarted { job_id: 1, epoch });
         let report = corral_types::JobExitReport { exit_code: Some(0), run_time_ms: 3_600_000, ..Default::default() };
-        apply(&mut state, 3_603_000, Command::JobFinished { job_id: 1, epoch, report });
+        apply(&mut state, 3_603_000, Command::JobFinished { job_id: 1, epoch, node: String::new(), report });
         apply(
             &mut state,
             3_604_000,

@@ -14,7 +14,7 @@ use crate::{
 };
 use corral_types::{
     format_size, Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobState, NodeSpec, NodeState, NodeStatus,
-    PreemptionNotice, SliceAssignment, Timestamp,
+    PartEnd, PreemptionNotice, SliceAssignment, Timestamp,
 };
 use std::collections::BTreeSet;
 
@@ -99,7 +99,9 @@ impl State {
             Command::PreemptJob { job_id, by, grace_secs } => self.preempt(ts, *job_id, *by, *grace_secs),
             Command::Schedule { placements, preemptions } => Ok(self.schedule(ts, placements, preemptions)),
             Command::JobStarted { job_id, epoch } => self.job_started(ts, *job_id, *epoch),
-            Command::JobFinished { job_id, epoch, report } => self.job_finished(ts, *job_id, *epoch, report),
+            Command::JobFinished { job_id, epoch, node, report } => {
+                self.job_finished(ts, *job_id, *epoch, node, report)
+            }
             Command::CancelJob { job_id, reason } => self.cancel(ts, *job_id, reason),
             Command::RegisterNode { spec } => Ok(self.register_node(ts, spec)),
             Command::SetNodeState { node, state, reason } => self.set_node_state(ts, node, *state, reason),
@@ -313,6 +315,7 @@ impl State {
             epoch,
             more_nodes: p.more_nodes.clone(),
             slice,
+            ended: Vec::new(),
         });
         job.attempts += 1;
         job.admitted_at = Some(ts);
@@ -445,16 +448,80 @@ impl State {
         self.set_job_state_index(job_id, JobState::Pending);
     }
 
-    fn job_finished(&mut self, ts: Timestamp, job_id: JobId, epoch: u64, report: &JobExitReport) -> Response {
+    /// A worker's exit report. A single-node job's run ends with it; a gang's part ends, and the
+    /// run ends once every part has ended (`finish_gang`).
+    fn job_finished(
+        &mut self,
+        ts: Timestamp,
+        job_id: JobId,
+        epoch: u64,
+        node: &str,
+        report: &JobExitReport,
+    ) -> Response {
         let Some(job) = self.current_run(job_id, epoch)? else {
             return Ok(Outcome::Stale);
         };
-        let node = job.allocation.as_ref().map(|a| a.node.clone()).unwrap_or_default();
-        let preempted_by = job.preemption.as_ref().map(|p| p.by).filter(|_| !job.cancel_requested);
-        let (cancelled, no_requeue) = (job.cancel_requested, job.spec.sched.no_requeue);
-        let length = if report.never_started {
+        let Some(alloc) = job.allocation.as_mut() else { return Ok(Outcome::Stale) };
+        if alloc.is_gang() && !node.is_empty() {
+            if alloc.gpus_on(node).is_none() || alloc.part_ended(node) {
+                return Ok(Outcome::Stale);
+            }
+            alloc.ended.push(PartEnd { node: node.to_string(), report: Some(report.clone()) });
+            if !alloc.all_parts_ended() {
+                return Ok(Outcome::Done);
+            }
+            return self.finish_gang(ts, job_id);
+        }
+        let node = if node.is_empty() { alloc.node.clone() } else { node.to_string() };
+        let length = (!report.never_started).then_some(RunLength::Reported { worker_ms: report.run_time_ms });
+        self.finish_reported(ts, job_id, &node, report, length)
+    }
+
+    /// Ends a gang's run once every part has ended. The first part that did not exit 0 decides
+    /// how (a part lost with its node: as a lost node), else the run succeeded; the run lasted
+    /// as long as its longest part (a lost part: the TSO interval).
+    fn finish_gang(&mut self, ts: Timestamp, job_id: JobId) -> Response {
+        let ended = match self.jobs.get(&job_id).and_then(|j| j.allocation.as_ref()) {
+            Some(alloc) => alloc.ended.clone(),
+            None => return Ok(Outcome::Stale),
+        };
+        let Some(decisive) = ended.iter().find(|e| !e.succeeded()).or(ended.first()) else {
+            return Ok(Outcome::Stale);
+        };
+        let Some(report) = &decisive.report else {
+            let reason = format!("requeued: node {} was lost while it ran part of the job", decisive.node);
+            self.finish_lost(ts, job_id, &reason);
+            return Ok(Outcome::Job(Box::new(self.jobs[&job_id].clone())));
+        };
+        let reports: Vec<&JobExitReport> = ended.iter().filter_map(|e| e.report.as_ref()).collect();
+        let mut combined = report.clone();
+        combined.run_time_ms = reports.iter().map(|r| r.run_time_ms).max().unwrap_or(0);
+        combined.never_started = reports.iter().all(|r| r.never_started);
+        let length = if reports.len() < ended.len() {
+            Some(RunLength::Lost)
+        } else if combined.never_started {
             None
         } else {
+            Some(RunLength::Reported { worker_ms: combined.run_time_ms })
+        };
+        let node = decisive.node.clone();
+        self.finish_reported(ts, job_id, &node, &combined, length)
+    }
+
+    /// Ends the current run as `report` (from `node`) says, billed for `length` (`None`: it
+    /// never started).
+    fn finish_reported(
+        &mut self,
+        ts: Timestamp,
+        job_id: JobId,
+        node: &str,
+        report: &JobExitReport,
+        length: Option<RunLength>,
+    ) -> Response {
+        let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
+        let preempted_by = job.preemption.as_ref().map(|p| p.by).filter(|_| !job.cancel_requested);
+        let (cancelled, no_requeue) = (job.cancel_requested, job.spec.sched.no_requeue);
+        if length.is_some() && !report.never_started {
             job.worker_run_time_ms = Some(report.run_time_ms);
             if job.started_at.is_none() {
                 // No start report (skipped for a short job, or lost): the worker's run time says
@@ -463,8 +530,7 @@ impl State {
                 let estimate = Timestamp::compose(ts.physical_ms().saturating_sub(report.run_time_ms), 0);
                 job.started_at = Some(estimate.clamp(placed.min(ts), ts));
             }
-            Some(RunLength::Reported { worker_ms: report.run_time_ms })
-        };
+        }
         // A run that did not end on its own goes back to the queue, unless it was cancelled (it
         // ends cancelled) or preempted with requeueing opted out (it ends preempted).
         let requeue_reason = if cancelled {
@@ -510,6 +576,11 @@ impl State {
             (JobState::Failed, format!("killed by signal {sig}"))
         } else {
             (JobState::Failed, "ended without an exit status".to_string())
+        };
+        let reason = if job.allocation.as_ref().is_some_and(Allocation::is_gang) && state == JobState::Failed {
+            format!("{reason} (on node {node})")
+        } else {
+            reason
         };
         self.end_run(ts, job_id, state.as_str(), length);
         let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
@@ -566,36 +637,56 @@ impl State {
     }
 
     /// Ends the run of every job with a part on `node`: back in the queue, except cancel requests
-    /// (cancelled) and preempted jobs that opted out of requeueing (preempted).
+    /// (cancelled) and preempted jobs that opted out of requeueing (preempted). A gang's part on
+    /// `node` ends as lost; its run ends once its other parts have ended too (they are told to
+    /// stop).
     fn requeue_jobs_on(&mut self, ts: Timestamp, node: &str, reason: &str) {
         let ids: Vec<JobId> = self.jobs_on_node(node).map(|j| j.id).collect();
         for id in ids {
-            let label = match self.jobs.get(&id) {
-                Some(j) if j.cancel_requested => "cancelled",
-                Some(j) if j.preemption.is_some() => "preempted",
-                _ => "requeued",
-            };
-            self.end_run(ts, id, label, Some(RunLength::Lost));
-            let Some(job) = self.jobs.get_mut(&id) else { continue };
-            let end = if job.cancel_requested {
-                Some(JobState::Cancelled)
-            } else if job.preemption.is_some() && job.spec.sched.no_requeue {
-                Some(JobState::Preempted)
-            } else {
-                None
-            };
-            match end {
-                Some(state) => {
-                    job.state = state;
-                    job.finished_at = Some(ts);
-                    if state == JobState::Preempted {
-                        let by = job.preemption.as_ref().map(|p| p.by).unwrap_or_default();
-                        job.reason = Some(format!("preempted by job {by} (the job opted out of requeueing)"));
-                    }
-                    self.set_job_state_index(id, state);
+            let gang = self.jobs.get_mut(&id).and_then(|j| j.allocation.as_mut()).filter(|a| a.is_gang());
+            if let Some(alloc) = gang {
+                if alloc.part_ended(node) {
+                    continue;
                 }
-                None => self.requeue(id, reason.to_string()),
+                alloc.ended.push(PartEnd { node: node.to_string(), report: None });
+                if alloc.all_parts_ended() {
+                    let _ = self.finish_gang(ts, id);
+                }
+                continue;
             }
+            self.finish_lost(ts, id, reason);
+        }
+    }
+
+    /// Ends a run whose node was lost: billed for the TSO interval, then requeued with `reason`
+    /// (cancelled if a cancel was requested, preempted if it was preempted and opted out of
+    /// requeueing).
+    fn finish_lost(&mut self, ts: Timestamp, id: JobId, reason: &str) {
+        let label = match self.jobs.get(&id) {
+            Some(j) if j.cancel_requested => "cancelled",
+            Some(j) if j.preemption.is_some() => "preempted",
+            _ => "requeued",
+        };
+        self.end_run(ts, id, label, Some(RunLength::Lost));
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        let end = if job.cancel_requested {
+            Some(JobState::Cancelled)
+        } else if job.preemption.is_some() && job.spec.sched.no_requeue {
+            Some(JobState::Preempted)
+        } else {
+            None
+        };
+        match end {
+            Some(state) => {
+                job.state = state;
+                job.finished_at = Some(ts);
+                if state == JobState::Preempted {
+                    let by = job.preemption.as_ref().map(|p| p.by).unwrap_or_default();
+                    job.reason = Some(format!("preempted by job {by} (the job opted out of requeueing)"));
+                }
+                self.set_job_state_index(id, state);
+            }
+            None => self.requeue(id, reason.to_string()),
         }
     }
 
@@ -725,7 +816,7 @@ mod tests {
         assert_eq!(s.jobs[&2].state, JobState::Pending);
         let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
         let report = JobExitReport { exit_code: Some(0), ..Default::default() };
-        s.apply(&req(7, Command::JobFinished { job_id: 1, epoch, report })).unwrap();
+        s.apply(&req(7, Command::JobFinished { job_id: 1, epoch, node: String::new(), report })).unwrap();
         assert_eq!(s.jobs[&1].state, JobState::Succeeded);
         assert_eq!(schedule(&mut s, 8).iter().map(|p| p.job_id).collect::<Vec<_>>(), vec![2]);
     }
@@ -753,22 +844,29 @@ mod tests {
         s.apply(&req(11, Command::JobStarted { job_id: 1, epoch: e1 })).unwrap();
         let fail = JobExitReport { exit_code: Some(3), run_time_ms: 5, ..Default::default() };
         assert_eq!(
-            s.apply(&req(12, Command::JobFinished { job_id: 1, epoch: e1 + 100, report: fail.clone() })),
+            s.apply(&req(
+                12,
+                Command::JobFinished { job_id: 1, epoch: e1 + 100, node: String::new(), report: fail.clone() }
+            )),
             Ok(Outcome::Stale)
         );
-        s.apply(&req(13, Command::JobFinished { job_id: 1, epoch: e1, report: fail.clone() })).unwrap();
+        s.apply(&req(13, Command::JobFinished { job_id: 1, epoch: e1, node: String::new(), report: fail.clone() }))
+            .unwrap();
         let j = &s.jobs[&1];
         assert_eq!(
             (j.state, j.exit_code, j.started_at, j.finished_at),
             (JobState::Failed, Some(3), Some(Timestamp(11)), Some(Timestamp(13)))
         );
         // A duplicate report of the same run changes nothing.
-        assert_eq!(s.apply(&req(14, Command::JobFinished { job_id: 1, epoch: e1, report: fail })), Ok(Outcome::Stale));
+        assert_eq!(
+            s.apply(&req(14, Command::JobFinished { job_id: 1, epoch: e1, node: String::new(), report: fail })),
+            Ok(Outcome::Stale)
+        );
         assert_eq!(s.jobs[&1].finished_at, Some(Timestamp(13)));
 
         let oom = JobExitReport { signal: Some(9), oom_killed: true, ..Default::default() };
         let e2 = epoch(&s, 2);
-        s.apply(&req(15, Command::JobFinished { job_id: 2, epoch: e2, report: oom })).unwrap();
+        s.apply(&req(15, Command::JobFinished { job_id: 2, epoch: e2, node: String::new(), report: oom })).unwrap();
         assert_eq!(s.jobs[&2].state, JobState::Failed);
         assert!(s.jobs[&2].reason.as_deref().unwrap().starts_with("oom-killed"));
 
@@ -776,7 +874,7 @@ mod tests {
         assert_eq!(s.jobs[&3].state, JobState::Running, "running job ends only when the worker reports");
         let killed = JobExitReport { signal: Some(9), ..Default::default() };
         let e3 = epoch(&s, 3);
-        s.apply(&req(17, Command::JobFinished { job_id: 3, epoch: e3, report: killed })).unwrap();
+        s.apply(&req(17, Command::JobFinished { job_id: 3, epoch: e3, node: String::new(), report: killed })).unwrap();
         assert_eq!(s.jobs[&3].state, JobState::Cancelled);
         assert_eq!(s.jobs[&3].reason.as_deref(), Some("cancelled by user"));
     }
@@ -840,7 +938,7 @@ mod tests {
         // 90 minutes later (the worker measured as much); it reports twice (retry after a timeout).
         let done = JobExitReport { exit_code: Some(0), run_time_ms: 5_400_000, ..Default::default() };
         let end = Timestamp::compose(2_000 + 5_400_000, 3);
-        let finish = Command::JobFinished { job_id: 1, epoch, report: done };
+        let finish = Command::JobFinished { job_id: 1, epoch, node: String::new(), report: done };
         s.apply(&Request { ts: end, command: finish.clone() }).unwrap();
         assert_eq!(s.apply(&Request { ts: Timestamp::compose(9_999_999, 0), command: finish }), Ok(Outcome::Stale));
         assert_eq!(s.ledger.len(), 1, "a duplicate report charges once");
@@ -877,7 +975,7 @@ mod tests {
         })
         .unwrap();
         let done = JobExitReport { exit_code: Some(1), run_time_ms: 1_800_000, ..Default::default() };
-        let finish = Command::JobFinished { job_id: 1, epoch: epoch2, report: done };
+        let finish = Command::JobFinished { job_id: 1, epoch: epoch2, node: String::new(), report: done };
         s.apply(&Request { ts: Timestamp::compose(3_603_000 + 1_800_000, 0), command: finish }).unwrap();
         assert_eq!(s.ledger.len(), 2);
         assert_eq!(s.ledger[&2].cost_micros, 445_000);
@@ -899,7 +997,11 @@ mod tests {
         let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
         let done = JobExitReport { exit_code: Some(0), run_time_ms: 600_000, ..Default::default() };
         let end = Timestamp::compose(601_500, 0);
-        s.apply(&Request { ts: end, command: Command::JobFinished { job_id: 1, epoch, report: done } }).unwrap();
+        s.apply(&Request {
+            ts: end,
+            command: Command::JobFinished { job_id: 1, epoch, node: String::new(), report: done },
+        })
+        .unwrap();
         let seg = &s.ledger[&1];
         assert_eq!(seg.duration_ms(), 600_000);
         assert_eq!(seg.cost_micros, 148_333, "10 minutes of one RTX 5090 at 0.89/h");
@@ -920,7 +1022,11 @@ mod tests {
             .unwrap();
         let done = JobExitReport { exit_code: Some(0), run_time_ms: 120_000, ..Default::default() };
         let skewed_end = Timestamp::compose(1_010 + 120_000 + 3_600_000, 0);
-        s.apply(&Request { ts: skewed_end, command: Command::JobFinished { job_id: 1, epoch, report: done } }).unwrap();
+        s.apply(&Request {
+            ts: skewed_end,
+            command: Command::JobFinished { job_id: 1, epoch, node: String::new(), report: done },
+        })
+        .unwrap();
         assert_eq!(s.ledger[&1].duration_ms(), 120_000);
         assert_eq!(s.ledger[&1].cost_micros, crate::cost_micros(120_000, 1000, 890_000, 1000));
     }
@@ -937,7 +1043,8 @@ mod tests {
         s.apply(&req(5, Command::CancelJob { job_id: 1, reason: "cancelled by user".into() })).unwrap();
         assert_eq!(s.jobs[&1].state, JobState::Running, "a placed job waits for its worker to stop it");
         let never = JobExitReport { never_started: true, ..Default::default() };
-        s.apply(&req(6, Command::JobFinished { job_id: 1, epoch, report: never.clone() })).unwrap();
+        s.apply(&req(6, Command::JobFinished { job_id: 1, epoch, node: String::new(), report: never.clone() }))
+            .unwrap();
         let job = &s.jobs[&1];
         assert_eq!(job.state, JobState::Cancelled);
         assert_eq!(job.reason.as_deref(), Some("cancelled by user (before it started)"));
@@ -954,7 +1061,7 @@ mod tests {
         submit(&mut s, 9, "high", high).unwrap();
         let epoch = s.jobs[&2].allocation.as_ref().unwrap().epoch;
         s.apply(&req(10, Command::PreemptJob { job_id: 2, by: 3, grace_secs: 30 })).unwrap();
-        s.apply(&req(11, Command::JobFinished { job_id: 2, epoch, report: never })).unwrap();
+        s.apply(&req(11, Command::JobFinished { job_id: 2, epoch, node: String::new(), report: never })).unwrap();
         assert_eq!(s.jobs[&2].state, JobState::Pending, "the victim is requeued");
         assert_eq!(s.jobs[&2].reason.as_deref(), Some("requeued: preempted by job 3"));
         assert_eq!(schedule(&mut s, 12).iter().map(|p| p.job_id).collect::<Vec<_>>(), vec![3]);
@@ -971,7 +1078,11 @@ mod tests {
         let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
         let fenced = JobExitReport { signal: Some(9), fenced: true, run_time_ms: 7_000, ..Default::default() };
         let ts = Timestamp::compose(20_000, 0);
-        s.apply(&Request { ts, command: Command::JobFinished { job_id: 1, epoch, report: fenced } }).unwrap();
+        s.apply(&Request {
+            ts,
+            command: Command::JobFinished { job_id: 1, epoch, node: String::new(), report: fenced },
+        })
+        .unwrap();
         let job = &s.jobs[&1];
         assert_eq!(job.state, JobState::Pending);
         assert_eq!(
@@ -1042,7 +1153,7 @@ mod tests {
         // Once the gpu is free the same placement is accepted, on both nodes at once.
         let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
         let done = JobExitReport { exit_code: Some(0), ..Default::default() };
-        s.apply(&req(10, Command::JobFinished { job_id: 1, epoch, report: done })).unwrap();
+        s.apply(&req(10, Command::JobFinished { job_id: 1, epoch, node: String::new(), report: done })).unwrap();
         let out = run(&mut s, 11, vec![placement(2, &[("n1", &all), ("n2", &all)], None)]);
         assert_eq!(out.placed, vec![2]);
         assert_eq!(s.jobs_on_node("n2").map(|j| j.id).collect::<Vec<_>>(), vec![2]);
@@ -1128,7 +1239,7 @@ mod tests {
         // Stopped by SIGTERM at 10 s: requeued, its run charged to fair-share usage.
         let ts = Timestamp::compose(10_000, 0).0;
         let killed = JobExitReport { signal: Some(15), run_time_ms: 9_000, ..Default::default() };
-        s.apply(&req(ts, Command::JobFinished { job_id: 1, epoch, report: killed })).unwrap();
+        s.apply(&req(ts, Command::JobFinished { job_id: 1, epoch, node: String::new(), report: killed })).unwrap();
         let j = &s.jobs[&1];
         assert_eq!((j.state, j.reason.as_deref()), (JobState::Pending, Some("requeued: preempted by job 3")));
         assert!(j.allocation.is_none() && j.preemption.is_none() && j.started_at.is_none());
@@ -1136,6 +1247,132 @@ mod tests {
         assert!(s.usage.tenants.contains_key("default"), "the run was charged");
         assert_eq!(schedule(&mut s, ts + 1).iter().map(|p| p.job_id).collect::<Vec<_>>(), vec![3]);
         assert_eq!(s.jobs[&1].attempts, 1);
+    }
+
+    /// A two-node gang placed on n1 and n2 with 8 GPUs each; returns its epoch.
+    fn running_gang(s: &mut State) -> u64 {
+        s.apply(&req(3, Command::RegisterNode { spec: node("n2", 8) })).unwrap();
+        submit(s, 4, "g", gang_spec(16, 8)).unwrap();
+        let all: Vec<u32> = (0..8).collect();
+        assert_eq!(run(s, 5, vec![placement(1, &[("n1", &all), ("n2", &all)], None)]).placed, vec![1]);
+        s.jobs[&1].allocation.as_ref().unwrap().epoch
+    }
+
+    fn part_end(s: &mut State, ts: u64, epoch: u64, node: &str, report: JobExitReport) -> Response {
+        s.apply(&Request {
+            ts: Timestamp::compose(ts, 0),
+            command: Command::JobFinished { job_id: 1, epoch, node: node.into(), report },
+        })
+    }
+
+    /// A gang's run ends when its last part ends, not its first: until then it keeps every part's
+    /// GPUs, so no next attempt can start beside a part still running. It lasted as long as its
+    /// longest part.
+    #[test]
+    fn a_gang_succeeds_when_its_last_part_exits() {
+        let mut s = cluster();
+        let epoch = running_gang(&mut s);
+        let ok = |ms| JobExitReport { exit_code: Some(0), run_time_ms: ms, ..Default::default() };
+        assert_eq!(part_end(&mut s, 10_000, epoch, "n2", ok(9_000)), Ok(Outcome::Done));
+        let job = &s.jobs[&1];
+        assert_eq!(job.state, JobState::Running, "the part on n1 still runs");
+        assert!(!job.allocation.as_ref().unwrap().stops_remaining_parts(), "a clean exit lets the rest go on");
+        assert_eq!(s.allocated_gpus("n2").len(), 8, "the ended part keeps its gpus until the gang ends");
+        assert!(s.ledger.is_empty());
+        // A retried report of the same part changes nothing.
+        assert_eq!(part_end(&mut s, 10_500, epoch, "n2", ok(9_000)), Ok(Outcome::Stale));
+        // A node without a part cannot end one.
+        s.apply(&req(6, Command::RegisterNode { spec: node("n3", 8) })).unwrap();
+        assert_eq!(part_end(&mut s, 10_600, epoch, "n3", ok(1)), Ok(Outcome::Stale));
+
+        assert!(matches!(part_end(&mut s, 20_000, epoch, "n1", ok(19_000)), Ok(Outcome::Job(_))));
+        let job = &s.jobs[&1];
+        assert_eq!((job.state, job.exit_code), (JobState::Succeeded, Some(0)));
+        assert_eq!(job.worker_run_time_ms, Some(19_000));
+        assert_eq!(s.ledger[&1].duration_ms(), 19_000, "billed for its longest part");
+        assert!(s.allocated_gpus("n1").is_empty() && s.allocated_gpus("n2").is_empty());
+    }
+
+    /// A part that fails stops the others (the desired state says stop); the run fails with the
+    /// first failure once the stopped parts have reported, and only then frees the GPUs.
+    #[test]
+    fn a_gang_fails_as_a_whole_with_its_first_failure() {
+        let mut s = cluster();
+        let epoch = running_gang(&mut s);
+        let failed = JobExitReport { exit_code: Some(3), run_time_ms: 4_000, ..Default::default() };
+        part_end(&mut s, 5_000, epoch, "n1", failed).unwrap();
+        let job = &s.jobs[&1];
+        assert_eq!(job.state, JobState::Running, "the part on n2 has not stopped yet");
+        assert!(job.allocation.as_ref().unwrap().stops_remaining_parts());
+        assert_eq!(s.allocated_gpus("n1").len(), 8);
+        let killed = JobExitReport { signal: Some(15), run_time_ms: 5_500, ..Default::default() };
+        part_end(&mut s, 6_000, epoch, "n2", killed).unwrap();
+        let job = &s.jobs[&1];
+        assert_eq!(job.state, JobState::Failed);
+        assert_eq!(job.reason.as_deref(), Some("exit code 3 (on node n1)"));
+        assert_eq!(job.exit_code, Some(3));
+        assert_eq!(s.ledger[&1].duration_ms(), 5_500);
+        assert!(s.allocated_gpus("n2").is_empty());
+    }
+
+    /// Losing one part's node neither requeues the gang at once (its other part still runs) nor
+    /// leaves it running: the other part is told to stop, and the gang is requeued once it has.
+    #[test]
+    fn a_gang_that_loses_a_node_is_requeued_once_its_other_parts_stopped() {
+        let mut s = cluster();
+        let epoch = running_gang(&mut s);
+        s.apply(&req(6, Command::SetNodeState { node: "n2".into(), state: NodeState::Down, reason: String::new() }))
+            .unwrap();
+        let job = &s.jobs[&1];
+        assert_eq!(job.state, JobState::Running, "the part on n1 still runs: no second attempt yet");
+        assert!(job.allocation.as_ref().unwrap().stops_remaining_parts());
+        let gangs = |s: &State| crate::schedule(s, s.last_ts, &BTreeSet::new()).placements.len();
+        assert_eq!(gangs(&s), 0, "the gang is not placed again while a part runs");
+        // The node coming back (a new worker epoch) does not end the part twice.
+        s.apply(&req(7, Command::RegisterNode { spec: node("n2", 8) })).unwrap();
+        assert_eq!(s.jobs[&1].allocation.as_ref().unwrap().ended.len(), 1);
+        let killed = JobExitReport { signal: Some(15), run_time_ms: 5_000, ..Default::default() };
+        part_end(&mut s, 8_000, epoch, "n1", killed).unwrap();
+        let job = &s.jobs[&1];
+        assert_eq!(job.state, JobState::Pending);
+        assert_eq!(job.reason.as_deref(), Some("requeued: node n2 was lost while it ran part of the job"));
+        assert_eq!(s.ledger[&1].end_state, "requeued");
+        assert!(s.allocated_gpus("n1").is_empty() && s.allocated_gpus("n2").is_empty());
+        assert_eq!(gangs(&s), 1, "now it can run again");
+    }
+
+    /// A cancelled gang ends cancelled when its last part stopped; a part that never started
+    /// (stopped before its worker launched it) bills nothing of its own.
+    #[test]
+    fn a_cancelled_gang_ends_when_every_part_stopped() {
+        let mut s = cluster();
+        let epoch = running_gang(&mut s);
+        s.apply(&req(6, Command::CancelJob { job_id: 1, reason: "cancelled by user".into() })).unwrap();
+        let never = JobExitReport { never_started: true, ..Default::default() };
+        part_end(&mut s, 7_000, epoch, "n2", never.clone()).unwrap();
+        assert_eq!(s.jobs[&1].state, JobState::Running);
+        let killed = JobExitReport { signal: Some(15), run_time_ms: 2_000, ..Default::default() };
+        part_end(&mut s, 8_000, epoch, "n1", killed).unwrap();
+        let job = &s.jobs[&1];
+        assert_eq!((job.state, job.reason.as_deref()), (JobState::Cancelled, Some("cancelled by user")));
+        assert_eq!(s.ledger[&1].duration_ms(), 2_000);
+
+        // Every part stopped before launch: nothing ran, nothing is billed.
+        submit(&mut s, 9, "g2", gang_spec(16, 8)).unwrap();
+        let all: Vec<u32> = (0..8).collect();
+        run(&mut s, 10, vec![placement(2, &[("n1", &all), ("n2", &all)], None)]);
+        let epoch = s.jobs[&2].allocation.as_ref().unwrap().epoch;
+        s.apply(&req(11, Command::CancelJob { job_id: 2, reason: "cancelled by user".into() })).unwrap();
+        for node in ["n1", "n2"] {
+            s.apply(&Request {
+                ts: Timestamp::compose(12_000, 0),
+                command: Command::JobFinished { job_id: 2, epoch, node: node.into(), report: never.clone() },
+            })
+            .unwrap();
+        }
+        assert_eq!(s.jobs[&2].state, JobState::Cancelled);
+        assert_eq!(s.jobs[&2].reason.as_deref(), Some("cancelled by user (before it started)"));
+        assert_eq!(s.ledger.len(), 1, "the second gang never ran");
     }
 
     #[test]

@@ -65,9 +65,13 @@ pub enum Command {
         job_id: JobId,
         epoch: u64,
     },
+    /// A worker's exit report for its part of the run with `epoch`. `node` names the reporting
+    /// node (empty: the whole run ends, as entries written before gangs ended part by part).
     JobFinished {
         job_id: JobId,
         epoch: u64,
+        #[serde(default)]
+        node: String,
         report: JobExitReport,
     },
     CancelJob {

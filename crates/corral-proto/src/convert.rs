@@ -7,7 +7,7 @@ use corral_core::{
 };
 use corral_types::{
     Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, NodeState, NodeStatus,
-    PreemptionNotice, SchedOptions, SliceAssignment, Timestamp,
+    PartEnd, PreemptionNotice, SchedOptions, SliceAssignment, Timestamp,
 };
 use prost::Message;
 use std::collections::BTreeMap;
@@ -221,6 +221,11 @@ impl From<&Job> for pb::Job {
                 epoch: a.epoch,
                 more_nodes: node_gpus_to_pb(&a.more_nodes),
                 slice: a.slice.as_ref().map(slice_to_pb),
+                ended: a
+                    .ended
+                    .iter()
+                    .map(|e| pb::PartEnd { node: e.node.clone(), report: e.report.as_ref().map(Into::into) })
+                    .collect(),
             }),
             preemption: j.preemption.as_ref().map(|p| pb::PreemptionNotice {
                 by: p.by,
@@ -259,6 +264,11 @@ impl TryFrom<pb::Job> for Job {
                         epoch: a.epoch,
                         more_nodes: node_gpus_from_pb(a.more_nodes),
                         slice: a.slice.map(slice_from_pb).transpose()?,
+                        ended: a
+                            .ended
+                            .into_iter()
+                            .map(|e| PartEnd { node: e.node, report: e.report.map(Into::into) })
+                            .collect(),
                     })
                 })
                 .transpose()?,
@@ -578,9 +588,12 @@ fn command_to_pb(r: &Request) -> pb::Command {
             Kind::PlaceJob(pb::PlaceJob { job_id: *job_id, node: node.clone(), gpus: gpus.clone() })
         }
         Command::JobStarted { job_id, epoch } => Kind::JobStarted(pb::JobStarted { job_id: *job_id, epoch: *epoch }),
-        Command::JobFinished { job_id, epoch, report } => {
-            Kind::JobFinished(pb::JobFinished { job_id: *job_id, epoch: *epoch, report: Some(report.into()) })
-        }
+        Command::JobFinished { job_id, epoch, node, report } => Kind::JobFinished(pb::JobFinished {
+            job_id: *job_id,
+            epoch: *epoch,
+            report: Some(report.into()),
+            node: node.clone(),
+        }),
         Command::CancelJob { job_id, reason } => {
             Kind::CancelJob(pb::CancelJob { job_id: *job_id, reason: reason.clone() })
         }
@@ -635,6 +648,7 @@ fn command_from_pb(c: pb::Command) -> Result<Request, ProtoError> {
         Kind::JobFinished(f) => Command::JobFinished {
             job_id: f.job_id,
             epoch: f.epoch,
+            node: f.node,
             report: f.report.ok_or(ProtoError::Missing("job_finished.report"))?.into(),
         },
         Kind::CancelJob(c) => Command::CancelJob { job_id: c.job_id, reason: c.reason },
@@ -937,6 +951,49 @@ mod tests {
         assert_eq!(command_from_bytes(&command_to_bytes(&schedule)).unwrap(), schedule);
         let preempt = Request { ts: Timestamp(6), command: Command::PreemptJob { job_id: 7, by: 1, grace_secs: 9 } };
         assert_eq!(command_from_bytes(&command_to_bytes(&preempt)).unwrap(), preempt);
+        let part = Request {
+            ts: Timestamp(7),
+            command: Command::JobFinished {
+                job_id: 1,
+                epoch: 3,
+                node: "n2".into(),
+                report: JobExitReport { exit_code: Some(0), run_time_ms: 10, ..Default::default() },
+            },
+        };
+        assert_eq!(command_from_bytes(&command_to_bytes(&part)).unwrap(), part);
+        // A gang whose parts ended apart keeps how each ended (a lost node has no report).
+        let job = Job {
+            id: 1,
+            spec: JobSpec { name: "g".into(), command: vec!["true".into()], ..JobSpec::default() },
+            state: JobState::Running,
+            request_id: "r".into(),
+            submitted_at: Timestamp(1),
+            admitted_at: None,
+            started_at: None,
+            finished_at: None,
+            allocation: Some(Allocation {
+                node: "n1".into(),
+                gpus: vec![0],
+                epoch: 3,
+                more_nodes: vec![NodeGpus { node: "n2".into(), gpus: vec![1] }],
+                slice: None,
+                ended: vec![
+                    PartEnd {
+                        node: "n2".into(),
+                        report: Some(JobExitReport { exit_code: Some(1), ..Default::default() }),
+                    },
+                    PartEnd { node: "n1".into(), report: None },
+                ],
+            }),
+            preemption: None,
+            exit_code: None,
+            signal: None,
+            reason: None,
+            cancel_requested: false,
+            attempts: 1,
+            worker_run_time_ms: None,
+        };
+        assert_eq!(Job::try_from(pb::Job::from(&job)).unwrap(), job);
 
         // A running MPS job being preempted, fair-share usage, quotas and topology survive a snapshot.
         let mut config = ClusterConfig::dev_defaults();

@@ -280,6 +280,9 @@ impl fmt::Display for JobState {
 ///
 /// `node`/`gpus` is the first (or only) part; a gang across nodes has its other parts in
 /// `more_nodes`, each node running its part with the same epoch.
+///
+/// A gang's run ends when every part has ended (`ended`): until then the allocation keeps every
+/// part's GPUs, so no part of the next attempt can start while a part of this one still runs.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
     pub node: String,
@@ -291,6 +294,25 @@ pub struct Allocation {
     /// For a fractional job: the slice of `gpus[0]` it got.
     #[serde(default)]
     pub slice: Option<SliceAssignment>,
+    /// The parts of a gang that ended, in the order they ended (empty for a single-node job,
+    /// whose run ends with its one part).
+    #[serde(default)]
+    pub ended: Vec<PartEnd>,
+}
+
+/// How one part of a gang ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartEnd {
+    pub node: String,
+    /// The worker's report; `None` when the node was lost (down, or registered again).
+    pub report: Option<JobExitReport>,
+}
+
+impl PartEnd {
+    /// Exited with code 0: the other parts may go on.
+    pub fn succeeded(&self) -> bool {
+        self.report.as_ref().is_some_and(JobExitReport::succeeded)
+    }
 }
 
 impl Allocation {
@@ -303,6 +325,27 @@ impl Allocation {
     /// The GPUs this allocation holds on `node`, if it has a part there.
     pub fn gpus_on(&self, node: &str) -> Option<&[u32]> {
         self.parts().find(|(n, _)| *n == node).map(|(_, g)| g)
+    }
+
+    /// True for a gang across nodes.
+    pub fn is_gang(&self) -> bool {
+        !self.more_nodes.is_empty()
+    }
+
+    /// True if the part on `node` has ended.
+    pub fn part_ended(&self, node: &str) -> bool {
+        self.ended.iter().any(|e| e.node == node)
+    }
+
+    /// True once every part has ended.
+    pub fn all_parts_ended(&self) -> bool {
+        self.parts().all(|(node, _)| self.part_ended(node))
+    }
+
+    /// True once a part ended other than with exit code 0: the parts still running are stopped
+    /// (a gang fails as a whole, like `srun --kill-on-bad-exit`).
+    pub fn stops_remaining_parts(&self) -> bool {
+        self.ended.iter().any(|e| !e.succeeded())
     }
 }
 
@@ -364,6 +407,19 @@ pub struct JobExitReport {
     /// time: the job did not end on its own and goes back to the queue.
     #[serde(default)]
     pub fenced: bool,
+}
+
+impl JobExitReport {
+    /// The process exited by itself with code 0.
+    pub fn succeeded(&self) -> bool {
+        self.exit_code == Some(0)
+            && self.signal.is_none()
+            && !self.oom_killed
+            && !self.timed_out
+            && self.launch_error.is_none()
+            && !self.never_started
+            && !self.fenced
+    }
 }
 
 /// A job as the replicated state holds it.

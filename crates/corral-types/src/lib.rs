@@ -8,8 +8,8 @@ mod parse;
 mod timestamp;
 
 pub use job::{
-    Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobSpecError, JobState, NodeGpus, PreemptionNotice,
-    SchedOptions, SliceAssignment, MAX_GPUS_PER_JOB,
+    Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd,
+    PreemptionNotice, SchedOptions, SliceAssignment, MAX_GPUS_PER_JOB,
 };
 pub use node::{GpuDevice, GpuHealth, NodeSpec, NodeState, NodeStatus};
 pub use parse::{format_duration, format_size, parse_duration, parse_size, ParseError};

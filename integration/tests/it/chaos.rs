@@ -300,7 +300,8 @@ fn check(
         }
     }
     // Billing: every attempt that ran is billed once (one segment covers all nodes of a gang),
-    // and a segment's length matches what the attempt's processes showed: within 1 s for a run
+    // and a segment's length matches what the attempt's processes showed (a gang: its longest
+    // part): within 1 s for a run
     // the worker reported; for a run whose node was lost (TSO interval), within the TTL above
     // and one TSO window below (the stamps of a new leader may run that far ahead of the clock).
     let mut billed: BTreeMap<(u64, u64), &corral_proto::Segment> = BTreeMap::new();
@@ -309,12 +310,13 @@ fn check(
             bad.push(format!("job {} epoch {} was billed twice", s.job_id, s.epoch));
         }
     }
-    let mut seen: BTreeMap<(u64, u64), (f64, f64)> = BTreeMap::new();
+    // A gang's attempt is billed for its longest part: spans are per (job, epoch, node).
+    let mut spans: BTreeMap<(u64, u64, &str), (f64, f64)> = BTreeMap::new();
     // A worker measures a run until it sees the exit: one frozen when its job ended (or when
     // its guard killed it) sees it only when thawed, and bills the run up to then (README).
     let mut frozen_at_end: BTreeMap<(u64, u64), f64> = BTreeMap::new();
     for run in runs {
-        let span = seen.entry((run.job, run.epoch)).or_insert((run.first, run.last));
+        let span = spans.entry((run.job, run.epoch, run.node.as_str())).or_insert((run.first, run.last));
         span.0 = span.0.min(run.first);
         span.1 = span.1.max(run.last);
         let late: f64 = frozen
@@ -322,17 +324,22 @@ fn check(
             .filter(|(node, from, to)| *node == run.node && *from <= run.last + 0.2 && *to >= run.last)
             .map(|(_, from, to)| to - from.max(run.last))
             .sum();
-        *frozen_at_end.entry((run.job, run.epoch)).or_default() += late;
+        let entry = frozen_at_end.entry((run.job, run.epoch)).or_default();
+        *entry = entry.max(late);
     }
-    for ((job, epoch), (first, last)) in &seen {
-        let Some(segment) = billed.get(&(*job, *epoch)) else {
+    let mut seen: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+    for ((job, epoch, _), (first, last)) in &spans {
+        let ms = seen.entry((*job, *epoch)).or_default();
+        *ms = (*ms).max(((last - first) * 1000.0) as u64);
+    }
+    for (&(job, epoch), &seen_ms) in &seen {
+        let Some(segment) = billed.get(&(job, epoch)) else {
             bad.push(format!("job {job} epoch {epoch} ran but was never billed"));
             continue;
         };
-        let seen_ms = ((last - first) * 1000.0) as u64;
         // A lost run is billed until the leader declares the loss: a TTL after the last
         // heartbeat it saw, and a new leader starts that count again.
-        let late_ms = (frozen_at_end.get(&(*job, *epoch)).copied().unwrap_or(0.0) * 1000.0) as u64;
+        let late_ms = (frozen_at_end.get(&(job, epoch)).copied().unwrap_or(0.0) * 1000.0) as u64;
         let (below, above) = if segment.lost { (4_000, 60_000) } else { (1_000, 1_200 + late_ms) };
         if segment.duration_ms + below < seen_ms || segment.duration_ms > seen_ms + above {
             bad.push(format!(
@@ -340,7 +347,7 @@ fn check(
                 segment.duration_ms,
                 segment.end_state,
                 if segment.lost { ", node lost" } else { "" },
-                jobs.get(job).and_then(|j| j.worker_run_time_ms)
+                jobs.get(&job).and_then(|j| j.worker_run_time_ms)
             ));
         }
     }

@@ -1,7 +1,7 @@
 //! Job lifecycle under hostile timing, one test per race that once broke it: a cancel or a
 //! preemption that lands before the worker launched the job, a leader that wins again long after
 //! it lost, a worker report that reaches a follower, a frozen worker whose job is placed again
-//! elsewhere, and a leader whose wall clock is an hour ahead.
+//! elsewhere, a leader whose wall clock is an hour ahead, and a gang whose parts end apart.
 
 use corral_integration::cluster::{Cluster, ClusterOptions};
 use corral_integration::corral_bin;
@@ -292,4 +292,54 @@ fn a_leader_an_hour_ahead_bills_runs_what_the_worker_measured() {
         billed.abs_diff(worker_ms) <= 1_000,
         "billed {billed} ms for a run the worker measured at {worker_ms} ms: {report}"
     );
+}
+
+/// A gang across two workers ends when its last part ends, not its first: a part that exits 0
+/// early leaves the other running (and the job running, its GPUs held); a part that fails stops
+/// the other, and the job fails once both have stopped.
+#[test]
+fn a_gang_runs_until_its_last_part_ends_and_fails_as_a_whole() {
+    let cluster = cluster(1, ClusterOptions::default());
+    let dir = shared_dir();
+    let _w1 = worker(&cluster, dir.path(), "w1", 1);
+    let _w2 = worker(&cluster, dir.path(), "w2", 1);
+    let gate = dir.path().join("gate");
+    let done = dir.path().join("done");
+    // w1's part exits 0 at once; w2's waits for the gate, then leaves a mark and exits 0.
+    let script = format!(
+        "if [ \"$CORRAL_NODE\" = w1 ]; then exit 0; fi; while [ ! -e {gate} ]; do sleep 0.05; done; touch {done}",
+        gate = gate.display(),
+        done = done.display()
+    );
+    let job = submit(&cluster, &["--gpus", "2", "--gpus-per-node", "1", "--", "sh", "-c", &script]);
+    cluster.wait_for(job, Duration::from_secs(20), "started", |d| !d["started_ts"].is_null());
+    // Long enough for w1's exit report to land: the job must still run.
+    std::thread::sleep(Duration::from_secs(2));
+    let doc = cluster.show(job);
+    assert_eq!(doc["state"], "running", "a gang ended with its first part: {doc}");
+    let parts: Vec<(String, String)> = doc["parts"]
+        .as_array()
+        .expect("parts")
+        .iter()
+        .map(|p| (p["node"].as_str().unwrap_or("").to_string(), p["status"].as_str().unwrap_or("").to_string()))
+        .collect();
+    assert!(parts.contains(&("w1".into(), "exited 0".into())), "{doc}");
+    assert!(parts.contains(&("w2".into(), "running".into())), "{doc}");
+    let queued = submit(&cluster, &["--gpus", "1", "--", "true"]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(cluster.show(queued)["state"], "pending", "w1's GPU stays held while the gang runs");
+    std::fs::write(&gate, "").expect("gate");
+    let doc = cluster.wait_for(job, Duration::from_secs(20), "succeeded", |d| d["state"] == "succeeded");
+    assert_eq!(doc["exit_code"], 0);
+    assert!(done.exists(), "w2's part was stopped instead of running to its end");
+    cluster.wait_for(queued, Duration::from_secs(20), "succeeded", |d| d["state"] == "succeeded");
+
+    // w2's part fails at once; w1's would run for ever: it is stopped, and the gang fails.
+    let script = "if [ \"$CORRAL_NODE\" = w2 ]; then exit 3; fi; exec sleep 1000";
+    let job = submit(&cluster, &["--gpus", "2", "--gpus-per-node", "1", "--", "sh", "-c", script]);
+    let doc = cluster.wait_for(job, Duration::from_secs(30), "failed", |d| d["state"] == "failed");
+    assert_eq!(doc["reason"], "exit code 3 (on node w2)", "{doc}");
+    assert_eq!(doc["attempts"], 1);
+    let next = submit(&cluster, &["--gpus", "2", "--gpus-per-node", "1", "--", "true"]);
+    cluster.wait_for(next, Duration::from_secs(20), "succeeded", |d| d["state"] == "succeeded");
 }

@@ -256,7 +256,9 @@ impl World {
                     let code = named.get("code").map(|c| c.parse().unwrap()).unwrap_or(0);
                     JobExitReport { exit_code: Some(code), ..Default::default() }
                 };
-                self.apply(Command::JobFinished { job_id, epoch, report }).unwrap();
+                // `node=` reports one part of a gang; without it the report ends the whole run.
+                let node = named.get("node").map(|n| n.to_string()).unwrap_or_default();
+                self.apply(Command::JobFinished { job_id, epoch, node, report }).unwrap();
             }
             "cancel" => {
                 let job_id = self.job(&plain[0]);
@@ -285,6 +287,18 @@ impl World {
                 let mut line = format!("job {} {}", job.id, job.state);
                 if let Some(a) = job.allocation.as_ref().filter(|_| job.state == corral_types::JobState::Running) {
                     line += &format!(" {}", render_parts(a.parts()));
+                    if !a.ended.is_empty() {
+                        let ended: Vec<String> = a
+                            .ended
+                            .iter()
+                            .map(|e| match &e.report {
+                                None => format!("{} lost", e.node),
+                                Some(r) if r.succeeded() => format!("{} exited 0", e.node),
+                                Some(_) => format!("{} failed", e.node),
+                            })
+                            .collect();
+                        line += &format!(" [ended: {}]", ended.join(", "));
+                    }
                 }
                 if let Some(r) = &job.reason {
                     line += &format!(" ({r})");

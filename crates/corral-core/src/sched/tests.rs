@@ -334,7 +334,7 @@ mod gang {
     }
 
     #[test]
-    fn a_gang_waits_for_its_reservation_and_node_loss_requeues_all_parts() {
+    fn a_gang_waits_for_its_reservation_and_node_loss_requeues_it_once_its_other_part_stopped() {
         check(
             "
             config reservations=1
@@ -349,13 +349,18 @@ mod gang {
             step
             down n2
             show 2
+            step
+            exit 2 node=n1
+            show 2
             ",
             "
             pending 2 gang: needs 2 nodes with 2 gpus free each, 1 have them now; reserved to start in 1h00m00s
             pending 3 backfill reservation: the free resources are held for job 2, which starts in 1h00m00s; a job with a shorter time limit could use them now
             place 2 n1:0,1+n2:0,1
             pending 3 resources: needs 1 gpu on one node, at most 0 free on any node
-            job 2 pending (requeued: node n2 down)
+            job 2 running n1:0,1+n2:0,1 [ended: n2 lost]
+            pending 3 resources: needs 1 gpu on one node, at most 0 free on any node
+            job 2 pending (requeued: node n2 was lost while it ran part of the job)
             ",
         );
     }

@@ -171,6 +171,13 @@ impl Sim {
         (!ids.is_empty()).then(|| ids[pick % ids.len()])
     }
 
+    /// The node of one part of a running job that has not ended yet (a gang ends part by part).
+    fn live_part(&self, id: JobId, pick: usize) -> String {
+        let alloc = self.state.jobs[&id].allocation.as_ref().expect("running");
+        let live: Vec<&str> = alloc.parts().map(|(n, _)| n).filter(|n| !alloc.part_ended(n)).collect();
+        live.get((pick / 7) % live.len().max(1)).map(|n| n.to_string()).unwrap_or_default()
+    }
+
     fn step(&mut self, op: &Op) {
         match op {
             Op::Submit { tenant, class, shape, time_limit, no_requeue } => {
@@ -205,14 +212,16 @@ impl Sim {
                     let epoch = self.state.jobs[&id].allocation.as_ref().unwrap().epoch;
                     self.apply(Command::JobStarted { job_id: id, epoch });
                     let report = JobExitReport { exit_code: Some(*code), run_time_ms: 1_500, ..Default::default() };
-                    self.apply(Command::JobFinished { job_id: id, epoch, report });
+                    let node = self.live_part(id, *pick);
+                    self.apply(Command::JobFinished { job_id: id, epoch, node, report });
                 }
             }
             Op::ExitPreempted { pick } => {
                 if let Some(id) = self.pick(JobState::Running, *pick, |j| j.preemption.is_some()) {
                     let epoch = self.state.jobs[&id].allocation.as_ref().unwrap().epoch;
                     let report = JobExitReport { signal: Some(15), ..Default::default() };
-                    self.apply(Command::JobFinished { job_id: id, epoch, report });
+                    let node = self.live_part(id, *pick);
+                    self.apply(Command::JobFinished { job_id: id, epoch, node, report });
                 }
             }
             Op::ExitEarly { pick, never_started, run_secs } => {
@@ -225,7 +234,8 @@ impl Sim {
                         run_time_ms: if *never_started { 0 } else { run_secs * 1000 },
                         ..Default::default()
                     };
-                    self.apply(Command::JobFinished { job_id: id, epoch, report });
+                    let node = self.live_part(id, *pick);
+                    self.apply(Command::JobFinished { job_id: id, epoch, node, report });
                 }
             }
             Op::Cancel { pick } => {
@@ -287,6 +297,7 @@ fn check_invariants(state: &State) {
     for job in state.jobs.values().filter(|j| j.state == JobState::Running) {
         let alloc = job.allocation.as_ref().expect("a running job has an allocation");
         let parts: Vec<(&str, &[u32])> = alloc.parts().collect();
+        assert!(!alloc.is_gang() || !alloc.all_parts_ended(), "job {} runs with every part ended", job.id);
         let (nodes, per_node) = match job.spec.sched.gpus_per_node {
             Some(g) => (job.spec.gpus / g, g as usize),
             None if job.spec.gpu_slice.is_some() => (1, 1),
@@ -297,7 +308,10 @@ fn check_invariants(state: &State) {
         assert_eq!(distinct.len(), parts.len(), "job {} uses a node twice", job.id);
         for (node, gpus) in &parts {
             let status = &state.nodes[*node];
-            assert_eq!(status.state, NodeState::Up, "job {} runs on down node {node}", job.id);
+            // A gang's part that ended (its node lost, say) keeps its GPUs until every part ended.
+            if !alloc.part_ended(node) {
+                assert_eq!(status.state, NodeState::Up, "job {} runs on down node {node}", job.id);
+            }
             assert_eq!(gpus.len(), per_node, "job {} has the wrong number of gpus on {node}", job.id);
             for g in *gpus {
                 assert!(status.spec.gpus.iter().any(|d| d.index == *g), "job {} on unknown gpu {node}:{g}", job.id);

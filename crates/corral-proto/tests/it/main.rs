@@ -21,7 +21,12 @@ fn command(kind: u8, id: u64, n: u32) -> Command {
         },
         1 => Command::PlaceJob { job_id: id, node: "n1".into(), gpus: (0..n % 5).collect() },
         2 => Command::JobStarted { job_id: id, epoch: u64::from(n) },
-        3 => Command::JobFinished { job_id: id, epoch: u64::from(n), report: JobExitReport::default() },
+        3 => Command::JobFinished {
+            job_id: id,
+            epoch: u64::from(n),
+            node: format!("n{}", n % 3),
+            report: JobExitReport::default(),
+        },
         4 => Command::CancelJob { job_id: id, reason: "x".into() },
         5 => Command::Schedule {
             placements: vec![Placement {
