@@ -72,6 +72,34 @@ fn depose(cluster: &Cluster, leader: usize) -> usize {
     }
 }
 
+/// Makes `target` the leader of a three-node cluster. Deposing the leader is not enough:
+/// openraft draws each node's election timeout once, at start, so the node with the shortest
+/// one wins every election it takes part in. Here the other two nodes are frozen together, so
+/// that `target` alone times out and campaigns; the follower then wakes to its vote request.
+fn elect(cluster: &Cluster, target: usize) {
+    for _ in 0..10 {
+        let leader = cluster.leader();
+        if leader == target {
+            return;
+        }
+        let others: Vec<usize> = (0..3).filter(|i| *i != target).collect();
+        for i in &others {
+            cluster.signal(*i, libc::SIGSTOP);
+        }
+        std::thread::sleep(Duration::from_millis(600));
+        for i in others.iter().filter(|i| **i != leader) {
+            cluster.signal(*i, libc::SIGCONT);
+        }
+        std::thread::sleep(Duration::from_millis(400));
+        cluster.signal(leader, libc::SIGCONT);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while cluster.leader() == leader && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    panic!("node {target} never won an election");
+}
+
 /// `corral cancel` right after the submit, before the worker launched the job (it is frozen
 /// while the job is placed on it): the job ends cancelled and its GPUs serve the next job.
 #[test]
@@ -272,13 +300,7 @@ fn a_leader_an_hour_ahead_bills_runs_what_the_worker_measured() {
     let script = format!("while [ ! -e {} ]; do sleep 0.05; done", stop.display());
     let job = submit(&cluster, &["--gpus", "1", "--", "sh", "-c", &script]);
     cluster.wait_for(job, Duration::from_secs(20), "started", |d| !d["started_ts"].is_null());
-    for _ in 0..20 {
-        let leader = cluster.leader();
-        if leader == skewed {
-            break;
-        }
-        depose(&cluster, leader);
-    }
+    elect(&cluster, skewed);
     assert_eq!(cluster.leader(), skewed, "the skewed node never won an election");
     std::fs::write(&stop, "").expect("stop file");
     let doc = cluster.wait_for(job, Duration::from_secs(20), "succeeded", |d| d["state"] == "succeeded");
