@@ -3,6 +3,7 @@
 use crate::Coordinator;
 use corral_core::{schedule, Command, Outcome};
 use corral_types::NodeState;
+use std::time::Duration;
 
 /// Runs forever; does work only while this node is the leader.
 pub(crate) async fn run(coord: Coordinator) {
@@ -15,15 +16,23 @@ pub(crate) async fn run(coord: Coordinator) {
         }
         let Some(term) = coord.leading_term() else { continue };
         mark_silent_nodes_down(&coord, term).await;
-        schedule_once(&coord).await;
+        let computed = schedule_once(&coord).await;
         // Coalesce: under a stream of submits, one pass covers every change applied meanwhile
-        // instead of one pass per applied entry.
-        tokio::time::sleep(MIN_PASS_GAP).await;
+        // instead of one pass per applied entry. The pause follows the pass's own cost, so a
+        // short queue (each freed GPU matters) is served at once and a long one (a pass over
+        // thousands of jobs) never takes more than a third of a core.
+        tokio::time::sleep(pass_gap(computed)).await;
     }
 }
 
-/// Least time between two scheduling passes.
-const MIN_PASS_GAP: std::time::Duration = std::time::Duration::from_millis(25);
+/// Least and most time between two scheduling passes.
+const MIN_PASS_GAP: Duration = Duration::from_millis(2);
+const MAX_PASS_GAP: Duration = Duration::from_millis(25);
+
+/// The pause after a pass that computed for `computed`: twice that, within the bounds.
+fn pass_gap(computed: Duration) -> Duration {
+    (computed * 2).clamp(MIN_PASS_GAP, MAX_PASS_GAP)
+}
 
 /// Marks down the up nodes not heard from within the TTL in this leadership term (a node that
 /// leads again starts its TTLs afresh: see `liveness`).
@@ -43,15 +52,16 @@ async fn mark_silent_nodes_down(coord: &Coordinator, term: u64) {
 }
 
 /// One scheduling pass: compute placements and preemptions on the current state and propose
-/// them as one `Command::Schedule` (one log entry); apply re-validates each decision.
-pub(crate) async fn schedule_once(coord: &Coordinator) -> usize {
+/// them as one `Command::Schedule` (one log entry); apply re-validates each decision. Returns
+/// how long the pass computed (not counting the wait for its commit).
+pub(crate) async fn schedule_once(coord: &Coordinator) -> Duration {
     let unschedulable = coord.inner.liveness.unschedulable();
     // The pass's clock (backfill windows, fair-share decay): a fresh oracle timestamp.
     let now = match coord.timestamps(1).await {
         Ok(ts) => ts,
         Err(e) => {
             tracing::debug!(error = %e, "no timestamp for a scheduling pass");
-            return 0;
+            return Duration::ZERO;
         }
     };
     let started = std::time::Instant::now();
@@ -59,10 +69,11 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> usize {
         let data = coord.inner.node.state.read();
         // Nothing can be placed without a node: skip the pass over a long queue.
         if !data.state.nodes.values().any(|n| n.state == NodeState::Up) {
-            return 0;
+            return Duration::ZERO;
         }
         schedule(&data.state, now, &unschedulable)
     };
+    let computed = started.elapsed();
     // Every waiting job's reason, for `corral queue` (the leader's memory; the last pass wins).
     {
         let mut reasons = coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
@@ -71,7 +82,7 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> usize {
     let metrics = &coord.inner.scheduler_metrics;
     let Some(command) = pass.command() else {
         metrics.pass_duration.observe(started.elapsed().as_secs_f64());
-        return 0;
+        return computed;
     };
     let proposed = coord.propose(command).await;
     metrics.pass_duration.observe(started.elapsed().as_secs_f64());
@@ -86,15 +97,21 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> usize {
                 tracing::info!(preempted = ?out.preempted, "preempting jobs");
             }
             tracing::info!(placed = out.placed.len(), "scheduling pass applied");
-            out.placed.len()
         }
-        Ok(other) => {
-            tracing::warn!(outcome = ?other, "unexpected outcome of a scheduling pass");
-            0
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "scheduling pass not applied");
-            0
-        }
+        Ok(other) => tracing::warn!(outcome = ?other, "unexpected outcome of a scheduling pass"),
+        Err(e) => tracing::warn!(error = %e, "scheduling pass not applied"),
+    }
+    computed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pause_between_passes_follows_their_cost() {
+        assert_eq!(pass_gap(Duration::ZERO), MIN_PASS_GAP);
+        assert_eq!(pass_gap(Duration::from_millis(4)), Duration::from_millis(8));
+        assert_eq!(pass_gap(Duration::from_millis(400)), MAX_PASS_GAP);
     }
 }

@@ -52,6 +52,10 @@ pub struct Desired {
 /// Where one report to the leaders stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Delivery {
+    /// Not due yet: a start report is held for a moment after the launch, so a job that ends
+    /// at once reports only its exit (one commit instead of two; its run time is in the exit
+    /// report). The runtime makes it `Pending` when the moment has passed.
+    Held,
     /// To be sent.
     Pending,
     /// Being sent, and retried until a leader accepts or rejects it.
@@ -342,6 +346,12 @@ mod tests {
                 local(Standing::Leased, vec![(1, running(10, None, Delivery::Pending))]),
                 desired(5, vec![run(1, 10)]),
                 vec![Action::ReportStarted { job_id: 1, epoch: 10 }],
+            ),
+            (
+                "a start report that is held is not sent yet",
+                local(Standing::Leased, vec![(1, running(10, None, Delivery::Held))]),
+                desired(5, vec![run(1, 10)]),
+                vec![],
             ),
             (
                 "cancelled before it was launched: reported never started, not launched",

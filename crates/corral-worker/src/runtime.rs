@@ -33,6 +33,9 @@ use tokio::task::JoinSet;
 const WATCH_SILENCE: Duration = Duration::from_secs(6);
 /// Longest pause between two attempts of a report, a registration or a stream.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How long a start report is held after the launch: a job that ends within it reports only
+/// its exit.
+const START_REPORT_HOLD: Duration = Duration::from_millis(50);
 /// How long shutdown waits for killed jobs to be reaped.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(30);
 /// How long shutdown then keeps trying to deliver pending reports. What is not delivered is not
@@ -95,6 +98,11 @@ enum Event {
         job_id: JobId,
         epoch: u64,
         report: JobExitReport,
+    },
+    /// A launched job's start report is due (`START_REPORT_HOLD` passed).
+    StartDue {
+        job_id: JobId,
+        epoch: u64,
     },
     Reported {
         job_id: JobId,
@@ -252,7 +260,7 @@ impl Runtime {
             Event::ProcessGone { job_id, epoch } => {
                 if let Some(job) = self.local.jobs.get_mut(&job_id).filter(|j| j.epoch == epoch) {
                     job.phase = Phase::Exiting;
-                    if job.start == Delivery::Pending {
+                    if matches!(job.start, Delivery::Pending | Delivery::Held) {
                         job.start = Delivery::Skipped;
                     }
                 }
@@ -262,10 +270,17 @@ impl Runtime {
                     let cause = self.causes.get(&job_id).copied();
                     report.fenced =
                         matches!(cause, Some(StopCause::Fenced | StopCause::Reregister | StopCause::Shutdown));
-                    if job.start == Delivery::Pending {
+                    if matches!(job.start, Delivery::Pending | Delivery::Held) {
                         job.start = Delivery::Skipped;
                     }
                     job.phase = Phase::Ended { report };
+                }
+            }
+            Event::StartDue { job_id, epoch } => {
+                if let Some(job) = self.local.jobs.get_mut(&job_id).filter(|j| j.epoch == epoch) {
+                    if job.start == Delivery::Held {
+                        job.start = Delivery::Pending;
+                    }
                 }
             }
             Event::Reported { job_id, epoch, kind, revision } => {
@@ -482,10 +497,15 @@ impl Runtime {
             LocalJob {
                 epoch,
                 phase: Phase::Running { stopping: None },
-                start: Delivery::Pending,
+                start: Delivery::Held,
                 exit: Delivery::Pending,
             },
         );
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(START_REPORT_HOLD).await;
+            let _ = events.send(Event::StartDue { job_id, epoch });
+        });
         let time_limit = job.spec.time_limit_secs.map(Duration::from_secs);
         let task = run_job(self.shared.clone(), self.events.clone(), job_id, epoch, running, time_limit, gpus, mig);
         self.tasks.spawn(task);
