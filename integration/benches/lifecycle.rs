@@ -1,13 +1,14 @@
 //! Job lifecycle benchmark: submit-to-done latency of a `true` job on an idle `corral dev` pool
 //! (`corral submit` then `corral wait`, two CLI processes, as a user runs them), the drain rate of
 //! 1000 one-GPU `true` jobs on 8 simulated GPUs, and how long a write waits after a leader
-//! kill -9 that follows heavy load on a 3-node cluster.
+//! kill -9 that follows heavy load on a 3-node cluster (each kill on a healthy cluster: the
+//! previous victim was restarted and has caught up).
 //!
 //! Run: `cargo build --release -p corral-cli && cargo bench -p corral-integration --bench lifecycle`
 //! Knobs: `CORRAL_BENCH_ONLY=latency|drain|failover` runs one phase; `CORRAL_BENCH_SAMPLES`
 //! (submit-to-done samples, default 50), `CORRAL_BENCH_DRAINS` (drain repetitions, default 3),
 //! `CORRAL_BENCH_KILLS` (leader kills, default 100), `CORRAL_BENCH_LOAD_MS` (heavy load before
-//! each kill, default 1000).
+//! each kill, default 1000), `CORRAL_BENCH_POOL_LOG` (a file for the last drain pool's log).
 
 use corral_client::{Client, ClientConfig};
 use corral_integration::cluster::{Cluster, ClusterOptions};
@@ -99,6 +100,9 @@ fn drain_once(rt: &tokio::runtime::Runtime, jobs: usize) -> f64 {
         let all = client.list_jobs(true, None).await.expect("list jobs");
         let failed = all.iter().filter(|j| j.state != corral_types::JobState::Succeeded).count();
         assert_eq!(failed, 0, "{failed} drain jobs did not succeed");
+        if let Ok(path) = std::env::var("CORRAL_BENCH_POOL_LOG") {
+            std::fs::write(&path, pool.logs()).expect("write the pool's log");
+        }
         jobs as f64 / elapsed.as_secs_f64()
     })
 }
@@ -163,11 +167,17 @@ fn failover_phase(rt: &tokio::runtime::Runtime) {
         Client::new(config).expect("client")
     };
     let mut waits = Vec::new();
+    let mut catch_ups = Vec::new();
     for round in 0..kills {
         let stop = Arc::new(AtomicBool::new(false));
         let load = heavy_load(rt, &endpoints, 4, stop.clone());
         std::thread::sleep(Duration::from_millis(load_ms));
         let leader = cluster.leader();
+        let before: Vec<String> = (0..3)
+            .map(|i| {
+                cluster.status(i).map_or("-".into(), |s| format!("{}/{}", s["applied_index"], s["committed_index"]))
+            })
+            .collect();
         let started = Instant::now();
         cluster.kill(leader);
         let rid = format!("failover-{}-{round}", std::process::id());
@@ -180,16 +190,37 @@ fn failover_phase(rt: &tokio::runtime::Runtime) {
         if let Err(e) = wrote {
             eprintln!("round {round}: no write within {waited:?}: {e}");
         } else if waited > Duration::from_secs(2) {
-            eprintln!("round {round}: killed node {}, first write after {waited:?}", leader + 1);
+            eprintln!(
+                "round {round}: killed node {}, first write after {waited:?} (applied/committed before: {before:?})",
+                leader + 1
+            );
         }
         waits.push(waited);
         cluster.restart(leader);
+        // The next kill hits a healthy cluster: the restarted node has caught up. (Killing a
+        // leader while the previous victim still replays is a second failure: the write then
+        // waits for that node's catch-up, whatever the election does.)
+        catch_ups.push(caught_up(&cluster, leader));
     }
     let slow = waits.iter().filter(|w| **w > Duration::from_secs(2)).count();
     println!(
         "write after a leader kill -9 following {load_ms} ms of batch load: {}  over 2 s: {slow}",
         summary(&mut waits)
     );
+    println!("catch-up of the restarted node before the next round: {}", summary(&mut catch_ups));
+}
+
+/// Waits until node `index` has applied what the leader had committed when it came back; how
+/// long that took.
+fn caught_up(cluster: &Cluster, index: usize) -> Duration {
+    let started = Instant::now();
+    let leader = cluster.leader();
+    let target = cluster.status(leader).and_then(|s| s["committed_index"].as_u64()).unwrap_or(0);
+    while cluster.status(index).and_then(|s| s["applied_index"].as_u64()).unwrap_or(0) < target {
+        assert!(started.elapsed() < Duration::from_secs(120), "node {index} did not catch up in 120 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    started.elapsed()
 }
 
 fn main() {

@@ -184,6 +184,7 @@ impl Corral for Api {
                 .acquire()
                 .await
                 .map_err(|_| Status::unavailable("coordinator is shutting down"))?;
+            self.coord.hold_while_followers_lag().await;
             self.coord.propose(Command::SubmitJobs { jobs }).await?
         };
         let results = match proposed {

@@ -69,6 +69,7 @@ async fn run(coord: Coordinator, mut rx: mpsc::UnboundedReceiver<Pending>) {
 async fn propose_group(coord: &Coordinator, group: Vec<Pending>) {
     let (jobs, replies): (Vec<(String, JobSpec)>, Vec<Reply>) =
         group.into_iter().map(|p| ((p.request_id, p.spec), p.reply)).unzip();
+    coord.hold_while_followers_lag().await;
     let command = if jobs.len() == 1 {
         let (request_id, spec) = jobs.into_iter().next().expect("one job");
         Command::SubmitJob { request_id, spec }

@@ -33,6 +33,11 @@ use tokio::net::TcpListener;
 
 /// `SubmitBatch` entries a leader keeps in the Raft pipeline at once.
 const BATCHES_IN_FLIGHT: usize = 2;
+/// Client writes wait while a live follower lags the leader by more entries than this (a full
+/// batch entry is about a megabyte: a new leader's catch-up stays a fraction of a second).
+const MAX_FOLLOWER_LAG: u64 = 8;
+/// The longest one client write waits for a lagging follower.
+const FOLLOWER_LAG_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Tunables of a coordinator.
 #[derive(Debug, Clone)]
@@ -114,6 +119,14 @@ impl Coordinator {
     pub async fn propose(&self, command: Command) -> Result<Outcome, CoordError> {
         let ts = self.timestamps(1).await?;
         self.propose_at(ts, command).await
+    }
+
+    /// Flow control before a client write: holds it (at most `FOLLOWER_LAG_PATIENCE`) while a
+    /// live follower lags more than `MAX_FOLLOWER_LAG` entries, so that a leader failure never
+    /// leaves the next leader waiting for a long catch-up before it can commit (see
+    /// `RaftNode::wait_for_followers`). Workers' reports and scheduling passes are not held.
+    pub(crate) async fn hold_while_followers_lag(&self) {
+        self.inner.node.wait_for_followers(MAX_FOLLOWER_LAG, FOLLOWER_LAG_PATIENCE).await;
     }
 
     /// Replicates `command` stamped with `ts` (which must come from the oracle, or be at most the

@@ -49,6 +49,8 @@ pub struct RaftNode {
     pub raft: Raft,
     pub state: StateMachineStore,
     log: LogStore<TypeConfig>,
+    /// Each follower's replicated index and when it last moved (flow control).
+    progress: Arc<std::sync::Mutex<BTreeMap<NodeId, (u64, Instant)>>>,
 }
 
 impl RaftNode {
@@ -83,7 +85,40 @@ impl RaftNode {
                 .await?;
         let network = GrpcNetworkFactory { tls: config.client_tls.clone() };
         let raft = Raft::new(config.node_id, Arc::new(raft_config), network, log_store.clone(), state.clone()).await?;
-        Ok(RaftNode { id: config.node_id, raft, state, log: log_store })
+        Ok(RaftNode { id: config.node_id, raft, state, log: log_store, progress: Arc::default() })
+    }
+
+    /// Flow control for client writes on a leader: waits, at most `patience`, while a follower
+    /// that is replicating lags this node's log by more than `max_lag` entries.
+    ///
+    /// A 3-node cluster commits with the leader and the faster follower; the slower one can fall
+    /// behind without bound under a write load the machines cannot all keep up with. When the
+    /// leader then dies, the new leader can commit nothing until that follower has caught up:
+    /// every write waits for seconds. Holding new writes back while a live follower lags keeps
+    /// that catch-up short. A follower whose index has not moved for a second is down or stuck,
+    /// not slow: it is not waited for (the cluster runs on without it).
+    pub async fn wait_for_followers(&self, max_lag: u64, patience: Duration) {
+        let deadline = Instant::now() + patience;
+        let mut metrics = self.raft.metrics();
+        loop {
+            let lagging = {
+                let m = metrics.borrow_and_update();
+                let Some(replication) = m.replication.as_ref() else { return };
+                let followers = replication
+                    .iter()
+                    .filter(|(id, _)| **id != self.id)
+                    .map(|(id, matched)| (*id, matched.as_ref().map_or(0, |l| l.index)));
+                let mut progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+                live_follower_lags(&mut progress, followers, m.last_log_index.unwrap_or(0), max_lag, Instant::now())
+            };
+            if !lagging {
+                return;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, metrics.changed()).await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Highest log index this node knows to be committed (persisted lazily: may lag).
@@ -103,6 +138,32 @@ impl RaftNode {
         }
     }
 }
+
+/// True if a follower lags `last` by more than `max_lag` entries while its index still moves;
+/// `progress` remembers each follower's index and when it last changed.
+fn live_follower_lags(
+    progress: &mut BTreeMap<NodeId, (u64, Instant)>,
+    followers: impl Iterator<Item = (NodeId, u64)>,
+    last: u64,
+    max_lag: u64,
+    now: Instant,
+) -> bool {
+    let followers: BTreeMap<NodeId, u64> = followers.collect();
+    progress.retain(|id, _| followers.contains_key(id));
+    let mut lagging = false;
+    for (id, matched) in followers {
+        let seen = progress.entry(id).or_insert((matched, now));
+        if seen.0 != matched {
+            *seen = (matched, now);
+        }
+        let live = now.duration_since(seen.1) < FOLLOWER_STALL;
+        lagging |= live && last.saturating_sub(matched) > max_lag;
+    }
+    lagging
+}
+
+/// A follower whose replicated index has not moved for this long is not waited for.
+const FOLLOWER_STALL: Duration = Duration::from_secs(1);
 
 /// How long `open` waits for a data directory another process holds locked.
 const LOCK_PATIENCE: Duration = Duration::from_secs(10);
@@ -154,6 +215,26 @@ fn is_lock_held(err: &anyhow::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_follower_that_lags_and_still_moves_holds_writes() {
+        let mut progress = BTreeMap::new();
+        let t0 = Instant::now();
+        // Within the allowed lag: no hold.
+        assert!(!live_follower_lags(&mut progress, [(2, 95), (3, 100)].into_iter(), 100, 8, t0));
+        // Node 3 falls 20 entries behind while it replicates: hold.
+        assert!(live_follower_lags(&mut progress, [(2, 120), (3, 100)].into_iter(), 120, 8, t0));
+        let later = t0 + Duration::from_millis(500);
+        assert!(live_follower_lags(&mut progress, [(2, 130), (3, 110)].into_iter(), 130, 8, later));
+        // Node 3 stops moving (down, or stuck) for longer than the stall limit: not waited for.
+        let much_later = later + FOLLOWER_STALL + Duration::from_millis(1);
+        assert!(!live_follower_lags(&mut progress, [(2, 200), (3, 110)].into_iter(), 200, 8, much_later));
+        // It moves again: waited for again.
+        assert!(live_follower_lags(&mut progress, [(2, 210), (3, 150)].into_iter(), 210, 8, much_later));
+        // A node that left the membership is forgotten.
+        assert!(!live_follower_lags(&mut progress, [(2, 210)].into_iter(), 210, 8, much_later));
+        assert_eq!(progress.len(), 1);
+    }
 
     #[tokio::test]
     async fn a_lock_held_elsewhere_is_waited_for_then_named() {
