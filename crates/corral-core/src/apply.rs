@@ -1378,10 +1378,12 @@ mod tests {
     #[test]
     fn gang_submissions_are_checked_against_the_nodes() {
         let mut s = cluster();
-        assert!(matches!(
-            submit(&mut s, 3, "g", gang_spec(16, 8)),
-            Err(ApplyError::GangTooLarge { nodes: 2, per_node: 8, available: 1 })
-        ));
+        let refused = submit(&mut s, 3, "g", gang_spec(16, 8));
+        assert!(matches!(refused, Err(ApplyError::GangTooLarge { nodes: 2, per_node: 8, available: 1 })));
+        assert_eq!(
+            refused.unwrap_err().to_string(),
+            "job asks for 2 nodes with 8 gpus each but only 1 node has that many: it could never run"
+        );
         s.apply(&req(4, Command::RegisterNode { spec: node("n2", 8) })).unwrap();
         assert!(submit(&mut s, 5, "g", gang_spec(16, 8)).is_ok());
         let mut bad = spec(16);

@@ -188,7 +188,8 @@ pub enum ApplyError {
     #[error("job asks for {requested} cpus but the largest node has {largest}: it could never run")]
     TooManyCpus { requested: String, largest: String },
     #[error(
-        "job asks for {nodes} nodes with {per_node} gpus each but only {available} nodes have that many: it could never run"
+        "job asks for {nodes} nodes with {per_node} gpus each but {}: it could never run",
+        match available { 0 => "no node has that many".to_string(), 1 => "only 1 node has that many".to_string(), n => format!("only {n} nodes have that many") }
     )]
     GangTooLarge { nodes: u32, per_node: u32, available: u32 },
     #[error("job asks for mig slice '{profile}' but no registered gpu supports it: use an mps slice such as mps:25")]
