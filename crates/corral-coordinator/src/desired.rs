@@ -5,8 +5,9 @@
 //! in it (also when it is being cancelled or preempted, so that a job stopped before its worker
 //! launched it is reported "never started" instead of being forgotten), except a gang's part
 //! that already ended there, and a job missing from it must not run there. A gang's remaining
-//! parts are told to stop once one part ended other than with exit code 0. Messages are computed from the applied state of a leader that answers
-//! workers (`Coordinator::worker_term`) and carry the applied index, so a worker can order them.
+//! parts are told to stop once one part ended other than with exit code 0. Messages are
+//! computed from the applied state of a leader that answers workers (`Coordinator::worker_term`)
+//! and carry the applied index, so a worker can order them.
 
 use crate::Coordinator;
 use corral_proto::v1::{self as pb};
