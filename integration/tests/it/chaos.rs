@@ -382,6 +382,8 @@ fn lifecycle_invariants_hold_under_random_faults() {
     let mut coordinator_fault: Option<(Instant, Fault)> = None;
     let mut worker_fault: Option<(Instant, Fault)> = None;
     let mut faults = Vec::new();
+    // When each fault ended (wall clock, like the jobs' lines): for the post-mortem.
+    let mut healed = Vec::new();
     let end = Instant::now() + Duration::from_secs(soak_secs());
     let mut step = 0u64;
 
@@ -393,6 +395,7 @@ fn lifecycle_invariants_hold_under_random_faults() {
                 if Instant::now() >= at {
                     *slot = None;
                     pool.heal(fault);
+                    healed.push(format!("{:.3} healed {fault:?}", wall_now()));
                 }
             }
         }
@@ -435,7 +438,7 @@ fn lifecycle_invariants_hold_under_random_faults() {
                     1 => (Fault::Stop(target), rng.millis(300, 3_000)),
                     _ => (Fault::Partition(target), rng.millis(1_000, 5_000)),
                 };
-                faults.push(format!("{fault:?} for {lasts:?} (leader was {leader})"));
+                faults.push(format!("{:.3} {fault:?} for {lasts:?} (leader was {leader})", wall_now()));
                 pool.inject(fault);
                 coordinator_fault = Some((Instant::now() + lasts, fault));
             }
@@ -447,7 +450,7 @@ fn lifecycle_invariants_hold_under_random_faults() {
                     1 => (Fault::Stop(target), rng.millis(500, 6_000)),
                     _ => (Fault::Partition(target), rng.millis(1_000, 6_000)),
                 };
-                faults.push(format!("{fault:?} for {lasts:?}"));
+                faults.push(format!("{:.3} {fault:?} for {lasts:?}", wall_now()));
                 pool.inject(fault);
                 worker_fault = Some((Instant::now() + lasts, fault));
             }
@@ -461,6 +464,7 @@ fn lifecycle_invariants_hold_under_random_faults() {
     for slot in [&mut coordinator_fault, &mut worker_fault] {
         if let Some((_, fault)) = slot.take() {
             pool.heal(fault);
+            healed.push(format!("{:.3} healed {fault:?}", wall_now()));
         }
     }
     eprintln!("chaos seed {seed}: {step} steps, {} acknowledged jobs, {} faults", acked.len(), faults.len());
@@ -526,11 +530,13 @@ fn lifecycle_invariants_hold_under_random_faults() {
                 }
             }
         }
+        let _ = std::fs::write(kept.join("faults"), [faults.join("\n"), healed.join("\n")].join("\n"));
         panic!(
-            "chaos seed {seed} (replay with CORRAL_SEED={seed}) broke {} invariant(s) (logs kept in {}):\n{}\nfaults:\n{}",
+            "chaos seed {seed} (replay with CORRAL_SEED={seed}) broke {} invariant(s) (logs kept in {}):\n{}\nfaults (wall-clock seconds at injection; heal times in {}/faults):\n{}",
             bad.len(),
             kept.display(),
             bad.join("\n"),
+            kept.display(),
             faults.join("\n")
         );
     }
