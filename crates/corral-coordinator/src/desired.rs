@@ -173,11 +173,24 @@ mod tests {
         }
     }
 
-    /// What the worker of `node` is told about job 1: `None` when it is not in the message.
-    fn action_for(data: &StateMachineData, node: &str) -> Option<pb::DesiredAction> {
+    /// What the worker of `node` is told about `job`: `None` when it is not in the message.
+    fn action_for(data: &StateMachineData, node: &str, job: u64) -> Option<pb::DesiredAction> {
         let epoch = data.state.nodes[node].epoch;
         let (_, message) = desired(data, node, epoch, 1);
-        message().jobs.iter().find(|j| j.job.as_ref().is_some_and(|job| job.id == 1)).map(|j| j.action())
+        message().jobs.iter().find(|j| j.job.as_ref().is_some_and(|d| d.id == job)).map(|j| j.action())
+    }
+
+    /// Places gang `job_id` with two GPUs on each of `nodes`; returns its allocation epoch.
+    fn place_gang(data: &mut StateMachineData, ms: u64, job_id: u64, nodes: [&str; 2]) -> u64 {
+        let place = Placement {
+            job_id,
+            node: nodes[0].into(),
+            gpus: vec![0, 1],
+            more_nodes: vec![NodeGpus { node: nodes[1].into(), gpus: vec![0, 1] }],
+            slice: None,
+        };
+        apply(data, ms, Command::Schedule { placements: vec![place], preemptions: vec![] });
+        data.state.jobs[&job_id].allocation.as_ref().unwrap().epoch
     }
 
     /// A two-node gang on n1 and n2: a part that exited 0 is dropped from its node's message and
@@ -201,46 +214,25 @@ mod tests {
             },
         };
         apply(&mut data, 3, gang("a"));
-        let place = Placement {
-            job_id: 1,
-            node: "n1".into(),
-            gpus: vec![0, 1],
-            more_nodes: vec![NodeGpus { node: "n2".into(), gpus: vec![0, 1] }],
-            slice: None,
-        };
-        apply(&mut data, 4, Command::Schedule { placements: vec![place], preemptions: vec![] });
-        assert_eq!(action_for(&data, "n1"), Some(pb::DesiredAction::Run));
-        assert_eq!(action_for(&data, "n2"), Some(pb::DesiredAction::Run));
-        assert_eq!(action_for(&data, "n3"), None);
+        let epoch = place_gang(&mut data, 4, 1, ["n1", "n2"]);
+        assert_eq!(action_for(&data, "n1", 1), Some(pb::DesiredAction::Run));
+        assert_eq!(action_for(&data, "n2", 1), Some(pb::DesiredAction::Run));
+        assert_eq!(action_for(&data, "n3", 1), None);
 
-        let epoch = data.state.jobs[&1].allocation.as_ref().unwrap().epoch;
         let ok = JobExitReport { exit_code: Some(0), run_time_ms: 10, ..Default::default() };
         apply(&mut data, 5, Command::JobFinished { job_id: 1, epoch, node: "n2".into(), report: ok });
-        assert_eq!(action_for(&data, "n2"), None, "the ended part is forgotten on its node");
-        assert_eq!(action_for(&data, "n1"), Some(pb::DesiredAction::Run), "a clean exit lets the rest run");
+        assert_eq!(action_for(&data, "n2", 1), None, "the ended part is forgotten on its node");
+        assert_eq!(action_for(&data, "n1", 1), Some(pb::DesiredAction::Run), "a clean exit lets the rest run");
 
         let ok = JobExitReport { exit_code: Some(0), ..Default::default() };
         apply(&mut data, 6, Command::JobFinished { job_id: 1, epoch, node: "n1".into(), report: ok });
 
         // Job 2: its first part fails, so its other part is told to stop.
         apply(&mut data, 7, gang("b"));
-        let place = Placement {
-            job_id: 2,
-            node: "n2".into(),
-            gpus: vec![0, 1],
-            more_nodes: vec![NodeGpus { node: "n3".into(), gpus: vec![0, 1] }],
-            slice: None,
-        };
-        apply(&mut data, 8, Command::Schedule { placements: vec![place], preemptions: vec![] });
-        let epoch = data.state.jobs[&2].allocation.as_ref().unwrap().epoch;
+        let epoch = place_gang(&mut data, 8, 2, ["n2", "n3"]);
         let failed = JobExitReport { exit_code: Some(1), run_time_ms: 10, ..Default::default() };
         apply(&mut data, 9, Command::JobFinished { job_id: 2, epoch, node: "n3".into(), report: failed });
-        let of_job_2 = |node: &str| {
-            let epoch = data.state.nodes[node].epoch;
-            let (_, message) = desired(&data, node, epoch, 1);
-            message().jobs.iter().find(|j| j.job.as_ref().is_some_and(|job| job.id == 2)).map(|j| j.action())
-        };
-        assert_eq!(of_job_2("n3"), None);
-        assert_eq!(of_job_2("n2"), Some(pb::DesiredAction::Stop), "a failed part stops the gang");
+        assert_eq!(action_for(&data, "n3", 2), None);
+        assert_eq!(action_for(&data, "n2", 2), Some(pb::DesiredAction::Stop), "a failed part stops the gang");
     }
 }
