@@ -76,8 +76,11 @@ fn latency_phase() {
 }
 
 /// Submits `jobs` one-GPU `true` jobs in one batch and waits until none is live; jobs/s.
-fn drain_once(rt: &tokio::runtime::Runtime, jobs: usize) -> f64 {
-    let pool = DevPool::start(&["--gpus", "8"]);
+/// One drain; returns its rate and the pool's data dir, which the caller deletes after the last
+/// run: on an ext4 without a journal, new inodes skip those deleted in the last half minute, so
+/// deleting one run's thousands of job dirs would slow the next run's launches.
+fn drain_once(rt: &tokio::runtime::Runtime, jobs: usize) -> (f64, Option<tempfile::TempDir>) {
+    let mut pool = DevPool::start(&["--gpus", "8"]);
     let client = Client::new(ClientConfig::new(vec![pool.addr.clone()])).expect("client");
     let specs: Vec<(String, corral_types::JobSpec)> = (0..jobs)
         .map(|i| {
@@ -103,19 +106,22 @@ fn drain_once(rt: &tokio::runtime::Runtime, jobs: usize) -> f64 {
         if let Ok(path) = std::env::var("CORRAL_BENCH_POOL_LOG") {
             std::fs::write(&path, pool.logs()).expect("write the pool's log");
         }
-        jobs as f64 / elapsed.as_secs_f64()
+        (jobs as f64 / elapsed.as_secs_f64(), pool.take_dir())
     })
 }
 
 fn drain_phase(rt: &tokio::runtime::Runtime) {
     let runs: usize = env_or("CORRAL_BENCH_DRAINS", 3);
+    let mut kept = Vec::new();
     let mut rates: Vec<f64> = (0..runs)
         .map(|i| {
-            let rate = drain_once(rt, 1000);
+            let (rate, dir) = drain_once(rt, 1000);
             eprintln!("drain {i}: {rate:.0} jobs/s");
+            kept.push(dir);
             rate
         })
         .collect();
+    drop(kept);
     rates.sort_by(f64::total_cmp);
     println!(
         "drain of 1000 one-GPU `true` jobs on 8 simulated GPUs: median {:.0} jobs/s  min {:.0}  max {:.0}  (n={runs})",

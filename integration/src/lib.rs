@@ -126,6 +126,12 @@ impl DevPool {
         DevPool { child: Some(child), addr, metrics_addr, data_dir: data_dir.to_path_buf(), _tmp: None, stderr_log }
     }
 
+    /// Takes the pool's temp dir out of the pool, so that it outlives the pool: the caller
+    /// decides when its files are deleted.
+    pub fn take_dir(&mut self) -> Option<tempfile::TempDir> {
+        self._tmp.take()
+    }
+
     /// `GET /metrics` from the pool's metrics listener; panics unless it answers 200.
     pub fn scrape(&self) -> String {
         let addr = self.metrics_addr.as_deref().expect("pool started with metrics");

@@ -3,10 +3,10 @@
 //! tree.
 //!
 //! Each launch gets the cgroup `<root>/job-<id>-<attempt>` (root `corral` by default) in every
-//! hierarchy on cgroup v1, or in the unified tree on v2. The main process joins it in the forked
-//! child before exec, so neither it nor anything it forks ever runs outside. [`RunningJob::wait`]
-//! waits for the main process, kills whatever is left in the cgroup, reads the OOM counter and
-//! removes the cgroup.
+//! hierarchy on cgroup v1, or in the unified tree on v2. The main process joins it in the child
+//! before exec (`spawn.rs`: a vfork-style clone, not a copy of the worker), so neither it nor
+//! anything it forks ever runs outside. [`RunningJob::wait`] waits for the main process, kills
+//! whatever is left in the cgroup, reads the OOM counter and removes the cgroup.
 //!
 //! Boundary: this module knows cgroupfs and process spawning; it knows nothing about GPUs,
 //! scheduling or the coordinator. Callers must be inside a tokio runtime.
@@ -15,6 +15,7 @@ mod cdi;
 mod cgroup;
 mod process;
 mod runc;
+mod spawn;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
@@ -24,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use tokio::process::Child;
 use tracing::{debug, error, info, warn};
 
 use cgroup::JobCgroup;
@@ -263,14 +263,7 @@ impl Executor for ProcessExecutor {
                 return Err(e);
             }
         };
-        let Some(pid) = child.id() else {
-            // Only possible once the child has been reaped, which nobody has done yet.
-            cgroup.remove_quietly();
-            return Err(ExecError::Spawn {
-                program: argv0.to_owned(),
-                source: std::io::Error::other("the process vanished right after spawn"),
-            });
-        };
+        let pid = child.id();
         info!(
             job_id = spec.job_id,
             attempt = spec.attempt,
@@ -279,7 +272,7 @@ impl Executor for ProcessExecutor {
             "job started"
         );
         Ok(RunningJob {
-            child,
+            child: MainProcess::Job(child),
             started,
             main_exit: None,
             exit: None,
@@ -454,11 +447,28 @@ impl JobHandle {
     }
 }
 
+/// The main process of a job: spawned by the process executor, or a `runc run` started by
+/// tokio.
+#[derive(Debug)]
+enum MainProcess {
+    Job(spawn::JobProcess),
+    Runc(tokio::process::Child),
+}
+
+impl MainProcess {
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            MainProcess::Job(process) => process.wait().await,
+            MainProcess::Runc(child) => child.wait().await,
+        }
+    }
+}
+
 /// A started job. Call [`RunningJob::wait`] to collect it; dropping it unwaited kills the job
 /// and removes its cgroup in the background.
 #[derive(Debug)]
 pub struct RunningJob {
-    child: Child,
+    child: MainProcess,
     started: Instant,
     /// (exit code, signal, run time) once the main process was reaped.
     main_exit: Option<(Option<i32>, Option<i32>, Duration)>,
@@ -557,7 +567,7 @@ impl Drop for RunningJob {
         if let Err(e) = self.shared.kill_tree() {
             warn!(job_id = self.shared.job_id, error = %e, "cannot kill dropped job");
         }
-        // tokio reaps the dropped child in the background; the cgroup needs an async drain.
+        // The dropped child is reaped in the background; the cgroup needs an async drain.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let shared = Arc::clone(&self.shared);
             runtime.spawn(async move {
@@ -982,5 +992,45 @@ mod tests {
 
         assert!(matches!(ProcessExecutor::new("../escape"), Err(ExecError::InvalidCgroupRoot(_))));
         assert!(matches!(ProcessExecutor::new("/abs"), Err(ExecError::InvalidCgroupRoot(_))));
+    }
+
+    #[tokio::test]
+    async fn a_failed_exec_names_the_step_and_leaves_no_cgroup() {
+        let fx = Fixture::new();
+        fs::create_dir_all(fx.dir.path().join("job")).expect("work dir");
+        let bogus = fx.dir.path().join("job").join("bogus");
+        fs::write(&bogus, [0x7f, b'E', b'L', b'F', 0, 1, 2, 3]).expect("write");
+        fs::set_permissions(&bogus, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+        let err = fx.executor.launch(&fx.spec(&["./bogus"])).map(|_| ()).expect_err("not a program");
+        let message = format!("{err}: {}", std::error::Error::source(&err).map(|s| s.to_string()).unwrap_or_default());
+        assert!(message.contains("cannot exec the program"), "{message}");
+        let name = fx.executor.job_cgroup_name(7, 0);
+        let job = JobCgroup::load_for_tests(fx.executor.cgroup_version(), &name);
+        assert!(!job.exists(), "a failed exec left cgroup {name}");
+    }
+
+    #[tokio::test]
+    async fn jobs_start_with_default_signals_and_the_worker_keeps_its_identity() {
+        let fx = Fixture::new();
+        // The worker ignores SIGPIPE (as every Rust program does): the job must not inherit it.
+        let mut spec = fx.spec(&["grep", "-E", "^(SigBlk|SigIgn|Uid)", "/proc/self/status"]);
+        spec.uid = Some(65534);
+        spec.gid = Some(65534);
+        fs::set_permissions(fx.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+        let mut job = fx.executor.launch(&spec).expect("launch");
+        let exit = wait_bounded(&mut job).await;
+        assert_eq!(exit.exit_code, Some(0), "stderr: {}", fx.log(STDERR_LOG));
+        let status = fx.log(STDOUT_LOG);
+        assert!(status.contains("SigBlk:\t0000000000000000"), "{status}");
+        assert!(status.contains("SigIgn:\t0000000000000000"), "{status}");
+        assert!(status.contains("Uid:\t65534"), "{status}");
+        // The child switched its uid with raw system calls: no thread of this process changed.
+        let me = fs::read_dir("/proc/self/task").expect("tasks");
+        for task in me.flatten() {
+            let status = fs::read_to_string(task.path().join("status")).unwrap_or_default();
+            if let Some(uid) = status.lines().find(|l| l.starts_with("Uid:")) {
+                assert!(uid.split_whitespace().skip(1).all(|id| id == "0"), "thread {:?}: {uid}", task.file_name());
+            }
+        }
     }
 }

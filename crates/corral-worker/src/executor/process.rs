@@ -1,17 +1,15 @@
 //! Starting a job's main process: work dir and log files, a minimal environment, PATH lookup,
-//! and the pre-exec steps in the child (new session, join the job cgroup, no_new_privs, drop to
-//! the job's uid/gid) so the job is confined before its first instruction runs.
+//! and the confinement the child applies before exec (new session, join the job cgroup,
+//! no_new_privs, drop to the job's uid/gid) so the job is confined before its first
+//! instruction runs.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
-use tokio::process::{Child, Command};
-
+use super::spawn::{self, JobProcess};
 use super::{ExecError, LaunchSpec};
 
 /// PATH given to jobs that do not set their own.
@@ -136,113 +134,20 @@ pub(crate) struct SpawnPlan<'a> {
     pub(crate) cgroup_procs: Vec<File>,
 }
 
-/// Spawns the main process. In the forked child, before exec: `setsid()`, write `0` to each
-/// `cgroup.procs` (moves the child itself, so nothing it forks can start outside the cgroup),
-/// `PR_SET_NO_NEW_PRIVS`, an empty capability bounding set, then `setgroups`/`setgid`/`setuid`
-/// when the spec asks for them.
-pub(crate) fn spawn(plan: SpawnPlan<'_>) -> Result<Child, ExecError> {
+/// Spawns the main process (see [`spawn::spawn`]). In the child, before exec: `setsid()`,
+/// write `0` to each `cgroup.procs` (moves the child itself, so nothing it forks can start
+/// outside the cgroup), `PR_SET_NO_NEW_PRIVS`, an empty capability bounding set, then
+/// `setgroups`/`setgid`/`setuid` when the spec asks for them.
+pub(crate) fn spawn(plan: SpawnPlan<'_>) -> Result<JobProcess, ExecError> {
     let spec = plan.spec;
-    let mut command = Command::new(&plan.program);
-    command
-        .args(spec.argv.iter().skip(1))
-        .env_clear()
-        .envs(&plan.env)
-        .current_dir(&spec.work_dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(plan.stdout))
-        .stderr(Stdio::from(plan.stderr));
-    if let Some(argv0) = spec.argv.first() {
-        command.arg0(argv0);
-    }
-
-    let procs_fds: Vec<RawFd> = plan.cgroup_procs.iter().map(|f| f.as_raw_fd()).collect();
-    let uid = spec.uid;
-    let gid = spec.gid;
-    let open_files = spec.limits.open_files;
-    // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
-    // system calls (setsid, write, setrlimit, prctl, setgroups, setgid, setuid) on memory that was set up
-    // before the fork; it neither allocates nor takes locks. The fds stay open until spawn
-    // returns because `plan.cgroup_procs` lives until the end of this function, and they are
-    // close-on-exec, so the job does not inherit them.
-    unsafe {
-        command.pre_exec(move || child_setup(&procs_fds, open_files, uid, gid));
-    }
-    let child =
-        command.spawn().map_err(|source| ExecError::Spawn { program: plan.program.display().to_string(), source })?;
-    drop(plan.cgroup_procs);
-    Ok(child)
-}
-
-/// Empties the capability bounding set and the ambient set, so the job never holds a capability:
-/// a job that stays root (no user mapping) execs with none, and one that switches to its
-/// tenant's uid cannot regain any. Needs CAP_SETPCAP: a worker without it has none to give away.
-/// Runs in the forked child; async-signal-safe only.
-fn drop_capabilities() -> io::Result<()> {
-    // SAFETY: prctl with integer arguments.
-    unsafe {
-        if libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0) != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EINVAL) {
-                return Err(e);
-            }
-        }
-        for cap in 0..64 as libc::c_ulong {
-            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
-                match io::Error::last_os_error().raw_os_error() {
-                    // Past the last capability this kernel knows.
-                    Some(libc::EINVAL) => break,
-                    // Not privileged: nothing to drop.
-                    Some(libc::EPERM) => return Ok(()),
-                    _ => return Err(io::Error::last_os_error()),
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Runs in the forked child; async-signal-safe only.
-fn child_setup(procs_fds: &[RawFd], open_files: Option<u64>, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
-    // SAFETY (all blocks below): plain system calls with valid arguments; see `spawn`.
-    if unsafe { libc::setsid() } == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    for &fd in procs_fds {
-        // "0" means "the writing process" in cgroup.procs on v1 and v2.
-        let written = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
-        if written != 1 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    if let Some(n) = open_files {
-        let limit = libc::rlimit { rlim_cur: n as libc::rlim_t, rlim_max: n as libc::rlim_t };
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    drop_capabilities()?;
-    if let Some(gid) = gid {
-        let groups = [gid as libc::gid_t];
-        if unsafe { libc::setgroups(1, groups.as_ptr()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if unsafe { libc::setgid(gid as libc::gid_t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    if let Some(uid) = uid {
-        // Drop root's supplementary groups unless a gid already replaced them.
-        if gid.is_none() && unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if unsafe { libc::setuid(uid as libc::uid_t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
+    let confinement = spawn::Confinement {
+        cgroup_procs: &plan.cgroup_procs,
+        open_files: spec.limits.open_files,
+        uid: spec.uid,
+        gid: spec.gid,
+    };
+    spawn::spawn(&plan.program, &spec.argv, &plan.env, &spec.work_dir, &plan.stdout, &plan.stderr, &confinement)
+        .map_err(|source| ExecError::Spawn { program: plan.program.display().to_string(), source })
 }
 
 #[cfg(test)]

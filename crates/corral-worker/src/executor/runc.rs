@@ -265,7 +265,7 @@ impl Executor for RuncExecutor {
         let pid = child.id().unwrap_or(0);
         info!(job_id = spec.job_id, attempt = spec.attempt, pid, container = %id, image = %image.display(), cgroup = %name, "container started");
         Ok(RunningJob {
-            child,
+            child: super::MainProcess::Runc(child),
             started,
             main_exit: None,
             exit: None,
