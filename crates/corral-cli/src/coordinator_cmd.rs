@@ -287,7 +287,7 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
     crate::dev::termination().await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    if let Err(e) = tokio::time::timeout(Duration::from_secs(10), node.raft.shutdown()).await {
+    if let Err(e) = tokio::time::timeout(Duration::from_secs(10), node.shutdown()).await {
         tracing::warn!(error = %e, "raft shutdown timed out");
     }
     server.await??;

@@ -76,7 +76,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let node = RaftNode::open(&RaftNodeConfig::new(1, data_dir.join("coordinator")))
         .await
         .with_context(|| format!("cannot open coordinator data in {}", data_dir.display()))?;
-    node.initialize_single(&addr.to_string()).await?;
+    node.initialize(&addr.to_string()).await?;
     let config = CoordinatorConfig { advertise_addr: addr.to_string(), ..Default::default() };
     let coordinator = Coordinator::new(node.clone(), config);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -85,9 +85,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     };
     let server = tokio::spawn(coordinator.clone().serve(listener, stopped(stop_rx.clone())));
 
-    node.raft
-        .wait(Some(Duration::from_secs(30)))
-        .current_leader(node.id, "single-node coordinator becomes leader")
+    node.wait_for(Duration::from_secs(30), |s| s.leader == Some(s.id))
         .await
         .context("the coordinator did not become leader")?;
     if node.state.read().state.config.tenants.is_empty() {
@@ -151,7 +149,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let _ = worker_stop_tx.send(true);
     worker.await??;
     let _ = stop_tx.send(true);
-    if let Err(e) = node.raft.shutdown().await {
+    if let Err(e) = node.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");
     }
     server.await??;

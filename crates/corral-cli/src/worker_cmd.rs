@@ -658,14 +658,14 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         let node = RaftNode::open(&RaftNodeConfig::new(1, dir.path().join("coordinator"))).await.expect("raft");
-        node.initialize_single(&addr).await.expect("init");
+        node.initialize(&addr).await.expect("init");
         let coordinator = Coordinator::new(node.clone(), CoordinatorConfig::default());
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
         let server = tokio::spawn(coordinator.clone().serve(listener, stopped(stop_rx.clone())));
-        node.raft.wait(Some(Duration::from_secs(30))).current_leader(node.id, "leader").await.expect("leader");
+        node.wait_for(Duration::from_secs(30), |s| s.leader == Some(s.id)).await.expect("leader");
         coordinator.propose(Command::Configure(ClusterConfig::dev_defaults())).await.expect("configure");
 
         let data_dir = dir.path().join("worker");
@@ -745,7 +745,7 @@ mod tests {
 
         let _ = stop_tx.send(true);
         worker.await.expect("worker task").expect("worker");
-        let _ = node.raft.shutdown().await;
+        let _ = node.shutdown().await;
         server.await.expect("server task").expect("server");
         let _ = ProcessExecutor::new(format!("corral-it-{}", std::process::id())).map(|e| e.remove_root_cgroup());
     }

@@ -38,7 +38,7 @@ fn desired<'a>(
     term: u64,
 ) -> (Key, impl FnOnce() -> pb::DesiredState + 'a) {
     let state = &data.state;
-    let revision = data.last_applied.map(|l| l.index).unwrap_or(0);
+    let revision = data.applied_index();
     let current = state.nodes.get(node).is_some_and(|n| n.epoch == node_epoch && n.state == NodeState::Up);
     let wants: Vec<(&corral_types::Job, pb::DesiredAction, u32, Option<i32>)> = if current {
         state
@@ -197,7 +197,7 @@ mod tests {
     /// the other part runs on; a part that failed makes the remaining parts stop.
     #[test]
     fn a_gang_part_that_ended_leaves_its_node_and_a_failure_stops_the_rest() {
-        let mut data = StateMachineData { state: State::default(), ..Default::default() };
+        let mut data = StateMachineData::of(State::default());
         apply(&mut data, 1, Command::Configure(ClusterConfig::dev_defaults()));
         for name in ["n1", "n2", "n3"] {
             apply(&mut data, 2, Command::RegisterNode { spec: node(name) });

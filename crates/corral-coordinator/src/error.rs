@@ -26,6 +26,18 @@ fn leader_hint(id: &Option<u64>, addr: &Option<String>) -> String {
     }
 }
 
+impl From<corral_raft::RaftError> for CoordError {
+    fn from(e: corral_raft::RaftError) -> Self {
+        match e {
+            corral_raft::RaftError::NotLeader { leader_id, leader_addr } => {
+                CoordError::NotLeader { leader_id, leader_addr }
+            }
+            corral_raft::RaftError::Refused(reason) => CoordError::InvalidArgument(reason),
+            corral_raft::RaftError::Failed(reason) => CoordError::Raft(reason),
+        }
+    }
+}
+
 /// Metadata key carrying the leader's API address on `NotLeader` errors, so clients can redirect.
 pub const LEADER_ADDR_METADATA: &str = "corral-leader-addr";
 

@@ -57,7 +57,7 @@ impl Gateway {
                 .get(&job_id)
                 .and_then(|j| j.allocation.as_ref())
                 .is_some_and(|a| a.gpus_on(&name).is_some());
-            (placed, data.last_applied.map_or(0, |l| l.index))
+            (placed, data.applied_index())
         };
         if placed_here {
             return Ok(());
@@ -82,7 +82,7 @@ impl Gateway {
                 Ok(Response::new(pb::ReportResponse { accepted: outcome != Outcome::Stale, revision }))
             }
             Err(CoordError::Rejected(ApplyError::NoSuchJob(_))) => {
-                let revision = self.coord.inner.node.state.read().last_applied.map_or(0, |l| l.index);
+                let revision = self.coord.inner.node.state.read().applied_index();
                 Ok(Response::new(pb::ReportResponse { accepted: false, revision }))
             }
             Err(e) => Err(e.into()),

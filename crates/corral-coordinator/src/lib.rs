@@ -23,7 +23,7 @@ pub use tso::{CLOCK_SKEW_FAILPOINT, MAX_COUNT as MAX_TIMESTAMPS_PER_CALL};
 use tso::{Allocation, Tso};
 
 use corral_core::{Command, Outcome, Request};
-use corral_raft::{RaftNode, RaftRequest};
+use corral_raft::RaftNode;
 use corral_types::Timestamp;
 use liveness::Liveness;
 use std::future::Future;
@@ -137,16 +137,8 @@ impl Coordinator {
 
     /// Like [`Coordinator::propose_at`], also returning the log index the command was applied at.
     pub(crate) async fn propose_indexed(&self, ts: Timestamp, command: Command) -> Result<(Outcome, u64), CoordError> {
-        match self.inner.node.raft.client_write(RaftRequest(Request { ts, command })).await {
-            Ok(reply) => {
-                let index = reply.log_id.index;
-                reply.data.map(|outcome| (outcome, index)).map_err(CoordError::Rejected)
-            }
-            Err(openraft::error::RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
-                Err(CoordError::NotLeader { leader_id: f.leader_id, leader_addr: f.leader_node.map(|n| n.addr) })
-            }
-            Err(e) => Err(CoordError::Raft(e.to_string())),
-        }
+        let (response, index) = self.inner.node.propose(Request { ts, command }).await?;
+        response.map(|outcome| (outcome, index)).map_err(CoordError::Rejected)
     }
 
     /// The first of `count` consecutive, cluster-wide strictly increasing timestamps.
@@ -187,20 +179,20 @@ impl Coordinator {
 
     /// The current term if this node leads and a quorum acknowledged it within the lease.
     fn leader_term_within_lease(&self) -> Result<u64, CoordError> {
-        let metrics = self.inner.node.raft.metrics().borrow().clone();
-        if metrics.current_leader != Some(self.inner.node.id) {
+        let leadership = self.inner.node.leadership();
+        if leadership.leader != Some(self.inner.node.id) {
             return Err(self.not_leader());
         }
-        let single_voter = metrics.membership_config.membership().voter_ids().count() == 1;
+        let single_voter = leadership.voters == 1;
         let lease_ms = self.inner.config.leader_lease.as_millis() as u64;
-        let fresh = metrics.millis_since_quorum_ack.is_some_and(|ms| ms < lease_ms);
+        let fresh = leadership.millis_since_quorum_ack.is_some_and(|ms| ms < lease_ms);
         if !single_voter && !fresh {
             return Err(CoordError::Unavailable(format!(
                 "leader lease not confirmed (last quorum ack {:?} ms ago): retry shortly",
-                metrics.millis_since_quorum_ack
+                leadership.millis_since_quorum_ack
             )));
         }
-        Ok(metrics.current_term)
+        Ok(leadership.term)
     }
 
     /// The term in which this node may answer workers: it leads, a quorum confirmed it within
@@ -210,7 +202,7 @@ impl Coordinator {
     /// hidden from a worker on a state that lags).
     pub(crate) fn worker_term(&self) -> Result<u64, CoordError> {
         let term = self.leader_term_within_lease()?;
-        let applied_term = self.inner.node.state.read().last_applied.map(|l| l.leader_id.term);
+        let applied_term = self.inner.node.state.read().applied_term();
         if applied_term != Some(term) {
             return Err(CoordError::Unavailable(format!(
                 "this coordinator became leader in term {term} and is still applying what earlier terms committed: retry shortly"
@@ -230,8 +222,8 @@ impl Coordinator {
 
     /// The current term if this node believes it leads.
     pub(crate) fn leading_term(&self) -> Option<u64> {
-        let metrics = self.inner.node.raft.metrics().borrow().clone();
-        (metrics.current_leader == Some(self.inner.node.id)).then_some(metrics.current_term)
+        let leadership = self.inner.node.leadership();
+        (leadership.leader == Some(self.inner.node.id)).then_some(leadership.term)
     }
 
     /// Makes this node's oracle serve in `term`: starts above everything committed so far and
@@ -296,23 +288,18 @@ impl Coordinator {
 
     /// The "not the leader" error, naming the leader when one is known.
     pub(crate) fn not_leader(&self) -> CoordError {
-        let metrics = self.inner.node.raft.metrics().borrow().clone();
-        let leader_addr = metrics
-            .current_leader
-            .and_then(|id| metrics.membership_config.membership().get_node(&id).map(|n| n.addr.clone()));
-        CoordError::NotLeader { leader_id: metrics.current_leader, leader_addr }
+        let status = self.inner.node.status();
+        CoordError::NotLeader { leader_id: status.leader, leader_addr: status.leader_addr }
     }
 
     /// Waits until this node may serve a linearizable read: it is the leader, a quorum confirmed
     /// it, and everything committed before the read is applied. Followers answer `NotLeader`.
     pub(crate) async fn linearizable(&self) -> Result<(), CoordError> {
-        use openraft::error::{CheckIsLeaderError, RaftError};
-        match self.inner.node.raft.ensure_linearizable().await {
-            Ok(_) => Ok(()),
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(CoordError::NotLeader { leader_id: f.leader_id, leader_addr: f.leader_node.map(|n| n.addr) })
+        match self.inner.node.ensure_linearizable().await {
+            Err(corral_raft::RaftError::Failed(e)) => {
+                Err(CoordError::Unavailable(format!("cannot confirm leadership: {e}")))
             }
-            Err(e) => Err(CoordError::Unavailable(format!("cannot confirm leadership: {e}"))),
+            other => Ok(other?),
         }
     }
 
@@ -337,7 +324,7 @@ impl Coordinator {
             move |request: tonic::Request<()>| coord.check_role(service, request)
         };
         use tonic::service::interceptor::InterceptedService;
-        let raft = corral_raft::RaftGrpcService::new(self.inner.node.raft.clone()).into_server();
+        let raft = self.inner.node.grpc_service();
         let result = tonic::transport::Server::builder()
             .add_service(InterceptedService::new(raft, guard(auth::Service::Raft)))
             .add_service(InterceptedService::new(api::server(self.clone()), guard(auth::Service::Api)))

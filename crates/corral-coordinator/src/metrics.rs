@@ -205,20 +205,20 @@ impl Coordinator {
     /// Registers this coordinator's series into `registry` (a fresh one per scrape): Raft and
     /// TSO on every coordinator, the rest only while this node leads.
     pub async fn collect_metrics(&self, registry: &mut Registry) {
-        let raft = self.inner.node.raft.metrics().borrow().clone();
-        let is_leader = raft.current_leader == Some(self.inner.node.id);
-        let applied = raft.last_applied.map_or(0, |l| l.index);
+        let raft = self.inner.node.status();
+        let is_leader = raft.leader == Some(self.inner.node.id);
+        let applied = raft.applied_index.unwrap_or(0);
         // openraft 0.9 does not publish the commit index; the persisted one may lag, and
         // everything applied is committed.
         let committed = self.inner.node.committed_index().await.unwrap_or(0).max(applied);
         let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        gauge(registry, "corral_raft_term", "Current Raft term", as_i64(raft.current_term));
+        gauge(registry, "corral_raft_term", "Current Raft term", as_i64(raft.term));
         gauge(registry, "corral_raft_is_leader", "1 if this coordinator is the Raft leader", i64::from(is_leader));
         gauge(
             registry,
             "corral_raft_leader_id",
             "Node id of the known Raft leader (0: none known)",
-            as_i64(raft.current_leader.unwrap_or(0)),
+            as_i64(raft.leader.unwrap_or(0)),
         );
         gauge(registry, "corral_raft_commit_index", "Highest Raft log index known committed", as_i64(committed));
         gauge(registry, "corral_raft_applied_index", "Highest Raft log index applied", as_i64(applied));

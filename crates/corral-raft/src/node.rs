@@ -1,11 +1,15 @@
-//! Opening a coordinator's Raft node: storage under a data dir, timing config, network.
+//! A coordinator's Raft node, the one door to openraft: opening storage under a data dir,
+//! proposing commands, linearizable reads, membership changes, status and shutdown. Callers see
+//! corral's own types ([`RaftStatus`], [`RaftError`]); openraft's stay inside this crate.
 
 use crate::log_store::LogStore;
-use crate::network::GrpcNetworkFactory;
+use crate::network::{GrpcNetworkFactory, RaftGrpcService};
 use crate::state_machine::StateMachineStore;
-use crate::types::{NodeId, Raft, TypeConfig};
-use openraft::{BasicNode, SnapshotPolicy};
-use std::collections::BTreeMap;
+use crate::types::{NodeId, Raft, RaftRequest, TypeConfig};
+use corral_proto::raft::raft_server::RaftServer;
+use openraft::error::{ChangeMembershipError, CheckIsLeaderError, ClientWriteError, InitializeError};
+use openraft::{BasicNode, ChangeMembers, RaftMetrics, ServerState, SnapshotPolicy};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,11 +46,103 @@ impl RaftNodeConfig {
     }
 }
 
+/// What a node is in the cluster right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Leader,
+    Follower,
+    Candidate,
+    Learner,
+    Shutdown,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Leader => "leader",
+            Role::Follower => "follower",
+            Role::Candidate => "candidate",
+            Role::Learner => "learner",
+            Role::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// A coordinator in the cluster's membership.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub id: NodeId,
+    pub addr: String,
+    /// A voter, or a learner that only receives the log.
+    pub voter: bool,
+}
+
+/// This node's view of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RaftStatus {
+    pub id: NodeId,
+    pub role: Role,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub leader_addr: Option<String>,
+    pub last_log_index: Option<u64>,
+    pub applied_index: Option<u64>,
+    pub snapshot_index: Option<u64>,
+    pub purged_index: Option<u64>,
+    pub members: Vec<Member>,
+    /// A membership was ever committed (the cluster was bootstrapped or this node joined).
+    pub initialized: bool,
+}
+
+/// The cheap part of the status that leadership checks need on every write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leadership {
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    /// Since a quorum last acknowledged this node as leader (leaders only).
+    pub millis_since_quorum_ack: Option<u64>,
+    pub voters: usize,
+}
+
+/// Why a Raft call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RaftError {
+    /// This node does not lead; the leader when one is known.
+    #[error("this coordinator is not the leader (leader: {})", leader_addr.as_deref().unwrap_or("unknown"))]
+    NotLeader { leader_id: Option<NodeId>, leader_addr: Option<String> },
+    /// A membership change that the current membership does not allow.
+    #[error("{0}")]
+    Refused(String),
+    /// Anything else: shut down, storage failure, no quorum in time.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl RaftError {
+    fn forward(leader_id: Option<NodeId>, leader_node: Option<BasicNode>) -> RaftError {
+        RaftError::NotLeader { leader_id, leader_addr: leader_node.map(|n| n.addr) }
+    }
+}
+
+fn write_error(e: openraft::error::RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> RaftError {
+    match e {
+        openraft::error::RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+            RaftError::forward(f.leader_id, f.leader_node)
+        }
+        openraft::error::RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => refused(c),
+        other => RaftError::Failed(other.to_string()),
+    }
+}
+
+fn refused(e: ChangeMembershipError<NodeId>) -> RaftError {
+    RaftError::Refused(e.to_string())
+}
+
 /// A running Raft node and its state machine.
 #[derive(Clone)]
 pub struct RaftNode {
     pub id: NodeId,
-    pub raft: Raft,
+    raft: Raft,
     pub state: StateMachineStore,
     log: LogStore<TypeConfig>,
     /// Each follower's replicated index and when it last moved (flow control).
@@ -128,14 +224,133 @@ impl RaftNode {
         log.read_committed().await.ok().flatten().map(|l| l.index)
     }
 
-    /// Makes this node the single voter of a new cluster. Succeeds if already initialized.
-    pub async fn initialize_single(&self, raft_addr: &str) -> anyhow::Result<()> {
-        let members = BTreeMap::from([(self.id, BasicNode { addr: raft_addr.to_string() })]);
+    /// Makes this node the single voter of a new cluster, reachable at `addr`. Succeeds if the
+    /// cluster was already initialized.
+    pub async fn initialize(&self, addr: &str) -> Result<(), RaftError> {
+        let members = BTreeMap::from([(self.id, BasicNode { addr: addr.to_string() })]);
         match self.raft.initialize(members).await {
-            Ok(()) => Ok(()),
-            Err(openraft::error::RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => Ok(()),
-            Err(e) => Err(e.into()),
+            Ok(()) | Err(openraft::error::RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(RaftError::Failed(e.to_string())),
         }
+    }
+
+    /// Replicates `request` and applies it; returns the state machine's answer and the log
+    /// index it was applied at.
+    pub async fn propose(&self, request: corral_core::Request) -> Result<(corral_core::Response, u64), RaftError> {
+        let reply = self.raft.client_write(RaftRequest(request)).await.map_err(write_error)?;
+        Ok((reply.data, reply.log_id.index))
+    }
+
+    /// Waits until this node may serve a linearizable read: it leads, a quorum confirmed it,
+    /// and everything committed before the call is applied.
+    pub async fn ensure_linearizable(&self) -> Result<(), RaftError> {
+        match self.raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(openraft::error::RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(RaftError::forward(f.leader_id, f.leader_node))
+            }
+            Err(e) => Err(RaftError::Failed(e.to_string())),
+        }
+    }
+
+    /// Adds a learner and waits until it has caught up with the log.
+    pub async fn add_learner(&self, id: NodeId, addr: &str) -> Result<(), RaftError> {
+        self.raft.add_learner(id, BasicNode { addr: addr.to_string() }, true).await.map_err(write_error)?;
+        Ok(())
+    }
+
+    /// Makes a learner a voter.
+    pub async fn promote(&self, id: NodeId) -> Result<(), RaftError> {
+        self.raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+            .await
+            .map_err(write_error)?;
+        Ok(())
+    }
+
+    /// Takes a voter's vote away, or removes a learner from the membership.
+    pub async fn remove(&self, id: NodeId) -> Result<(), RaftError> {
+        let voter = self.raft.metrics().borrow().membership_config.membership().voter_ids().any(|v| v == id);
+        let change = if voter {
+            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else {
+            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        };
+        self.raft.change_membership(change, false).await.map_err(write_error)?;
+        Ok(())
+    }
+
+    /// This node's view of the cluster.
+    pub fn status(&self) -> RaftStatus {
+        status_of(self.id, &self.raft.metrics().borrow())
+    }
+
+    /// Term, leader and lease of this node, without copying the membership.
+    pub fn leadership(&self) -> Leadership {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        Leadership {
+            term: m.current_term,
+            leader: m.current_leader,
+            millis_since_quorum_ack: m.millis_since_quorum_ack,
+            voters: m.membership_config.membership().voter_ids().count(),
+        }
+    }
+
+    /// Waits, at most `timeout`, until `ready` holds for this node's status.
+    pub async fn wait_for(&self, timeout: Duration, ready: impl Fn(&RaftStatus) -> bool) -> Result<(), RaftError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut metrics = self.raft.metrics();
+        loop {
+            let status = status_of(self.id, &metrics.borrow_and_update());
+            if ready(&status) {
+                return Ok(());
+            }
+            match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(RaftError::Failed("the Raft node has stopped".to_string())),
+                Err(_) => return Err(RaftError::Failed(format!("not ready after {timeout:?}: {status:?}"))),
+            }
+        }
+    }
+
+    /// The gRPC service through which peers reach this node.
+    pub fn grpc_service(&self) -> RaftServer<RaftGrpcService> {
+        RaftGrpcService::new(self.raft.clone()).into_server()
+    }
+
+    /// Stops the Raft core (the storage closes when the last handle is dropped).
+    pub async fn shutdown(&self) -> Result<(), RaftError> {
+        self.raft.shutdown().await.map_err(|e| RaftError::Failed(e.to_string()))
+    }
+}
+
+fn status_of(id: NodeId, m: &RaftMetrics<NodeId, BasicNode>) -> RaftStatus {
+    let membership = m.membership_config.membership();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let members = membership
+        .nodes()
+        .map(|(id, n)| Member { id: *id, addr: n.addr.clone(), voter: voters.contains(id) })
+        .collect();
+    let role = match m.state {
+        ServerState::Leader => Role::Leader,
+        ServerState::Follower => Role::Follower,
+        ServerState::Candidate => Role::Candidate,
+        ServerState::Learner => Role::Learner,
+        ServerState::Shutdown => Role::Shutdown,
+    };
+    RaftStatus {
+        id,
+        role,
+        term: m.current_term,
+        leader: m.current_leader,
+        leader_addr: m.current_leader.and_then(|l| membership.get_node(&l).map(|n| n.addr.clone())),
+        last_log_index: m.last_log_index,
+        applied_index: m.last_applied.map(|l| l.index),
+        snapshot_index: m.snapshot.map(|l| l.index),
+        purged_index: m.purged.map(|l| l.index),
+        members,
+        initialized: m.membership_config.log_id().is_some(),
     }
 }
 

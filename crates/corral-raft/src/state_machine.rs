@@ -24,8 +24,25 @@ const SNAPSHOT_FILE: &str = "current.snap";
 #[derive(Debug, Default)]
 pub struct StateMachineData {
     pub state: State,
-    pub last_applied: Option<LogId>,
-    pub membership: StoredMembership,
+    pub(crate) last_applied: Option<LogId>,
+    pub(crate) membership: StoredMembership,
+}
+
+impl StateMachineData {
+    /// State machine data holding `state`, as if nothing were applied yet (tests of callers).
+    pub fn of(state: State) -> StateMachineData {
+        StateMachineData { state, ..Default::default() }
+    }
+
+    /// Index of the last applied log entry (0 before any): the state's revision.
+    pub fn applied_index(&self) -> u64 {
+        self.last_applied.map_or(0, |l| l.index)
+    }
+
+    /// Term of the leader that wrote the last applied entry.
+    pub fn applied_term(&self) -> Option<u64> {
+        self.last_applied.map(|l| l.leader_id.term)
+    }
 }
 
 /// One sled tree with key prefixes, so every applied batch is a single atomic `apply_batch`

@@ -4,6 +4,7 @@
 
 mod bad_input;
 mod billing;
+mod boundaries;
 mod chaos;
 mod cluster;
 mod isolation;
