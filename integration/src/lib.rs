@@ -46,7 +46,8 @@ pub fn corral_bin() -> PathBuf {
     let bin = profile_dir.join("corral");
     assert!(
         bin.exists(),
-        "{} not found: build it with `cargo build -p corral-cli` (cargo test --workspace does)",
+        "{} not found: `cargo test --workspace` builds it (with the test failpoints); alone: \
+         `cargo build -p corral-cli --features corral-coordinator/failpoints`",
         bin.display()
     );
     bin

@@ -9,6 +9,7 @@ mod auth;
 mod cluster;
 mod desired;
 mod error;
+mod failpoints;
 mod gateway;
 mod group_commit;
 mod liveness;

@@ -27,9 +27,10 @@ const _: () = assert!(corral_core::TSO_LEAD_ALLOWANCE_MS >= WINDOW_MS + 1_000);
 /// Largest range one request may take.
 pub const MAX_COUNT: u64 = 100_000;
 
-/// Environment variable of the clock-skew failpoint: milliseconds (may be negative) added to
-/// this process's wall clock, to test a coordinator whose clock is wrong.
-pub const CLOCK_SKEW_FAILPOINT: &str = "CORRAL_FAILPOINT_CLOCK_SKEW_MS";
+/// Failpoint adding milliseconds (may be negative) to this process's wall clock, to test a
+/// coordinator whose clock is wrong: `FAILPOINTS=clock-skew-ms=return(3600000)` in builds with
+/// the `failpoints` feature.
+pub const CLOCK_SKEW_FAILPOINT: &str = "clock-skew-ms";
 
 /// Wall clock in Unix milliseconds, with the skew failpoint applied.
 #[derive(Debug)]
@@ -39,12 +40,18 @@ pub struct Clock {
 
 impl Default for Clock {
     fn default() -> Self {
-        let skew_ms = std::env::var(CLOCK_SKEW_FAILPOINT).ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+        let skew_ms = configured_skew_ms();
         if skew_ms != 0 {
             tracing::warn!(skew_ms, "clock-skew failpoint active");
         }
         Clock { skew_ms }
     }
+}
+
+fn configured_skew_ms() -> i64 {
+    crate::failpoints::setup();
+    fail::fail_point!(CLOCK_SKEW_FAILPOINT, |value| value.and_then(|v| v.parse().ok()).unwrap_or(0));
+    0
 }
 
 impl Clock {

@@ -287,7 +287,7 @@ fn a_frozen_workers_job_never_overlaps_its_next_attempt() {
 fn a_leader_an_hour_ahead_bills_runs_what_the_worker_measured() {
     let skewed = 2;
     let options = ClusterOptions {
-        node_env: vec![(skewed, "CORRAL_FAILPOINT_CLOCK_SKEW_MS".into(), "3600000".into())],
+        node_env: vec![(skewed, "FAILPOINTS".into(), "clock-skew-ms=return(3600000)".into())],
         ..Default::default()
     };
     let cluster = cluster(3, options);

@@ -105,7 +105,7 @@ fn a_leader_with_a_clock_far_behind_still_issues_larger_timestamps() {
     let rt = runtime();
     // Node 1, the first leader, has a clock one hour ahead: what it issues lies an hour in the
     // future of every other node's clock.
-    let skew = (0, corral_coordinator_skew_env(), "3600000".to_string());
+    let skew = (0, "FAILPOINTS".to_string(), "clock-skew-ms=return(3600000)".to_string());
     let mut cluster = Cluster::start(3, ClusterOptions { node_env: vec![skew], ..Default::default() });
     cluster.init_and_join_all();
     assert_eq!(cluster.leader(), 0, "the node that ran `cluster init` leads first");
@@ -132,8 +132,4 @@ fn a_leader_with_a_clock_far_behind_still_issues_larger_timestamps() {
         assert!(ts > previous, "{ts:?} after {previous:?}");
         previous = ts;
     }
-}
-
-fn corral_coordinator_skew_env() -> String {
-    "CORRAL_FAILPOINT_CLOCK_SKEW_MS".to_string()
 }
