@@ -8,7 +8,7 @@
 //! Every denial and every admin action is written to the audit log.
 
 use crate::Coordinator;
-use corral_security::{AuditEvent, AuditLog, Peer, Role, ServerTls};
+use corral_security::{AuditEvent, AuditLog, Peer, Role, RoleGuard, ServerTls};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use tonic::{Request, Status};
@@ -60,6 +60,11 @@ impl Service {
             Service::Gateway => &[Role::Worker],
             Service::Api => &[Role::Client, Role::Admin],
         }
+    }
+
+    /// The interceptor of this service: the caller's certificate must carry a role it accepts.
+    pub(crate) fn guard(self, security: &SecurityConfig) -> RoleGuard {
+        RoleGuard::new(self.name(), self.allowed(), security.server_tls.is_some(), security.audit.clone())
     }
 }
 
@@ -120,29 +125,6 @@ fn describe_peer<T>(request: &Request<T>) -> String {
 impl Coordinator {
     pub(crate) fn security(&self) -> &SecurityConfig {
         &self.inner.config.security
-    }
-
-    /// Interceptor of every service: the caller's certificate must carry a role the service
-    /// accepts. Plaintext servers (no TLS) accept everyone.
-    pub(crate) fn check_role(&self, service: Service, request: Request<()>) -> Result<Request<()>, Status> {
-        if self.security().server_tls.is_none() {
-            return Ok(request);
-        }
-        let role = peer_of(&request).and_then(Peer::role);
-        if role.is_some_and(|r| service.allowed().contains(&r)) {
-            return Ok(request);
-        }
-        let detail = match role {
-            Some(role) => format!("a {role} certificate cannot call the {} service", service.name()),
-            None => format!("a certificate without a corral role cannot call the {} service", service.name()),
-        };
-        self.security().audit.record(AuditEvent::denied(
-            format!("{} service", service.name()),
-            describe_peer(&request),
-            "-",
-            detail.clone(),
-        ));
-        Err(Status::permission_denied(format!("permission denied: {detail}")))
     }
 
     /// Records a refusal and returns the status for it.

@@ -315,14 +315,11 @@ impl Coordinator {
         let scheduler = tokio::spawn(scheduler::run(self.clone()));
         let (submits, group_task) = group_commit::GroupCommit::start(self.clone());
         let _ = self.inner.submits.set(submits);
-        let audit = self.inner.config.security.audit.clone();
-        let on_refused = Arc::new(move |r: corral_security::Refusal| {
-            audit.record(corral_security::AuditEvent::denied("tls-handshake", r.addr.to_string(), "-", r.reason));
-        });
-        let incoming = corral_security::incoming(listener, self.inner.config.security.server_tls.clone(), on_refused);
+        let security = &self.inner.config.security;
+        let incoming = corral_security::audited_incoming(listener, security.server_tls.clone(), security.audit.clone());
         let guard = |service: auth::Service| {
-            let coord = self.clone();
-            move |request: tonic::Request<()>| coord.check_role(service, request)
+            let guard = service.guard(security);
+            move |request: tonic::Request<()>| guard.check(request)
         };
         use tonic::service::interceptor::InterceptedService;
         let raft = self.inner.node.grpc_service();

@@ -10,11 +10,13 @@
 mod audit;
 mod certs;
 mod client;
+mod guard;
 mod server;
 
 pub use audit::{AuditEvent, AuditLog};
 pub use certs::{generate_dev_certs, DevCerts};
 pub use client::{client_tls_config, describe_tls_error};
+pub use guard::{audited_incoming, RoleGuard};
 pub use server::{incoming, Conn, Refusal, ServerTls};
 
 use std::net::SocketAddr;

@@ -27,26 +27,9 @@ pub(crate) fn server(shared: Arc<WorkerShared>) -> WorkerAgentServer<Agent> {
 }
 
 /// Over TLS only coordinators may read logs (they check the tenant before proxying).
-#[derive(Clone)]
-pub(crate) struct RoleGuard {
-    pub tls: bool,
-    pub audit: Arc<corral_security::AuditLog>,
-}
-
-impl RoleGuard {
-    pub(crate) fn check(&self, request: Request<()>) -> Result<Request<()>, Status> {
-        if !self.tls {
-            return Ok(request);
-        }
-        let peer = request.extensions().get::<corral_security::Peer>();
-        if peer.and_then(|p| p.role()) == Some(corral_security::Role::Coordinator) {
-            return Ok(request);
-        }
-        let who = peer.map(|p| p.describe()).unwrap_or_else(|| "unknown peer".into());
-        let detail = "only coordinators may read job logs from a worker";
-        self.audit.record(corral_security::AuditEvent::denied("worker agent", who, "-", detail));
-        Err(Status::permission_denied(format!("permission denied: {detail}")))
-    }
+pub(crate) fn guard(tls: bool, audit: Arc<corral_security::AuditLog>) -> corral_security::RoleGuard {
+    corral_security::RoleGuard::new("worker agent", &[corral_security::Role::Coordinator], tls, audit)
+        .with_hint("only coordinators may read job logs from a worker")
 }
 
 pub(crate) struct Agent {

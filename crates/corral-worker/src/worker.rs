@@ -372,13 +372,9 @@ impl Worker {
         }
         self.inspect_gpus().await;
         let audit = Arc::new(corral_security::AuditLog::in_dir(&self.shared.config.data_dir));
-        let refusals = audit.clone();
-        let on_refused = Arc::new(move |r: corral_security::Refusal| {
-            refusals.record(corral_security::AuditEvent::denied("tls-handshake", r.addr.to_string(), "-", r.reason));
-        });
         let tls = self.shared.config.agent_tls.clone();
-        let guard = crate::agent::RoleGuard { tls: tls.is_some(), audit };
-        let incoming = corral_security::incoming(agent_listener, tls, on_refused);
+        let guard = crate::agent::guard(tls.is_some(), audit.clone());
+        let incoming = corral_security::audited_incoming(agent_listener, tls, audit);
         let agent = tonic::transport::Server::builder()
             .add_service(tonic::service::interceptor::InterceptedService::new(
                 crate::agent::server(self.shared.clone()),

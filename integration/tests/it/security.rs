@@ -255,7 +255,8 @@ fn certificates_are_checked_on_every_connection_and_denials_are_audited() {
     assert!(logs.contains("only coordinators may read job logs"), "{logs}");
     let worker_audit = audit_lines(&s.worker.data_dir.join("audit.jsonl"));
     assert!(
-        worker_audit.iter().any(|l| l["detail"] == "only coordinators may read job logs from a worker"),
+        worker_audit.iter().any(|l| l["detail"]
+            == "an admin certificate cannot call the worker agent service: only coordinators may read job logs from a worker"),
         "{worker_audit:?}"
     );
 }

@@ -1,0 +1,118 @@
+//! What every corral server does with its callers: accept connections through the audited TLS
+//! acceptor, and let each service through only the certificate roles it serves, auditing every
+//! refusal the same way.
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_stream::Stream;
+use tonic::{Request, Status};
+
+use crate::{incoming, AuditEvent, AuditLog, Conn, Peer, Refusal, Role, ServerTls};
+
+/// Accepts connections on `listener` (TLS when `tls` is set), recording every refused
+/// handshake in `audit` as a `tls-handshake` denial.
+pub fn audited_incoming(
+    listener: TcpListener,
+    tls: Option<ServerTls>,
+    audit: Arc<AuditLog>,
+) -> impl Stream<Item = std::io::Result<Conn>> + Send + 'static {
+    let on_refused = Arc::new(move |r: Refusal| {
+        audit.record(AuditEvent::denied("tls-handshake", r.addr.to_string(), "-", r.reason));
+    });
+    incoming(listener, tls, on_refused)
+}
+
+/// The role check of one gRPC service, for a tonic interceptor: over TLS only certificates of
+/// the allowed roles pass; every refusal is audited. Plaintext servers let everyone in.
+#[derive(Clone)]
+pub struct RoleGuard {
+    service: &'static str,
+    allowed: &'static [Role],
+    /// Said after the refusal, e.g. why only those roles may call.
+    hint: Option<&'static str>,
+    tls: bool,
+    audit: Arc<AuditLog>,
+}
+
+impl RoleGuard {
+    /// A guard for `service` (named in refusals: "the {service} service").
+    pub fn new(service: &'static str, allowed: &'static [Role], tls: bool, audit: Arc<AuditLog>) -> RoleGuard {
+        RoleGuard { service, allowed, hint: None, tls, audit }
+    }
+
+    /// Adds why the service is restricted to the refusal message.
+    pub fn with_hint(mut self, hint: &'static str) -> RoleGuard {
+        self.hint = Some(hint);
+        self
+    }
+
+    /// Lets `request` through, or refuses it with PERMISSION_DENIED and an audit record.
+    #[allow(clippy::result_large_err)]
+    pub fn check(&self, request: Request<()>) -> Result<Request<()>, Status> {
+        if !self.tls {
+            return Ok(request);
+        }
+        let peer = request.extensions().get::<Peer>();
+        let role = peer.and_then(Peer::role);
+        if role.is_some_and(|r| self.allowed.contains(&r)) {
+            return Ok(request);
+        }
+        let mut detail = match role {
+            Some(role) => format!("{} {role} certificate cannot call the {} service", article(role), self.service),
+            None => format!("a certificate without a corral role cannot call the {} service", self.service),
+        };
+        if let Some(hint) = self.hint {
+            detail = format!("{detail}: {hint}");
+        }
+        let who = peer.map(Peer::describe).unwrap_or_else(|| "unknown peer".into());
+        self.audit.record(AuditEvent::denied(format!("{} service", self.service), who, "-", detail.clone()));
+        Err(Status::permission_denied(format!("permission denied: {detail}")))
+    }
+}
+
+/// "an admin", "a worker".
+fn article(role: Role) -> &'static str {
+    if role.to_string().starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PeerIdentity;
+
+    fn request(role: Option<Role>) -> Request<()> {
+        let mut request = Request::new(());
+        request.extensions_mut().insert(Peer {
+            addr: "127.0.0.1:4242".parse().ok(),
+            tls: true,
+            identity: role.map(|role| PeerIdentity { role, name: "w1".into() }),
+        });
+        request
+    }
+
+    #[test]
+    fn only_allowed_roles_pass_and_refusals_are_audited() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let audit = Arc::new(AuditLog::in_dir(dir.path()));
+        let guard = RoleGuard::new("raft", &[Role::Coordinator], true, audit.clone());
+        assert!(guard.check(request(Some(Role::Coordinator))).is_ok());
+        let refused = guard.check(request(Some(Role::Worker))).expect_err("a worker");
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        assert_eq!(refused.message(), "permission denied: a worker certificate cannot call the raft service");
+        let admin = guard.check(request(Some(Role::Admin))).expect_err("an admin");
+        assert_eq!(admin.message(), "permission denied: an admin certificate cannot call the raft service");
+        let anonymous = guard.with_hint("only coordinators replicate").check(request(None)).expect_err("no role");
+        assert!(anonymous.message().ends_with("cannot call the raft service: only coordinators replicate"));
+        let log = std::fs::read_to_string(dir.path().join("audit.jsonl")).expect("audit log");
+        assert_eq!(log.lines().count(), 3, "{log}");
+        assert!(log.contains("worker w1 at 127.0.0.1:4242"), "{log}");
+
+        let plaintext = RoleGuard::new("raft", &[Role::Coordinator], false, audit);
+        assert!(plaintext.check(Request::new(())).is_ok());
+    }
+}
