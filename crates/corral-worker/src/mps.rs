@@ -54,7 +54,7 @@ pub struct Mps {
 impl Mps {
     /// Finds the control binary; without it (or when disabled) MPS is simulated.
     pub fn new(config: &MpsConfig, base_dir: PathBuf) -> Self {
-        let control = if config.enabled { find_in_path(&config.control) } else { None };
+        let control = if config.enabled { crate::executor::find_program(&config.control, &[]) } else { None };
         match &control {
             Some(path) => tracing::info!(control = %path.display(), "MPS available for fractional jobs"),
             None if config.enabled => tracing::info!(
@@ -155,17 +155,6 @@ fn daemon_alive(pipe: &Path) -> bool {
         }
         Err(_) => false,
     }
-}
-
-pub(crate) fn find_in_path(program: &Path) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-    if program.components().count() > 1 {
-        return executable(program).then(|| program.to_path_buf());
-    }
-    let path = std::env::var("PATH").unwrap_or_default();
-    let found = path.split(':').filter(|d| !d.is_empty()).map(|d| Path::new(d).join(program)).find(|p| executable(p));
-    found
 }
 
 #[cfg(test)]

@@ -9,8 +9,14 @@ use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use super::cgroup::{self, CgroupVersion, JobCgroup};
+use super::job::{MainProcess, Shared};
 use super::spawn::{self, JobProcess};
-use super::{ExecError, LaunchSpec};
+use super::{ExecError, Executor, LaunchSpec, RunningJob};
 
 /// PATH given to jobs that do not set their own.
 pub(crate) const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -68,23 +74,23 @@ pub(crate) fn environment(spec: &LaunchSpec) -> BTreeMap<String, String> {
 }
 
 /// Resolves `program` like execvp would with the job's PATH: names containing `/` are taken as
-/// paths (relative ones against the work dir), others are looked up in each PATH entry.
+/// paths (relative ones against the work dir), others are looked up in each PATH entry
+/// (relative entries against the work dir too).
 pub(crate) fn resolve_program(program: &str, path_var: &str, work_dir: &Path) -> Result<PathBuf, ExecError> {
     let not_found = || ExecError::ProgramNotFound { program: program.to_owned(), path: path_var.to_owned() };
-    if program.contains('/') {
-        let candidate = work_dir.join(program);
-        return if is_executable_file(&candidate) { Ok(candidate) } else { Err(not_found()) };
-    }
-    path_var
-        .split(':')
-        .filter(|dir| !dir.is_empty())
-        .map(|dir| work_dir.join(dir).join(program))
-        .find(|candidate| is_executable_file(candidate))
-        .ok_or_else(not_found)
+    let dirs = path_var.split(':').filter(|dir| !dir.is_empty()).map(|dir| work_dir.join(dir));
+    let paths = std::env::join_paths(dirs).map_err(|_| not_found())?;
+    which::which_in(program, Some(paths), work_dir).map_err(|_| not_found())
 }
 
-fn is_executable_file(path: &Path) -> bool {
-    fs::metadata(path).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+/// Finds one of the worker's own helper programs (runc, the MPS control daemon): a path as
+/// given, else a name in the worker's PATH and then in `also`.
+pub(crate) fn find_program(program: &Path, also: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs = std::env::split_paths(&path).chain(also.iter().map(PathBuf::from));
+    let paths = std::env::join_paths(dirs).ok()?;
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    which::which_in(program, Some(paths), cwd).ok()
 }
 
 /// Creates the work dir when missing (owned by the job's uid/gid when those are set) and opens
@@ -148,6 +154,106 @@ pub(crate) fn spawn(plan: SpawnPlan<'_>) -> Result<JobProcess, ExecError> {
     };
     spawn::spawn(&plan.program, &spec.argv, &plan.env, &spec.work_dir, &plan.stdout, &plan.stderr, &confinement)
         .map_err(|source| ExecError::Spawn { program: plan.program.display().to_string(), source })
+}
+
+/// Runs each job as a plain process in its own cgroup under a common root cgroup.
+#[derive(Clone, Debug)]
+pub struct ProcessExecutor {
+    cgroup_root: String,
+    version: CgroupVersion,
+}
+
+impl Default for ProcessExecutor {
+    /// Root cgroup `corral`, cgroup version detected from the host.
+    fn default() -> Self {
+        Self { cgroup_root: Self::DEFAULT_CGROUP_ROOT.to_owned(), version: CgroupVersion::detect() }
+    }
+}
+
+impl ProcessExecutor {
+    /// Root cgroup under which job cgroups are created by default.
+    pub const DEFAULT_CGROUP_ROOT: &'static str = "corral";
+
+    /// An executor putting job cgroups under `cgroup_root` (relative to each hierarchy's root,
+    /// e.g. `corral` or `corral/worker-3`), with the cgroup version detected from the host.
+    pub fn new(cgroup_root: impl Into<String>) -> Result<Self, ExecError> {
+        let cgroup_root = cgroup_root.into();
+        if !cgroup::validate_relative_name(&cgroup_root) {
+            return Err(ExecError::InvalidCgroupRoot(cgroup_root));
+        }
+        Ok(Self { cgroup_root: cgroup_root.trim_end_matches('/').to_owned(), version: CgroupVersion::detect() })
+    }
+
+    pub fn cgroup_root(&self) -> &str {
+        &self.cgroup_root
+    }
+
+    pub fn cgroup_version(&self) -> CgroupVersion {
+        self.version
+    }
+
+    /// The cgroup path of one attempt of a job, relative to the hierarchy root(s).
+    pub fn job_cgroup_name(&self, job_id: u64, attempt: u64) -> String {
+        format!("{}/job-{job_id}-{attempt}", self.cgroup_root)
+    }
+
+    /// Removes the root cgroup itself (e.g. at worker shutdown). Fails while job cgroups remain
+    /// under it; succeeds when it does not exist.
+    pub fn remove_root_cgroup(&self) -> Result<(), ExecError> {
+        cgroup::remove_empty_cgroup(self.version, &self.cgroup_root)
+    }
+}
+
+impl Executor for ProcessExecutor {
+    /// Kills and removes job cgroups left under the root by an earlier worker process (one that
+    /// was killed before it could clean up). Call once at start-up, before launching anything.
+    fn reap_leftovers(&self) -> Result<Vec<String>, ExecError> {
+        cgroup::reap_job_cgroups(self.version, &self.cgroup_root)
+    }
+
+    fn launch(&self, spec: &LaunchSpec) -> Result<RunningJob, ExecError> {
+        if let Some(image) = &spec.image {
+            return Err(ExecError::NoContainerRuntime(image.display().to_string()));
+        }
+        validate(spec)?;
+        let env = environment(spec);
+        let path_var = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
+        let argv0 = spec.argv.first().map_or("", String::as_str);
+        let program = resolve_program(argv0, path_var, &spec.work_dir)?;
+        let (stdout, stderr) = prepare_work_dir(spec)?;
+
+        let name = self.job_cgroup_name(spec.job_id, spec.attempt);
+        let cgroup = JobCgroup::create(self.version, &name, &spec.limits)?;
+        let cgroup_procs = match cgroup.open_procs_files() {
+            Ok(files) => files,
+            Err(e) => {
+                cgroup.remove_quietly();
+                return Err(e);
+            }
+        };
+        let started = Instant::now();
+        let plan = SpawnPlan { spec, program, env, stdout, stderr, cgroup_procs };
+        let child = match spawn(plan) {
+            Ok(child) => child,
+            Err(e) => {
+                // The child may have joined the cgroup before failing to exec.
+                if let Err(kill) = cgroup.kill_all() {
+                    warn!(cgroup = %name, error = %kill, "cannot kill a failed launch");
+                }
+                cgroup.remove_quietly();
+                return Err(e);
+            }
+        };
+        let pid = child.id();
+        info!(
+            job_id = spec.job_id,
+            attempt = spec.attempt,
+            pid,
+            cgroup = %name,
+            "job started"
+        );
+        Ok(RunningJob::new(MainProcess::Job(child), started, Shared::new(spec.job_id, spec.attempt, pid, cgroup, None)))
+    }
 }
 
 #[cfg(test)]

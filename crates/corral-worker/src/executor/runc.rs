@@ -15,7 +15,8 @@
 
 use super::cdi::{self, Edits};
 use super::cgroup::{self, CgroupVersion, JobCgroup};
-use super::{process, ExecError, Executor, LaunchSpec, RunningJob, Shared};
+use super::job::{ContainerRuntime, MainProcess, Shared};
+use super::{process, ExecError, Executor, LaunchSpec, RunningJob};
 use oci_spec::runtime::{
     Capabilities, HookBuilder, Hooks, LinuxBuilder, LinuxCpuBuilder, LinuxDevice, LinuxDeviceBuilder,
     LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxMemoryBuilder, LinuxNamespaceType, LinuxPidsBuilder,
@@ -28,6 +29,9 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Instant;
 use tracing::{info, warn};
+
+/// Where runc is looked for after the worker's PATH: the directories root's PATH has.
+const SBIN_DIRS: &[&str] = &["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 
 /// Where the job's work dir appears in the container.
 pub const CONTAINER_WORK_DIR: &str = "/work";
@@ -106,6 +110,16 @@ impl Container {
     }
 }
 
+impl ContainerRuntime for Container {
+    fn exit_status(&self, code: Option<i32>, signal: Option<i32>) -> (Option<i32>, Option<i32>) {
+        container_status(code, signal)
+    }
+
+    fn remove(&self) {
+        self.delete();
+    }
+}
+
 /// Best effort: removes the cgroup `name` from every v1 hierarchy mounted under
 /// /sys/fs/cgroup (runc also creates it in devices, cpuset, blkio, ...), retrying for a moment
 /// while killed members are still exiting.
@@ -139,30 +153,10 @@ pub(crate) fn container_status(code: Option<i32>, signal: Option<i32>) -> (Optio
     }
 }
 
-/// Finds `program` like the shell would, also in the sbin directories root's PATH has.
-fn find_program(program: &Path) -> Option<PathBuf> {
-    if program.components().count() > 1 {
-        return is_executable(program).then(|| program.to_path_buf());
-    }
-    let path = std::env::var("PATH").unwrap_or_default();
-    let found = path
-        .split(':')
-        .filter(|d| !d.is_empty())
-        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"])
-        .map(|dir| Path::new(dir).join(program))
-        .find(|candidate| is_executable(candidate));
-    found
-}
-
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
 impl RuncExecutor {
     /// Finds runc and prepares its state directories. Fails when runc is not installed.
     pub fn new(config: RuncConfig) -> Result<Self, ExecError> {
-        let runc = find_program(&config.runc).ok_or_else(|| {
+        let runc = process::find_program(&config.runc, SBIN_DIRS).ok_or_else(|| {
             ExecError::RuncNotFound(format!("no executable {} in PATH, /usr/sbin or /usr/bin", config.runc.display()))
         })?;
         if !cgroup::validate_relative_name(&config.cgroup_root) {
@@ -264,19 +258,12 @@ impl Executor for RuncExecutor {
         };
         let pid = child.id().unwrap_or(0);
         info!(job_id = spec.job_id, attempt = spec.attempt, pid, container = %id, image = %image.display(), cgroup = %name, "container started");
-        Ok(RunningJob {
-            child: super::MainProcess::Runc(child),
+        let runtime: Arc<dyn ContainerRuntime> = Arc::new(container);
+        Ok(RunningJob::new(
+            MainProcess::Runc(child),
             started,
-            main_exit: None,
-            exit: None,
-            shared: Arc::new(Shared {
-                job_id: spec.job_id,
-                attempt: spec.attempt,
-                pid,
-                cgroup,
-                container: Some(container),
-            }),
-        })
+            Shared::new(spec.job_id, spec.attempt, pid, cgroup, Some(runtime)),
+        ))
     }
 
     /// Deletes containers and bundles a dead worker left, then their cgroups.
@@ -546,24 +533,20 @@ mod tests {
     //! packages runc and busybox-static). Each test has its own cgroup root and state dir.
 
     use super::*;
-    use crate::executor::{JobExit, ResourceLimits, STDERR_LOG, STDOUT_LOG};
+    use crate::executor::{ResourceLimits, STDERR_LOG, STDOUT_LOG};
     use std::collections::BTreeMap;
-    use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
 
     const DEADLINE: Duration = Duration::from_secs(60);
     const BUSYBOX: &str = "/bin/busybox";
     const APPLETS: [&str; 10] = ["sh", "id", "cat", "sleep", "echo", "touch", "pwd", "grep", "ls", "true"];
 
-    struct Fixture {
-        executor: RuncExecutor,
-        dir: tempfile::TempDir,
-        image: PathBuf,
-    }
+    type Fixture = crate::executor::testing::Fixture<RuncExecutor>;
 
     impl Fixture {
+        /// A runc executor with its own state dir and cgroup root, and a busybox rootfs; runs
+        /// job 11, attempt 2.
         fn new() -> Self {
-            static NEXT: AtomicU64 = AtomicU64::new(0);
             let dir = tempfile::tempdir().expect("tempdir");
             let image = dir.path().join("rootfs");
             std::fs::create_dir_all(image.join("bin")).expect("rootfs");
@@ -580,54 +563,15 @@ mod tests {
             for applet in APPLETS {
                 std::os::unix::fs::symlink("busybox", image.join("bin").join(applet)).expect("applet link");
             }
-            let root = format!("corral-runc-test-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+            let root = crate::executor::testing::unique_cgroup_root("corral-runc-test");
             let executor = RuncExecutor::new(RuncConfig::new(dir.path().join("state"), root))
                 .unwrap_or_else(|e| panic!("{e} (the CI script installs the Debian package runc)"));
-            Fixture { executor, dir, image }
-        }
-
-        fn spec(&self, argv: &[&str]) -> LaunchSpec {
-            LaunchSpec {
-                job_id: 11,
-                attempt: 2,
-                argv: argv.iter().map(|a| (*a).to_owned()).collect(),
-                env: BTreeMap::new(),
-                work_dir: self.dir.path().join("job"),
-                limits: ResourceLimits::default(),
-                uid: None,
-                gid: None,
-                image: Some(self.image.clone()),
-                devices: Vec::new(),
-                cdi_devices: Vec::new(),
-                binds: Vec::new(),
-            }
-        }
-
-        fn log(&self, name: &str) -> String {
-            std::fs::read_to_string(self.dir.path().join("job").join(name)).expect("log file")
+            Fixture::with(executor, dir, Some(image), 11, 2)
         }
 
         fn state_is_gone(&self) -> bool {
             let empty = |dir: &Path| std::fs::read_dir(dir).map(|mut d| d.next().is_none()).unwrap_or(true);
             empty(&self.executor.runc_root) && empty(&self.executor.bundles)
-        }
-    }
-
-    impl Drop for Fixture {
-        fn drop(&mut self) {
-            if let Err(e) = self.executor.remove_root_cgroup() {
-                eprintln!("cleanup: {e}");
-            }
-        }
-    }
-
-    async fn wait_bounded(job: &mut RunningJob, fx: &Fixture) -> JobExit {
-        match tokio::time::timeout(DEADLINE, job.wait()).await {
-            Ok(exit) => exit,
-            Err(_) => {
-                let _ = job.kill_tree();
-                panic!("container did not finish within {DEADLINE:?}; stderr: {}", fx.log(STDERR_LOG));
-            }
         }
     }
 
@@ -651,8 +595,8 @@ mod tests {
     async fn container_exit_code_and_logs() {
         let fx = Fixture::new();
         let mut job = fx.executor.launch(&fx.spec(&["sh", "-c", "echo hi; echo err >&2; exit 3"])).expect("launch");
-        let dirs = job.shared.cgroup.dirs().to_vec();
-        let exit = wait_bounded(&mut job, &fx).await;
+        let dirs = job.cgroup_dirs();
+        let exit = fx.wait_bounded(&mut job, DEADLINE).await;
         assert_eq!((exit.exit_code, exit.signal), (Some(3), None), "stderr: {}", fx.log(STDERR_LOG));
         assert_eq!(fx.log(STDOUT_LOG), "hi\n");
         assert_eq!(fx.log(STDERR_LOG), "err\n");
@@ -674,7 +618,7 @@ mod tests {
         spec.gid = Some(65534);
         std::fs::set_permissions(fx.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
         let mut job = fx.executor.launch(&spec).expect("launch");
-        let exit = wait_bounded(&mut job, &fx).await;
+        let exit = fx.wait_bounded(&mut job, DEADLINE).await;
         assert_eq!(exit.exit_code, Some(0), "stderr: {}", fx.log(STDERR_LOG));
         let out = fx.log(STDOUT_LOG);
         let lines: Vec<String> = out.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
@@ -696,17 +640,17 @@ mod tests {
         let mut job = fx.executor.launch(&spec).expect("launch");
         let pids = wait_for_command(&job, "sleep").await;
         assert!(!pids.contains(&job.pid()), "runc itself stays outside the job cgroup");
-        let limit = match job.shared.cgroup.dirs().iter().find_map(|d| {
+        let limit = match job.cgroup_dirs().iter().find_map(|d| {
             std::fs::read_to_string(d.join("memory.limit_in_bytes"))
                 .or_else(|_| std::fs::read_to_string(d.join("memory.max")))
                 .ok()
         }) {
             Some(text) => text.trim().to_owned(),
-            None => panic!("no memory limit file in {:?}", job.shared.cgroup.dirs()),
+            None => panic!("no memory limit file in {:?}", job.cgroup_dirs()),
         };
         assert_eq!(limit, (64 * 1024 * 1024).to_string(), "runc must keep the job's limits");
         job.kill_tree().expect("kill_tree");
-        let exit = wait_bounded(&mut job, &fx).await;
+        let exit = fx.wait_bounded(&mut job, DEADLINE).await;
         assert_eq!((exit.exit_code, exit.signal), (None, Some(libc::SIGKILL)), "{exit:?}");
         assert!(fx.state_is_gone());
     }
