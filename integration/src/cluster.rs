@@ -84,8 +84,8 @@ impl Cluster {
         let config = self.dir.path().join(format!("coordinator-{slot}.toml"));
         let data = self.dir.path().join(format!("data-{slot}"));
         let text = format!(
-            "node-id = {id}\nlisten = \"{addr}\"\ndata-dir = \"{}\"\n\n[raft]\nheartbeat-interval-ms = 50\n\
-             election-timeout-min-ms = 150\nelection-timeout-max-ms = 300\nsnapshot-every = {}\n\
+            "node-id = {id}\nlisten = \"{addr}\"\ndata-dir = \"{}\"\n\n[raft]\nheartbeat-interval = \"50ms\"\n\
+             election-timeout-min = \"150ms\"\nelection-timeout-max = \"300ms\"\nsnapshot-every = {}\n\
              keep-logs-after-snapshot = {}\n\n[scheduler]\nnode-ttl = \"{}\"\n",
             data.display(),
             self.options.snapshot_every,

@@ -3,18 +3,17 @@
 use crate::args::DevArgs;
 use crate::metrics_http::MetricsSource;
 use anyhow::{bail, Context};
-use corral_client::{Client, ClientConfig};
-use corral_coordinator::{Coordinator, CoordinatorConfig};
+use corral_coordinator::{Coordinator, CoordinatorFile};
 use corral_core::{ClusterConfig, Command};
-use corral_raft::{RaftNode, RaftNodeConfig};
-use corral_worker::executor::ProcessExecutor;
+use corral_types::ConfigSize;
+use corral_worker::config::{GpuSection, SimulatedDeviceSection, UsersSection};
 use corral_worker::gpu::{SimulatedConfig, SimulatedGpus};
-use corral_worker::{Worker, WorkerConfig};
+use corral_worker::{BuildOptions, Worker, WorkerFile};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 const NODE_NAME: &str = "dev-node";
 
@@ -73,17 +72,16 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let listener = crate::listen::bind(listen, "for clients").await?;
     let addr = listener.local_addr()?;
 
-    let node = RaftNode::open(&RaftNodeConfig::new(1, data_dir.join("coordinator")))
+    // Opened as `corral coordinator` opens one: node 1 of a cluster of one, with every default.
+    let coordinator_file = CoordinatorFile::new(1, addr, data_dir.join("coordinator"));
+    coordinator_file.validate().map_err(anyhow::Error::msg)?;
+    let coordinator = Coordinator::open(&coordinator_file, addr)
         .await
         .with_context(|| format!("cannot open coordinator data in {}", data_dir.display()))?;
+    let node = coordinator.raft_node().clone();
     node.initialize(&addr.to_string()).await?;
-    let config = CoordinatorConfig { advertise_addr: addr.to_string(), ..Default::default() };
-    let coordinator = Coordinator::new(node.clone(), config);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let server = tokio::spawn(coordinator.clone().serve(listener, stopped(stop_rx.clone())));
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(coordinator.clone().serve(listener, stop.clone().cancelled_owned()));
 
     node.wait_for(Duration::from_secs(30), |s| s.leader == Some(s.id))
         .await
@@ -93,34 +91,53 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
 
     let agent_listener = TcpListener::bind("127.0.0.1:0").await?;
-    let mut worker_config = WorkerConfig::for_host(NODE_NAME.to_string(), data_dir.join("worker"));
-    let agent_addr = agent_listener.local_addr()?.to_string();
-    worker_config.advertise_addr = agent_addr.clone();
+    // The worker is assembled as `corral worker` assembles one, from a config that says what
+    // a dev pool is: simulated GPUs, jobs as this user, a cgroup root per data dir.
     let cgroup_root = format!("corral/dev-{}", path_tag(&data_dir));
-    worker_config.fence_guard = Some(crate::worker_cmd::fence_guard(&cgroup_root)?);
-    let executor = ProcessExecutor::new(cgroup_root)?;
+    let gpu = GpuSection {
+        backend: "simulated".into(),
+        devices: vec![SimulatedDeviceSection {
+            model: args.gpu_model.clone(),
+            memory: ConfigSize(args.gpu_memory),
+            count: args.gpus,
+            mig: false,
+        }],
+        // Operators and tests inject GPU faults (overheat, XID, leaked memory) by writing this file.
+        faults_file: Some(data_dir.join("worker/faults.toml")),
+    };
+    let mut worker_file = WorkerFile::new(vec![addr.to_string()], data_dir.join("worker"), gpu);
+    worker_file.node_name = Some(NODE_NAME.to_string());
+    worker_file.users = Some(UsersSection { as_worker: true, ..Default::default() });
+    worker_file.executor.cgroup_root = cgroup_root.clone();
+    worker_file.validate().map_err(anyhow::Error::msg)?;
+    let agent_addr = agent_listener.local_addr()?;
+    // Simulated GPU ids unique to this data dir: two dev pools never share a device.
     let gpus = SimulatedGpus::new(SimulatedConfig {
         count: args.gpus,
         model: args.gpu_model.clone(),
         memory_mib: args.gpu_memory >> 20,
         host: format!("{NODE_NAME}-{}", path_tag(&data_dir)),
     })
-    // Operators and tests inject GPU faults (overheat, XID, leaked memory) by writing this file.
     .with_faults_file(data_dir.join("worker/faults.toml"));
-    let client = Client::new(ClientConfig::new(vec![addr.to_string()]))?;
-    let worker = Worker::new(worker_config, client.gateway(), Arc::new(executor), Arc::new(gpus));
+    let options = BuildOptions {
+        token: None,
+        fence_guard: Some(crate::worker_cmd::fence_guard(&cgroup_root)?),
+        gpus: Some(Arc::new(gpus)),
+    };
+    let worker = Worker::build(&worker_file, agent_addr, options)?;
+    let agent_addr = agent_addr.to_string();
     // One listener exports both: the coordinator's series and the worker's do not overlap.
     let metrics = match metrics_addr {
         Some(addr) => {
             let sources =
                 vec![MetricsSource::Coordinator(coordinator.clone()), MetricsSource::Worker(worker.metrics())];
-            Some(crate::metrics_http::start(addr, sources, stopped(stop_rx.clone())).await?)
+            Some(crate::metrics_http::start(addr, sources, stop.clone().cancelled_owned()).await?)
         }
         None => None,
     };
     // The worker stops first, while the coordinator still takes its last reports.
-    let (worker_stop_tx, worker_stop_rx) = watch::channel(false);
-    let worker = tokio::spawn(worker.run(agent_listener, stopped(worker_stop_rx)));
+    let worker_stop = stop.child_token();
+    let worker = tokio::spawn(worker.run(agent_listener, worker_stop.clone().cancelled_owned()));
 
     let deadline = Instant::now() + Duration::from_secs(30);
     // Ready once this process's worker registered: after a restart the node is already up in the
@@ -146,9 +163,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 
     termination().await;
     tracing::info!("shutting down");
-    let _ = worker_stop_tx.send(true);
+    worker_stop.cancel();
     worker.await??;
-    let _ = stop_tx.send(true);
+    stop.cancel();
     if let Err(e) = node.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");
     }

@@ -7,6 +7,7 @@
 mod api;
 mod auth;
 mod cluster;
+mod config;
 mod desired;
 mod error;
 mod failpoints;
@@ -18,6 +19,7 @@ mod scheduler;
 mod tso;
 
 pub use auth::{token_sha256, SecurityConfig};
+pub use config::{AuthSection, CoordinatorFile, RaftSection, SchedulerSection};
 pub use error::{CoordError, LEADER_ADDR_METADATA};
 pub use tso::{CLOCK_SKEW_FAILPOINT, MAX_COUNT as MAX_TIMESTAMPS_PER_CALL};
 

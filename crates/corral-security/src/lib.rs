@@ -70,12 +70,39 @@ impl std::fmt::Display for Role {
     }
 }
 
-/// PEM files of one party: the cluster CA it trusts, and its own certificate and key.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// PEM files of one party: the cluster CA it trusts, and its own certificate and key. Also the
+/// `[tls]` section of the coordinator's and the worker's config files (`corral certs init`
+/// writes the files).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct TlsFiles {
+    /// The cluster CA: peers must present certificates it signed.
     pub ca: PathBuf,
+    /// Our certificate (its role must match the daemon).
     pub cert: PathBuf,
     pub key: PathBuf,
+}
+
+impl TlsFiles {
+    /// Checks the section of a config file; the error names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        for (key, path) in [("tls.ca", &self.ca), ("tls.cert", &self.cert), ("tls.key", &self.key)] {
+            if path.as_os_str().is_empty() {
+                return Err(format!("{key}: must not be empty"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads the files of a daemon whose certificate must carry `role`: what it serves with
+    /// and what it calls others with.
+    pub fn load_for(&self, role: Role) -> Result<(ServerTls, tonic::transport::ClientTlsConfig), TlsError> {
+        let identity = certificate_identity(&self.cert)?;
+        if identity.role != role {
+            return Err(TlsError::WrongRole { path: self.cert.clone(), found: identity.role, needed: role });
+        }
+        Ok((ServerTls::load(self)?, client_tls_config(self)?))
+    }
 }
 
 /// Who holds a verified certificate.
@@ -124,6 +151,8 @@ pub enum TlsError {
     Write { path: PathBuf, source: std::io::Error },
     #[error("cannot generate certificates: {0}")]
     Generate(String),
+    #[error("tls.cert: {} is a {found} certificate; this daemon needs a {needed} certificate", path.display())]
+    WrongRole { path: PathBuf, found: Role, needed: Role },
 }
 
 /// The role and name a certificate (DER) carries.

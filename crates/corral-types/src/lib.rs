@@ -12,5 +12,8 @@ pub use job::{
     PreemptionNotice, SchedOptions, SliceAssignment, MAX_GPUS_PER_JOB,
 };
 pub use node::{GpuDevice, GpuHealth, NodeSpec, NodeState, NodeStatus};
-pub use parse::{format_duration, format_size, parse_duration, parse_size, ParseError};
+pub use parse::{
+    describe_config_error, format_duration, format_size, parse_duration, parse_size, ConfigDuration, ConfigSize,
+    ParseError,
+};
 pub use timestamp::Timestamp;

@@ -6,7 +6,7 @@
 //! about jobs in `reconcile` (pure), every effect in `runtime`.
 
 mod agent;
-mod config;
+mod build;
 pub mod executor;
 pub mod fence;
 pub mod gpu;
@@ -19,7 +19,9 @@ pub mod reconcile;
 mod runtime;
 mod worker;
 
-pub use config::{infiniband_devices, JobUser, UserMapping, WorkerConfig, DEFAULT_PIDS_MAX};
+pub mod config;
+pub use build::BuildOptions;
+pub use config::{infiniband_devices, JobUser, UserMapping, WorkerConfig, WorkerFile, DEFAULT_PIDS_MAX};
 pub use fence::{run_guard, GuardCommand};
 pub use metrics::WorkerMetrics;
 pub use worker::Worker;

@@ -1,5 +1,12 @@
 //! The worker's settings as plain values: who jobs run as, limits, intervals, hygiene, health,
-//! MPS and MIG policy. The binary builds them from its TOML file or flags.
+//! MPS and MIG policy; `file.rs` reads them from the worker's TOML file.
+
+mod file;
+
+pub use file::{
+    Backend, ExecutorSection, GpuSection, HealthSection, HygieneSection, MigSection, MpsSection, ResourcesSection,
+    SimulatedDeviceSection, UserSection, UsersSection, WorkerFile,
+};
 
 use crate::fence::GuardCommand;
 use crate::health::HealthPolicy;

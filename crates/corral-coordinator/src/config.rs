@@ -1,0 +1,404 @@
+//! The coordinator's config file (`corral coordinator --config FILE`): its schema, kebab-case
+//! with unknown keys refused, durations parsed once into [`ConfigDuration`], validation whose
+//! errors name the key, and opening the coordinator it describes ([`Coordinator::open`]).
+
+use crate::{Coordinator, CoordinatorConfig, SecurityConfig};
+use anyhow::{bail, Context};
+use corral_raft::{RaftNode, RaftNodeConfig};
+use corral_security::TlsFiles;
+use corral_types::{describe_config_error, ConfigDuration};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The coordinator's config file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct CoordinatorFile {
+    /// Raft node id: unique in the cluster, never reused.
+    pub node_id: u64,
+    /// Address to serve the API, the worker gateway and Raft on.
+    pub listen: String,
+    /// Address others reach this coordinator at (default: `listen`).
+    pub advertise: Option<String>,
+    /// Holds the Raft log, state machine and snapshots.
+    pub data_dir: PathBuf,
+    /// Address to serve Prometheus metrics on (`GET /metrics`); absent: no metrics listener.
+    pub metrics_addr: Option<String>,
+    #[serde(default)]
+    pub raft: RaftSection,
+    #[serde(default)]
+    pub scheduler: SchedulerSection,
+    /// Mutual TLS for every connection (Raft peers, workers, clients).
+    pub tls: Option<TlsFiles>,
+    /// Serve plaintext on a non-loopback address (without [tls]): anyone who can reach the
+    /// port is admin. Only for isolated networks.
+    #[serde(default)]
+    pub insecure: bool,
+    #[serde(default)]
+    pub auth: AuthSection,
+}
+
+/// Who may use the user API.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct AuthSection {
+    /// Require a token on the user API even without TLS (TLS always requires one, unless the
+    /// client holds an admin certificate).
+    pub require_tokens: bool,
+    /// Hex SHA-256 of a bootstrap admin token (`printf %s "$SECRET" | sha256sum`).
+    pub admin_token_sha256: Option<String>,
+}
+
+/// Raft timing and log compaction.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct RaftSection {
+    /// Between the leader's heartbeats to its followers (default 50ms).
+    heartbeat_interval: Option<ConfigDuration>,
+    /// A follower that heard no leader for a random time between these two campaigns
+    /// (default 150ms to 300ms).
+    election_timeout_min: Option<ConfigDuration>,
+    election_timeout_max: Option<ConfigDuration>,
+    /// Build a snapshot after this many applied entries.
+    pub snapshot_every: u64,
+    /// Entries kept below a snapshot for lagging followers.
+    pub keep_logs_after_snapshot: u64,
+    /// Earlier spellings in integer milliseconds, read for one release with a warning.
+    heartbeat_interval_ms: Option<u64>,
+    election_timeout_min_ms: Option<u64>,
+    election_timeout_max_ms: Option<u64>,
+}
+
+impl Default for RaftSection {
+    fn default() -> Self {
+        let d = RaftNodeConfig::new(0, PathBuf::new());
+        RaftSection {
+            heartbeat_interval: None,
+            election_timeout_min: None,
+            election_timeout_max: None,
+            snapshot_every: d.snapshot_every,
+            keep_logs_after_snapshot: d.keep_logs_after_snapshot,
+            heartbeat_interval_ms: None,
+            election_timeout_min_ms: None,
+            election_timeout_max_ms: None,
+        }
+    }
+}
+
+impl RaftSection {
+    pub fn heartbeat_interval(&self) -> ConfigDuration {
+        let d = RaftNodeConfig::new(0, PathBuf::new());
+        self.heartbeat_interval.unwrap_or(ConfigDuration::from_millis(d.heartbeat_interval_ms))
+    }
+
+    pub fn election_timeout_min(&self) -> ConfigDuration {
+        let d = RaftNodeConfig::new(0, PathBuf::new());
+        self.election_timeout_min.unwrap_or(ConfigDuration::from_millis(d.election_timeout_min_ms))
+    }
+
+    pub fn election_timeout_max(&self) -> ConfigDuration {
+        let d = RaftNodeConfig::new(0, PathBuf::new());
+        self.election_timeout_max.unwrap_or(ConfigDuration::from_millis(d.election_timeout_max_ms))
+    }
+
+    /// Moves the values of the old `*-ms` keys to the new ones; returns the old keys used (to
+    /// warn about). Giving both spellings of one setting is an error.
+    fn adopt_legacy_keys(&mut self) -> Result<Vec<&'static str>, String> {
+        let mut used = Vec::new();
+        for (old, new, value, legacy) in [
+            (
+                "raft.heartbeat-interval-ms",
+                "raft.heartbeat-interval",
+                &mut self.heartbeat_interval,
+                self.heartbeat_interval_ms.take(),
+            ),
+            (
+                "raft.election-timeout-min-ms",
+                "raft.election-timeout-min",
+                &mut self.election_timeout_min,
+                self.election_timeout_min_ms.take(),
+            ),
+            (
+                "raft.election-timeout-max-ms",
+                "raft.election-timeout-max",
+                &mut self.election_timeout_max,
+                self.election_timeout_max_ms.take(),
+            ),
+        ] {
+            let Some(ms) = legacy else { continue };
+            if value.is_some() {
+                return Err(format!("{old}: {new} is also set; keep only {new} (e.g. \"{ms}ms\")"));
+            }
+            *value = Some(ConfigDuration::from_millis(ms));
+            used.push(old);
+        }
+        Ok(used)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct SchedulerSection {
+    /// A worker silent for this long is marked down and its jobs requeued, e.g. "10s".
+    pub node_ttl: ConfigDuration,
+    /// A worker that no leader answered for this long stops its jobs (fencing), so that they
+    /// are dead before the node TTL gives them to other nodes. Default: half the node TTL;
+    /// at most three quarters of it.
+    pub fence_after: Option<ConfigDuration>,
+}
+
+impl Default for SchedulerSection {
+    fn default() -> Self {
+        SchedulerSection { node_ttl: ConfigDuration::from_secs(10), fence_after: None }
+    }
+}
+
+impl SchedulerSection {
+    /// (node TTL, fence time), checked.
+    pub fn lease(&self) -> Result<(Duration, Duration), String> {
+        let ttl = self.node_ttl.get();
+        if ttl < Duration::from_millis(500) {
+            return Err(format!("scheduler.node-ttl: {} is shorter than 500ms", self.node_ttl));
+        }
+        let fence = self.fence_after.map_or(ttl / 2, ConfigDuration::get);
+        if fence.is_zero() || fence > ttl * 3 / 4 {
+            return Err(format!(
+                "scheduler.fence-after: must be greater than 0 and at most three quarters of scheduler.node-ttl ({}), so that a fenced worker's jobs are dead before the ttl gives them to other nodes",
+                self.node_ttl
+            ));
+        }
+        Ok((ttl, fence))
+    }
+}
+
+impl CoordinatorFile {
+    /// A config with every default: what a file with only these keys says.
+    pub fn new(node_id: u64, listen: SocketAddr, data_dir: PathBuf) -> CoordinatorFile {
+        CoordinatorFile {
+            node_id,
+            listen: listen.to_string(),
+            advertise: None,
+            data_dir,
+            metrics_addr: None,
+            raft: RaftSection::default(),
+            scheduler: SchedulerSection::default(),
+            tls: None,
+            insecure: false,
+            auth: AuthSection::default(),
+        }
+    }
+
+    /// Reads, parses and validates `path`; errors are one line naming the file and the key.
+    /// Old `raft.*-ms` keys are read with a warning.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
+        let mut file: CoordinatorFile = toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!(describe_config_error("config", path, &text, e.message(), e.span())))?;
+        let legacy =
+            file.raft.adopt_legacy_keys().map_err(|e| anyhow::anyhow!("invalid config {}: {e}", path.display()))?;
+        for key in legacy {
+            tracing::warn!(
+                config = %path.display(),
+                key,
+                "deprecated key: write the duration with a unit under the name without -ms (e.g. heartbeat-interval = \"50ms\"); the old key goes away in the next release"
+            );
+        }
+        file.validate().map_err(|e| anyhow::anyhow!("invalid config {}: {e}", path.display()))?;
+        Ok(file)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.node_id == 0 {
+            return Err("node-id: must be greater than 0".into());
+        }
+        self.listen.parse::<SocketAddr>().map_err(|_| format!("listen: '{}' is not IP:PORT", self.listen))?;
+        if let Some(a) = &self.advertise {
+            let ok = a.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                return Err(format!("advertise: '{a}' is not host:port"));
+            }
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err("data-dir: must not be empty".into());
+        }
+        if let Some(m) = &self.metrics_addr {
+            m.parse::<SocketAddr>().map_err(|_| format!("metrics-addr: '{m}' is not IP:PORT"))?;
+        }
+        let r = &self.raft;
+        if r.heartbeat_interval().get().is_zero() {
+            return Err("raft.heartbeat-interval: must be greater than 0".into());
+        }
+        if r.election_timeout_min() <= r.heartbeat_interval() {
+            return Err("raft.election-timeout-min: must be greater than raft.heartbeat-interval".into());
+        }
+        if r.election_timeout_max() <= r.election_timeout_min() {
+            return Err("raft.election-timeout-max: must be greater than raft.election-timeout-min".into());
+        }
+        if r.snapshot_every == 0 {
+            return Err("raft.snapshot-every: must be greater than 0".into());
+        }
+        self.scheduler.lease()?;
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+        }
+        let listen: SocketAddr =
+            self.listen.parse().map_err(|_| format!("listen: '{}' is not IP:PORT", self.listen))?;
+        if self.tls.is_none() && !self.insecure && !listen.ip().is_loopback() {
+            return Err(format!(
+                "listen: {listen} is not a loopback address: configure [tls] (see `corral certs init`), or set insecure = true to serve plaintext"
+            ));
+        }
+        if let Some(hash) = &self.auth.admin_token_sha256 {
+            if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+                return Err("auth.admin-token-sha256: must be 64 lower-case hex digits (sha256sum of the token)".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Refuses to open a data dir written by another node id.
+pub(crate) fn claim_data_dir(dir: &Path, node_id: u64) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create data dir {}", dir.display()))?;
+    let marker = dir.join("node-id");
+    match std::fs::read_to_string(&marker) {
+        Ok(text) => {
+            let owner: u64 = text.trim().parse().with_context(|| format!("corrupt {}", marker.display()))?;
+            if owner != node_id {
+                bail!("data dir {} belongs to coordinator {owner}, not {node_id}: use another data-dir", dir.display());
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::write(&marker, format!("{node_id}\n"))?;
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl Coordinator {
+    /// Opens the coordinator a validated config file describes: claims its data dir, loads its
+    /// TLS files, opens its Raft node. `bound` is the address its listener is bound to.
+    pub async fn open(file: &CoordinatorFile, bound: SocketAddr) -> anyhow::Result<Coordinator> {
+        claim_data_dir(&file.data_dir, file.node_id)?;
+        let tls = file.tls.as_ref().map(|t| t.load_for(corral_security::Role::Coordinator)).transpose()?;
+        let security = SecurityConfig {
+            server_tls: tls.as_ref().map(|(server, _)| server.clone()),
+            client_tls: tls.as_ref().map(|(_, client)| client.clone()),
+            require_tokens: file.auth.require_tokens,
+            admin_token_sha256: file.auth.admin_token_sha256.clone(),
+            audit: Arc::new(corral_security::AuditLog::in_dir(&file.data_dir)),
+        };
+        let raft_config = RaftNodeConfig {
+            node_id: file.node_id,
+            data_dir: file.data_dir.clone(),
+            heartbeat_interval_ms: file.raft.heartbeat_interval().get().as_millis() as u64,
+            election_timeout_min_ms: file.raft.election_timeout_min().get().as_millis() as u64,
+            election_timeout_max_ms: file.raft.election_timeout_max().get().as_millis() as u64,
+            snapshot_every: file.raft.snapshot_every,
+            keep_logs_after_snapshot: file.raft.keep_logs_after_snapshot,
+            client_tls: tls.as_ref().map(|(_, client)| client.clone()),
+        };
+        let node =
+            RaftNode::open(&raft_config).await.with_context(|| format!("cannot open {}", file.data_dir.display()))?;
+        let (node_ttl, fence_after) = file.scheduler.lease().map_err(anyhow::Error::msg)?;
+        let advertise_addr = file.advertise.clone().unwrap_or_else(|| bound.to_string());
+        let config = CoordinatorConfig { node_ttl, fence_after, advertise_addr, security, ..Default::default() };
+        Ok(Coordinator::new(node, config))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_example_coordinator_config_parses() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../cluster-configs");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).expect("cluster-configs/") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            if name.starts_with("coordinator") && name.ends_with(".toml") {
+                CoordinatorFile::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+                seen += 1;
+            }
+        }
+        assert!(seen >= 3, "expected the 3-node example configs, found {seen}");
+    }
+
+    #[test]
+    fn bad_configs_name_the_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cases = [
+            ("node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\nbogus = 1\n", "unknown field `bogus`"),
+            ("listen = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n", "missing field `node-id`"),
+            ("node-id = 0\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n", "node-id: must be greater than 0"),
+            ("node-id = 1\nlisten = \"nowhere\"\ndata-dir = \"/x\"\n", "listen: 'nowhere' is not IP:PORT"),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\nmetrics-addr = \"localhost\"\n",
+                "metrics-addr: 'localhost' is not IP:PORT",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[scheduler]\nnode-ttl = \"soon\"\n",
+                "scheduler.node-ttl",
+            ),
+            ("node-id = 1\nlisten = \"0.0.0.0:1\"\ndata-dir = \"/x\"\n", "listen: 0.0.0.0:1 is not a loopback address"),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[scheduler]\nnode-ttl = \"10\"\n",
+                "scheduler.node-ttl: '10' has no unit",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[raft]\nheartbeat-interval = \"50ms\"\nheartbeat-interval-ms = 40\n",
+                "raft.heartbeat-interval-ms: raft.heartbeat-interval is also set",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[tls]\nca = \"ca.pem\"\ncert = \"c.pem\"\n",
+                "missing field `key`",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[auth]\nadmin-token-sha256 = \"abc\"\n",
+                "auth.admin-token-sha256",
+            ),
+        ];
+        for (text, expected) in cases {
+            let path = dir.path().join("c.toml");
+            std::fs::write(&path, text).expect("write");
+            let err = CoordinatorFile::load(&path).expect_err(text).to_string();
+            assert!(err.contains(expected), "{err} should mention {expected}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+    }
+
+    #[test]
+    fn old_millisecond_raft_keys_still_work() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("c.toml");
+        let base = "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[raft]\n";
+        std::fs::write(&path, format!("{base}heartbeat-interval-ms = 40\nelection-timeout-min-ms = 200\n"))
+            .expect("write");
+        let old = CoordinatorFile::load(&path).expect("old keys");
+        std::fs::write(&path, format!("{base}heartbeat-interval = \"40ms\"\nelection-timeout-min = \"200ms\"\n"))
+            .expect("write");
+        let new = CoordinatorFile::load(&path).expect("new keys");
+        assert_eq!(old.raft.heartbeat_interval(), ConfigDuration::from_millis(40));
+        assert_eq!(old.raft.election_timeout_min(), ConfigDuration::from_millis(200));
+        assert_eq!(
+            (old.raft.heartbeat_interval(), old.raft.election_timeout_min(), old.raft.election_timeout_max()),
+            (new.raft.heartbeat_interval(), new.raft.election_timeout_min(), new.raft.election_timeout_max())
+        );
+    }
+
+    #[test]
+    fn data_dir_of_another_node_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        claim_data_dir(dir.path(), 1).expect("claim");
+        claim_data_dir(dir.path(), 1).expect("same node again");
+        let err = claim_data_dir(dir.path(), 2).expect_err("other node").to_string();
+        assert!(err.contains("belongs to coordinator 1"), "{err}");
+    }
+}
