@@ -164,7 +164,13 @@ fn heavy_load(
 fn failover_phase(rt: &tokio::runtime::Runtime) {
     let kills: usize = env_or("CORRAL_BENCH_KILLS", 100);
     let load_ms: u64 = env_or("CORRAL_BENCH_LOAD_MS", 1000);
-    let mut cluster = Cluster::start(3, ClusterOptions::default());
+    // CORRAL_BENCH_ELECTION_MS=MIN-MAX tries other election timeouts than the default 150-300.
+    let mut options = ClusterOptions::default();
+    if let Ok(range) = std::env::var("CORRAL_BENCH_ELECTION_MS") {
+        let (min, max) = range.split_once('-').expect("CORRAL_BENCH_ELECTION_MS=MIN-MAX");
+        options.election_timeout_ms = (min.parse().expect("min ms"), max.parse().expect("max ms"));
+    }
+    let mut cluster = Cluster::start(3, options);
     cluster.init_and_join_all();
     let endpoints = cluster.endpoints();
     let probe = {

@@ -20,6 +20,8 @@ pub struct ClusterOptions {
     /// Mutual TLS from a `corral certs init` directory: node `i` uses `coordinator-<i+1>.pem`,
     /// and the fixture's CLI calls use `admin.pem`.
     pub tls: Option<PathBuf>,
+    /// `raft.election-timeout-min` and `-max` in milliseconds.
+    pub election_timeout_ms: (u64, u64),
 }
 
 impl Default for ClusterOptions {
@@ -31,6 +33,7 @@ impl Default for ClusterOptions {
             node_ttl: "10s".into(),
             node_env: Vec::new(),
             tls: None,
+            election_timeout_ms: (150, 300),
         }
     }
 }
@@ -85,9 +88,11 @@ impl Cluster {
         let data = self.dir.path().join(format!("data-{slot}"));
         let text = format!(
             "node-id = {id}\nlisten = \"{addr}\"\ndata-dir = \"{}\"\n\n[raft]\nheartbeat-interval = \"50ms\"\n\
-             election-timeout-min = \"150ms\"\nelection-timeout-max = \"300ms\"\nsnapshot-every = {}\n\
+             election-timeout-min = \"{}ms\"\nelection-timeout-max = \"{}ms\"\nsnapshot-every = {}\n\
              keep-logs-after-snapshot = {}\n\n[scheduler]\nnode-ttl = \"{}\"\n",
             data.display(),
+            self.options.election_timeout_ms.0,
+            self.options.election_timeout_ms.1,
             self.options.snapshot_every,
             self.options.keep_logs_after_snapshot,
             self.options.node_ttl

@@ -8,7 +8,6 @@ use corral_raft::{RaftNode, RaftNodeConfig};
 use corral_types::{JobSpec, JobState};
 use corral_worker::executor::ProcessExecutor;
 use corral_worker::{BuildOptions, Worker, WorkerFile};
-use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -77,16 +76,9 @@ async fn simulated_leak_and_overheat_make_gpus_unschedulable_until_healed() {
     let spec = |gpus: u32| JobSpec {
         name: "t".into(),
         tenant: "default".into(),
-        priority_class: String::new(),
         gpus,
-        gpu_slice: None,
-        cpu_millis: 0,
-        memory_bytes: 0,
-        time_limit_secs: None,
-        image: None,
         command: vec!["true".into()],
-        env: BTreeMap::new(),
-        sched: Default::default(),
+        ..Default::default()
     };
     let first = client.submit(&spec(2)).await.expect("submit").job_id;
     let state = |id: u64| {
