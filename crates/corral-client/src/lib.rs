@@ -5,7 +5,7 @@ use corral_proto::v1::cluster_admin_client::ClusterAdminClient;
 use corral_proto::v1::corral_client::CorralClient as RawCorral;
 use corral_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use corral_proto::v1::{self as pb};
-use corral_types::{Job, JobSpec};
+use corral_types::{Job, JobSpec, Segment};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -332,7 +332,7 @@ impl Client {
         job_id: Option<u64>,
         since: Option<corral_types::Timestamp>,
         until: Option<corral_types::Timestamp>,
-    ) -> Result<Vec<corral_proto::Segment>, ClientError> {
+    ) -> Result<Vec<Segment>, ClientError> {
         let reply = self
             .with_retry(|ch| {
                 let req = self.authorize(pb::ListSegmentsRequest {

@@ -12,44 +12,7 @@
 
 use crate::resources::job_milli_gpus;
 use crate::State;
-use corral_types::{JobId, Timestamp};
-use serde::{Deserialize, Serialize};
-
-/// One priced stretch of GPU use.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Segment {
-    pub id: u64,
-    pub job_id: JobId,
-    /// Allocation epoch of the run.
-    pub epoch: u64,
-    pub tenant: String,
-    pub node: String,
-    pub gpu_model: String,
-    /// Whole GPUs, or 1 for a slice.
-    pub gpus: u32,
-    /// GPU-equivalents in thousandths (whole GPU = 1000, a slice its fraction).
-    pub gpu_milli: u32,
-    pub priority_class: String,
-    pub multiplier_milli: u32,
-    /// Price of one whole GPU-hour of this model, in micro-units.
-    pub price_micros_per_gpu_hour: u64,
-    pub start: Timestamp,
-    pub end: Timestamp,
-    /// The billed length of the run (see the module's billing invariant).
-    pub duration_ms: u64,
-    /// The node was lost before the worker reported the end: billed the TSO interval.
-    #[serde(default)]
-    pub lost: bool,
-    /// How the run ended: succeeded, failed, cancelled, requeued, preempted.
-    pub end_state: String,
-    pub cost_micros: u64,
-}
-
-impl Segment {
-    pub fn duration_ms(&self) -> u64 {
-        self.duration_ms
-    }
-}
+use corral_types::{JobId, Segment, Timestamp};
 
 /// How the length of a run that ends is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,7 +25,7 @@ pub use command::{
     ApplyError, Command, Outcome, Placement, Preemption, Request, Response, ScheduleOutcome, FORMAT_VERSION,
 };
 pub use config::{ClusterConfig, PriorityClass, SchedulerConfig, TenantPolicy, DEFAULT_GRACE_SECS};
-pub use ledger::{cost_micros, Segment, TSO_LEAD_ALLOWANCE_MS};
+pub use ledger::{cost_micros, TSO_LEAD_ALLOWANCE_MS};
 pub use quota::{format_gpus, QuotaBlock};
 pub use resources::{job_milli_gpus, MILLI_PER_GPU};
 pub use sched::{place, schedule, PassStats, PendingJob, PendingReason, SchedulingPass};

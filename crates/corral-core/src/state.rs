@@ -4,8 +4,8 @@
 use crate::resources::{gang_shape, job_milli_gpus, GpuLoad, SliceReq};
 use crate::tokens::TokenRecord;
 use crate::usage::UsageLedger;
-use crate::{ClusterConfig, Segment};
-use corral_types::{Job, JobId, JobSpec, JobState, NodeStatus, Timestamp};
+use crate::ClusterConfig;
+use corral_types::{Job, JobId, JobSpec, JobState, NodeStatus, Segment, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 

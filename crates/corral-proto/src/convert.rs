@@ -2,12 +2,12 @@
 
 use crate::v1 as pb;
 use corral_core::{
-    ClusterConfig, Command, CoordinatorRecord, Placement, Preemption, PriorityClass, Request, SchedulerConfig, Segment,
-    State, TenantPolicy, TokenRecord, UsageLedger, FORMAT_VERSION,
+    ClusterConfig, Command, CoordinatorRecord, Placement, Preemption, PriorityClass, Request, SchedulerConfig, State,
+    TenantPolicy, TokenRecord, UsageLedger, FORMAT_VERSION,
 };
 use corral_types::{
     Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, NodeState, NodeStatus,
-    PartEnd, PreemptionNotice, SchedOptions, SliceAssignment, Timestamp,
+    PartEnd, PreemptionNotice, SchedOptions, Segment, SliceAssignment, Timestamp,
 };
 use prost::Message;
 use std::collections::BTreeMap;

@@ -7,9 +7,6 @@
 mod convert;
 pub mod fuzz;
 
-/// A billing ledger segment (the domain type, re-exported for API clients).
-pub use corral_core::Segment;
-
 pub use convert::{
     command_from_bytes, command_to_bytes, job_from_bytes, job_to_bytes, meta_from_bytes, meta_to_bytes,
     node_from_bytes, node_to_bytes, segment_from_bytes, segment_from_pb, segment_to_bytes, segment_to_pb,

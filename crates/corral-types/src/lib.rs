@@ -1,12 +1,15 @@
-//! Domain types shared by every corral crate: ids, resources, job specs and states, TSO timestamps.
+//! Domain types shared by every corral crate: ids, resources, job specs and states, TSO timestamps,
+//! billing ledger segments.
 //!
 //! Boundary: serde + thiserror only. Nothing here does I/O or reads a clock.
 
+mod billing;
 mod job;
 mod node;
 mod parse;
 mod timestamp;
 
+pub use billing::Segment;
 pub use job::{
     Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd,
     PreemptionNotice, SchedOptions, SliceAssignment, MAX_GPUS_PER_JOB,

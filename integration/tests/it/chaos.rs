@@ -253,7 +253,7 @@ fn check(
     jobs: &BTreeMap<u64, Job>,
     acked: &BTreeMap<u64, Kind>,
     runs: &[Run],
-    segments: &[corral_proto::Segment],
+    segments: &[corral_types::Segment],
     tso: &[u64],
 ) -> Vec<String> {
     let mut bad = Vec::new();
@@ -304,7 +304,7 @@ fn check(
     // part): within 1 s for a run
     // the worker reported; for a run whose node was lost (TSO interval), within the TTL above
     // and one TSO window below (the stamps of a new leader may run that far ahead of the clock).
-    let mut billed: BTreeMap<(u64, u64), &corral_proto::Segment> = BTreeMap::new();
+    let mut billed: BTreeMap<(u64, u64), &corral_types::Segment> = BTreeMap::new();
     for s in segments {
         if billed.insert((s.job_id, s.epoch), s).is_some() {
             bad.push(format!("job {} epoch {} was billed twice", s.job_id, s.epoch));

@@ -8,8 +8,8 @@
 //! `CORRAL_WRITE_GOLDEN=1` is set (for a new record kind); an existing file is never rewritten.
 
 use corral_core::{
-    ClusterConfig, Command, CoordinatorRecord, Placement, Preemption, PriorityClass, Request, SchedulerConfig, Segment,
-    State, TenantPolicy, TokenRecord, UsageLedger,
+    ClusterConfig, Command, CoordinatorRecord, Placement, Preemption, PriorityClass, Request, SchedulerConfig, State,
+    TenantPolicy, TokenRecord, UsageLedger,
 };
 use corral_proto::{
     command_from_bytes, command_to_bytes, job_from_bytes, job_to_bytes, meta_from_bytes, meta_to_bytes,
@@ -18,7 +18,7 @@ use corral_proto::{
 };
 use corral_types::{
     Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, NodeState, NodeStatus,
-    PartEnd, PreemptionNotice, SchedOptions, SliceAssignment, Timestamp,
+    PartEnd, PreemptionNotice, SchedOptions, Segment, SliceAssignment, Timestamp,
 };
 use std::collections::BTreeMap;
 use std::fmt::Debug;
