@@ -5,6 +5,7 @@ use corral_proto::v1::cluster_admin_client::ClusterAdminClient;
 use corral_proto::v1::corral_client::CorralClient as RawCorral;
 use corral_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use corral_proto::v1::{self as pb};
+use corral_proto::LEADER_ADDR_METADATA;
 use corral_types::{Job, JobSpec, Segment};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -12,9 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
-
-/// Metadata key a coordinator sets on "not the leader" errors (mirrors the coordinator's constant).
-const LEADER_ADDR_METADATA: &str = "corral-leader-addr";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

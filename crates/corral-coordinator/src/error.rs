@@ -1,6 +1,7 @@
 //! Coordinator errors and their one mapping to gRPC status codes.
 
 use corral_core::ApplyError;
+use corral_proto::LEADER_ADDR_METADATA;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CoordError {
@@ -37,9 +38,6 @@ impl From<corral_raft::RaftError> for CoordError {
         }
     }
 }
-
-/// Metadata key carrying the leader's API address on `NotLeader` errors, so clients can redirect.
-pub const LEADER_ADDR_METADATA: &str = "corral-leader-addr";
 
 impl From<CoordError> for tonic::Status {
     fn from(e: CoordError) -> Self {

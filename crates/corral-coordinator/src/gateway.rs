@@ -90,21 +90,6 @@ impl Gateway {
     }
 }
 
-fn gpu_health(g: &pb::GpuHealth) -> GpuHealth {
-    GpuHealth {
-        index: g.index,
-        temperature_c: g.temperature_c,
-        utilization_percent: g.utilization_percent,
-        memory_used_mib: g.memory_used_mib,
-        power_mw: g.power_mw,
-        xid_errors: g.xid_errors,
-        dirty: g.dirty,
-        dirty_reason: g.dirty_reason.clone(),
-        dirty_job_id: (g.dirty_job_id != 0).then_some(g.dirty_job_id),
-        problems: g.problems.clone(),
-    }
-}
-
 #[tonic::async_trait]
 impl WorkerGateway for Gateway {
     async fn register(&self, request: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterResponse>, Status> {
@@ -132,7 +117,7 @@ impl WorkerGateway for Gateway {
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         self.require_node(&request, "heartbeat", &request.get_ref().node)?;
         let hb = request.into_inner();
-        let gpus = hb.gpus.iter().map(gpu_health).collect();
+        let gpus: Vec<GpuHealth> = hb.gpus.into_iter().map(Into::into).collect();
         let term = match self.coord.worker_term() {
             Ok(term) => term,
             Err(e) => {

@@ -20,7 +20,7 @@ mod tso;
 
 pub use auth::{token_sha256, SecurityConfig};
 pub use config::{AuthSection, CoordinatorFile, RaftSection, SchedulerSection};
-pub use error::{CoordError, LEADER_ADDR_METADATA};
+pub use error::CoordError;
 pub use tso::{CLOCK_SKEW_FAILPOINT, MAX_COUNT as MAX_TIMESTAMPS_PER_CALL};
 
 use tso::{Allocation, Tso};

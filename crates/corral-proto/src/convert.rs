@@ -6,8 +6,8 @@ use corral_core::{
     TenantPolicy, TokenRecord, UsageLedger, FORMAT_VERSION,
 };
 use corral_types::{
-    Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, NodeState, NodeStatus,
-    PartEnd, PreemptionNotice, SchedOptions, Segment, SliceAssignment, Timestamp,
+    Allocation, GpuDevice, GpuHealth, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, NodeState,
+    NodeStatus, PartEnd, PreemptionNotice, SchedOptions, Segment, SliceAssignment, Timestamp,
 };
 use prost::Message;
 use std::collections::BTreeMap;
@@ -377,6 +377,41 @@ impl From<NodeState> for pb::NodeState {
         match s {
             NodeState::Up => pb::NodeState::Up,
             NodeState::Down => pb::NodeState::Down,
+        }
+    }
+}
+
+impl From<&GpuHealth> for pb::GpuHealth {
+    fn from(g: &GpuHealth) -> Self {
+        pb::GpuHealth {
+            index: g.index,
+            temperature_c: g.temperature_c,
+            utilization_percent: g.utilization_percent,
+            memory_used_mib: g.memory_used_mib,
+            power_mw: g.power_mw,
+            xid_errors: g.xid_errors,
+            dirty: g.dirty,
+            problems: g.problems.clone(),
+            dirty_reason: g.dirty_reason.clone(),
+            dirty_job_id: g.dirty_job_id.unwrap_or(0),
+        }
+    }
+}
+
+impl From<pb::GpuHealth> for GpuHealth {
+    fn from(g: pb::GpuHealth) -> Self {
+        GpuHealth {
+            index: g.index,
+            temperature_c: g.temperature_c,
+            utilization_percent: g.utilization_percent,
+            memory_used_mib: g.memory_used_mib,
+            power_mw: g.power_mw,
+            xid_errors: g.xid_errors,
+            dirty: g.dirty,
+            dirty_reason: g.dirty_reason,
+            // 0 on the wire: no job left it dirty (found at worker start).
+            dirty_job_id: (g.dirty_job_id != 0).then_some(g.dirty_job_id),
+            problems: g.problems,
         }
     }
 }
@@ -1043,6 +1078,26 @@ mod tests {
         let meta = meta_from_bytes(&meta_to_bytes(&state)).unwrap();
         assert_eq!((meta.usage, meta.config), (state.usage.clone(), state.config.clone()));
         assert_eq!(job_from_bytes(&job_to_bytes(&state.jobs[&1])).unwrap(), state.jobs[&1]);
+    }
+
+    #[test]
+    fn gpu_health_crosses_the_wire_unchanged() {
+        let dirty = GpuHealth {
+            index: 3,
+            temperature_c: 71,
+            utilization_percent: 99,
+            memory_used_mib: 1024,
+            power_mw: 350_000,
+            xid_errors: 2,
+            dirty: true,
+            dirty_reason: "1 process left behind".into(),
+            dirty_job_id: Some(42),
+            problems: vec!["overheat: 95 C".into()],
+        };
+        let found_at_start = GpuHealth { dirty: true, dirty_job_id: None, ..dirty.clone() };
+        for health in [dirty, found_at_start, GpuHealth::default()] {
+            assert_eq!(GpuHealth::from(pb::GpuHealth::from(&health)), health);
+        }
     }
 
     #[test]

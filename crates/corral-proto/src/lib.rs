@@ -13,6 +13,10 @@ pub use convert::{
     snapshot_from_bytes, snapshot_to_bytes, ProtoError, StateMeta,
 };
 
+/// Metadata key of a `NotLeader` refusal that carries the leader's API address, so that a client
+/// can redirect.
+pub const LEADER_ADDR_METADATA: &str = "corral-leader-addr";
+
 /// Generated code of package `corral.v1` (API, worker protocol, persisted state).
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]

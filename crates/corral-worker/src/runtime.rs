@@ -19,7 +19,7 @@ use crate::reconcile::{
 };
 use crate::worker::{RunningView, WorkerShared};
 use corral_proto::v1::{self as pb};
-use corral_types::{Job, JobExitReport, JobId};
+use corral_types::{GpuHealth, Job, JobExitReport, JobId};
 use nix::sys::signal::Signal;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -772,20 +772,14 @@ async fn heartbeat_request(shared: &WorkerShared, node_epoch: u64) -> pb::Heartb
         readings
             .iter()
             .map(|r| {
-                let h = r.to_health(shared.hygiene.is_dirty(r.index));
                 let leak = leaks.iter().find(|l| l.finding.gpu == r.index);
-                pb::GpuHealth {
-                    index: h.index,
-                    temperature_c: h.temperature_c,
-                    utilization_percent: h.utilization_percent,
-                    memory_used_mib: h.memory_used_mib,
-                    power_mw: h.power_mw,
-                    xid_errors: h.xid_errors,
-                    dirty: h.dirty,
+                let gpu = GpuHealth {
                     problems: health.problems(r.index).to_vec(),
                     dirty_reason: leak.map(|l| l.finding.reason.clone()).unwrap_or_default(),
-                    dirty_job_id: leak.and_then(|l| l.job_id).unwrap_or(0),
-                }
+                    dirty_job_id: leak.and_then(|l| l.job_id),
+                    ..r.to_health(shared.hygiene.is_dirty(r.index))
+                };
+                pb::GpuHealth::from(&gpu)
             })
             .collect()
     };
