@@ -342,7 +342,7 @@ impl Client {
                 async move { Self::corral(ch).list_segments(req).await }
             })
             .await?;
-        Ok(reply.into_inner().segments.into_iter().map(corral_proto::segment_from_pb).collect())
+        Ok(reply.into_inner().segments.into_iter().map(Segment::from).collect())
     }
 
     pub async fn get_job(&self, job_id: u64) -> Result<Job, ClientError> {

@@ -319,7 +319,7 @@ impl Corral for Api {
             .filter(|g| req.job_id.is_none_or(|j| j == g.job_id))
             .filter(|g| req.since.is_none_or(|s| g.end.0 >= s))
             .filter(|g| req.until.is_none_or(|u| g.start.0 < u))
-            .map(corral_proto::segment_to_pb)
+            .map(pb::Segment::from)
             .collect();
         Ok(Response::new(pb::ListSegmentsResponse { segments }))
     }

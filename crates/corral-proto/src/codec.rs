@@ -1,20 +1,25 @@
-//! Conversions between generated protobuf messages and corral's domain types.
+//! The persisted encoding of the replicated state: Raft log commands, snapshots, and the state
+//! machine store's per-key records (jobs, nodes, billing segments, the scalar meta), as the
+//! messages of `state.proto` with their format version.
+//!
+//! Compatibility boundary: these bytes are on disk and in other coordinators' logs; a change
+//! that alters the bytes of an existing value fails the golden tests (`tests/it/golden.rs`).
 
-use crate::v1 as pb;
+use crate::state as pb;
 use corral_core::{
     ClusterConfig, Command, CoordinatorRecord, Placement, Preemption, PriorityClass, Request, SchedulerConfig, State,
     TenantPolicy, TokenRecord, UsageLedger, FORMAT_VERSION,
 };
 use corral_types::{
-    Allocation, GpuDevice, GpuHealth, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, NodeState,
-    NodeStatus, PartEnd, PreemptionNotice, SchedOptions, Segment, SliceAssignment, Timestamp,
+    Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, NodeState, NodeStatus,
+    PartEnd, PreemptionNotice, SchedOptions, Segment, SliceAssignment, Timestamp,
 };
 use prost::Message;
 use std::collections::BTreeMap;
 
-/// A message that does not decode into a valid domain value.
+/// Persisted bytes that do not decode into a valid domain value.
 #[derive(Debug, thiserror::Error)]
-pub enum ProtoError {
+pub enum CodecError {
     #[error("missing field '{0}'")]
     Missing(&'static str),
     #[error("invalid value of '{field}': {value}")]
@@ -23,12 +28,6 @@ pub enum ProtoError {
     Version { found: u32, supported: u32 },
     #[error("protobuf decode error: {0}")]
     Decode(#[from] prost::DecodeError),
-}
-
-impl From<ProtoError> for tonic::Status {
-    fn from(e: ProtoError) -> Self {
-        tonic::Status::invalid_argument(e.to_string())
-    }
 }
 
 // ---- jobs ----
@@ -49,10 +48,10 @@ impl From<&GpuSlice> for pb::GpuSlice {
 }
 
 impl TryFrom<pb::GpuSlice> for GpuSlice {
-    type Error = ProtoError;
-    fn try_from(s: pb::GpuSlice) -> Result<Self, ProtoError> {
+    type Error = CodecError;
+    fn try_from(s: pb::GpuSlice) -> Result<Self, CodecError> {
         use pb::gpu_slice::Kind;
-        match s.kind.ok_or(ProtoError::Missing("gpu_slice.kind"))? {
+        match s.kind.ok_or(CodecError::Missing("gpu_slice.kind"))? {
             Kind::Mig(m) => Ok(GpuSlice::Mig { profile: m.profile, compute_slices: m.compute_slices }),
             Kind::Mps(m) => Ok(GpuSlice::Mps { thread_percent: m.thread_percent, memory_mib: m.memory_mib }),
         }
@@ -84,8 +83,8 @@ impl From<&JobSpec> for pb::JobSpec {
 }
 
 impl TryFrom<pb::JobSpec> for JobSpec {
-    type Error = ProtoError;
-    fn try_from(s: pb::JobSpec) -> Result<Self, ProtoError> {
+    type Error = CodecError;
+    fn try_from(s: pb::JobSpec) -> Result<Self, CodecError> {
         Ok(JobSpec {
             name: s.name,
             tenant: s.tenant,
@@ -137,9 +136,9 @@ fn slice_to_pb(s: &SliceAssignment) -> pb::SliceAssignment {
     pb::SliceAssignment { kind: Some(kind) }
 }
 
-fn slice_from_pb(s: pb::SliceAssignment) -> Result<SliceAssignment, ProtoError> {
+fn slice_from_pb(s: pb::SliceAssignment) -> Result<SliceAssignment, CodecError> {
     use pb::slice_assignment::Kind;
-    Ok(match s.kind.ok_or(ProtoError::Missing("slice.kind"))? {
+    Ok(match s.kind.ok_or(CodecError::Missing("slice.kind"))? {
         Kind::Mig(m) => SliceAssignment::Mig {
             profile: m.profile,
             start: m.start,
@@ -160,7 +159,7 @@ fn placement_to_pb(p: &Placement) -> pb::Placement {
     }
 }
 
-fn placement_from_pb(p: pb::Placement) -> Result<Placement, ProtoError> {
+fn placement_from_pb(p: pb::Placement) -> Result<Placement, CodecError> {
     Ok(Placement {
         job_id: p.job_id,
         node: p.node,
@@ -191,8 +190,8 @@ impl From<JobState> for pb::JobState {
     }
 }
 
-fn job_state_from_i32(v: i32) -> Result<JobState, ProtoError> {
-    let invalid = || ProtoError::Invalid { field: "state", value: v.to_string() };
+fn job_state_from_i32(v: i32) -> Result<JobState, CodecError> {
+    let invalid = || CodecError::Invalid { field: "state", value: v.to_string() };
     Ok(match pb::JobState::try_from(v).map_err(|_| invalid())? {
         pb::JobState::Unspecified => return Err(invalid()),
         pb::JobState::Pending => JobState::Pending,
@@ -244,11 +243,11 @@ impl From<&Job> for pb::Job {
 }
 
 impl TryFrom<pb::Job> for Job {
-    type Error = ProtoError;
-    fn try_from(j: pb::Job) -> Result<Self, ProtoError> {
+    type Error = CodecError;
+    fn try_from(j: pb::Job) -> Result<Self, CodecError> {
         Ok(Job {
             id: j.id,
-            spec: j.spec.ok_or(ProtoError::Missing("job.spec"))?.try_into()?,
+            spec: j.spec.ok_or(CodecError::Missing("job.spec"))?.try_into()?,
             state: job_state_from_i32(j.state)?,
             request_id: j.request_id,
             submitted_at: Timestamp(j.submitted_at),
@@ -257,7 +256,7 @@ impl TryFrom<pb::Job> for Job {
             finished_at: j.finished_at.map(Timestamp),
             allocation: j
                 .allocation
-                .map(|a| -> Result<Allocation, ProtoError> {
+                .map(|a| -> Result<Allocation, CodecError> {
                     Ok(Allocation {
                         node: a.node,
                         gpus: a.gpus,
@@ -381,46 +380,11 @@ impl From<NodeState> for pb::NodeState {
     }
 }
 
-impl From<&GpuHealth> for pb::GpuHealth {
-    fn from(g: &GpuHealth) -> Self {
-        pb::GpuHealth {
-            index: g.index,
-            temperature_c: g.temperature_c,
-            utilization_percent: g.utilization_percent,
-            memory_used_mib: g.memory_used_mib,
-            power_mw: g.power_mw,
-            xid_errors: g.xid_errors,
-            dirty: g.dirty,
-            problems: g.problems.clone(),
-            dirty_reason: g.dirty_reason.clone(),
-            dirty_job_id: g.dirty_job_id.unwrap_or(0),
-        }
-    }
-}
-
-impl From<pb::GpuHealth> for GpuHealth {
-    fn from(g: pb::GpuHealth) -> Self {
-        GpuHealth {
-            index: g.index,
-            temperature_c: g.temperature_c,
-            utilization_percent: g.utilization_percent,
-            memory_used_mib: g.memory_used_mib,
-            power_mw: g.power_mw,
-            xid_errors: g.xid_errors,
-            dirty: g.dirty,
-            dirty_reason: g.dirty_reason,
-            // 0 on the wire: no job left it dirty (found at worker start).
-            dirty_job_id: (g.dirty_job_id != 0).then_some(g.dirty_job_id),
-            problems: g.problems,
-        }
-    }
-}
-
-fn node_state_from_i32(v: i32) -> Result<NodeState, ProtoError> {
+fn node_state_from_i32(v: i32) -> Result<NodeState, CodecError> {
     match pb::NodeState::try_from(v) {
         Ok(pb::NodeState::Up) => Ok(NodeState::Up),
         Ok(pb::NodeState::Down) => Ok(NodeState::Down),
-        _ => Err(ProtoError::Invalid { field: "node state", value: v.to_string() }),
+        _ => Err(CodecError::Invalid { field: "node state", value: v.to_string() }),
     }
 }
 
@@ -428,9 +392,9 @@ fn node_status_to_pb(n: &NodeStatus) -> pb::NodeStatus {
     pb::NodeStatus { spec: Some((&n.spec).into()), state: pb::NodeState::from(n.state) as i32, epoch: n.epoch }
 }
 
-fn node_status_from_pb(n: pb::NodeStatus) -> Result<NodeStatus, ProtoError> {
+fn node_status_from_pb(n: pb::NodeStatus) -> Result<NodeStatus, CodecError> {
     Ok(NodeStatus {
-        spec: n.spec.ok_or(ProtoError::Missing("node.spec"))?.into(),
+        spec: n.spec.ok_or(CodecError::Missing("node.spec"))?.into(),
         state: node_state_from_i32(n.state)?,
         epoch: n.epoch,
     })
@@ -524,8 +488,8 @@ fn config_from_pb(c: pb::ClusterConfig) -> ClusterConfig {
     }
 }
 
-/// A billing segment as the API, the store and the snapshot carry it.
-pub fn segment_to_pb(g: &Segment) -> pb::Segment {
+/// A billing segment as the store and the snapshot carry it.
+fn segment_to_pb(g: &Segment) -> pb::Segment {
     pb::Segment {
         id: g.id,
         job_id: g.job_id,
@@ -548,7 +512,7 @@ pub fn segment_to_pb(g: &Segment) -> pb::Segment {
 }
 
 /// Inverse of [`segment_to_pb`].
-pub fn segment_from_pb(g: pb::Segment) -> Segment {
+fn segment_from_pb(g: pb::Segment) -> Segment {
     Segment {
         id: g.id,
         job_id: g.job_id,
@@ -576,7 +540,7 @@ pub fn segment_to_bytes(g: &Segment) -> Vec<u8> {
 }
 
 /// Decodes what [`segment_to_bytes`] wrote.
-pub fn segment_from_bytes(bytes: &[u8]) -> Result<Segment, ProtoError> {
+pub fn segment_from_bytes(bytes: &[u8]) -> Result<Segment, CodecError> {
     Ok(segment_from_pb(pb::Segment::decode(bytes)?))
 }
 
@@ -663,20 +627,20 @@ fn command_to_pb(r: &Request) -> pb::Command {
     pb::Command { format_version: FORMAT_VERSION, ts: r.ts.0, kind: Some(kind) }
 }
 
-fn command_from_pb(c: pb::Command) -> Result<Request, ProtoError> {
+fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
     use pb::command::Kind;
     check_version(c.format_version)?;
-    let command = match c.kind.ok_or(ProtoError::Missing("command.kind"))? {
+    let command = match c.kind.ok_or(CodecError::Missing("command.kind"))? {
         Kind::SubmitJob(s) => Command::SubmitJob {
             request_id: s.request_id,
-            spec: s.spec.ok_or(ProtoError::Missing("submit_job.spec"))?.try_into()?,
+            spec: s.spec.ok_or(CodecError::Missing("submit_job.spec"))?.try_into()?,
         },
         Kind::SubmitJobs(batch) => Command::SubmitJobs {
             jobs: batch
                 .jobs
                 .into_iter()
-                .map(|s| Ok((s.request_id, s.spec.ok_or(ProtoError::Missing("submit_jobs.spec"))?.try_into()?)))
-                .collect::<Result<Vec<_>, ProtoError>>()?,
+                .map(|s| Ok((s.request_id, s.spec.ok_or(CodecError::Missing("submit_jobs.spec"))?.try_into()?)))
+                .collect::<Result<Vec<_>, CodecError>>()?,
         },
         Kind::PlaceJob(p) => Command::PlaceJob { job_id: p.job_id, node: p.node, gpus: p.gpus },
         Kind::JobStarted(s) => Command::JobStarted { job_id: s.job_id, epoch: s.epoch },
@@ -684,11 +648,11 @@ fn command_from_pb(c: pb::Command) -> Result<Request, ProtoError> {
             job_id: f.job_id,
             epoch: f.epoch,
             node: f.node,
-            report: f.report.ok_or(ProtoError::Missing("job_finished.report"))?.into(),
+            report: f.report.ok_or(CodecError::Missing("job_finished.report"))?.into(),
         },
         Kind::CancelJob(c) => Command::CancelJob { job_id: c.job_id, reason: c.reason },
         Kind::RegisterNode(r) => {
-            Command::RegisterNode { spec: r.spec.ok_or(ProtoError::Missing("register_node.spec"))?.into() }
+            Command::RegisterNode { spec: r.spec.ok_or(CodecError::Missing("register_node.spec"))?.into() }
         }
         Kind::SetNodeState(s) => {
             Command::SetNodeState { node: s.node, state: node_state_from_i32(s.state)?, reason: s.reason }
@@ -711,9 +675,9 @@ fn command_from_pb(c: pb::Command) -> Result<Request, ProtoError> {
     Ok(Request { ts: Timestamp(c.ts), command })
 }
 
-fn check_version(found: u32) -> Result<(), ProtoError> {
+fn check_version(found: u32) -> Result<(), CodecError> {
     if found == 0 || found > FORMAT_VERSION {
-        return Err(ProtoError::Version { found, supported: FORMAT_VERSION });
+        return Err(CodecError::Version { found, supported: FORMAT_VERSION });
     }
     Ok(())
 }
@@ -724,7 +688,7 @@ pub fn command_to_bytes(r: &Request) -> Vec<u8> {
 }
 
 /// Decodes a replicated request from the Raft log.
-pub fn command_from_bytes(bytes: &[u8]) -> Result<Request, ProtoError> {
+pub fn command_from_bytes(bytes: &[u8]) -> Result<Request, CodecError> {
     command_from_pb(pb::Command::decode(bytes)?)
 }
 
@@ -766,7 +730,7 @@ fn coordinators_from_pb(records: Vec<pb::CoordinatorRecord>) -> BTreeMap<u64, Co
 }
 
 /// Decodes a snapshot written by [`snapshot_to_bytes`].
-pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, ProtoError> {
+pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, CodecError> {
     let s = pb::StateSnapshot::decode(bytes)?;
     check_version(s.format_version)?;
     let jobs =
@@ -834,7 +798,7 @@ pub fn job_to_bytes(j: &Job) -> Vec<u8> {
 }
 
 /// Decodes one job written by [`job_to_bytes`].
-pub fn job_from_bytes(bytes: &[u8]) -> Result<Job, ProtoError> {
+pub fn job_from_bytes(bytes: &[u8]) -> Result<Job, CodecError> {
     pb::Job::decode(bytes)?.try_into()
 }
 
@@ -844,7 +808,7 @@ pub fn node_to_bytes(n: &NodeStatus) -> Vec<u8> {
 }
 
 /// Decodes one node written by [`node_to_bytes`].
-pub fn node_from_bytes(bytes: &[u8]) -> Result<NodeStatus, ProtoError> {
+pub fn node_from_bytes(bytes: &[u8]) -> Result<NodeStatus, CodecError> {
     node_status_from_pb(pb::NodeStatus::decode(bytes)?)
 }
 
@@ -885,7 +849,7 @@ pub fn meta_to_bytes(s: &State) -> Vec<u8> {
 }
 
 /// Decodes what [`meta_to_bytes`] wrote.
-pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, ProtoError> {
+pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, CodecError> {
     let s = pb::StateSnapshot::decode(bytes)?;
     check_version(s.format_version)?;
     Ok(StateMeta {
@@ -1081,29 +1045,9 @@ mod tests {
     }
 
     #[test]
-    fn gpu_health_crosses_the_wire_unchanged() {
-        let dirty = GpuHealth {
-            index: 3,
-            temperature_c: 71,
-            utilization_percent: 99,
-            memory_used_mib: 1024,
-            power_mw: 350_000,
-            xid_errors: 2,
-            dirty: true,
-            dirty_reason: "1 process left behind".into(),
-            dirty_job_id: Some(42),
-            problems: vec!["overheat: 95 C".into()],
-        };
-        let found_at_start = GpuHealth { dirty: true, dirty_job_id: None, ..dirty.clone() };
-        for health in [dirty, found_at_start, GpuHealth::default()] {
-            assert_eq!(GpuHealth::from(pb::GpuHealth::from(&health)), health);
-        }
-    }
-
-    #[test]
     fn garbage_and_future_versions_are_refused() {
         assert!(command_from_bytes(&[0xff, 0xff, 0xff]).is_err());
         let future = pb::Command { format_version: 99, ts: 1, kind: Some(pb::command::Kind::Noop(true)) };
-        assert!(matches!(command_from_bytes(&future.encode_to_vec()), Err(ProtoError::Version { found: 99, .. })));
+        assert!(matches!(command_from_bytes(&future.encode_to_vec()), Err(CodecError::Version { found: 99, .. })));
     }
 }

@@ -1,0 +1,546 @@
+//! Conversions between the wire messages of `corral.v1` (user API, worker protocol) and the
+//! domain types of corral-types. Decoding is fallible: a peer can send anything.
+
+use crate::v1 as pb;
+use corral_types::{
+    Allocation, GpuDevice, GpuHealth, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, PartEnd,
+    PreemptionNotice, SchedOptions, Segment, SliceAssignment, Timestamp,
+};
+
+/// A wire message that does not convert into a valid domain value.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtoError {
+    #[error("missing field '{0}'")]
+    Missing(&'static str),
+    #[error("invalid value of '{field}': {value}")]
+    Invalid { field: &'static str, value: String },
+}
+
+impl From<ProtoError> for tonic::Status {
+    fn from(e: ProtoError) -> Self {
+        tonic::Status::invalid_argument(e.to_string())
+    }
+}
+
+// ---- jobs ----
+
+impl From<&GpuSlice> for pb::GpuSlice {
+    fn from(s: &GpuSlice) -> Self {
+        use pb::gpu_slice::Kind;
+        let kind = match s {
+            GpuSlice::Mig { profile, compute_slices } => {
+                Kind::Mig(pb::MigSlice { profile: profile.clone(), compute_slices: *compute_slices })
+            }
+            GpuSlice::Mps { thread_percent, memory_mib } => {
+                Kind::Mps(pb::MpsSlice { thread_percent: *thread_percent, memory_mib: *memory_mib })
+            }
+        };
+        pb::GpuSlice { kind: Some(kind) }
+    }
+}
+
+impl TryFrom<pb::GpuSlice> for GpuSlice {
+    type Error = ProtoError;
+    fn try_from(s: pb::GpuSlice) -> Result<Self, ProtoError> {
+        use pb::gpu_slice::Kind;
+        match s.kind.ok_or(ProtoError::Missing("gpu_slice.kind"))? {
+            Kind::Mig(m) => Ok(GpuSlice::Mig { profile: m.profile, compute_slices: m.compute_slices }),
+            Kind::Mps(m) => Ok(GpuSlice::Mps { thread_percent: m.thread_percent, memory_mib: m.memory_mib }),
+        }
+    }
+}
+
+impl From<&JobSpec> for pb::JobSpec {
+    fn from(s: &JobSpec) -> Self {
+        pb::JobSpec {
+            name: s.name.clone(),
+            tenant: s.tenant.clone(),
+            priority_class: s.priority_class.clone(),
+            gpus: s.gpus,
+            gpu_slice: s.gpu_slice.as_ref().map(Into::into),
+            cpu_millis: s.cpu_millis,
+            memory_bytes: s.memory_bytes,
+            time_limit_secs: s.time_limit_secs,
+            image: s.image.clone(),
+            command: s.command.clone(),
+            env: s.env.clone(),
+            sched: (s.sched != SchedOptions::default()).then_some(pb::SchedOptions {
+                gpus_per_node: s.sched.gpus_per_node,
+                rdma: s.sched.rdma,
+                no_requeue: s.sched.no_requeue,
+                checkpoint_signal: s.sched.checkpoint_signal,
+            }),
+        }
+    }
+}
+
+impl TryFrom<pb::JobSpec> for JobSpec {
+    type Error = ProtoError;
+    fn try_from(s: pb::JobSpec) -> Result<Self, ProtoError> {
+        Ok(JobSpec {
+            name: s.name,
+            tenant: s.tenant,
+            priority_class: s.priority_class,
+            gpus: s.gpus,
+            gpu_slice: s.gpu_slice.map(TryInto::try_into).transpose()?,
+            cpu_millis: s.cpu_millis,
+            memory_bytes: s.memory_bytes,
+            time_limit_secs: s.time_limit_secs,
+            image: s.image,
+            command: s.command,
+            env: s.env,
+            sched: s
+                .sched
+                .map(|o| SchedOptions {
+                    gpus_per_node: o.gpus_per_node,
+                    rdma: o.rdma,
+                    no_requeue: o.no_requeue,
+                    checkpoint_signal: o.checkpoint_signal,
+                })
+                .unwrap_or_default(),
+        })
+    }
+}
+
+// ---- allocations ----
+
+fn node_gpus_to_pb(parts: &[NodeGpus]) -> Vec<pb::NodeGpus> {
+    parts.iter().map(|p| pb::NodeGpus { node: p.node.clone(), gpus: p.gpus.clone() }).collect()
+}
+
+fn node_gpus_from_pb(parts: Vec<pb::NodeGpus>) -> Vec<NodeGpus> {
+    parts.into_iter().map(|p| NodeGpus { node: p.node, gpus: p.gpus }).collect()
+}
+
+fn slice_to_pb(s: &SliceAssignment) -> pb::SliceAssignment {
+    use pb::slice_assignment::Kind;
+    let kind = match s {
+        SliceAssignment::Mig { profile, start, memory_slices, compute_slices } => Kind::Mig(pb::MigAssignment {
+            profile: profile.clone(),
+            start: *start,
+            memory_slices: *memory_slices,
+            compute_slices: *compute_slices,
+        }),
+        SliceAssignment::Mps { thread_percent, memory_mib } => {
+            Kind::Mps(pb::MpsAssignment { thread_percent: *thread_percent, memory_mib: *memory_mib })
+        }
+    };
+    pb::SliceAssignment { kind: Some(kind) }
+}
+
+fn slice_from_pb(s: pb::SliceAssignment) -> Result<SliceAssignment, ProtoError> {
+    use pb::slice_assignment::Kind;
+    Ok(match s.kind.ok_or(ProtoError::Missing("slice.kind"))? {
+        Kind::Mig(m) => SliceAssignment::Mig {
+            profile: m.profile,
+            start: m.start,
+            memory_slices: m.memory_slices,
+            compute_slices: m.compute_slices,
+        },
+        Kind::Mps(m) => SliceAssignment::Mps { thread_percent: m.thread_percent, memory_mib: m.memory_mib },
+    })
+}
+
+impl From<JobState> for pb::JobState {
+    fn from(s: JobState) -> Self {
+        match s {
+            JobState::Pending => pb::JobState::Pending,
+            JobState::Running => pb::JobState::Running,
+            JobState::Succeeded => pb::JobState::Succeeded,
+            JobState::Failed => pb::JobState::Failed,
+            JobState::Cancelled => pb::JobState::Cancelled,
+            JobState::Preempted => pb::JobState::Preempted,
+        }
+    }
+}
+
+fn job_state_from_i32(v: i32) -> Result<JobState, ProtoError> {
+    let invalid = || ProtoError::Invalid { field: "state", value: v.to_string() };
+    Ok(match pb::JobState::try_from(v).map_err(|_| invalid())? {
+        pb::JobState::Unspecified => return Err(invalid()),
+        pb::JobState::Pending => JobState::Pending,
+        pb::JobState::Running => JobState::Running,
+        pb::JobState::Succeeded => JobState::Succeeded,
+        pb::JobState::Failed => JobState::Failed,
+        pb::JobState::Cancelled => JobState::Cancelled,
+        pb::JobState::Preempted => JobState::Preempted,
+    })
+}
+
+impl From<&Job> for pb::Job {
+    fn from(j: &Job) -> Self {
+        pb::Job {
+            id: j.id,
+            spec: Some((&j.spec).into()),
+            state: pb::JobState::from(j.state) as i32,
+            request_id: j.request_id.clone(),
+            submitted_at: j.submitted_at.0,
+            admitted_at: j.admitted_at.map(|t| t.0),
+            started_at: j.started_at.map(|t| t.0),
+            finished_at: j.finished_at.map(|t| t.0),
+            allocation: j.allocation.as_ref().map(|a| pb::Allocation {
+                node: a.node.clone(),
+                gpus: a.gpus.clone(),
+                epoch: a.epoch,
+                more_nodes: node_gpus_to_pb(&a.more_nodes),
+                slice: a.slice.as_ref().map(slice_to_pb),
+                ended: a
+                    .ended
+                    .iter()
+                    .map(|e| pb::PartEnd { node: e.node.clone(), report: e.report.as_ref().map(Into::into) })
+                    .collect(),
+            }),
+            preemption: j.preemption.as_ref().map(|p| pb::PreemptionNotice {
+                by: p.by,
+                at: p.at.0,
+                grace_secs: p.grace_secs,
+                checkpoint_signal: p.checkpoint_signal,
+            }),
+            exit_code: j.exit_code,
+            signal: j.signal,
+            reason: j.reason.clone(),
+            cancel_requested: j.cancel_requested,
+            attempts: j.attempts,
+            worker_run_time_ms: j.worker_run_time_ms,
+        }
+    }
+}
+
+impl TryFrom<pb::Job> for Job {
+    type Error = ProtoError;
+    fn try_from(j: pb::Job) -> Result<Self, ProtoError> {
+        Ok(Job {
+            id: j.id,
+            spec: j.spec.ok_or(ProtoError::Missing("job.spec"))?.try_into()?,
+            state: job_state_from_i32(j.state)?,
+            request_id: j.request_id,
+            submitted_at: Timestamp(j.submitted_at),
+            admitted_at: j.admitted_at.map(Timestamp),
+            started_at: j.started_at.map(Timestamp),
+            finished_at: j.finished_at.map(Timestamp),
+            allocation: j
+                .allocation
+                .map(|a| -> Result<Allocation, ProtoError> {
+                    Ok(Allocation {
+                        node: a.node,
+                        gpus: a.gpus,
+                        epoch: a.epoch,
+                        more_nodes: node_gpus_from_pb(a.more_nodes),
+                        slice: a.slice.map(slice_from_pb).transpose()?,
+                        ended: a
+                            .ended
+                            .into_iter()
+                            .map(|e| PartEnd { node: e.node, report: e.report.map(Into::into) })
+                            .collect(),
+                    })
+                })
+                .transpose()?,
+            preemption: j.preemption.map(|p| PreemptionNotice {
+                by: p.by,
+                at: Timestamp(p.at),
+                grace_secs: p.grace_secs,
+                checkpoint_signal: p.checkpoint_signal,
+            }),
+            exit_code: j.exit_code,
+            signal: j.signal,
+            reason: j.reason,
+            cancel_requested: j.cancel_requested,
+            attempts: j.attempts,
+            worker_run_time_ms: j.worker_run_time_ms,
+        })
+    }
+}
+
+impl From<&JobExitReport> for pb::JobExitReport {
+    fn from(r: &JobExitReport) -> Self {
+        pb::JobExitReport {
+            exit_code: r.exit_code,
+            signal: r.signal,
+            oom_killed: r.oom_killed,
+            run_time_ms: r.run_time_ms,
+            launch_error: r.launch_error.clone(),
+            timed_out: r.timed_out,
+            never_started: r.never_started,
+            fenced: r.fenced,
+        }
+    }
+}
+
+impl From<pb::JobExitReport> for JobExitReport {
+    fn from(r: pb::JobExitReport) -> Self {
+        JobExitReport {
+            exit_code: r.exit_code,
+            signal: r.signal,
+            oom_killed: r.oom_killed,
+            run_time_ms: r.run_time_ms,
+            timed_out: r.timed_out,
+            launch_error: r.launch_error,
+            never_started: r.never_started,
+            fenced: r.fenced,
+        }
+    }
+}
+
+// ---- nodes ----
+
+impl From<&NodeSpec> for pb::NodeSpec {
+    fn from(n: &NodeSpec) -> Self {
+        pb::NodeSpec {
+            name: n.name.clone(),
+            address: n.address.clone(),
+            gpus: n
+                .gpus
+                .iter()
+                .map(|g| pb::GpuDevice {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    model: g.model.clone(),
+                    memory_mib: g.memory_mib,
+                    numa_node: g.numa_node,
+                    pci_switch: g.pci_switch.clone(),
+                    rdma_nic: g.rdma_nic.clone(),
+                    mig_capable: g.mig_capable,
+                })
+                .collect(),
+            cpu_millis: n.cpu_millis,
+            memory_bytes: n.memory_bytes,
+            labels: n.labels.iter().map(|(k, v)| pb::Label { key: k.clone(), value: v.clone() }).collect(),
+        }
+    }
+}
+
+impl From<pb::NodeSpec> for NodeSpec {
+    fn from(n: pb::NodeSpec) -> Self {
+        NodeSpec {
+            name: n.name,
+            address: n.address,
+            gpus: n
+                .gpus
+                .into_iter()
+                .map(|g| GpuDevice {
+                    index: g.index,
+                    uuid: g.uuid,
+                    model: g.model,
+                    memory_mib: g.memory_mib,
+                    numa_node: g.numa_node,
+                    pci_switch: g.pci_switch,
+                    rdma_nic: g.rdma_nic,
+                    mig_capable: g.mig_capable,
+                })
+                .collect(),
+            cpu_millis: n.cpu_millis,
+            memory_bytes: n.memory_bytes,
+            labels: n.labels.into_iter().map(|l| (l.key, l.value)).collect(),
+        }
+    }
+}
+
+impl From<&GpuHealth> for pb::GpuHealth {
+    fn from(g: &GpuHealth) -> Self {
+        pb::GpuHealth {
+            index: g.index,
+            temperature_c: g.temperature_c,
+            utilization_percent: g.utilization_percent,
+            memory_used_mib: g.memory_used_mib,
+            power_mw: g.power_mw,
+            xid_errors: g.xid_errors,
+            dirty: g.dirty,
+            problems: g.problems.clone(),
+            dirty_reason: g.dirty_reason.clone(),
+            dirty_job_id: g.dirty_job_id.unwrap_or(0),
+        }
+    }
+}
+
+impl From<pb::GpuHealth> for GpuHealth {
+    fn from(g: pb::GpuHealth) -> Self {
+        GpuHealth {
+            index: g.index,
+            temperature_c: g.temperature_c,
+            utilization_percent: g.utilization_percent,
+            memory_used_mib: g.memory_used_mib,
+            power_mw: g.power_mw,
+            xid_errors: g.xid_errors,
+            dirty: g.dirty,
+            dirty_reason: g.dirty_reason,
+            // 0 on the wire: no job left it dirty (found at worker start).
+            dirty_job_id: (g.dirty_job_id != 0).then_some(g.dirty_job_id),
+            problems: g.problems,
+        }
+    }
+}
+
+// ---- billing ----
+
+impl From<&Segment> for pb::Segment {
+    fn from(g: &Segment) -> Self {
+        pb::Segment {
+            id: g.id,
+            job_id: g.job_id,
+            epoch: g.epoch,
+            tenant: g.tenant.clone(),
+            node: g.node.clone(),
+            gpu_model: g.gpu_model.clone(),
+            gpus: g.gpus,
+            gpu_milli: g.gpu_milli,
+            priority_class: g.priority_class.clone(),
+            multiplier_milli: g.multiplier_milli,
+            price_micros_per_gpu_hour: g.price_micros_per_gpu_hour,
+            start: g.start.0,
+            end: g.end.0,
+            end_state: g.end_state.clone(),
+            cost_micros: g.cost_micros,
+            duration_ms: Some(g.duration_ms),
+            lost: g.lost,
+        }
+    }
+}
+
+impl From<pb::Segment> for Segment {
+    fn from(g: pb::Segment) -> Self {
+        Segment {
+            id: g.id,
+            job_id: g.job_id,
+            epoch: g.epoch,
+            tenant: g.tenant,
+            node: g.node,
+            gpu_model: g.gpu_model,
+            gpus: g.gpus,
+            gpu_milli: g.gpu_milli,
+            priority_class: g.priority_class,
+            multiplier_milli: g.multiplier_milli,
+            price_micros_per_gpu_hour: g.price_micros_per_gpu_hour,
+            start: Timestamp(g.start),
+            end: Timestamp(g.end),
+            duration_ms: g.duration_ms.unwrap_or_else(|| Timestamp(g.end).millis_since(Timestamp(g.start))),
+            lost: g.lost,
+            end_state: g.end_state,
+            cost_micros: g.cost_micros,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_cross_the_wire_unchanged() {
+        let job = Job {
+            id: 7,
+            spec: JobSpec {
+                name: "g".into(),
+                tenant: "team-a".into(),
+                priority_class: "normal".into(),
+                gpus: 2,
+                gpu_slice: None,
+                cpu_millis: 500,
+                memory_bytes: 1 << 30,
+                time_limit_secs: Some(60),
+                image: Some("img".into()),
+                command: vec!["true".into()],
+                env: [("A".to_string(), "1".to_string())].into(),
+                sched: SchedOptions {
+                    gpus_per_node: Some(1),
+                    rdma: true,
+                    no_requeue: true,
+                    checkpoint_signal: Some(10),
+                },
+            },
+            state: JobState::Running,
+            request_id: "r".into(),
+            submitted_at: Timestamp(1),
+            admitted_at: Some(Timestamp(2)),
+            started_at: Some(Timestamp(3)),
+            finished_at: None,
+            allocation: Some(Allocation {
+                node: "n1".into(),
+                gpus: vec![0],
+                epoch: 3,
+                more_nodes: vec![NodeGpus { node: "n2".into(), gpus: vec![1] }],
+                slice: Some(SliceAssignment::Mps { thread_percent: 50, memory_mib: 1024 }),
+                ended: vec![PartEnd {
+                    node: "n2".into(),
+                    report: Some(JobExitReport { exit_code: Some(1), ..Default::default() }),
+                }],
+            }),
+            preemption: Some(PreemptionNotice { by: 8, at: Timestamp(4), grace_secs: 30, checkpoint_signal: None }),
+            exit_code: None,
+            signal: None,
+            reason: Some("why".into()),
+            cancel_requested: true,
+            attempts: 1,
+            worker_run_time_ms: Some(5),
+        };
+        assert_eq!(Job::try_from(pb::Job::from(&job)).unwrap(), job);
+        let mig = JobSpec {
+            gpu_slice: Some(GpuSlice::Mig { profile: "1g.10gb".into(), compute_slices: 1 }),
+            ..job.spec.clone()
+        };
+        assert_eq!(JobSpec::try_from(pb::JobSpec::from(&mig)).unwrap(), mig);
+        let unspecified = pb::Job { state: pb::JobState::Unspecified as i32, ..pb::Job::from(&job) };
+        assert!(matches!(Job::try_from(unspecified), Err(ProtoError::Invalid { field: "state", .. })));
+    }
+
+    #[test]
+    fn nodes_and_segments_cross_the_wire_unchanged() {
+        let node = NodeSpec {
+            name: "n1".into(),
+            address: "a:1".into(),
+            gpus: vec![GpuDevice {
+                index: 0,
+                uuid: "GPU-0".into(),
+                model: "H100".into(),
+                memory_mib: 81_559,
+                numa_node: Some(1),
+                pci_switch: Some("0000:3a".into()),
+                rdma_nic: Some("mlx5_0".into()),
+                mig_capable: true,
+            }],
+            cpu_millis: 8000,
+            memory_bytes: 1 << 34,
+            labels: vec![("rack".into(), "r1".into())],
+        };
+        assert_eq!(NodeSpec::from(pb::NodeSpec::from(&node)), node);
+        let segment = Segment {
+            id: 1,
+            job_id: 2,
+            epoch: 3,
+            tenant: "t".into(),
+            node: "n1".into(),
+            gpu_model: "H100".into(),
+            gpus: 1,
+            gpu_milli: 500,
+            priority_class: "normal".into(),
+            multiplier_milli: 1000,
+            price_micros_per_gpu_hour: 10,
+            start: Timestamp(5),
+            end: Timestamp(9),
+            duration_ms: 3,
+            lost: true,
+            end_state: "failed".into(),
+            cost_micros: 1,
+        };
+        assert_eq!(Segment::from(pb::Segment::from(&segment)), segment);
+    }
+
+    #[test]
+    fn gpu_health_crosses_the_wire_unchanged() {
+        let dirty = GpuHealth {
+            index: 3,
+            temperature_c: 71,
+            utilization_percent: 99,
+            memory_used_mib: 1024,
+            power_mw: 350_000,
+            xid_errors: 2,
+            dirty: true,
+            dirty_reason: "1 process left behind".into(),
+            dirty_job_id: Some(42),
+            problems: vec!["overheat: 95 C".into()],
+        };
+        let found_at_start = GpuHealth { dirty: true, dirty_job_id: None, ..dirty.clone() };
+        for health in [dirty, found_at_start, GpuHealth::default()] {
+            assert_eq!(GpuHealth::from(pb::GpuHealth::from(&health)), health);
+        }
+    }
+}
