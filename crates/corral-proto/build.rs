@@ -1,10 +1,11 @@
-//! Generates the gRPC and protobuf code from ../../proto with the vendored protoc.
+//! Generates the gRPC and protobuf code of the wire protocol (corral.proto, raft.proto) from
+//! ../../proto with the vendored protoc. state.proto, the persisted format, is corral-raft's.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     std::env::set_var("PROTOC", protoc);
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
-    let files = ["state.proto", "corral.proto", "raft.proto"].map(|f| dir.join(f));
+    let files = ["corral.proto", "raft.proto"].map(|f| dir.join(f));
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());
     }

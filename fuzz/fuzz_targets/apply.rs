@@ -3,5 +3,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    corral_proto::fuzz::apply(data);
+    corral_raft::fuzz::apply(data);
 });

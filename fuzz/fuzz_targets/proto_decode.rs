@@ -3,5 +3,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    corral_proto::fuzz::decode(data);
+    corral_raft::fuzz::decode(data);
 });

@@ -6,10 +6,6 @@ use corral_types::{
 };
 use serde::{Deserialize, Serialize};
 
-/// Version of the persisted command and snapshot encoding.
-/// 2: preemption, gang placements across nodes, GPU slices, quotas and fair-share usage.
-pub const FORMAT_VERSION: u32 = 2;
-
 /// Where the scheduler puts one job: a node and GPU indices, the other nodes of a gang, and for
 /// a fractional job the slice of its one GPU. Applied all-or-nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

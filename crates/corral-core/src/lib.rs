@@ -21,9 +21,7 @@ mod tokens;
 mod usage;
 
 pub use apply::Touched;
-pub use command::{
-    ApplyError, Command, Outcome, Placement, Preemption, Request, Response, ScheduleOutcome, FORMAT_VERSION,
-};
+pub use command::{ApplyError, Command, Outcome, Placement, Preemption, Request, Response, ScheduleOutcome};
 pub use config::{ClusterConfig, PriorityClass, SchedulerConfig, TenantPolicy, DEFAULT_GRACE_SECS};
 pub use ledger::{cost_micros, TSO_LEAD_ALLOWANCE_MS};
 pub use quota::{format_gpus, QuotaBlock};

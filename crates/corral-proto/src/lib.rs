@@ -1,20 +1,14 @@
-//! Generated gRPC/protobuf code for corral: the wire protocol (`corral.v1`: user API, worker
-//! protocol, cluster admin; `corral.raft.v1`: Raft RPCs) and its conversions to and from
-//! corral-types (`wire`); for now also the persisted encoding (`corral.state.v1`, `codec`).
+//! corral's wire protocol: generated gRPC/protobuf code (`corral.v1`: user API, worker protocol,
+//! cluster admin; `corral.raft.v1`: Raft RPCs) and its conversions to and from corral-types
+//! (`wire`), used by both ends of every connection.
 //!
-//! Boundary: prost types stop here and in the persistence codec of corral-raft; every other crate
-//! speaks corral-types. Conversions from the wire are fallible (`ProtoError`): a peer can send
-//! anything.
+//! Boundary: depends on corral-types only, so a client does not compile the scheduler; how the
+//! state is stored is corral-raft's (`corral_raft::codec`). prost types stop here and in that
+//! codec; every other crate speaks corral-types. Conversions from the wire are fallible
+//! (`ProtoError`): a peer can send anything.
 
-mod codec;
-pub mod fuzz;
 mod wire;
 
-pub use codec::{
-    command_from_bytes, command_to_bytes, job_from_bytes, job_to_bytes, meta_from_bytes, meta_to_bytes,
-    node_from_bytes, node_to_bytes, segment_from_bytes, segment_to_bytes, snapshot_from_bytes, snapshot_to_bytes,
-    CodecError, StateMeta,
-};
 pub use wire::ProtoError;
 
 /// Metadata key of a `NotLeader` refusal that carries the leader's API address, so that a client
@@ -31,12 +25,6 @@ pub mod v1 {
 pub mod raft {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("corral.raft.v1");
-}
-
-/// Generated code of package `corral.state.v1` (the persisted state).
-mod state {
-    #![allow(clippy::all, missing_docs)]
-    tonic::include_proto!("corral.state.v1");
 }
 
 /// Largest gRPC message between coordinators (Raft: batches of entries, snapshot chunks) and

@@ -1,9 +1,13 @@
-//! openraft glue for corral: type config, raft-log log store, sled state machine, gRPC network.
+//! openraft glue for corral: type config, raft-log log store, sled state machine, gRPC network,
+//! and the persisted encoding of the replicated state (`codec`, over `proto/state.proto`).
 //!
-//! Boundary: the only crate that knows openraft, raft-log and sled. Other crates reach Raft
-//! through [`RaftNode`] (propose, linearizable reads, membership, status, shutdown) and read
-//! the applied state through [`StateMachineData`]; no openraft type crosses this boundary.
+//! Boundary: the only crate that knows openraft, raft-log and sled, and the only one that knows
+//! how the state is stored (the format version included). Other crates reach Raft through
+//! [`RaftNode`] (propose, linearizable reads, membership, status, shutdown) and read the applied
+//! state through [`StateMachineData`]; no openraft type crosses this boundary.
 
+pub mod codec;
+pub mod fuzz;
 pub mod log_store;
 mod network;
 mod node;

@@ -6,6 +6,7 @@
 //! log; whatever sled lost is re-applied from the log. A snapshot file newer than sled wins on open, because the log
 //! before it may already be purged.
 
+use crate::codec;
 use crate::types::{LogId, NodeId, StoredMembership, TypeConfig};
 use corral_core::{Outcome, State, Touched};
 use openraft::storage::RaftStateMachine;
@@ -105,7 +106,7 @@ impl StateMachineStore {
             if meta.last_log_id > data.last_applied {
                 tracing::info!(snapshot = %meta.snapshot_id, "state machine store is older than the snapshot: loading the snapshot");
                 data = StateMachineData {
-                    state: corral_proto::snapshot_from_bytes(&bytes)?,
+                    state: codec::snapshot_from_bytes(&bytes)?,
                     last_applied: meta.last_log_id,
                     membership: meta.last_membership.clone(),
                 };
@@ -131,7 +132,7 @@ impl StateMachineStore {
 
     /// FNV-1a of the encoded state: equal on every node that applied the same log prefix.
     pub fn digest(&self) -> u64 {
-        let bytes = corral_proto::snapshot_to_bytes(&self.read().state);
+        let bytes = codec::snapshot_to_bytes(&self.read().state);
         bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
     }
 
@@ -153,17 +154,17 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
     let Some(meta) = t.tree.get(META_STATE)? else {
         return Ok(StateMachineData { state: State::default(), last_applied, membership });
     };
-    let meta = corral_proto::meta_from_bytes(&meta)?;
+    let meta = codec::meta_from_bytes(&meta)?;
     let mut jobs = std::collections::BTreeMap::new();
     for kv in t.tree.scan_prefix(JOB) {
         let (_, v) = kv?;
-        let job = corral_proto::job_from_bytes(&v)?;
+        let job = codec::job_from_bytes(&v)?;
         jobs.insert(job.id, job);
     }
     let mut nodes = std::collections::BTreeMap::new();
     for kv in t.tree.scan_prefix(NODE) {
         let (_, v) = kv?;
-        let node = corral_proto::node_from_bytes(&v)?;
+        let node = codec::node_from_bytes(&v)?;
         nodes.insert(node.spec.name.clone(), node);
     }
     let mut request_ids = std::collections::BTreeMap::new();
@@ -190,7 +191,7 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
     state.next_token_id = meta.next_token_id;
     for kv in t.tree.scan_prefix(SEGMENT) {
         let (_, v) = kv?;
-        let segment = corral_proto::segment_from_bytes(&v)?;
+        let segment = codec::segment_from_bytes(&v)?;
         state.ledger.insert(segment.id, segment);
     }
     Ok(StateMachineData { state, last_applied, membership })
@@ -216,7 +217,7 @@ fn persist(t: &Trees, data: &StateMachineData, touched: &Touched) -> Result<(), 
     for id in &touched.jobs {
         match state.jobs.get(id) {
             Some(job) => {
-                batch.insert(key(JOB, &id.to_be_bytes()), corral_proto::job_to_bytes(job));
+                batch.insert(key(JOB, &id.to_be_bytes()), codec::job_to_bytes(job));
                 if !job.request_id.is_empty() {
                     batch.insert(key(REQUEST, job.request_id.as_bytes()), &id.to_be_bytes());
                 }
@@ -226,16 +227,16 @@ fn persist(t: &Trees, data: &StateMachineData, touched: &Touched) -> Result<(), 
     }
     for name in &touched.nodes {
         match state.nodes.get(name) {
-            Some(node) => batch.insert(key(NODE, name.as_bytes()), corral_proto::node_to_bytes(node)),
+            Some(node) => batch.insert(key(NODE, name.as_bytes()), codec::node_to_bytes(node)),
             None => batch.remove(key(NODE, name.as_bytes())),
         }
     }
     for id in &touched.segments {
         if let Some(segment) = state.ledger.get(id) {
-            batch.insert(key(SEGMENT, &id.to_be_bytes()), corral_proto::segment_to_bytes(segment));
+            batch.insert(key(SEGMENT, &id.to_be_bytes()), codec::segment_to_bytes(segment));
         }
     }
-    batch.insert(META_STATE, corral_proto::meta_to_bytes(state));
+    batch.insert(META_STATE, codec::meta_to_bytes(state));
     batch.insert(META_RAFT_APPLIED, serde_json::to_vec(&data.last_applied).map_err(json_err)?);
     batch.insert(META_RAFT_MEMBERSHIP, serde_json::to_vec(&data.membership).map_err(json_err)?);
     t.tree.apply_batch(batch).map_err(|e| std::io::Error::other(format!("sled batch failed: {e}")))
@@ -369,7 +370,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<NodeId>> {
         let bytes = snapshot.into_inner();
-        let state = corral_proto::snapshot_from_bytes(&bytes)
+        let state = codec::snapshot_from_bytes(&bytes)
             .map_err(|e| StorageError::from(StorageIOError::<NodeId>::read_snapshot(Some(meta.signature()), &e)))?;
         let shared = Arc::clone(&self.shared);
         let (meta_copy, written_bytes) = (meta.clone(), bytes.clone());
@@ -401,7 +402,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let (bytes, last_applied, membership) = {
             let data = self.read();
-            (corral_proto::snapshot_to_bytes(&data.state), data.last_applied, data.membership.clone())
+            (codec::snapshot_to_bytes(&data.state), data.last_applied, data.membership.clone())
         };
         let snapshot_id = match last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id.term, l.leader_id.node_id, l.index),
@@ -460,8 +461,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_build_racing_an_install_keeps_the_newest_snapshot_intact() {
         let (older, newer) = (state_with(30_000), state_with(30_001));
-        let (older_bytes, newer_bytes) =
-            (corral_proto::snapshot_to_bytes(&older), corral_proto::snapshot_to_bytes(&newer));
+        let (older_bytes, newer_bytes) = (codec::snapshot_to_bytes(&older), codec::snapshot_to_bytes(&newer));
         for round in 0..6 {
             let dir = tempfile::tempdir().expect("tempdir");
             let mut store = StateMachineStore::open(dir.path()).expect("open");
@@ -480,7 +480,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("round {round}: unreadable snapshot file: {e}"))
                 .expect("a snapshot file");
             assert_eq!(meta.last_log_id.map(|l| l.index), Some(20), "round {round}: the snapshot went back");
-            let state = corral_proto::snapshot_from_bytes(&bytes)
+            let state = codec::snapshot_from_bytes(&bytes)
                 .unwrap_or_else(|e| panic!("round {round}: corrupt snapshot state: {e}"));
             assert_eq!(state.jobs.len(), 30_001, "round {round}");
             let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("snapshots"))

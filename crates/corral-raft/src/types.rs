@@ -1,5 +1,6 @@
 //! openraft type configuration of corral and the log payload wrapper.
 
+use crate::codec;
 use corral_core::Request;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
@@ -34,7 +35,7 @@ impl fmt::Display for RaftRequest {
 
 impl Serialize for RaftRequest {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let bytes = corral_proto::command_to_bytes(&self.0);
+        let bytes = codec::command_to_bytes(&self.0);
         if serializer.is_human_readable() {
             // JSON would spell bytes as an array of numbers (~3.5x); base64 is 1.33x.
             serializer.serialize_str(&base64::encode(&bytes))
@@ -74,17 +75,17 @@ impl<'de> Deserialize<'de> for RaftRequest {
         } else {
             deserializer.deserialize_bytes(BytesVisitor)?
         };
-        corral_proto::command_from_bytes(&bytes).map(RaftRequest).map_err(serde::de::Error::custom)
+        codec::command_from_bytes(&bytes).map(RaftRequest).map_err(serde::de::Error::custom)
     }
 }
 
 impl crate::log_store::PayloadCodec for RaftRequest {
     fn encode_payload(&self) -> Vec<u8> {
-        corral_proto::command_to_bytes(&self.0)
+        codec::command_to_bytes(&self.0)
     }
 
     fn decode_payload(bytes: &[u8]) -> Result<Self, std::io::Error> {
-        corral_proto::command_from_bytes(bytes)
+        codec::command_from_bytes(bytes)
             .map(RaftRequest)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
     }
@@ -181,7 +182,7 @@ mod tests {
         let back: RaftRequest = serde_json::from_str(&json).unwrap();
         assert_eq!(back, request);
         // Older messages spelled the bytes as an array: still readable.
-        let bytes = corral_proto::command_to_bytes(&request.0);
+        let bytes = codec::command_to_bytes(&request.0);
         let legacy = serde_json::to_string(&bytes).unwrap();
         assert_eq!(serde_json::from_str::<RaftRequest>(&legacy).unwrap(), request);
     }

@@ -12,6 +12,7 @@ const ONLY_IN: &[(&str, &[&str])] = &[
     ("prost", &["corral-proto", "corral-raft"]),
     ("tonic-prost", &["corral-proto"]),
     ("tonic-prost-build", &["corral-proto"]),
+    ("prost-build", &["corral-raft"]),
     ("rustls", &["corral-security"]),
     ("tokio-rustls", &["corral-security"]),
     ("rcgen", &["corral-security"]),
@@ -25,6 +26,10 @@ const ONLY_IN: &[(&str, &[&str])] = &[
 /// Crates whose normal dependencies are limited to these (pure crates: no I/O, no runtime).
 const PURE: &[(&str, &[&str])] =
     &[("corral-types", &["serde", "thiserror"]), ("corral-core", &["corral-types", "serde", "thiserror"])];
+
+/// Workspace crates that must not reach these others through their normal dependencies, directly
+/// or through another member: the wire protocol and its client do not compile the scheduler.
+const NEVER_REACHES: &[(&str, &[&str])] = &[("corral-proto", &["corral-core"]), ("corral-client", &["corral-core"])];
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
@@ -86,7 +91,53 @@ fn violations(members: &BTreeMap<String, BTreeMap<String, Vec<String>>>) -> Vec<
             }
         }
     }
+    for (krate, forbidden) in NEVER_REACHES {
+        for target in *forbidden {
+            if let Some(path) = dependency_path(members, krate, target) {
+                bad.push(format!("{krate} must not depend on {target}, but does: {}", path.join(" -> ")));
+            }
+        }
+    }
     bad
+}
+
+/// The normal dependencies of a member (`dependencies`, also target-specific ones): what a user
+/// of the crate compiles.
+fn normal_dependencies(tables: &BTreeMap<String, Vec<String>>) -> impl Iterator<Item = &String> {
+    tables
+        .iter()
+        .filter(|(table, _)| table.as_str() == "dependencies" || table.ends_with(".dependencies"))
+        .flat_map(|(_, deps)| deps)
+}
+
+/// A chain of normal dependencies among the members from `from` to `to`, if there is one.
+fn dependency_path(
+    members: &BTreeMap<String, BTreeMap<String, Vec<String>>>,
+    from: &str,
+    to: &str,
+) -> Option<Vec<String>> {
+    let mut came_from: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut queue = std::collections::VecDeque::from([from]);
+    while let Some(krate) = queue.pop_front() {
+        if krate == to {
+            let mut path = vec![to.to_string()];
+            let mut at = to;
+            while let Some(prev) = came_from.get(at) {
+                path.push(prev.to_string());
+                at = prev;
+            }
+            path.reverse();
+            return Some(path);
+        }
+        let Some(tables) = members.get(krate) else { continue };
+        for dep in normal_dependencies(tables) {
+            if dep != from && members.contains_key(dep) && !came_from.contains_key(dep.as_str()) {
+                came_from.insert(dep, krate);
+                queue.push_back(dep);
+            }
+        }
+    }
+    None
 }
 
 #[test]
@@ -113,4 +164,25 @@ fn the_boundary_check_catches_a_crossing() {
     let bad = violations(&members);
     assert!(bad.iter().any(|b| b.contains("corral-coordinator") && b.contains("openraft")), "{bad:?}");
     assert!(bad.iter().any(|b| b.contains("corral-core") && b.contains("tokio")), "{bad:?}");
+}
+
+#[test]
+fn the_boundary_check_catches_a_client_that_compiles_the_scheduler() {
+    // The workspace's manifests with one more dependency: what the check says of them.
+    let violations_with = |krate: &str, table: &str, dep: &str| {
+        let mut members = members();
+        members.get_mut(krate).expect(krate).entry(table.into()).or_default().push(dep.into());
+        violations(&members)
+    };
+    // corral-core in the wire protocol: the client reaches it through corral-proto.
+    let bad = violations_with("corral-proto", "dependencies", "corral-core");
+    assert!(bad.iter().any(|b| b.starts_with("corral-proto must not depend on corral-core")), "{bad:?}");
+    assert!(bad.iter().any(|b| b.contains("corral-client -> corral-proto -> corral-core")), "{bad:?}");
+    // Through another crate the client uses.
+    let bad = violations_with("corral-security", "dependencies", "corral-core");
+    assert!(bad.iter().any(|b| b.contains("corral-client -> corral-security -> corral-core")), "{bad:?}");
+    assert!(!bad.iter().any(|b| b.starts_with("corral-proto")), "{bad:?}");
+    // A crate's dev-dependencies are not compiled by its users.
+    let bad = violations_with("corral-client", "dev-dependencies", "corral-core");
+    assert!(bad.is_empty(), "{bad:?}");
 }

@@ -11,7 +11,7 @@ use corral_core::{
     ClusterConfig, Command, CoordinatorRecord, Placement, Preemption, PriorityClass, Request, SchedulerConfig, State,
     TenantPolicy, TokenRecord, UsageLedger,
 };
-use corral_proto::{
+use corral_raft::codec::{
     command_from_bytes, command_to_bytes, job_from_bytes, job_to_bytes, meta_from_bytes, meta_to_bytes,
     node_from_bytes, node_to_bytes, segment_from_bytes, segment_to_bytes, snapshot_from_bytes, snapshot_to_bytes,
     StateMeta,

@@ -2,7 +2,8 @@
 //! by proptest with random bytes and with valid encodings that have bytes flipped.
 
 use corral_core::{Command, Placement, Request};
-use corral_proto::{command_to_bytes, fuzz};
+use corral_raft::codec::command_to_bytes;
+use corral_raft::fuzz;
 use corral_types::{JobExitReport, JobSpec, Timestamp};
 use proptest::prelude::*;
 

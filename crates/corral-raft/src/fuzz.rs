@@ -1,8 +1,8 @@
-//! Harnesses for hostile bytes, shared by the cargo-fuzz targets in `fuzz/` and the stable
-//! random-input tests: decoding must never panic, and whatever decodes must apply without
-//! panicking and leave a consistent state.
+//! Harnesses for hostile bytes over the persisted encoding (`codec`), shared by the cargo-fuzz
+//! targets in `fuzz/` and the stable random-input tests (`tests/it/fuzz.rs`): decoding must
+//! never panic, and whatever decodes must apply without panicking and leave a consistent state.
 
-use crate::{command_from_bytes, command_to_bytes, snapshot_from_bytes, snapshot_to_bytes};
+use crate::codec::{self, command_from_bytes, command_to_bytes, snapshot_from_bytes, snapshot_to_bytes};
 use corral_core::{ClusterConfig, Command, Request, State};
 use corral_types::{GpuDevice, NodeSpec, Timestamp};
 
@@ -10,10 +10,10 @@ use corral_types::{GpuDevice, NodeSpec, Timestamp};
 /// snapshot that decodes to the same state.
 pub fn decode(bytes: &[u8]) {
     let _ = command_from_bytes(bytes);
-    let _ = crate::meta_from_bytes(bytes);
-    let _ = crate::job_from_bytes(bytes);
-    let _ = crate::node_from_bytes(bytes);
-    let _ = crate::segment_from_bytes(bytes);
+    let _ = codec::meta_from_bytes(bytes);
+    let _ = codec::job_from_bytes(bytes);
+    let _ = codec::node_from_bytes(bytes);
+    let _ = codec::segment_from_bytes(bytes);
     if let Ok(state) = snapshot_from_bytes(bytes) {
         let again = snapshot_from_bytes(&snapshot_to_bytes(&state)).expect("a re-encoded snapshot decodes");
         assert_eq!(again, state, "snapshot round trip changed the state");

@@ -2,13 +2,14 @@
 //! machine store's per-key records (jobs, nodes, billing segments, the scalar meta), as the
 //! messages of `state.proto` with their format version.
 //!
-//! Compatibility boundary: these bytes are on disk and in other coordinators' logs; a change
-//! that alters the bytes of an existing value fails the golden tests (`tests/it/golden.rs`).
+//! Compatibility boundary: these bytes are on disk (raft-log, sled, snapshot files) and in other
+//! coordinators' logs. Fields are only added; a change that alters the bytes of an existing
+//! value fails the golden tests (`tests/it/golden.rs`). This is the only place that knows the
+//! persisted messages: the wire protocol (corral-proto) has its own.
 
-use crate::state as pb;
 use corral_core::{
     ClusterConfig, Command, CoordinatorRecord, Placement, Preemption, PriorityClass, Request, SchedulerConfig, State,
-    TenantPolicy, TokenRecord, UsageLedger, FORMAT_VERSION,
+    TenantPolicy, TokenRecord, UsageLedger,
 };
 use corral_types::{
     Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, NodeState, NodeStatus,
@@ -16,6 +17,17 @@ use corral_types::{
 };
 use prost::Message;
 use std::collections::BTreeMap;
+
+/// Version of the persisted command and snapshot encoding, written into every `Command` and
+/// `StateSnapshot`; a build refuses versions newer than its own.
+/// 2: preemption, gang placements across nodes, GPU slices, quotas and fair-share usage.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// Generated code of package `corral.state.v1` (`proto/state.proto`).
+mod pb {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/corral.state.v1.rs"));
+}
 
 /// Persisted bytes that do not decode into a valid domain value.
 #[derive(Debug, thiserror::Error)]
