@@ -247,6 +247,21 @@ fn runs(lines: &[Line]) -> Vec<Run> {
     by.into_values().collect()
 }
 
+/// Freeze windows per node with back-to-back ones joined: a worker thawed and frozen again at
+/// once sees nothing in between.
+fn merge_freezes(frozen: &[(String, f64, f64)]) -> Vec<(String, f64, f64)> {
+    let mut sorted = frozen.to_vec();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let mut merged: Vec<(String, f64, f64)> = Vec::new();
+    for (node, from, to) in sorted {
+        match merged.last_mut() {
+            Some(last) if last.0 == node && from <= last.2 + 0.05 => last.2 = last.2.max(to),
+            _ => merged.push((node, from, to)),
+        }
+    }
+    merged
+}
+
 /// Every invariant the harness checks, as a list of violations.
 fn check(
     frozen: &[(String, f64, f64)],
@@ -315,6 +330,8 @@ fn check(
     // A worker measures a run until it sees the exit: one frozen when its job ended (or when
     // its guard killed it) sees it only when thawed, and bills the run up to then (README).
     let mut frozen_at_end: BTreeMap<(u64, u64), f64> = BTreeMap::new();
+    // A freeze healed and injected again in the same step is one freeze to the worker.
+    let frozen = merge_freezes(frozen);
     for run in runs {
         let span = spans.entry((run.job, run.epoch, run.node.as_str())).or_insert((run.first, run.last));
         span.0 = span.0.min(run.first);
@@ -367,6 +384,22 @@ fn check(
 
 fn soak_secs() -> u64 {
     std::env::var("CORRAL_SOAK_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60)
+}
+
+/// The seed that found this (1796408456587908161): w1 was frozen at 56.426, thawed and frozen
+/// again at 58.756, thawed at 62.546; its job ended at 56.4 and was billed until 62.5.
+#[test]
+fn back_to_back_freezes_are_one_freeze() {
+    let frozen = vec![
+        ("w1".to_string(), 58.756, 62.546),
+        ("w2".to_string(), 57.0, 58.0),
+        ("w1".to_string(), 56.426, 58.756),
+        ("w1".to_string(), 70.0, 71.0),
+    ];
+    assert_eq!(
+        merge_freezes(&frozen),
+        vec![("w1".to_string(), 56.426, 62.546), ("w1".to_string(), 70.0, 71.0), ("w2".to_string(), 57.0, 58.0)]
+    );
 }
 
 #[test]
