@@ -191,6 +191,8 @@ fn failover_phase(rt: &tokio::runtime::Runtime) {
             })
             .collect();
         let started = Instant::now();
+        let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        eprintln!("round {round}: killing node {} at {at:.3}", leader + 1);
         cluster.kill(leader);
         let rid = format!("failover-{}-{round}", std::process::id());
         let wrote = rt.block_on(probe.submit_with_id(&rid, &corral_integration::trivial_job("probe")));
@@ -206,6 +208,14 @@ fn failover_phase(rt: &tokio::runtime::Runtime) {
                 "round {round}: killed node {}, first write after {waited:?} (applied/committed before: {before:?})",
                 leader + 1
             );
+            // CORRAL_BENCH_CLUSTER_LOGS=DIR keeps the survivors' logs of each slow round.
+            if let Ok(dir) = std::env::var("CORRAL_BENCH_CLUSTER_LOGS") {
+                std::fs::create_dir_all(&dir).expect("log dir");
+                for i in (0..3).filter(|i| *i != leader) {
+                    let path = std::path::Path::new(&dir).join(format!("round-{round}-node-{}.log", i + 1));
+                    std::fs::write(path, cluster.log_of(i)).expect("write log");
+                }
+            }
         }
         waits.push(waited);
         cluster.restart(leader);
