@@ -13,6 +13,7 @@ mod error;
 mod failpoints;
 mod gateway;
 mod group_commit;
+mod leader_writes;
 mod liveness;
 mod metrics;
 mod scheduler;
@@ -327,7 +328,10 @@ impl Coordinator {
         let raft = self.inner.node.grpc_service();
         let result = tonic::transport::Server::builder()
             .add_service(InterceptedService::new(raft, guard(auth::Service::Raft)))
-            .add_service(InterceptedService::new(api::server(self.clone()), guard(auth::Service::Api)))
+            .add_service(InterceptedService::new(
+                leader_writes::LeaderWrites::new(api::server(self.clone()), self.clone()),
+                guard(auth::Service::Api),
+            ))
             .add_service(InterceptedService::new(gateway::server(self.clone()), guard(auth::Service::Gateway)))
             .add_service(InterceptedService::new(cluster::server(self.clone()), guard(auth::Service::ClusterAdmin)))
             .serve_with_incoming_shutdown(incoming, shutdown)
