@@ -47,7 +47,8 @@ pub enum OutputFormat {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a single-process pool: one coordinator plus a worker with simulated GPUs.
+    /// Run a single-process pool: one coordinator plus a worker with simulated GPUs. Jobs run as
+    /// the user running it (started as root: as root, without capabilities; see --run-as).
     Dev(DevArgs),
     /// Run a coordinator daemon (one Raft member) from its TOML config file.
     Coordinator(ConfigArg),
@@ -86,6 +87,9 @@ pub enum Command {
     /// Access tokens of tenants and admins (admin only): create, list, revoke.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Cluster policy (admin): tenants and quotas, priority classes, prices, as a TOML file.
+    #[command(subcommand)]
+    Admin(AdminCommand),
     /// The fence guard a worker starts beside itself (internal): kills the worker's jobs when
     /// its lease runs out or the worker dies.
     #[command(hide = true)]
@@ -178,6 +182,10 @@ pub struct BillingArgs {
     /// Only use that started before this (same forms as --since).
     #[arg(long)]
     pub until: Option<String>,
+    /// Only this job, listing each of its segments (a run that spans a price change has one per
+    /// piece, each with the policy version whose prices it used).
+    #[arg(long, value_name = "JOB")]
+    pub job: Option<u64>,
     /// Report format (--output json also selects json).
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     pub format: ReportFormat,
@@ -201,9 +209,43 @@ pub struct ConfigArg {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Print the live policy as a file that `apply` accepts back (with its version).
+    Show,
+    /// Apply a policy file: one replicated change, no restart; prints what changed. A change
+    /// that removes the tenant or class of unfinished jobs is refused unless --force.
+    Apply(PolicyFileArgs),
+    /// Say what applying a policy file would change, and which jobs it would strand.
+    Diff {
+        /// The policy file (TOML; see cluster-configs/cluster.toml).
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// The applied policy versions: when, by whom, what changed.
+    History,
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyFileArgs {
+    /// The policy file (TOML; see cluster-configs/cluster.toml).
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: PathBuf,
+    /// Apply even if it removes the tenant or class of unfinished jobs: they are cancelled
+    /// (running ones get SIGTERM, then SIGKILL after their class's grace) and billed up to then.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Subcommand)]
 pub enum ClusterCommand {
-    /// Make the coordinator at --endpoint the first member of a new cluster (idempotent).
-    Init,
+    /// Make the coordinator at --endpoint the first member of a new cluster (idempotent) and
+    /// install its first policy.
+    Init {
+        /// The first cluster policy (TOML; see cluster-configs/cluster.toml). Default: the dev
+        /// pool's (cluster-configs/dev-policy.toml).
+        #[arg(long, value_name = "FILE")]
+        policy: Option<PathBuf>,
+    },
     /// Add the running, empty coordinator at ADDR: as learner until it caught up, then as voter.
     Join {
         /// API address of the coordinator to add, host:port.
@@ -239,6 +281,15 @@ pub struct DevArgs {
     /// the worker's series on one listener.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
+    /// Cluster policy to start with (TOML; see cluster-configs/cluster.toml). Default: the dev
+    /// policy (cluster-configs/dev-policy.toml). Given again on a restart, a changed file is
+    /// applied as a new policy version.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// Run jobs as this user (name or uid) instead of the user running `corral dev`. Started
+    /// as root without it, jobs run as root, though without any capability.
+    #[arg(long, value_name = "USER")]
+    pub run_as: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -66,7 +66,7 @@ pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<Ex
             bail!("--since must be before --until");
         }
     }
-    let segments = client(global)?.segments(args.tenant.clone(), None, since, until).await?;
+    let segments = client(global)?.segments(args.tenant.clone(), args.job, since, until).await?;
     let mut rows: BTreeMap<(String, String), Row> = BTreeMap::new();
     for g in &segments {
         let row = rows.entry((g.tenant.clone(), g.priority_class.clone())).or_default();
@@ -91,6 +91,10 @@ pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<Ex
                 "total_cost": money(total),
                 "total_cost_micros": total,
             });
+            let mut doc = doc;
+            if args.job.is_some() {
+                doc["segments"] = segments.iter().map(segment_json).collect();
+            }
             println!("{}", serde_json::to_string_pretty(&doc)?);
         }
         ReportFormat::Csv => {
@@ -114,9 +118,54 @@ pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<Ex
                 .collect();
             table.push(vec!["total".into(), String::new(), String::new(), String::new(), money(total)]);
             println!("{}", output::table(&["TENANT", "PRIORITY", "RUNS", "GPU-HOURS", "COST"], &table));
+            if args.job.is_some() {
+                let pieces: Vec<Vec<String>> = segments
+                    .iter()
+                    .map(|g| {
+                        vec![
+                            g.id.to_string(),
+                            g.epoch.to_string(),
+                            format_utc(g.start),
+                            format_utc(g.end),
+                            format_duration(Duration::from_millis(g.duration_ms())),
+                            money(g.price_micros_per_gpu_hour),
+                            format!("x{}", corral_core::format_multiplier(g.multiplier_milli)),
+                            g.policy_version.to_string(),
+                            money(g.cost_micros),
+                        ]
+                    })
+                    .collect();
+                println!();
+                println!(
+                    "{}",
+                    output::table(
+                        &["SEGMENT", "RUN", "START", "END", "BILLED", "PRICE/H", "MULT", "POLICY", "COST"],
+                        &pieces
+                    )
+                );
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn segment_json(g: &corral_types::Segment) -> serde_json::Value {
+    json!({
+        "id": g.id,
+        "job_id": g.job_id,
+        "epoch": g.epoch,
+        "node": g.node,
+        "gpu_model": g.gpu_model,
+        "gpus": g.gpus,
+        "start": format_utc(g.start),
+        "end": format_utc(g.end),
+        "duration_ms": g.duration_ms(),
+        "price_micros_per_gpu_hour": g.price_micros_per_gpu_hour,
+        "multiplier_milli": g.multiplier_milli,
+        "policy_version": g.policy_version,
+        "end_state": g.end_state,
+        "cost_micros": g.cost_micros,
+    })
 }
 
 pub async fn history(global: &GlobalArgs, args: HistoryArgs) -> anyhow::Result<ExitCode> {

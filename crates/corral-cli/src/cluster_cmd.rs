@@ -59,7 +59,11 @@ fn print_status(global: &GlobalArgs, s: &pb::ClusterStatus) -> anyhow::Result<()
 pub async fn run(global: &GlobalArgs, command: ClusterCommand) -> anyhow::Result<ExitCode> {
     let client = client(global)?;
     let status = match command {
-        ClusterCommand::Init => client.cluster_init().await?,
+        ClusterCommand::Init { policy: None } => client.cluster_init(None).await?,
+        ClusterCommand::Init { policy: Some(path) } => {
+            let text = crate::admin_cmd::read_policy(&path)?;
+            client.cluster_init(Some((&path.display().to_string(), &text))).await?
+        }
         ClusterCommand::Join { addr } => client.cluster_join(&addr).await?,
         ClusterCommand::Leave { node_id } => client.cluster_leave(node_id).await?,
         ClusterCommand::Status => client.cluster_status().await?,

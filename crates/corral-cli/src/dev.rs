@@ -3,10 +3,11 @@
 use crate::args::DevArgs;
 use crate::metrics_http::MetricsSource;
 use anyhow::{bail, Context};
+use corral_coordinator::policy::parse_policy;
 use corral_coordinator::{Coordinator, CoordinatorFile};
-use corral_core::{ClusterConfig, Command};
+use corral_core::Command;
 use corral_types::ConfigSize;
-use corral_worker::config::{GpuSection, SimulatedDeviceSection, UsersSection};
+use corral_worker::config::{GpuSection, SimulatedDeviceSection, UserSection, UsersSection};
 use corral_worker::gpu::{SimulatedConfig, SimulatedGpus};
 use corral_worker::{BuildOptions, Worker, WorkerFile};
 use std::net::SocketAddr;
@@ -47,6 +48,26 @@ fn path_tag(path: &std::path::Path) -> String {
     format!("{:08x}", hash as u32)
 }
 
+/// The uid and primary gid of a user given by name or number.
+fn resolve_user(user: &str) -> anyhow::Result<(u32, u32)> {
+    let name = std::ffi::CString::new(user).context("--run-as: a user name has no NUL byte")?;
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; `buf` outlives the reads of `pwd` below.
+    let rc = unsafe { libc::getpwnam_r(name.as_ptr(), &mut pwd, buf.as_mut_ptr(), buf.len(), &mut found) };
+    if rc == 0 && !found.is_null() {
+        return Ok((pwd.pw_uid, pwd.pw_gid));
+    }
+    if let Ok(uid) = user.parse::<u32>() {
+        // SAFETY: as above.
+        let rc = unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut found) };
+        let gid = if rc == 0 && !found.is_null() { pwd.pw_gid } else { uid };
+        return Ok((uid, gid));
+    }
+    bail!("--run-as: no user '{user}' on this machine (give a user name from /etc/passwd or a uid)")
+}
+
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     init_tracing();
     let listen: SocketAddr = args
@@ -65,6 +86,22 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             Some(addr)
         }
         None => None,
+    };
+    let policy = match &args.policy {
+        Some(path) => {
+            let text = crate::admin_cmd::read_policy(path)?;
+            Some(parse_policy(&path.display().to_string(), &text).map_err(anyhow::Error::msg)?)
+        }
+        None => None,
+    };
+    let users = match &args.run_as {
+        None => UsersSection { as_worker: true, ..Default::default() },
+        Some(user) => {
+            let (uid, gid) = resolve_user(user)?;
+            let mut users = UsersSection { allow_root: uid == 0, ..Default::default() };
+            users.default = Some(UserSection { uid, gid });
+            users
+        }
     };
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create data dir {}", args.data_dir.display()))?;
@@ -86,8 +123,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     node.wait_for(Duration::from_secs(30), |s| s.leader == Some(s.id))
         .await
         .context("the coordinator did not become leader")?;
-    if node.state.read().state.config.tenants.is_empty() {
-        coordinator.propose(Command::Configure(ClusterConfig::dev_defaults())).await?;
+    match &policy {
+        // Given on the command line: the policy of this pool, applied again if it changed.
+        Some(config) if !node.state.read().state.config.tenants.is_empty() => {
+            let by = "corral dev --policy".to_string();
+            coordinator.propose(Command::ApplyPolicy { config: config.clone(), by, force: false }).await?;
+        }
+        _ => coordinator.install_first_policy(policy.clone(), "corral dev").await?,
     }
 
     let agent_listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -107,7 +149,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     };
     let mut worker_file = WorkerFile::new(vec![addr.to_string()], data_dir.join("worker"), gpu);
     worker_file.node_name = Some(NODE_NAME.to_string());
-    worker_file.users = Some(UsersSection { as_worker: true, ..Default::default() });
+    worker_file.users = Some(users);
     worker_file.executor.cgroup_root = cgroup_root.clone();
     worker_file.validate().map_err(anyhow::Error::msg)?;
     let agent_addr = agent_listener.local_addr()?;

@@ -1,5 +1,6 @@
 //! The `corral` binary: parses arguments, installs tracing, and calls the libraries.
 
+mod admin_cmd;
 mod args;
 mod billing;
 mod cluster_cmd;
@@ -123,6 +124,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Top(args) => top::run(&global, args).await,
         Command::Certs(args::CertsCommand::Init(args)) => security_cmd::certs_init(&global, args),
         Command::Token(command) => security_cmd::token(&global, command).await,
+        Command::Admin(command) => admin_cmd::run(&global, command).await,
         Command::Ts { count } => commands::ts(&global, count).await,
         Command::WorkerGuard(_) => unreachable!("the fence guard runs before the async runtime starts"),
         Command::Billing(args::BillingCommand::Report(args)) => billing::report(&global, args).await,

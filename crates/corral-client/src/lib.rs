@@ -481,12 +481,63 @@ impl Client {
         Ok(reply.into_inner())
     }
 
-    /// Bootstraps a cluster on the first configured endpoint (not forwarded anywhere else).
-    pub async fn cluster_init(&self) -> Result<pb::ClusterStatus, ClientError> {
+    /// The cluster policy as a file (admin).
+    pub async fn get_policy(&self) -> Result<pb::PolicyFile, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::GetPolicyRequest {});
+                async move { Self::corral(ch).get_policy(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// Applies a policy file (`source` names it in errors), or with `dry_run` says what it would
+    /// change (admin). A retry after a lost reply changes nothing more: the same policy again is
+    /// no change.
+    pub async fn apply_policy(
+        &self,
+        source: &str,
+        toml: &str,
+        force: bool,
+        dry_run: bool,
+    ) -> Result<pb::ApplyPolicyResponse, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::ApplyPolicyRequest {
+                    toml: toml.to_string(),
+                    source: source.to_string(),
+                    force,
+                    dry_run,
+                });
+                async move { Self::corral(ch).apply_policy(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// The applied policy versions, oldest first (admin).
+    pub async fn policy_history(&self) -> Result<Vec<pb::PolicyChange>, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::PolicyHistoryRequest {});
+                async move { Self::corral(ch).policy_history(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner().changes)
+    }
+
+    /// Bootstraps a cluster on the first configured endpoint (not forwarded anywhere else), with
+    /// `policy` (file name, TOML) as its first policy, or the dev pool's.
+    pub async fn cluster_init(&self, policy: Option<(&str, &str)>) -> Result<pb::ClusterStatus, ClientError> {
         let only = self.single(0)?;
+        let (source, policy_toml) = policy.unwrap_or_default();
         let reply = only
             .with_retry(|ch| {
-                let req = self.authorize(pb::ClusterInitRequest {});
+                let req = self.authorize(pb::ClusterInitRequest {
+                    policy_toml: policy_toml.to_string(),
+                    source: source.to_string(),
+                });
                 async move { Self::admin(ch).init(req).await }
             })
             .await?;

@@ -1,7 +1,7 @@
 //! The user-facing `Corral` gRPC service: submit, show, list, cancel, logs, nodes.
 
 use crate::auth::Principal;
-use crate::{CoordError, Coordinator};
+use crate::{policy, CoordError, Coordinator};
 use corral_core::{Command, Outcome};
 use corral_proto::v1::corral_server::{Corral, CorralServer};
 use corral_proto::v1::worker_agent_client::WorkerAgentClient;
@@ -386,6 +386,87 @@ impl Corral for Api {
         self.coord.audit_admin(&request, "token revoke", &who, format!("token {token_id}"));
         let token = self.coord.inner.node.state.read().state.tokens.get(&token_id).map(token_info);
         token.map(Response::new).ok_or_else(|| Status::not_found(format!("token {token_id} not found")))
+    }
+
+    async fn get_policy(&self, request: Request<pb::GetPolicyRequest>) -> Result<Response<pb::PolicyFile>, Status> {
+        self.coord.linearizable().await?;
+        let who = self.coord.principal(&request, "policy show")?;
+        self.coord.require_admin(&request, "policy show", &who)?;
+        let data = self.coord.inner.node.state.read();
+        let version = data.state.policy_version;
+        Ok(Response::new(pb::PolicyFile { version, toml: policy::render_policy(&data.state.config, version) }))
+    }
+
+    async fn apply_policy(
+        &self,
+        request: Request<pb::ApplyPolicyRequest>,
+    ) -> Result<Response<pb::ApplyPolicyResponse>, Status> {
+        let action = if request.get_ref().dry_run { "policy diff" } else { "policy apply" };
+        let who = self.coord.principal(&request, action)?;
+        self.coord.require_admin(&request, action, &who)?;
+        let req = request.get_ref();
+        let source = if req.source.is_empty() { "policy" } else { req.source.as_str() };
+        let config = policy::parse_policy(source, &req.toml).map_err(Status::invalid_argument)?;
+        self.coord.linearizable().await?;
+        let (plan, version) = {
+            let data = self.coord.inner.node.state.read();
+            (data.state.plan_policy(&config).map_err(CoordError::Rejected)?, data.state.policy_version)
+        };
+        let stranded = |ids: &[(u64, corral_types::JobState, String)]| {
+            ids.iter()
+                .map(|(id, state, why)| pb::StrandedJob { job_id: *id, state: state.to_string(), reason: why.clone() })
+                .collect::<Vec<_>>()
+        };
+        if req.dry_run {
+            return Ok(Response::new(pb::ApplyPolicyResponse {
+                version,
+                changes: plan.changes,
+                applied: false,
+                stranded: stranded(&plan.stranded),
+            }));
+        }
+        let command = Command::ApplyPolicy { config, by: who.describe(), force: req.force };
+        let (version, changes, cancelled) = match self.coord.propose(command).await? {
+            Outcome::PolicyApplied { version, changes, cancelled } => (version, changes, cancelled),
+            other => return Err(Status::internal(format!("unexpected outcome of policy apply: {other:?}"))),
+        };
+        if !changes.is_empty() {
+            let mut detail = format!("version {version}: {}", changes.join("; "));
+            if !cancelled.is_empty() {
+                detail.push_str(&format!("; cancelled jobs {cancelled:?}"));
+            }
+            self.coord.audit_admin(&request, "policy apply", &who, detail);
+        }
+        let gone: Vec<_> = plan.stranded.iter().filter(|(id, ..)| cancelled.contains(id)).cloned().collect();
+        Ok(Response::new(pb::ApplyPolicyResponse {
+            version,
+            applied: !changes.is_empty(),
+            changes,
+            stranded: stranded(&gone),
+        }))
+    }
+
+    async fn policy_history(
+        &self,
+        request: Request<pb::PolicyHistoryRequest>,
+    ) -> Result<Response<pb::PolicyHistoryResponse>, Status> {
+        self.coord.linearizable().await?;
+        let who = self.coord.principal(&request, "policy history")?;
+        self.coord.require_admin(&request, "policy history", &who)?;
+        let data = self.coord.inner.node.state.read();
+        let changes = data
+            .state
+            .policy_history
+            .iter()
+            .map(|r| pb::PolicyChange {
+                version: r.version,
+                ts: r.ts.0,
+                by: r.by.clone(),
+                changes: r.changes.clone(),
+                cancelled: r.cancelled.clone(),
+            })
+            .collect();
+        Ok(Response::new(pb::PolicyHistoryResponse { changes }))
     }
 
     async fn list_nodes(

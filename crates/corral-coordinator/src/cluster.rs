@@ -57,24 +57,41 @@ impl Coordinator {
         }
     }
 
-    /// Makes this node the first voter of a new cluster and installs the default config.
-    pub async fn init_cluster(&self) -> Result<(), CoordError> {
+    /// Makes this node the first voter of a new cluster and installs its first policy: `policy`,
+    /// or the dev pool's (`cluster-configs/dev-policy.toml`) when none is given. Initializing an
+    /// initialized cluster again changes nothing; asking it for another policy is refused
+    /// (policies change with `corral admin apply`).
+    pub async fn init_cluster(&self, policy: Option<ClusterConfig>) -> Result<(), CoordError> {
         let node = &self.inner.node;
         let addr = self.inner.config.advertise_addr.clone();
         node.initialize(&addr).await?;
         node.wait_for(Duration::from_secs(30), |s| s.leader.is_some())
             .await
             .map_err(|e| CoordError::Unavailable(format!("no leader after init: {e}")))?;
-        let (recorded, configured) = {
-            let data = node.state.read();
-            (data.state.coordinators.contains_key(&node.id), !data.state.config.tenants.is_empty())
-        };
+        let recorded = node.state.read().state.coordinators.contains_key(&node.id);
         if !recorded {
             self.propose(Command::AddCoordinator { node_id: node.id, addr }).await?;
         }
-        if !configured {
-            self.propose(Command::Configure(ClusterConfig::dev_defaults())).await?;
+        self.install_first_policy(policy, "cluster init").await
+    }
+
+    /// Installs `policy` (default: the dev policy) as version 1 if the cluster has no policy
+    /// yet; refuses a different one when a policy is in force.
+    pub async fn install_first_policy(&self, policy: Option<ClusterConfig>, by: &str) -> Result<(), CoordError> {
+        let (configured, version, current) = {
+            let data = self.inner.node.state.read();
+            (!data.state.config.tenants.is_empty(), data.state.policy_version, data.state.config.clone())
+        };
+        if configured {
+            return match policy {
+                Some(wanted) if wanted != current => Err(CoordError::InvalidArgument(format!(
+                    "the cluster has a policy already (version {version}): change it with `corral admin apply -f FILE`"
+                ))),
+                _ => Ok(()),
+            };
         }
+        let config = policy.unwrap_or_else(crate::policy::dev_policy);
+        self.propose(Command::ApplyPolicy { config, by: by.to_string(), force: false }).await?;
         Ok(())
     }
 }
@@ -82,7 +99,14 @@ impl Coordinator {
 #[tonic::async_trait]
 impl ClusterAdmin for Admin {
     async fn init(&self, request: Request<pb::ClusterInitRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
-        self.coord.init_cluster().await?;
+        let req = request.get_ref();
+        let policy = if req.policy_toml.is_empty() {
+            None
+        } else {
+            let source = if req.source.is_empty() { "policy" } else { req.source.as_str() };
+            Some(crate::policy::parse_policy(source, &req.policy_toml).map_err(Status::invalid_argument)?)
+        };
+        self.coord.init_cluster(policy).await?;
         self.coord.audit_cluster(&request, "cluster init", format!("node {}", self.coord.inner.node.id));
         Ok(Response::new(self.status().await))
     }

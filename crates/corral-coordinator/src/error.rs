@@ -47,8 +47,12 @@ impl From<CoordError> for tonic::Status {
             CoordError::Rejected(ApplyError::NoSuchJob(_) | ApplyError::NoSuchNode(_) | ApplyError::NoSuchToken(_))
             | CoordError::NotFound(_) => Status::not_found(message),
             CoordError::Rejected(
-                ApplyError::TooManyGpus { .. } | ApplyError::TooMuchMemory { .. } | ApplyError::TooManyCpus { .. },
+                ApplyError::TooManyGpus { .. }
+                | ApplyError::TooMuchMemory { .. }
+                | ApplyError::TooManyCpus { .. }
+                | ApplyError::PolicyStrandsJobs(_),
             ) => Status::failed_precondition(message),
+            CoordError::Rejected(ApplyError::TooManyPendingJobs { .. }) => Status::resource_exhausted(message),
             CoordError::Rejected(_) | CoordError::InvalidArgument(_) => Status::invalid_argument(message),
             CoordError::NotLeader { leader_addr, .. } => {
                 let mut status = Status::unavailable(message);

@@ -16,6 +16,7 @@ mod group_commit;
 mod leader_writes;
 mod liveness;
 mod metrics;
+pub mod policy;
 mod scheduler;
 mod tso;
 

@@ -6,6 +6,7 @@
 //! against the priority and reclaim rules.
 
 use crate::ledger::{billed_ms, RunLength};
+use crate::policy::format_secs;
 use crate::quota::{self, QuotaNumbers};
 use crate::resources::{fit_slice, gang_shape, job_milli_gpus, MigShape};
 use crate::{
@@ -56,6 +57,10 @@ impl State {
             | Command::RemoveCoordinator { .. }
             | Command::CreateToken { .. }
             | Command::RevokeToken { .. } => {}
+            Command::ApplyPolicy { .. } => {
+                // Running runs may get a price break, stranded jobs are cancelled.
+                touched.jobs.extend(self.index.live.iter().copied());
+            }
         }
         let segments_before = self.next_segment_id;
         let response = self.apply(request);
@@ -125,6 +130,7 @@ impl State {
                 self.create_token(ts, tenant, *admin, sha256, *expires_at_ms)
             }
             Command::RevokeToken { token_id } => self.revoke_token(*token_id),
+            Command::ApplyPolicy { config, by, force } => self.apply_policy(ts, config, by, *force),
         }
     }
 
@@ -145,6 +151,24 @@ impl State {
         {
             let known: Vec<&str> = self.config.priority_classes.keys().map(String::as_str).collect();
             return Err(ApplyError::UnknownPriorityClass { class: spec.priority_class, known: known.join(", ") });
+        }
+        if let Some(class) = self.config.priority_classes.get(&spec.priority_class) {
+            match (spec.time_limit_secs, class.max_time_secs) {
+                (Some(asked), Some(max)) if asked > max => {
+                    return Err(ApplyError::TimeAboveClassMax {
+                        class: class.name.clone(),
+                        requested: format_secs(asked),
+                        max: format_secs(max),
+                    });
+                }
+                (None, _) => spec.time_limit_secs = class.default_time_secs.or(class.max_time_secs),
+                _ => {}
+            }
+        }
+        if let Some(max) = self.config.tenant_policy(&spec.tenant).and_then(|p| p.max_pending_jobs) {
+            if self.pending_count_of(&spec.tenant) >= max as usize {
+                return Err(ApplyError::TooManyPendingJobs { tenant: spec.tenant, pending: max });
+            }
         }
         // Capacity checks only once nodes exist: before the first registration a job simply waits.
         if !self.nodes.is_empty() {
@@ -188,7 +212,12 @@ impl State {
     }
 
     /// Returns the job id and whether the request id was seen before.
-    fn submit(&mut self, ts: Timestamp, request_id: &str, spec: &JobSpec) -> Result<(JobId, bool), ApplyError> {
+    pub(crate) fn submit(
+        &mut self,
+        ts: Timestamp,
+        request_id: &str,
+        spec: &JobSpec,
+    ) -> Result<(JobId, bool), ApplyError> {
         if let Some(&job_id) = self.request_ids.get(request_id) {
             return Ok((job_id, true));
         }
@@ -286,6 +315,11 @@ impl State {
                 }
             }
         }
+        if let Some(max) = self.config.tenant_policy(&spec.tenant).and_then(|p| p.max_running_jobs) {
+            if self.running_count_of(&spec.tenant) >= max {
+                return Err(format!("tenant {} runs {max} jobs, its limit (max-running-jobs)", spec.tenant));
+            }
+        }
         let numbers = self.quota_numbers(&spec.tenant, &spec.priority_class);
         let need = job_milli_gpus(spec);
         if let Err(limit) = quota::check(&numbers, need) {
@@ -316,6 +350,7 @@ impl State {
             more_nodes: p.more_nodes.clone(),
             slice,
             ended: Vec::new(),
+            price_breaks: Vec::new(),
         });
         job.attempts += 1;
         job.admitted_at = Some(ts);
@@ -593,7 +628,7 @@ impl State {
         Ok(Outcome::Job(Box::new(self.jobs[&job_id].clone())))
     }
 
-    fn cancel(&mut self, ts: Timestamp, job_id: JobId, reason: &str) -> Response {
+    pub(crate) fn cancel(&mut self, ts: Timestamp, job_id: JobId, reason: &str) -> Response {
         let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
         let reason = if reason.is_empty() { "cancelled".to_string() } else { reason.to_string() };
         match job.state {
@@ -711,17 +746,17 @@ impl State {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{place, Placement, ScheduleOutcome};
     use corral_types::{GpuDevice, GpuSlice, NodeGpus};
     use std::collections::BTreeMap;
 
-    fn req(ts: u64, command: Command) -> Request {
+    pub(crate) fn req(ts: u64, command: Command) -> Request {
         Request { ts: Timestamp(ts), command }
     }
 
-    fn node(name: &str, gpus: u32) -> NodeSpec {
+    pub(crate) fn node(name: &str, gpus: u32) -> NodeSpec {
         NodeSpec {
             name: name.into(),
             address: "127.0.0.1:1".into(),
@@ -740,7 +775,7 @@ mod tests {
         }
     }
 
-    fn spec(gpus: u32) -> JobSpec {
+    pub(crate) fn spec(gpus: u32) -> JobSpec {
         JobSpec {
             name: "j".into(),
             tenant: "default".into(),
@@ -757,14 +792,14 @@ mod tests {
         }
     }
 
-    fn cluster() -> State {
+    pub(crate) fn cluster() -> State {
         let mut s = State::default();
         s.apply(&req(1, Command::Configure(ClusterConfig::dev_defaults()))).unwrap();
         s.apply(&req(2, Command::RegisterNode { spec: node("n1", 8) })).unwrap();
         s
     }
 
-    fn submit(s: &mut State, ts: u64, rid: &str, spec: JobSpec) -> Response {
+    pub(crate) fn submit(s: &mut State, ts: u64, rid: &str, spec: JobSpec) -> Response {
         s.apply(&req(ts, Command::SubmitJob { request_id: rid.into(), spec }))
     }
 

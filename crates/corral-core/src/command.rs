@@ -125,6 +125,14 @@ pub enum Command {
     RevokeToken {
         token_id: u64,
     },
+    /// A new version of the cluster policy (`corral admin apply`, `cluster init`): refused if
+    /// it strands unfinished jobs unless `force`, which cancels them.
+    ApplyPolicy {
+        config: ClusterConfig,
+        /// Who applied it, as the audit log names the principal.
+        by: String,
+        force: bool,
+    },
 }
 
 /// A command with the TSO timestamp the leader stamped on it: the state machine's only clock.
@@ -154,6 +162,13 @@ pub enum Outcome {
     Scheduled(ScheduleOutcome),
     TokenCreated {
         token_id: u64,
+    },
+    /// The policy version now in force, what changed (empty: nothing, no new version) and the
+    /// jobs cancelled because their tenant or class was removed.
+    PolicyApplied {
+        version: u64,
+        changes: Vec<String>,
+        cancelled: Vec<JobId>,
     },
 }
 
@@ -208,4 +223,12 @@ pub enum ApplyError {
     NoSuchToken(u64),
     #[error("invalid token: {0}")]
     InvalidToken(String),
+    #[error("{0}")]
+    PolicyStrandsJobs(String),
+    #[error(
+        "tenant '{tenant}' has {pending} pending jobs, its limit (max-pending-jobs): wait for some to start or end"
+    )]
+    TooManyPendingJobs { tenant: String, pending: u32 },
+    #[error("job asks for a time limit of {requested} but class '{class}' allows at most {max} (max-time)")]
+    TimeAboveClassMax { class: String, requested: String, max: String },
 }

@@ -23,6 +23,12 @@ pub struct PriorityClass {
     /// (`None`: [`DEFAULT_GRACE_SECS`]).
     #[serde(default)]
     pub grace_secs: Option<u32>,
+    /// Time limit of a job of this class submitted without one.
+    #[serde(default)]
+    pub default_time_secs: Option<u64>,
+    /// Longest time limit a job of this class may ask for (a job without one gets this).
+    #[serde(default)]
+    pub max_time_secs: Option<u64>,
 }
 
 impl PriorityClass {
@@ -51,6 +57,12 @@ pub struct TenantPolicy {
     /// Relative fair-share weight among tenants (Slurm's shares); 0 counts as 1.
     #[serde(default = "default_weight")]
     pub fair_share_weight: u32,
+    /// Most jobs of this tenant running at once (`None`: no limit).
+    #[serde(default)]
+    pub max_running_jobs: Option<u32>,
+    /// Most jobs of this tenant pending at once; a submit above it is refused.
+    #[serde(default)]
+    pub max_pending_jobs: Option<u32>,
 }
 
 fn default_weight() -> u32 {
@@ -65,6 +77,8 @@ impl Default for TenantPolicy {
             cohort: None,
             borrowing_limit_milli_gpus: None,
             fair_share_weight: 1,
+            max_running_jobs: None,
+            max_pending_jobs: None,
         }
     }
 }
@@ -154,6 +168,8 @@ impl ClusterConfig {
                             billing_multiplier_milli,
                             is_default,
                             grace_secs: Some(grace),
+                            default_time_secs: None,
+                            max_time_secs: None,
                         },
                     )
                 })
@@ -191,12 +207,22 @@ impl ClusterConfig {
 
     /// Checks the config for contradictions; the message says what to fix.
     pub fn validate(&self) -> Result<(), String> {
-        if self.priority_classes.values().filter(|c| c.is_default).count() > 1 {
-            return Err("more than one default priority class".into());
+        let defaults: Vec<&str> =
+            self.priority_classes.values().filter(|c| c.is_default).map(|c| c.name.as_str()).collect();
+        if defaults.len() > 1 {
+            return Err(format!("more than one default priority class ({})", defaults.join(", ")));
         }
         for (key, class) in &self.priority_classes {
             if key != &class.name {
                 return Err(format!("priority class '{}' is stored under the name '{key}'", class.name));
+            }
+            if let (Some(default), Some(max)) = (class.default_time_secs, class.max_time_secs) {
+                if default > max {
+                    return Err(format!("priority class '{key}' has a default time above its max time"));
+                }
+            }
+            if class.default_time_secs == Some(0) || class.max_time_secs == Some(0) {
+                return Err(format!("priority class '{key}' has a zero time limit"));
             }
         }
         let known: BTreeSet<&str> = self.tenants.iter().map(String::as_str).collect();

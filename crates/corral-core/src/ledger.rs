@@ -12,7 +12,7 @@
 
 use crate::resources::job_milli_gpus;
 use crate::State;
-use corral_types::{JobId, Segment, Timestamp};
+use corral_types::{Job, JobId, Segment, Timestamp};
 
 /// How the length of a run that ends is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,8 +34,18 @@ pub fn cost_micros(duration_ms: u64, gpu_milli: u32, price_micros_per_gpu_hour: 
 }
 
 impl State {
-    /// Records the segment of the current run of `job_id`, ending at `end` (before the job's
-    /// allocation is cleared). A run that never started, or held no GPU, records nothing.
+    /// GPU model of the run of `job` (the model of its first GPU), if it holds a GPU.
+    pub(crate) fn run_gpu_model(&self, job: &Job) -> Option<String> {
+        let allocation = job.allocation.as_ref()?;
+        let first = allocation.gpus.first()?;
+        let node = self.nodes.get(&allocation.node)?;
+        Some(node.spec.gpus.iter().find(|g| g.index == *first).map(|g| g.model.clone()).unwrap_or_default())
+    }
+
+    /// Records the segments of the current run of `job_id`, ending at `end` (before the job's
+    /// allocation is cleared): one per piece between price breaks, the last one priced by the
+    /// current policy. A run that never started, or held no GPU, records nothing. Returns the
+    /// id of the last segment.
     pub(crate) fn close_segment(
         &mut self,
         job_id: JobId,
@@ -47,14 +57,8 @@ impl State {
         let allocation = job.allocation.as_ref()?;
         let placed = job.admitted_at.or(job.started_at)?;
         let start = job.started_at.unwrap_or(placed);
-        let gpu_model = self
-            .nodes
-            .get(&allocation.node)
-            .and_then(|n| {
-                let first = allocation.gpus.first()?;
-                n.spec.gpus.iter().find(|g| g.index == *first).map(|g| g.model.clone())
-            })
-            .unwrap_or_default();
+        let gpu_model =
+            if allocation.gpus.is_empty() { String::new() } else { self.run_gpu_model(job).unwrap_or_default() };
         let gpus: u32 = allocation.parts().map(|(_, g)| g.len() as u32).sum();
         if gpus == 0 {
             // GPU time is what is billed: a CPU-only run leaves no segment.
@@ -66,10 +70,17 @@ impl State {
         let multiplier =
             self.config.priority_classes.get(&job.spec.priority_class).map_or(1000, |c| c.billing_multiplier_milli);
         let end = end.max(start);
-        let id = self.next_segment_id;
-        self.next_segment_id += 1;
-        let segment = Segment {
-            id,
+        // The pieces: each break ends one at its time with the pricing it recorded; the last
+        // piece runs to the end with today's pricing. Breaks before the start cut nothing.
+        let mut pieces: Vec<(Timestamp, u64, u32, u64)> = allocation
+            .price_breaks
+            .iter()
+            .filter(|b| b.at > start && b.at < end)
+            .map(|b| (b.at, b.price_micros_per_gpu_hour, b.multiplier_milli, b.policy_version))
+            .collect();
+        pieces.push((end, price, multiplier, self.policy_version));
+        let template = Segment {
+            id: 0,
             job_id,
             epoch: allocation.epoch,
             tenant: job.spec.tenant.clone(),
@@ -85,9 +96,34 @@ impl State {
             duration_ms,
             lost: matches!(length, RunLength::Lost),
             end_state: end_state.to_string(),
-            cost_micros: cost_micros(duration_ms, milli, price, multiplier),
+            cost_micros: 0,
+            policy_version: self.policy_version,
         };
-        self.ledger.insert(id, segment);
+        // The billed length is shared out in order: each earlier piece gets its TSO interval
+        // (never more than is left), the last piece the rest, so the pieces add up to the run.
+        let mut from = start;
+        let mut left = duration_ms;
+        let last = pieces.len() - 1;
+        let mut id = 0;
+        for (i, (to, price, multiplier, version)) in pieces.into_iter().enumerate() {
+            let ms = if i == last { left } else { to.millis_since(from).min(left) };
+            left -= ms;
+            id = self.next_segment_id;
+            self.next_segment_id += 1;
+            let segment = Segment {
+                id,
+                start: from,
+                end: to,
+                duration_ms: ms,
+                multiplier_milli: multiplier,
+                price_micros_per_gpu_hour: price,
+                policy_version: version,
+                cost_micros: cost_micros(ms, milli, price, multiplier),
+                ..template.clone()
+            };
+            self.ledger.insert(id, segment);
+            from = to;
+        }
         Some(id)
     }
 }

@@ -1,6 +1,7 @@
 //! The replicated state held by every coordinator, with derived indexes (free capacity, quota use)
 //! that make apply() and the scheduling pass independent of the number of queued jobs.
 
+use crate::policy::PolicyRecord;
 use crate::resources::{gang_shape, job_milli_gpus, GpuLoad, SliceReq};
 use crate::tokens::TokenRecord;
 use crate::usage::UsageLedger;
@@ -45,6 +46,13 @@ pub struct State {
     pub tokens: BTreeMap<u64, TokenRecord>,
     #[serde(default)]
     pub next_token_id: u64,
+    /// Version of `config` (0: never set through `ApplyPolicy`). Persist with the scalar state.
+    #[serde(default)]
+    pub policy_version: u64,
+    /// The policy changes, oldest first (at most `MAX_POLICY_HISTORY`). Persist with the scalar
+    /// state.
+    #[serde(default)]
+    pub policy_history: Vec<PolicyRecord>,
     /// Derived indexes. Rebuilt on load, not persisted.
     #[serde(skip)]
     pub(crate) index: Index,
@@ -106,6 +114,8 @@ pub(crate) struct Index {
     /// Pending jobs by (tenant, priority class): a pass reads each name once per group.
     pub queue: BTreeMap<(String, String), BTreeMap<JobId, QueuedJob>>,
     pub running: BTreeSet<JobId>,
+    /// Number of running jobs per tenant (tenants with none are absent).
+    pub running_by_tenant: BTreeMap<String, u32>,
     pub nodes: BTreeMap<String, NodeLoad>,
     pub tenants: BTreeMap<String, TenantLoad>,
     /// Preemptor -> its victims that have not exited yet.
@@ -191,6 +201,8 @@ impl Default for State {
             usage: UsageLedger::default(),
             tokens: BTreeMap::new(),
             next_token_id: 1,
+            policy_version: 0,
+            policy_history: Vec::new(),
             index: Index::default(),
         }
     }
@@ -207,7 +219,14 @@ impl Index {
                 }
             }
         }
-        self.running.remove(&id);
+        if self.running.remove(&id) {
+            if let Some(n) = self.running_by_tenant.get_mut(&spec.tenant) {
+                *n -= 1;
+                if *n == 0 {
+                    self.running_by_tenant.remove(&spec.tenant);
+                }
+            }
+        }
         match state {
             JobState::Pending => {
                 self.pending.insert(id);
@@ -216,6 +235,7 @@ impl Index {
             }
             JobState::Running => {
                 self.running.insert(id);
+                *self.running_by_tenant.entry(spec.tenant.clone()).or_default() += 1;
             }
             _ => {}
         }
@@ -339,6 +359,8 @@ impl State {
             usage: UsageLedger::default(),
             tokens: BTreeMap::new(),
             next_token_id: 1,
+            policy_version: 0,
+            policy_history: Vec::new(),
             index,
         }
     }
@@ -366,6 +388,21 @@ impl State {
     /// Number of pending jobs.
     pub fn pending_count(&self) -> usize {
         self.index.pending.len()
+    }
+
+    /// Number of pending jobs of `tenant`.
+    pub fn pending_count_of(&self, tenant: &str) -> usize {
+        self.index
+            .queue
+            .range((tenant.to_string(), String::new())..)
+            .take_while(|((t, _), _)| t == tenant)
+            .map(|(_, group)| group.len())
+            .sum()
+    }
+
+    /// Number of running jobs of `tenant`.
+    pub fn running_count_of(&self, tenant: &str) -> u32 {
+        self.index.running_by_tenant.get(tenant).copied().unwrap_or(0)
     }
 
     /// Running jobs in id order.

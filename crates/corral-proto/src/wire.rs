@@ -232,6 +232,8 @@ impl TryFrom<pb::Job> for Job {
                             .into_iter()
                             .map(|e| PartEnd { node: e.node, report: e.report.map(Into::into) })
                             .collect(),
+                        // The API does not carry pricing history; the segments do.
+                        price_breaks: Vec::new(),
                     })
                 })
                 .transpose()?,
@@ -392,6 +394,7 @@ impl From<&Segment> for pb::Segment {
             cost_micros: g.cost_micros,
             duration_ms: Some(g.duration_ms),
             lost: g.lost,
+            policy_version: g.policy_version,
         }
     }
 }
@@ -416,6 +419,7 @@ impl From<pb::Segment> for Segment {
             lost: g.lost,
             end_state: g.end_state,
             cost_micros: g.cost_micros,
+            policy_version: g.policy_version,
         }
     }
 }
@@ -463,6 +467,7 @@ mod tests {
                     node: "n2".into(),
                     report: Some(JobExitReport { exit_code: Some(1), ..Default::default() }),
                 }],
+                price_breaks: vec![],
             }),
             preemption: Some(PreemptionNotice { by: 8, at: Timestamp(4), grace_secs: 30, checkpoint_signal: None }),
             exit_code: None,
@@ -520,6 +525,7 @@ mod tests {
             lost: true,
             end_state: "failed".into(),
             cost_micros: 1,
+            policy_version: 4,
         };
         assert_eq!(Segment::from(pb::Segment::from(&segment)), segment);
     }

@@ -8,12 +8,12 @@
 //! persisted messages: the wire protocol (corral-proto) has its own.
 
 use corral_core::{
-    ClusterConfig, Command, CoordinatorRecord, Placement, Preemption, PriorityClass, Request, SchedulerConfig, State,
-    TenantPolicy, TokenRecord, UsageLedger,
+    ClusterConfig, Command, CoordinatorRecord, Placement, PolicyRecord, Preemption, PriorityClass, Request,
+    SchedulerConfig, State, TenantPolicy, TokenRecord, UsageLedger,
 };
 use corral_types::{
     Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, NodeState, NodeStatus,
-    PartEnd, PreemptionNotice, SchedOptions, Segment, SliceAssignment, Timestamp,
+    PartEnd, PreemptionNotice, PriceBreak, SchedOptions, Segment, SliceAssignment, Timestamp,
 };
 use prost::Message;
 use std::collections::BTreeMap;
@@ -237,6 +237,16 @@ impl From<&Job> for pb::Job {
                     .iter()
                     .map(|e| pb::PartEnd { node: e.node.clone(), report: e.report.as_ref().map(Into::into) })
                     .collect(),
+                price_breaks: a
+                    .price_breaks
+                    .iter()
+                    .map(|b| pb::PriceBreak {
+                        at: b.at.0,
+                        price_micros_per_gpu_hour: b.price_micros_per_gpu_hour,
+                        multiplier_milli: b.multiplier_milli,
+                        policy_version: b.policy_version,
+                    })
+                    .collect(),
             }),
             preemption: j.preemption.as_ref().map(|p| pb::PreemptionNotice {
                 by: p.by,
@@ -279,6 +289,16 @@ impl TryFrom<pb::Job> for Job {
                             .ended
                             .into_iter()
                             .map(|e| PartEnd { node: e.node, report: e.report.map(Into::into) })
+                            .collect(),
+                        price_breaks: a
+                            .price_breaks
+                            .into_iter()
+                            .map(|b| PriceBreak {
+                                at: Timestamp(b.at),
+                                price_micros_per_gpu_hour: b.price_micros_per_gpu_hour,
+                                multiplier_milli: b.multiplier_milli,
+                                policy_version: b.policy_version,
+                            })
                             .collect(),
                     })
                 })
@@ -427,6 +447,8 @@ fn config_to_pb(c: &ClusterConfig) -> pb::ClusterConfig {
                 billing_multiplier_milli: p.billing_multiplier_milli,
                 is_default: p.is_default,
                 grace_secs: p.grace_secs,
+                default_time_secs: p.default_time_secs,
+                max_time_secs: p.max_time_secs,
             })
             .collect(),
         tenant_policies: c
@@ -439,6 +461,8 @@ fn config_to_pb(c: &ClusterConfig) -> pb::ClusterConfig {
                 cohort: p.cohort.clone(),
                 borrowing_limit_milli_gpus: p.borrowing_limit_milli_gpus,
                 fair_share_weight: p.fair_share_weight,
+                max_running_jobs: p.max_running_jobs,
+                max_pending_jobs: p.max_pending_jobs,
             })
             .collect(),
         scheduler: Some(pb::SchedulerConfig {
@@ -469,6 +493,8 @@ fn config_from_pb(c: pb::ClusterConfig) -> ClusterConfig {
                     billing_multiplier_milli: p.billing_multiplier_milli,
                     is_default: p.is_default,
                     grace_secs: p.grace_secs,
+                    default_time_secs: p.default_time_secs,
+                    max_time_secs: p.max_time_secs,
                 };
                 (p.name, class)
             })
@@ -483,6 +509,8 @@ fn config_from_pb(c: pb::ClusterConfig) -> ClusterConfig {
                     cohort: p.cohort,
                     borrowing_limit_milli_gpus: p.borrowing_limit_milli_gpus,
                     fair_share_weight: p.fair_share_weight.max(1),
+                    max_running_jobs: p.max_running_jobs,
+                    max_pending_jobs: p.max_pending_jobs,
                 };
                 (p.tenant, policy)
             })
@@ -520,6 +548,7 @@ fn segment_to_pb(g: &Segment) -> pb::Segment {
         cost_micros: g.cost_micros,
         duration_ms: Some(g.duration_ms),
         lost: g.lost,
+        policy_version: g.policy_version,
     }
 }
 
@@ -543,6 +572,7 @@ fn segment_from_pb(g: pb::Segment) -> Segment {
         lost: g.lost,
         end_state: g.end_state,
         cost_micros: g.cost_micros,
+        policy_version: g.policy_version,
     }
 }
 
@@ -635,6 +665,9 @@ fn command_to_pb(r: &Request) -> pb::Command {
             expires_at_ms: *expires_at_ms,
         }),
         Command::RevokeToken { token_id } => Kind::RevokeToken(pb::RevokeToken { token_id: *token_id }),
+        Command::ApplyPolicy { config, by, force } => {
+            Kind::ApplyPolicy(pb::ApplyPolicy { config: Some(config_to_pb(config)), by: by.clone(), force: *force })
+        }
     };
     pb::Command { format_version: FORMAT_VERSION, ts: r.ts.0, kind: Some(kind) }
 }
@@ -683,6 +716,11 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
             Command::CreateToken { tenant: t.tenant, admin: t.admin, sha256: t.sha256, expires_at_ms: t.expires_at_ms }
         }
         Kind::RevokeToken(r) => Command::RevokeToken { token_id: r.token_id },
+        Kind::ApplyPolicy(a) => Command::ApplyPolicy {
+            config: config_from_pb(a.config.ok_or(CodecError::Missing("apply_policy.config"))?),
+            by: a.by,
+            force: a.force,
+        },
     };
     Ok(Request { ts: Timestamp(c.ts), command })
 }
@@ -726,8 +764,36 @@ pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
         next_segment_id: s.next_segment_id,
         tokens: tokens_to_pb(s),
         next_token_id: s.next_token_id,
+        policy_version: s.policy_version,
+        policy_history: policy_history_to_pb(s),
     }
     .encode_to_vec()
+}
+
+fn policy_history_to_pb(s: &State) -> Vec<pb::PolicyRecord> {
+    s.policy_history
+        .iter()
+        .map(|r| pb::PolicyRecord {
+            version: r.version,
+            ts: r.ts.0,
+            by: r.by.clone(),
+            changes: r.changes.clone(),
+            cancelled: r.cancelled.clone(),
+        })
+        .collect()
+}
+
+fn policy_history_from_pb(records: Vec<pb::PolicyRecord>) -> Vec<PolicyRecord> {
+    records
+        .into_iter()
+        .map(|r| PolicyRecord {
+            version: r.version,
+            ts: Timestamp(r.ts),
+            by: r.by,
+            changes: r.changes,
+            cancelled: r.cancelled,
+        })
+        .collect()
 }
 
 fn coordinators_to_pb(s: &State) -> Vec<pb::CoordinatorRecord> {
@@ -768,6 +834,8 @@ pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, CodecError> {
     state.next_segment_id = s.next_segment_id.max(1);
     state.tokens = tokens_from_pb(s.tokens);
     state.next_token_id = s.next_token_id.max(1);
+    state.policy_version = s.policy_version;
+    state.policy_history = policy_history_from_pb(s.policy_history);
     Ok(state)
 }
 
@@ -839,6 +907,9 @@ pub struct StateMeta {
     /// Access tokens: set `State::tokens` to them after `State::from_parts`.
     pub tokens: BTreeMap<u64, TokenRecord>,
     pub next_token_id: u64,
+    /// Set `State::policy_version` and `policy_history` to these.
+    pub policy_version: u64,
+    pub policy_history: Vec<PolicyRecord>,
 }
 
 /// Encodes the scalar part of the state.
@@ -855,6 +926,8 @@ pub fn meta_to_bytes(s: &State) -> Vec<u8> {
         next_segment_id: s.next_segment_id,
         tokens: tokens_to_pb(s),
         next_token_id: s.next_token_id,
+        policy_version: s.policy_version,
+        policy_history: policy_history_to_pb(s),
         ..Default::default()
     }
     .encode_to_vec()
@@ -875,6 +948,8 @@ pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, CodecError> {
         next_segment_id: s.next_segment_id.max(1),
         tokens: tokens_from_pb(s.tokens),
         next_token_id: s.next_token_id.max(1),
+        policy_version: s.policy_version,
+        policy_history: policy_history_from_pb(s.policy_history),
     })
 }
 
@@ -995,6 +1070,12 @@ mod tests {
                     },
                     PartEnd { node: "n1".into(), report: None },
                 ],
+                price_breaks: vec![PriceBreak {
+                    at: Timestamp(7),
+                    price_micros_per_gpu_hour: 890_000,
+                    multiplier_milli: 400,
+                    policy_version: 2,
+                }],
             }),
             preemption: None,
             exit_code: None,

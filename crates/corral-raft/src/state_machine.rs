@@ -189,6 +189,8 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
     state.next_segment_id = meta.next_segment_id;
     state.tokens = meta.tokens;
     state.next_token_id = meta.next_token_id;
+    state.policy_version = meta.policy_version;
+    state.policy_history = meta.policy_history;
     for kv in t.tree.scan_prefix(SEGMENT) {
         let (_, v) = kv?;
         let segment = codec::segment_from_bytes(&v)?;

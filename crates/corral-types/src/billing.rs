@@ -32,6 +32,10 @@ pub struct Segment {
     /// How the run ended: succeeded, failed, cancelled, requeued, preempted.
     pub end_state: String,
     pub cost_micros: u64,
+    /// The cluster policy version whose prices this segment used (0: before the first
+    /// versioned policy). A run that spans a price change is billed in one segment per piece.
+    #[serde(default)]
+    pub policy_version: u64,
 }
 
 impl Segment {

@@ -298,6 +298,21 @@ pub struct Allocation {
     /// whose run ends with its one part).
     #[serde(default)]
     pub ended: Vec<PartEnd>,
+    /// Pricing changes applied while this run held its GPUs, oldest first: each ends one
+    /// piece of the run, billed with the pricing it records (see corral-core's ledger).
+    #[serde(default)]
+    pub price_breaks: Vec<PriceBreak>,
+}
+
+/// The pricing of one piece of a run: from the previous break (or the start) to `at`, when a
+/// policy with other prices for this run was applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PriceBreak {
+    pub at: Timestamp,
+    pub price_micros_per_gpu_hour: u64,
+    pub multiplier_milli: u32,
+    /// The policy version these prices came from.
+    pub policy_version: u64,
 }
 
 /// How one part of a gang ended.

@@ -12,7 +12,7 @@ mod timestamp;
 pub use billing::Segment;
 pub use job::{
     Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd,
-    PreemptionNotice, SchedOptions, SliceAssignment, MAX_GPUS_PER_JOB,
+    PreemptionNotice, PriceBreak, SchedOptions, SliceAssignment, MAX_GPUS_PER_JOB,
 };
 pub use node::{GpuDevice, GpuHealth, NodeSpec, NodeState, NodeStatus};
 pub use parse::{

@@ -149,6 +149,8 @@ pub(crate) struct TenantInfo<'s> {
     /// Weighted milli GPU-equivalents held now (grows as the pass places jobs).
     pub held: f64,
     pub weight: f64,
+    /// Running jobs, counting the ones this pass placed.
+    pub running: u32,
 }
 
 impl TenantInfo<'_> {
@@ -222,6 +224,7 @@ impl<'s> Book<'s> {
             tenant.used += milli;
             *tenant.by_class.entry(c).or_default() += milli;
             tenant.held += weighted;
+            tenant.running += 1;
             if let Some(start) = job.started_at {
                 let age = now_ms.saturating_sub(start.physical_ms()) as f64 / 1000.0;
                 tenant.history += weighted * (1.0 - (-age / half_life).exp2());
@@ -265,6 +268,7 @@ impl<'s> Book<'s> {
             history: 0.0,
             held: 0.0,
             weight: f64::from(policy.map(|p| p.fair_share_weight).unwrap_or(1).max(1)),
+            running: 0,
         });
         i
     }
@@ -315,6 +319,7 @@ impl<'s> Book<'s> {
         tenant.used += milli;
         *tenant.by_class.entry(c).or_default() += milli;
         tenant.held += weighted;
+        tenant.running += 1;
         if let Some(i) = tenant.cohort {
             self.cohorts[i].0 += milli;
         }
@@ -415,6 +420,10 @@ impl<'s> Pass<'s> {
 
     /// Places a job, or says why not (after trying preemption and a reservation).
     fn consider(&mut self, t: usize, c: usize, id: JobId, q: &QueuedJob) -> Result<(), PendingReason> {
+        let tenant = &self.book.tenants[t];
+        if let Some(max) = tenant.policy.and_then(|p| p.max_running_jobs).filter(|max| tenant.running >= *max) {
+            return Err(PendingReason::JobLimit { tenant: tenant.shared_name.clone(), max });
+        }
         let d = Demand::of(q, self.cluster.now_ms);
         let need = q.milli;
         let numbers = self.book.numbers(t, c);

@@ -32,6 +32,8 @@ pub enum PendingReason {
     Preempting { victims: u32, grace_left_secs: u64 },
     /// No node is registered and up.
     NoNodes,
+    /// The tenant runs as many jobs as its `max-running-jobs` allows.
+    JobLimit { tenant: Arc<str>, max: u32 },
 }
 
 fn gpus(n: u32) -> String {
@@ -85,6 +87,9 @@ impl fmt::Display for PendingReason {
                 dur(*grace_left_secs)
             ),
             PendingReason::NoNodes => write!(f, "resources: no node is up"),
+            PendingReason::JobLimit { tenant, max } => {
+                write!(f, "limit: tenant {tenant} runs {max} jobs, its max-running-jobs")
+            }
         }
     }
 }

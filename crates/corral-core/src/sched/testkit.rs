@@ -158,6 +158,8 @@ impl World {
                     billing_multiplier_milli: named.get("billing").map(|b| b.parse().unwrap()).unwrap_or(1000),
                     is_default: false,
                     grace_secs: named.get("grace").map(|g| g.parse().unwrap()),
+                    default_time_secs: None,
+                    max_time_secs: None,
                 };
                 self.config.priority_classes.insert(name, class);
                 self.configure();

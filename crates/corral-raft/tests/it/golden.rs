@@ -128,6 +128,7 @@ fn full_job() -> Job {
                 PartEnd { node: "gpu-02".into(), report: Some(full_report()) },
                 PartEnd { node: "gpu-01".into(), report: None },
             ],
+            price_breaks: vec![],
         }),
         exit_code: Some(1),
         signal: Some(15),
@@ -186,6 +187,7 @@ fn mig_job() -> Job {
                 compute_slices: 3,
             }),
             ended: vec![],
+            price_breaks: vec![],
         }),
         attempts: 1,
         ..pending_job()
@@ -204,6 +206,7 @@ fn mps_job() -> Job {
             more_nodes: vec![],
             slice: Some(SliceAssignment::Mps { thread_percent: 25, memory_mib: 16_384 }),
             ended: vec![],
+            price_breaks: vec![],
         }),
         attempts: 1,
         ..pending_job()
@@ -269,6 +272,7 @@ fn full_segment() -> Segment {
         end: ts(1_700_000_900_000, 0),
         duration_ms: 897_998,
         lost: true,
+        policy_version: 0,
         end_state: "failed".into(),
         cost_micros: 9_977_755,
     }
@@ -291,6 +295,7 @@ fn second_segment() -> Segment {
         end: ts(1_700_000_403_000, 0),
         duration_ms: 1000,
         lost: false,
+        policy_version: 0,
         end_state: "requeued".into(),
         cost_micros: 260,
     }
@@ -306,6 +311,8 @@ fn full_config() -> ClusterConfig {
             billing_multiplier_milli: multiplier,
             is_default,
             grace_secs: grace,
+            default_time_secs: None,
+            max_time_secs: None,
         };
     ClusterConfig {
         tenants: vec!["default".into(), "team-a".into(), "team-b".into()],
@@ -326,6 +333,8 @@ fn full_config() -> ClusterConfig {
                     cohort: Some("research".into()),
                     borrowing_limit_milli_gpus: Some(2000),
                     fair_share_weight: 3,
+                    max_running_jobs: None,
+                    max_pending_jobs: None,
                 },
             ),
             (
@@ -336,6 +345,8 @@ fn full_config() -> ClusterConfig {
                     cohort: None,
                     borrowing_limit_milli_gpus: None,
                     fair_share_weight: 1,
+                    max_running_jobs: None,
+                    max_pending_jobs: None,
                 },
             ),
         ]
@@ -517,6 +528,8 @@ fn the_scalar_meta_keeps_its_bytes() {
         next_segment_id: state.next_segment_id,
         tokens: state.tokens.clone(),
         next_token_id: state.next_token_id,
+        policy_version: 0,
+        policy_history: vec![],
     };
     let bytes = golden("meta", || meta_to_bytes(&state));
     assert_eq!(meta_from_bytes(&bytes).expect("golden meta decodes"), meta, "golden meta decodes to another value");
