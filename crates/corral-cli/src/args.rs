@@ -90,6 +90,9 @@ pub enum Command {
     /// Cluster policy (admin): tenants and quotas, priority classes, prices, as a TOML file.
     #[command(subcommand)]
     Admin(AdminCommand),
+    /// Node lifecycle (admin): cordon, drain, resume, remove.
+    #[command(subcommand)]
+    Node(NodeCommand),
     /// The fence guard a worker starts beside itself (internal): kills the worker's jobs when
     /// its lease runs out or the worker dies.
     #[command(hide = true)]
@@ -206,6 +209,34 @@ pub struct ConfigArg {
     /// Path of the TOML config file.
     #[arg(long)]
     pub config: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Take no new jobs on NODE; at --deadline its running jobs get their checkpoint signal,
+    /// then their class's grace, then are requeued onto other nodes. Without --deadline they
+    /// run to their end. The node shows as draining, then drained once empty.
+    Drain {
+        node: String,
+        /// Why (shown by `corral nodes`).
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Stop and requeue running jobs after this long (e.g. 30m, 0s for now).
+        #[arg(long, value_parser = parse_duration)]
+        deadline: Option<std::time::Duration>,
+    },
+    /// Take no new jobs on NODE; running jobs stay.
+    Cordon {
+        node: String,
+        /// Why (shown by `corral nodes`).
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Let a cordoned or draining NODE take jobs again.
+    Resume { node: String },
+    /// Forget NODE (only when it is empty and down, cordoned or drained): its GPUs leave the pool.
+    /// Stop its worker first, or it registers again.
+    Remove { node: String },
 }
 
 #[derive(Debug, Subcommand)]

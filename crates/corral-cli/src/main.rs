@@ -125,6 +125,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Certs(args::CertsCommand::Init(args)) => security_cmd::certs_init(&global, args),
         Command::Token(command) => security_cmd::token(&global, command).await,
         Command::Admin(command) => admin_cmd::run(&global, command).await,
+        Command::Node(command) => admin_cmd::node(&global, command).await,
         Command::Ts { count } => commands::ts(&global, count).await,
         Command::WorkerGuard(_) => unreachable!("the fence guard runs before the async runtime starts"),
         Command::Billing(args::BillingCommand::Report(args)) => billing::report(&global, args).await,

@@ -228,6 +228,10 @@ pub fn node_json(n: &pb::NodeView) -> Value {
         "cpus": n.cpu_millis as f64 / 1000.0,
         "memory_bytes": n.memory_bytes,
         "heartbeat_age_ms": n.heartbeat_age_ms,
+        "reason": (!n.reason.is_empty()).then(|| n.reason.clone()),
+        "labels": n.labels.iter().collect::<std::collections::BTreeMap<_, _>>(),
+        "drain_deadline": n.drain_deadline.map(|t| format_utc(Timestamp(t))),
+        "running_jobs": n.running_jobs,
         "gpus": n.gpus.iter().map(|g| json!({
             "index": g.index,
             "uuid": g.uuid,
@@ -270,9 +274,19 @@ pub fn nodes_table(nodes: &[pb::NodeView]) -> String {
             },
             temps,
             n.heartbeat_age_ms.map(|ms| format!("{:.1}s", ms as f64 / 1000.0)).unwrap_or_else(|| "-".into()),
+            {
+                let labels: std::collections::BTreeMap<_, _> = n.labels.iter().collect();
+                let text = labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+                if text.is_empty() {
+                    "-".to_string()
+                } else {
+                    text
+                }
+            },
+            if n.reason.is_empty() { "-".to_string() } else { n.reason.clone() },
         ]);
     }
-    table(&["NODE", "STATE", "FREE/GPUS", "MODEL", "HEALTH", "TEMPS(C)", "HEARTBEAT"], &rows)
+    table(&["NODE", "STATE", "FREE/GPUS", "MODEL", "HEALTH", "TEMPS(C)", "HEARTBEAT", "LABELS", "REASON"], &rows)
 }
 
 #[cfg(test)]

@@ -516,6 +516,40 @@ impl Client {
         Ok(reply.into_inner())
     }
 
+    /// Cordons (`cordoned`), drains (`draining`, optionally stopping jobs after `deadline_secs`)
+    /// or resumes (`active`) a node (admin).
+    pub async fn set_node_mode(
+        &self,
+        node: &str,
+        mode: &str,
+        reason: &str,
+        deadline_secs: Option<u64>,
+    ) -> Result<pb::NodeModeResponse, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::SetNodeModeRequest {
+                    node: node.to_string(),
+                    mode: mode.to_string(),
+                    reason: reason.to_string(),
+                    deadline_secs,
+                });
+                async move { Self::corral(ch).set_node_mode(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// Forgets an empty node that is down, cordoned or drained (admin).
+    pub async fn remove_node(&self, node: &str) -> Result<pb::RemoveNodeResponse, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::RemoveNodeRequest { node: node.to_string() });
+                async move { Self::corral(ch).remove_node(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
     /// The applied policy versions, oldest first (admin).
     pub async fn policy_history(&self) -> Result<Vec<pb::PolicyChange>, ClientError> {
         let reply = self

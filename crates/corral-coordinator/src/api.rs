@@ -6,7 +6,7 @@ use corral_core::{Command, Outcome};
 use corral_proto::v1::corral_server::{Corral, CorralServer};
 use corral_proto::v1::worker_agent_client::WorkerAgentClient;
 use corral_proto::v1::{self as pb};
-use corral_types::{Job, JobSpec};
+use corral_types::{Job, JobSpec, NodeMode, Timestamp};
 use std::pin::Pin;
 use std::time::Duration;
 use tokio_stream::Stream;
@@ -469,6 +469,70 @@ impl Corral for Api {
         Ok(Response::new(pb::PolicyHistoryResponse { changes }))
     }
 
+    async fn set_node_mode(
+        &self,
+        request: Request<pb::SetNodeModeRequest>,
+    ) -> Result<Response<pb::NodeModeResponse>, Status> {
+        let req = request.get_ref().clone();
+        let (mode, action) = match req.mode.as_str() {
+            "active" => (NodeMode::Active, "node resume"),
+            "cordoned" => (NodeMode::Cordoned, "node cordon"),
+            "draining" => (NodeMode::Draining, "node drain"),
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown node mode '{other}' (active, cordoned or draining)"
+                )))
+            }
+        };
+        let who = self.coord.principal(&request, action)?;
+        self.coord.require_admin(&request, action, &who)?;
+        if req.deadline_secs.is_some() && mode != NodeMode::Draining {
+            return Err(Status::invalid_argument("--deadline goes with drain only"));
+        }
+        let ts = self.coord.timestamps(1).await?;
+        let drain_deadline = req
+            .deadline_secs
+            .map(|secs| Timestamp::compose(ts.physical_ms().saturating_add(secs.saturating_mul(1000)), 0));
+        let command = Command::SetNodeMode { node: req.node.clone(), mode, reason: req.reason.clone(), drain_deadline };
+        self.coord.propose_at(ts, command).await?;
+        let detail = match (&drain_deadline, req.reason.is_empty()) {
+            (Some(_), _) => {
+                format!("node {} ({}; deadline in {}s)", req.node, req.reason, req.deadline_secs.unwrap_or(0))
+            }
+            (None, false) => format!("node {} ({})", req.node, req.reason),
+            (None, true) => format!("node {}", req.node),
+        };
+        self.coord.audit_admin(&request, action, &who, detail);
+        let data = self.coord.inner.node.state.read();
+        let node = data
+            .state
+            .nodes
+            .get(&req.node)
+            .ok_or_else(|| Status::not_found(format!("node '{}' is not registered", req.node)))?;
+        let running = data.state.jobs_on_node(&req.node).count();
+        Ok(Response::new(pb::NodeModeResponse {
+            node: req.node.clone(),
+            state: node.display_state(running).to_string(),
+            reason: node.mode_reason.clone(),
+            drain_deadline: node.drain_deadline.map(|t| t.0),
+            running_jobs: running as u32,
+        }))
+    }
+
+    async fn remove_node(
+        &self,
+        request: Request<pb::RemoveNodeRequest>,
+    ) -> Result<Response<pb::RemoveNodeResponse>, Status> {
+        let who = self.coord.principal(&request, "node remove")?;
+        self.coord.require_admin(&request, "node remove", &who)?;
+        let node = request.get_ref().node.clone();
+        let gpus = self.coord.inner.node.state.read().state.nodes.get(&node).map_or(0, |n| n.spec.gpus.len() as u32);
+        self.coord.propose(Command::RemoveNode { node: node.clone() }).await?;
+        self.coord.inner.liveness.forget(&node);
+        self.coord.audit_admin(&request, "node remove", &who, format!("node {node} ({gpus} gpus)"));
+        Ok(Response::new(pb::RemoveNodeResponse { gpus }))
+    }
+
     async fn list_nodes(
         &self,
         request: Request<pb::ListNodesRequest>,
@@ -491,7 +555,12 @@ impl Corral for Api {
                         let health = live.as_ref().and_then(|l| l.gpus.iter().find(|h| h.index == g.index));
                         let on_gpu: Vec<&&Job> = jobs
                             .iter()
-                            .filter(|j| j.allocation.as_ref().is_some_and(|a| a.gpus.contains(&g.index)))
+                            .filter(|j| {
+                                j.allocation
+                                    .as_ref()
+                                    .and_then(|a| a.gpus_on(&n.spec.name))
+                                    .is_some_and(|gs| gs.contains(&g.index))
+                            })
                             .collect();
                         let busy = !on_gpu.is_empty();
                         // A tenant sees that a GPU is busy, but only its own job ids and slices.
@@ -511,7 +580,7 @@ impl Corral for Api {
                             "unhealthy"
                         } else if busy {
                             "allocated"
-                        } else if n.state == corral_types::NodeState::Up {
+                        } else if n.accepts_jobs() {
                             "idle"
                         } else {
                             "unavailable"
@@ -541,12 +610,16 @@ impl Corral for Api {
                 pb::NodeView {
                     name: n.spec.name.clone(),
                     address: n.spec.address.clone(),
-                    state: n.state.as_str().to_string(),
+                    state: n.display_state(jobs.len()).to_string(),
                     epoch: n.epoch,
                     gpus,
                     cpu_millis: n.spec.cpu_millis,
                     memory_bytes: n.spec.memory_bytes,
                     heartbeat_age_ms: live.map(|l| l.last_seen.elapsed().as_millis() as u64),
+                    reason: n.mode_reason.clone(),
+                    labels: n.spec.labels.iter().cloned().collect(),
+                    drain_deadline: n.drain_deadline.map(|t| t.0),
+                    running_jobs: jobs.len() as u32,
                 }
             })
             .collect();

@@ -51,6 +51,11 @@ impl Liveness {
         self.lock(term).nodes.insert(node.to_string(), NodeLive { last_seen: Instant::now(), gpus, heard: true });
     }
 
+    /// Drops a removed node's entry (its GPUs leave the metrics and views).
+    pub fn forget(&self, node: &str) {
+        self.current().nodes.remove(node);
+    }
+
     pub fn get(&self, node: &str) -> Option<NodeLive> {
         self.current().nodes.get(node).cloned()
     }

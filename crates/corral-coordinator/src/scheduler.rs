@@ -16,6 +16,7 @@ pub(crate) async fn run(coord: Coordinator) {
         }
         let Some(term) = coord.leading_term() else { continue };
         mark_silent_nodes_down(&coord, term).await;
+        evict_at_drain_deadlines(&coord).await;
         let computed = schedule_once(&coord).await;
         // Coalesce: under a stream of submits, one pass covers every change applied meanwhile
         // instead of one pass per applied entry. The pause follows the pass's own cost, so a
@@ -47,6 +48,31 @@ async fn mark_silent_nodes_down(coord: &Coordinator, term: u64) {
         let reason = format!("node {node} lost (no heartbeat for {}s)", ttl.as_secs());
         if let Err(e) = coord.propose(Command::SetNodeState { node, state: NodeState::Down, reason }).await {
             tracing::warn!(error = %e, "could not mark node down");
+        }
+    }
+}
+
+/// Stops the running jobs of draining nodes whose deadline passed (checkpoint signal, grace,
+/// requeue). The check here uses the wall clock; apply checks the deadline against the
+/// command's timestamp, so an early proposal changes nothing.
+async fn evict_at_drain_deadlines(coord: &Coordinator) {
+    let now_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    let now = corral_types::Timestamp::compose(now_ms, 0);
+    let due: Vec<String> = {
+        let data = coord.inner.node.state.read();
+        data.state
+            .nodes
+            .values()
+            .filter(|n| n.drain_deadline.is_some())
+            .filter(|n| !data.state.jobs_to_evict(&n.spec.name, now).is_empty())
+            .map(|n| n.spec.name.clone())
+            .collect()
+    };
+    for node in due {
+        tracing::info!(node = %node, "drain deadline passed: stopping the node's jobs for requeue");
+        if let Err(e) = coord.propose(Command::EvictDrainedJobs { node }).await {
+            tracing::warn!(error = %e, "could not stop the jobs of a drained node");
         }
     }
 }

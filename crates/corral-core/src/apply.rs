@@ -14,10 +14,19 @@ use crate::{
     ScheduleOutcome, State,
 };
 use corral_types::{
-    format_size, Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobState, NodeSpec, NodeState, NodeStatus,
-    PartEnd, PreemptionNotice, SliceAssignment, Timestamp,
+    format_size, Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobState, NodeMode, NodeSpec, NodeState,
+    NodeStatus, PartEnd, PreemptionNotice, SliceAssignment, Timestamp, DRAIN_PREEMPTOR,
 };
 use std::collections::BTreeSet;
+
+/// Why a run stopped by `by` (a job, or a drain of `node`) goes back to the queue.
+fn preempted_reason(by: JobId, node: &str) -> String {
+    if by == DRAIN_PREEMPTOR {
+        format!("requeued: node {node} was drained")
+    } else {
+        format!("requeued: preempted by job {by}")
+    }
+}
 
 /// What one applied request changed, so a store can persist only that.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -44,7 +53,11 @@ impl State {
                 touched.jobs.extend(placements.iter().map(|p| p.job_id));
                 touched.jobs.extend(preemptions.iter().map(|p| p.job_id));
             }
-            Command::RegisterNode { spec: NodeSpec { name, .. } } | Command::SetNodeState { node: name, .. } => {
+            Command::RegisterNode { spec: NodeSpec { name, .. } }
+            | Command::SetNodeState { node: name, .. }
+            | Command::SetNodeMode { node: name, .. }
+            | Command::EvictDrainedJobs { node: name }
+            | Command::RemoveNode { node: name } => {
                 touched.jobs.extend(self.jobs_on_node(name).map(|j| j.id));
                 touched.nodes.insert(name.clone());
             }
@@ -131,6 +144,11 @@ impl State {
             }
             Command::RevokeToken { token_id } => self.revoke_token(*token_id),
             Command::ApplyPolicy { config, by, force } => self.apply_policy(ts, config, by, *force),
+            Command::SetNodeMode { node, mode, reason, drain_deadline } => {
+                self.set_node_mode(ts, node, *mode, reason, *drain_deadline)
+            }
+            Command::EvictDrainedJobs { node } => self.evict_drained_jobs(ts, node),
+            Command::RemoveNode { node } => self.remove_node(node),
         }
     }
 
@@ -287,6 +305,9 @@ impl State {
             let node = self.nodes.get(name).ok_or_else(|| format!("node '{name}' is not registered"))?;
             if node.state != NodeState::Up {
                 return Err(format!("node {name} is not up"));
+            }
+            if node.mode != NodeMode::Active {
+                return Err(format!("node {name} is {} and takes no new jobs", node.mode.as_str()));
             }
             if gpus.len() != per_node as usize {
                 return Err(format!("wrong number of gpus on {name}: the job needs {per_node}"));
@@ -573,7 +594,7 @@ impl State {
         } else if let Some(by) = preempted_by {
             // However the process ended after the notice (a checkpointing job often exits 0),
             // the work is not done.
-            (!no_requeue).then(|| format!("requeued: preempted by job {by}"))
+            (!no_requeue).then(|| preempted_reason(by, node))
         } else if report.fenced {
             Some(format!("requeued: node {node} lost contact with the coordinators and stopped the job"))
         } else if report.never_started {
@@ -653,7 +674,11 @@ impl State {
         self.next_epoch += 1;
         // A (re-)registering worker starts empty: whatever ran there under an older epoch is gone.
         self.requeue_jobs_on(ts, &spec.name, &format!("requeued: node {} restarted", spec.name));
-        let new = self.nodes.insert(spec.name.clone(), NodeStatus { spec: spec.clone(), state: NodeState::Up, epoch });
+        // A cordon or drain outlives the worker's restart.
+        let (mode, mode_reason, drain_deadline) =
+            self.nodes.get(&spec.name).map(|n| (n.mode, n.mode_reason.clone(), n.drain_deadline)).unwrap_or_default();
+        let status = NodeStatus { spec: spec.clone(), state: NodeState::Up, epoch, mode, mode_reason, drain_deadline };
+        let new = self.nodes.insert(spec.name.clone(), status);
         self.index.caps.registered(&self.nodes, &spec.name, new.is_none());
         Outcome::NodeRegistered { epoch }
     }
@@ -717,7 +742,11 @@ impl State {
                 job.finished_at = Some(ts);
                 if state == JobState::Preempted {
                     let by = job.preemption.as_ref().map(|p| p.by).unwrap_or_default();
-                    job.reason = Some(format!("preempted by job {by} (the job opted out of requeueing)"));
+                    let node = job.allocation.as_ref().map(|a| a.node.clone()).unwrap_or_default();
+                    job.reason = Some(format!(
+                        "{} (the job opted out of requeueing)",
+                        preempted_reason(by, &node).trim_start_matches("requeued: ")
+                    ));
                 }
                 self.set_job_state_index(id, state);
             }

@@ -2,7 +2,8 @@
 
 use crate::ClusterConfig;
 use corral_types::{
-    Job, JobExitReport, JobId, JobSpec, JobSpecError, NodeGpus, NodeSpec, NodeState, SliceAssignment, Timestamp,
+    Job, JobExitReport, JobId, JobSpec, JobSpecError, NodeGpus, NodeMode, NodeSpec, NodeState, SliceAssignment,
+    Timestamp,
 };
 use serde::{Deserialize, Serialize};
 
@@ -133,6 +134,24 @@ pub enum Command {
         by: String,
         force: bool,
     },
+    /// An operator cordons, drains or resumes a node (`corral node cordon|drain|resume`).
+    SetNodeMode {
+        node: String,
+        mode: NodeMode,
+        reason: String,
+        /// Draining: when running jobs are stopped and requeued (`None`: they run to the end).
+        drain_deadline: Option<Timestamp>,
+    },
+    /// The drain deadline of `node` passed: its running jobs get their checkpoint signal, then
+    /// their class's grace, then are requeued. Proposed by the leader; apply checks the deadline
+    /// against the request's timestamp.
+    EvictDrainedJobs {
+        node: String,
+    },
+    /// Forgets an empty node that is down, cordoned or draining (`corral node remove`).
+    RemoveNode {
+        node: String,
+    },
 }
 
 /// A command with the TSO timestamp the leader stamped on it: the state machine's only clock.
@@ -231,4 +250,6 @@ pub enum ApplyError {
     TooManyPendingJobs { tenant: String, pending: u32 },
     #[error("job asks for a time limit of {requested} but class '{class}' allows at most {max} (max-time)")]
     TimeAboveClassMax { class: String, requested: String, max: String },
+    #[error("{0}")]
+    NodeNotRemovable(String),
 }

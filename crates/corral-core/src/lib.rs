@@ -13,6 +13,7 @@ mod apply;
 mod command;
 mod config;
 mod ledger;
+mod nodes;
 mod policy;
 mod quota;
 mod resources;

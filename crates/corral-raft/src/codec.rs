@@ -12,8 +12,8 @@ use corral_core::{
     SchedulerConfig, State, TenantPolicy, TokenRecord, UsageLedger,
 };
 use corral_types::{
-    Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, NodeState, NodeStatus,
-    PartEnd, PreemptionNotice, PriceBreak, SchedOptions, Segment, SliceAssignment, Timestamp,
+    Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeMode, NodeSpec, NodeState,
+    NodeStatus, PartEnd, PreemptionNotice, PriceBreak, SchedOptions, Segment, SliceAssignment, Timestamp,
 };
 use prost::Message;
 use std::collections::BTreeMap;
@@ -420,8 +420,32 @@ fn node_state_from_i32(v: i32) -> Result<NodeState, CodecError> {
     }
 }
 
+fn node_mode_to_pb(m: NodeMode) -> i32 {
+    match m {
+        NodeMode::Active => pb::NodeMode::Active as i32,
+        NodeMode::Cordoned => pb::NodeMode::Cordoned as i32,
+        NodeMode::Draining => pb::NodeMode::Draining as i32,
+    }
+}
+
+fn node_mode_from_i32(v: i32) -> Result<NodeMode, CodecError> {
+    match pb::NodeMode::try_from(v) {
+        Ok(pb::NodeMode::Active) => Ok(NodeMode::Active),
+        Ok(pb::NodeMode::Cordoned) => Ok(NodeMode::Cordoned),
+        Ok(pb::NodeMode::Draining) => Ok(NodeMode::Draining),
+        Err(_) => Err(CodecError::Invalid { field: "node mode", value: v.to_string() }),
+    }
+}
+
 fn node_status_to_pb(n: &NodeStatus) -> pb::NodeStatus {
-    pb::NodeStatus { spec: Some((&n.spec).into()), state: pb::NodeState::from(n.state) as i32, epoch: n.epoch }
+    pb::NodeStatus {
+        spec: Some((&n.spec).into()),
+        state: pb::NodeState::from(n.state) as i32,
+        epoch: n.epoch,
+        mode: node_mode_to_pb(n.mode),
+        mode_reason: n.mode_reason.clone(),
+        drain_deadline: n.drain_deadline.map(|t| t.0),
+    }
 }
 
 fn node_status_from_pb(n: pb::NodeStatus) -> Result<NodeStatus, CodecError> {
@@ -429,6 +453,9 @@ fn node_status_from_pb(n: pb::NodeStatus) -> Result<NodeStatus, CodecError> {
         spec: n.spec.ok_or(CodecError::Missing("node.spec"))?.into(),
         state: node_state_from_i32(n.state)?,
         epoch: n.epoch,
+        mode: node_mode_from_i32(n.mode)?,
+        mode_reason: n.mode_reason,
+        drain_deadline: n.drain_deadline.map(Timestamp),
     })
 }
 
@@ -665,6 +692,14 @@ fn command_to_pb(r: &Request) -> pb::Command {
             expires_at_ms: *expires_at_ms,
         }),
         Command::RevokeToken { token_id } => Kind::RevokeToken(pb::RevokeToken { token_id: *token_id }),
+        Command::SetNodeMode { node, mode, reason, drain_deadline } => Kind::SetNodeMode(pb::SetNodeMode {
+            node: node.clone(),
+            mode: node_mode_to_pb(*mode),
+            reason: reason.clone(),
+            drain_deadline: drain_deadline.map(|t| t.0),
+        }),
+        Command::EvictDrainedJobs { node } => Kind::EvictDrainedJobs(pb::EvictDrainedJobs { node: node.clone() }),
+        Command::RemoveNode { node } => Kind::RemoveNode(pb::RemoveNode { node: node.clone() }),
         Command::ApplyPolicy { config, by, force } => {
             Kind::ApplyPolicy(pb::ApplyPolicy { config: Some(config_to_pb(config)), by: by.clone(), force: *force })
         }
@@ -716,6 +751,14 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
             Command::CreateToken { tenant: t.tenant, admin: t.admin, sha256: t.sha256, expires_at_ms: t.expires_at_ms }
         }
         Kind::RevokeToken(r) => Command::RevokeToken { token_id: r.token_id },
+        Kind::SetNodeMode(m) => Command::SetNodeMode {
+            node: m.node,
+            mode: node_mode_from_i32(m.mode)?,
+            reason: m.reason,
+            drain_deadline: m.drain_deadline.map(Timestamp),
+        },
+        Kind::EvictDrainedJobs(e) => Command::EvictDrainedJobs { node: e.node },
+        Kind::RemoveNode(r) => Command::RemoveNode { node: r.node },
         Kind::ApplyPolicy(a) => Command::ApplyPolicy {
             config: config_from_pb(a.config.ok_or(CodecError::Missing("apply_policy.config"))?),
             by: a.by,
@@ -982,6 +1025,57 @@ mod tests {
         let back = snapshot_from_bytes(&snapshot_to_bytes(&state)).unwrap();
         assert_eq!(back, state);
         assert_eq!(back.pending_jobs().count(), 1, "derived index rebuilt");
+    }
+
+    #[test]
+    fn policies_and_node_modes_round_trip_through_commands_snapshots_and_meta() {
+        let mut config = ClusterConfig::dev_defaults();
+        let team = config.tenant_policies.get_mut("team-a").unwrap();
+        team.max_running_jobs = Some(3);
+        team.max_pending_jobs = Some(30);
+        let normal = config.priority_classes.get_mut("normal").unwrap();
+        normal.default_time_secs = Some(60);
+        normal.max_time_secs = Some(3600);
+        let node = NodeSpec {
+            name: "n1".into(),
+            address: "a:1".into(),
+            gpus: vec![],
+            cpu_millis: 1000,
+            memory_bytes: 1 << 30,
+            labels: vec![],
+        };
+        let commands = [
+            Command::ApplyPolicy { config: ClusterConfig::dev_defaults(), by: "cluster init".into(), force: false },
+            Command::RegisterNode { spec: node },
+            Command::ApplyPolicy { config, by: "admin (token 1)".into(), force: true },
+            Command::SetNodeMode {
+                node: "n1".into(),
+                mode: NodeMode::Draining,
+                reason: "disk swap".into(),
+                drain_deadline: Some(Timestamp(77)),
+            },
+            Command::EvictDrainedJobs { node: "n1".into() },
+            Command::SetNodeMode {
+                node: "n1".into(),
+                mode: NodeMode::Cordoned,
+                reason: "r".into(),
+                drain_deadline: None,
+            },
+        ];
+        let mut state = State::default();
+        for (i, command) in commands.into_iter().enumerate() {
+            let request = Request { ts: Timestamp(i as u64 + 1), command };
+            assert_eq!(command_from_bytes(&command_to_bytes(&request)).unwrap(), request);
+            let _ = state.apply(&request);
+        }
+        assert_eq!((state.policy_version, state.policy_history.len()), (2, 2));
+        assert_eq!(state.nodes["n1"].mode, NodeMode::Cordoned);
+        assert_eq!(snapshot_from_bytes(&snapshot_to_bytes(&state)).unwrap(), state);
+        let meta = meta_from_bytes(&meta_to_bytes(&state)).unwrap();
+        assert_eq!((meta.policy_version, &meta.policy_history), (2, &state.policy_history));
+        assert_eq!(node_from_bytes(&node_to_bytes(&state.nodes["n1"])).unwrap(), state.nodes["n1"]);
+        let remove = Request { ts: Timestamp(9), command: Command::RemoveNode { node: "n1".into() } };
+        assert_eq!(command_from_bytes(&command_to_bytes(&remove)).unwrap(), remove);
     }
 
     #[test]

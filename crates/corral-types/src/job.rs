@@ -8,6 +8,9 @@ use std::fmt;
 /// Cluster-wide job id, assigned by the replicated state machine in submit order.
 pub type JobId = u64;
 
+/// The "preemptor" of a job stopped because its node is drained (job ids start at 1).
+pub const DRAIN_PREEMPTOR: JobId = 0;
+
 /// Upper bound on whole GPUs one job may ask for.
 pub const MAX_GPUS_PER_JOB: u32 = 1024;
 

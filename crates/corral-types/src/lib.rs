@@ -12,9 +12,9 @@ mod timestamp;
 pub use billing::Segment;
 pub use job::{
     Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd,
-    PreemptionNotice, PriceBreak, SchedOptions, SliceAssignment, MAX_GPUS_PER_JOB,
+    PreemptionNotice, PriceBreak, SchedOptions, SliceAssignment, DRAIN_PREEMPTOR, MAX_GPUS_PER_JOB,
 };
-pub use node::{GpuDevice, GpuHealth, NodeSpec, NodeState, NodeStatus};
+pub use node::{GpuDevice, GpuHealth, NodeMode, NodeSpec, NodeState, NodeStatus};
 pub use parse::{
     describe_config_error, format_duration, format_size, parse_duration, parse_size, ConfigDuration, ConfigSize,
     ParseError,

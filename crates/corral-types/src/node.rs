@@ -1,5 +1,6 @@
 //! Worker nodes and their GPUs as registered with the coordinator.
 
+use crate::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -71,6 +72,29 @@ impl fmt::Display for NodeState {
     }
 }
 
+/// What operators asked of a node (`corral node cordon | drain | resume`). It outlives a restart
+/// of the node's worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeMode {
+    /// Takes new jobs.
+    #[default]
+    Active,
+    /// Takes no new jobs; running ones stay.
+    Cordoned,
+    /// Takes no new jobs; running ones are stopped and requeued at the drain deadline (if any).
+    Draining,
+}
+
+impl NodeMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeMode::Active => "active",
+            NodeMode::Cordoned => "cordoned",
+            NodeMode::Draining => "draining",
+        }
+    }
+}
+
 /// A node in the replicated state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeStatus {
@@ -78,6 +102,33 @@ pub struct NodeStatus {
     pub state: NodeState,
     /// Incremented at each registration; a worker fences its stale jobs with it.
     pub epoch: u64,
+    #[serde(default)]
+    pub mode: NodeMode,
+    /// Why the node was cordoned or drained (empty: not said, or active).
+    #[serde(default)]
+    pub mode_reason: String,
+    /// When a draining node's running jobs are stopped and requeued (`None`: they run to the end).
+    #[serde(default)]
+    pub drain_deadline: Option<Timestamp>,
+}
+
+impl NodeStatus {
+    /// Up, and neither cordoned nor draining: the scheduler may place jobs here.
+    pub fn accepts_jobs(&self) -> bool {
+        self.state == NodeState::Up && self.mode == NodeMode::Active
+    }
+
+    /// The state operators see (`corral nodes`): up, cordoned, draining (jobs still run),
+    /// drained (no job left) or down.
+    pub fn display_state(&self, running_jobs: usize) -> &'static str {
+        match (self.state, self.mode) {
+            (NodeState::Down, _) => "down",
+            (NodeState::Up, NodeMode::Active) => "up",
+            (NodeState::Up, NodeMode::Cordoned) => "cordoned",
+            (NodeState::Up, NodeMode::Draining) if running_jobs > 0 => "draining",
+            (NodeState::Up, NodeMode::Draining) => "drained",
+        }
+    }
 }
 
 /// Health of one GPU as last reported by its worker.

@@ -1,9 +1,11 @@
 //! Randomized fault harness: 3 coordinators and 2 workers, each in its own network namespace,
 //! under a seeded schedule of submits (whole GPUs, gangs, MPS slices, preemptible and
 //! gpu-high-priority), cancels (some right after the submit), SIGKILL and SIGSTOP of the
-//! leader, a follower and a worker, and partitions. Every job appends what it sees to a file the
-//! test owns; after healing, the test checks the lifecycle invariants against those lines, the
-//! replicated state and the billing ledger.
+//! leader, a follower and a worker, partitions, and operators' actions: drains of a worker with a
+//! short deadline (its jobs are stopped and requeued) and price changes (running runs are billed
+//! in pieces). Every job appends what it sees to a file the test owns; after healing, the test
+//! checks the lifecycle invariants against those lines, the replicated state and the billing
+//! ledger.
 //!
 //! `CORRAL_SEED=N` replays a schedule (the seed is printed at the start and in every failure);
 //! `CORRAL_SOAK_SECS=N` runs the schedule for N seconds instead of the default 60.
@@ -159,6 +161,14 @@ impl Pool {
             }
             Fault::Partition(target) => self.hosts.heal(Self::host(target)),
         }
+    }
+
+    /// Cordons, drains or resumes a worker's node; whether the cluster took it.
+    fn set_mode(&self, worker: usize, mode: &str, deadline_secs: Option<u64>) -> bool {
+        let client = self.client.clone();
+        let node = self.workers[worker].name.clone();
+        let mode = mode.to_string();
+        self.rt.block_on(async move { client.set_node_mode(&node, &mode, "chaos", deadline_secs).await }).is_ok()
     }
 
     fn spec(&self, id_hint: u64, kind: Kind, priority: &str, ticks: u64) -> JobSpec {
@@ -319,12 +329,24 @@ fn check(
     // part): within 1 s for a run
     // the worker reported; for a run whose node was lost (TSO interval), within the TTL above
     // and one TSO window below (the stamps of a new leader may run that far ahead of the clock).
-    let mut billed: BTreeMap<(u64, u64), &corral_types::Segment> = BTreeMap::new();
+    // A run that spans a price change is billed in pieces: they must meet end to start, each
+    // with a later policy version, and count as one segment of their summed length.
+    let mut pieces: BTreeMap<(u64, u64), Vec<&corral_types::Segment>> = BTreeMap::new();
     for s in segments {
-        if billed.insert((s.job_id, s.epoch), s).is_some() {
-            bad.push(format!("job {} epoch {} was billed twice", s.job_id, s.epoch));
-        }
+        pieces.entry((s.job_id, s.epoch)).or_default().push(s);
     }
+    let mut whole_runs: BTreeMap<(u64, u64), corral_types::Segment> = BTreeMap::new();
+    for (&(job, epoch), parts) in &pieces {
+        let mut run = parts[0].clone();
+        for pair in parts.windows(2) {
+            if pair[0].end != pair[1].start || pair[0].policy_version >= pair[1].policy_version {
+                bad.push(format!("job {job} epoch {epoch} was billed twice: {:?} and {:?}", pair[0], pair[1]));
+            }
+            run.duration_ms += pair[1].duration_ms;
+        }
+        whole_runs.insert((job, epoch), run);
+    }
+    let billed: BTreeMap<(u64, u64), &corral_types::Segment> = whole_runs.iter().map(|(k, v)| (*k, v)).collect();
     // A gang's attempt is billed for its longest part: spans are per (job, epoch, node).
     let mut spans: BTreeMap<(u64, u64, &str), (f64, f64)> = BTreeMap::new();
     // A worker measures a run until it sees the exit: one frozen when its job ended (or when
@@ -414,6 +436,12 @@ fn lifecycle_invariants_hold_under_random_faults() {
     let mut tso = Vec::new();
     let mut coordinator_fault: Option<(Instant, Fault)> = None;
     let mut worker_fault: Option<(Instant, Fault)> = None;
+    // A worker being drained, and when it is resumed.
+    let mut drain: Option<(Instant, usize)> = None;
+    let dev_policy =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster-configs/dev-policy.toml"))
+            .expect("dev policy");
+    let mut dearer = false;
     let mut faults = Vec::new();
     // When each fault ended (wall clock, like the jobs' lines): for the post-mortem.
     let mut healed = Vec::new();
@@ -430,6 +458,12 @@ fn lifecycle_invariants_hold_under_random_faults() {
                     pool.heal(fault);
                     healed.push(format!("{:.3} healed {fault:?}", wall_now()));
                 }
+            }
+        }
+        if let Some((at, worker)) = drain {
+            if Instant::now() >= at && pool.set_mode(worker, "active", None) {
+                drain = None;
+                healed.push(format!("{:.3} resumed w{}", wall_now(), worker + 1));
             }
         }
         let roll = rng.below(100);
@@ -487,12 +521,43 @@ fn lifecycle_invariants_hold_under_random_faults() {
                 pool.inject(fault);
                 worker_fault = Some((Instant::now() + lasts, fault));
             }
-        } else {
+        } else if roll < 95 {
             let client = pool.client.clone();
             if let Ok(ts) = pool.rt.block_on(async move { client.timestamps(1).await }) {
                 tso.push(ts.0);
             }
+        } else if roll < 98 {
+            if drain.is_none() {
+                let worker = rng.below(2) as usize;
+                let deadline_secs = rng.below(3);
+                if pool.set_mode(worker, "draining", Some(deadline_secs)) {
+                    let lasts = rng.millis(1_000, 5_000);
+                    faults.push(format!(
+                        "{:.3} drain w{} (deadline {deadline_secs}s) for {lasts:?}",
+                        wall_now(),
+                        worker + 1
+                    ));
+                    drain = Some((Instant::now() + lasts, worker));
+                }
+            }
+        } else {
+            let text = if dearer { dev_policy.clone() } else { dev_policy.replace("0.89", "1.78") };
+            let client = pool.client.clone();
+            let applied = pool.rt.block_on(async move { client.apply_policy("chaos.toml", &text, false, false).await });
+            if let Ok(reply) = applied {
+                dearer = !dearer;
+                faults.push(format!("{:.3} policy version {}: {:?}", wall_now(), reply.version, reply.changes));
+            }
         }
+    }
+    // Every worker takes jobs again (retried through any leader change).
+    let resume_by = Instant::now() + Duration::from_secs(60);
+    while let Some((_, worker)) = drain {
+        if pool.set_mode(worker, "active", None) {
+            drain = None;
+            healed.push(format!("{:.3} resumed w{}", wall_now(), worker + 1));
+        }
+        assert!(Instant::now() < resume_by, "chaos seed {seed}: the healed cluster refused to resume w{}", worker + 1);
     }
     for slot in [&mut coordinator_fault, &mut worker_fault] {
         if let Some((_, fault)) = slot.take() {

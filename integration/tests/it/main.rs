@@ -11,6 +11,7 @@ mod isolation;
 mod job_path;
 mod lifecycle;
 mod metrics;
+mod nodes;
 mod policy;
 mod prometheus_config;
 mod security;

@@ -7,7 +7,7 @@ use super::topology;
 use super::Demand;
 use crate::resources::{mps_memory_mib, GpuLoad, MigShape, SliceReq, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES};
 use crate::State;
-use corral_types::{GpuDevice, GpuSlice, JobId, JobState, NodeState, NodeStatus, SliceAssignment};
+use corral_types::{GpuDevice, GpuSlice, JobId, JobState, NodeStatus, SliceAssignment};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Candidates looked at before giving up (nodes that fit by GPUs but not by CPU or memory).
@@ -69,8 +69,9 @@ pub(crate) struct NodeCap<'s> {
 }
 
 impl NodeCap<'_> {
+    /// Up and taking new jobs (not cordoned or draining).
     pub fn up(&self) -> bool {
-        self.status.state == NodeState::Up
+        self.status.accepts_jobs()
     }
 
     /// Free GPU positions, optionally only MIG-capable or only plain ones.

@@ -86,7 +86,7 @@ impl fmt::Display for PendingReason {
                 "preemption: waiting for {victims} preempted job(s) to exit (grace period ends in {})",
                 dur(*grace_left_secs)
             ),
-            PendingReason::NoNodes => write!(f, "resources: no node is up"),
+            PendingReason::NoNodes => write!(f, "resources: no node is up and taking jobs"),
             PendingReason::JobLimit { tenant, max } => {
                 write!(f, "limit: tenant {tenant} runs {max} jobs, its max-running-jobs")
             }

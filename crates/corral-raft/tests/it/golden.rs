@@ -17,8 +17,8 @@ use corral_raft::codec::{
     StateMeta,
 };
 use corral_types::{
-    Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, NodeState, NodeStatus,
-    PartEnd, PreemptionNotice, SchedOptions, Segment, SliceAssignment, Timestamp,
+    Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeMode, NodeSpec, NodeState,
+    NodeStatus, PartEnd, PreemptionNotice, SchedOptions, Segment, SliceAssignment, Timestamp,
 };
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -239,7 +239,7 @@ fn full_node_spec() -> NodeSpec {
 }
 
 fn full_node() -> NodeStatus {
-    NodeStatus { spec: full_node_spec(), state: NodeState::Up, epoch: 12 }
+    NodeStatus { spec: full_node_spec(), state: NodeState::Up, epoch: 12, ..down_node() }
 }
 
 fn down_node() -> NodeStatus {
@@ -251,7 +251,15 @@ fn down_node() -> NodeStatus {
         memory_bytes: 64 << 30,
         labels: vec![],
     };
-    NodeStatus { spec, state: NodeState::Down, epoch: 13 }
+    // Written before node modes existed: active, no reason, no deadline.
+    NodeStatus {
+        spec,
+        state: NodeState::Down,
+        epoch: 13,
+        mode: NodeMode::Active,
+        mode_reason: String::new(),
+        drain_deadline: None,
+    }
 }
 
 /// A segment with every field set.
