@@ -35,6 +35,8 @@ pub struct Touched {
     pub nodes: BTreeSet<String>,
     /// Ledger segments created.
     pub segments: BTreeSet<u64>,
+    /// A new policy version was recorded (the history changed).
+    pub policy: bool,
 }
 
 impl State {
@@ -76,8 +78,10 @@ impl State {
             }
         }
         let segments_before = self.next_segment_id;
+        let version_before = self.policy_version;
         let response = self.apply(request);
         touched.segments.extend(segments_before..self.next_segment_id);
+        touched.policy = self.policy_version != version_before;
         match &response {
             Ok(Outcome::JobSubmitted { job_id, duplicate: false }) => {
                 touched.jobs.insert(*job_id);

@@ -826,6 +826,23 @@ fn policy_history_to_pb(s: &State) -> Vec<pb::PolicyRecord> {
         .collect()
 }
 
+/// Encodes one policy history record (persisted per version in the state machine store).
+pub fn policy_record_to_bytes(r: &PolicyRecord) -> Vec<u8> {
+    pb::PolicyRecord {
+        version: r.version,
+        ts: r.ts.0,
+        by: r.by.clone(),
+        changes: r.changes.clone(),
+        cancelled: r.cancelled.clone(),
+    }
+    .encode_to_vec()
+}
+
+/// Decodes what [`policy_record_to_bytes`] wrote.
+pub fn policy_record_from_bytes(bytes: &[u8]) -> Result<PolicyRecord, CodecError> {
+    Ok(policy_history_from_pb(vec![pb::PolicyRecord::decode(bytes)?]).remove(0))
+}
+
 fn policy_history_from_pb(records: Vec<pb::PolicyRecord>) -> Vec<PolicyRecord> {
     records
         .into_iter()
@@ -950,9 +967,8 @@ pub struct StateMeta {
     /// Access tokens: set `State::tokens` to them after `State::from_parts`.
     pub tokens: BTreeMap<u64, TokenRecord>,
     pub next_token_id: u64,
-    /// Set `State::policy_version` and `policy_history` to these.
+    /// Set `State::policy_version` to it (the history is stored per record).
     pub policy_version: u64,
-    pub policy_history: Vec<PolicyRecord>,
 }
 
 /// Encodes the scalar part of the state.
@@ -970,7 +986,6 @@ pub fn meta_to_bytes(s: &State) -> Vec<u8> {
         tokens: tokens_to_pb(s),
         next_token_id: s.next_token_id,
         policy_version: s.policy_version,
-        policy_history: policy_history_to_pb(s),
         ..Default::default()
     }
     .encode_to_vec()
@@ -992,7 +1007,6 @@ pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, CodecError> {
         tokens: tokens_from_pb(s.tokens),
         next_token_id: s.next_token_id.max(1),
         policy_version: s.policy_version,
-        policy_history: policy_history_from_pb(s.policy_history),
     })
 }
 
@@ -1072,7 +1086,10 @@ mod tests {
         assert_eq!(state.nodes["n1"].mode, NodeMode::Cordoned);
         assert_eq!(snapshot_from_bytes(&snapshot_to_bytes(&state)).unwrap(), state);
         let meta = meta_from_bytes(&meta_to_bytes(&state)).unwrap();
-        assert_eq!((meta.policy_version, &meta.policy_history), (2, &state.policy_history));
+        assert_eq!(meta.policy_version, 2);
+        for record in &state.policy_history {
+            assert_eq!(&policy_record_from_bytes(&policy_record_to_bytes(record)).unwrap(), record);
+        }
         assert_eq!(node_from_bytes(&node_to_bytes(&state.nodes["n1"])).unwrap(), state.nodes["n1"]);
         let remove = Request { ts: Timestamp(9), command: Command::RemoveNode { node: "n1".into() } };
         assert_eq!(command_from_bytes(&command_to_bytes(&remove)).unwrap(), remove);

@@ -57,6 +57,7 @@ const JOB: &[u8] = b"j/";
 const NODE: &[u8] = b"n/";
 const REQUEST: &[u8] = b"r/";
 const SEGMENT: &[u8] = b"l/";
+const POLICY: &[u8] = b"p/";
 
 fn key(prefix: &[u8], rest: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(prefix.len() + rest.len());
@@ -190,7 +191,10 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
     state.tokens = meta.tokens;
     state.next_token_id = meta.next_token_id;
     state.policy_version = meta.policy_version;
-    state.policy_history = meta.policy_history;
+    for kv in t.tree.scan_prefix(POLICY) {
+        let (_, v) = kv?;
+        state.policy_history.push(codec::policy_record_from_bytes(&v)?);
+    }
     for kv in t.tree.scan_prefix(SEGMENT) {
         let (_, v) = kv?;
         let segment = codec::segment_from_bytes(&v)?;
@@ -206,6 +210,7 @@ fn rewrite_sled(t: &Trees, data: &StateMachineData) -> anyhow::Result<()> {
         jobs: data.state.jobs.keys().copied().collect(),
         nodes: data.state.nodes.keys().cloned().collect(),
         segments: data.state.ledger.keys().copied().collect(),
+        policy: true,
     };
     persist(t, data, &all)?;
     t.db.flush()?;
@@ -236,6 +241,20 @@ fn persist(t: &Trees, data: &StateMachineData, touched: &Touched) -> Result<(), 
     for id in &touched.segments {
         if let Some(segment) = state.ledger.get(id) {
             batch.insert(key(SEGMENT, &id.to_be_bytes()), codec::segment_to_bytes(segment));
+        }
+    }
+    if touched.policy {
+        // Rare (a policy apply): rewrite the kept history, dropping what fell out of it.
+        let kept: std::collections::BTreeSet<u64> = state.policy_history.iter().map(|r| r.version).collect();
+        for kv in t.tree.scan_prefix(POLICY) {
+            let (k, _) = kv.map_err(|e| std::io::Error::other(format!("sled scan failed: {e}")))?;
+            let version = k[POLICY.len()..].try_into().map(u64::from_be_bytes).unwrap_or(0);
+            if !kept.contains(&version) {
+                batch.remove(k);
+            }
+        }
+        for record in &state.policy_history {
+            batch.insert(key(POLICY, &record.version.to_be_bytes()), codec::policy_record_to_bytes(record));
         }
     }
     batch.insert(META_STATE, codec::meta_to_bytes(state));
@@ -448,6 +467,36 @@ mod tests {
         let batch = (0..jobs).map(|i| (format!("r{i}"), spec(i))).collect();
         state.apply(&Request { ts: Timestamp(2), command: Command::SubmitJobs { jobs: batch } }).expect("submit");
         state
+    }
+
+    /// The policy history is stored per version: what an apply records survives a reopen,
+    /// and versions that fell out of the history leave the store.
+    #[test]
+    fn policy_history_is_stored_per_version_and_pruned() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::Config::new().path(dir.path().join("sm")).open().expect("sled");
+        let trees = Trees { tree: db.open_tree("state").expect("tree"), db };
+        let mut data = StateMachineData::of(State::default());
+        let mut config = ClusterConfig::dev_defaults();
+        for version in 1..=3u64 {
+            config.default_gpu_price = version * 1000;
+            let request = Request {
+                ts: Timestamp(version),
+                command: Command::ApplyPolicy { config: config.clone(), by: "admin".into(), force: false },
+            };
+            let (response, touched) = data.state.apply_tracked(&request);
+            response.expect("apply");
+            assert!(touched.policy);
+            persist(&trees, &data, &touched).expect("persist");
+        }
+        let loaded = load_from_sled(&trees).expect("load");
+        assert_eq!(loaded.state.policy_history, data.state.policy_history);
+        assert_eq!(loaded.state.policy_version, 3);
+        data.state.policy_history.remove(0);
+        persist(&trees, &data, &Touched { policy: true, ..Touched::default() }).expect("persist");
+        let loaded = load_from_sled(&trees).expect("load");
+        let versions: Vec<u64> = loaded.state.policy_history.iter().map(|r| r.version).collect();
+        assert_eq!(versions, vec![2, 3]);
     }
 
     fn meta(index: u64) -> SnapshotMetaT {

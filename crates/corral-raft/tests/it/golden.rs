@@ -537,7 +537,6 @@ fn the_scalar_meta_keeps_its_bytes() {
         tokens: state.tokens.clone(),
         next_token_id: state.next_token_id,
         policy_version: 0,
-        policy_history: vec![],
     };
     let bytes = golden("meta", || meta_to_bytes(&state));
     assert_eq!(meta_from_bytes(&bytes).expect("golden meta decodes"), meta, "golden meta decodes to another value");
