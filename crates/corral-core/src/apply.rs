@@ -55,7 +55,9 @@ impl State {
             | Command::ExtendTso { .. }
             | Command::RemoveCoordinator { .. }
             | Command::CreateToken { .. }
-            | Command::RevokeToken { .. } => {}
+            | Command::RevokeToken { .. }
+            | Command::CreateJoinToken { .. }
+            | Command::ConsumeJoinToken { .. } => {}
         }
         let segments_before = self.next_segment_id;
         let response = self.apply(request);
@@ -125,6 +127,10 @@ impl State {
                 self.create_token(ts, tenant, *admin, sha256, *expires_at_ms)
             }
             Command::RevokeToken { token_id } => self.revoke_token(*token_id),
+            Command::CreateJoinToken { sha256, ttl_ms } => self.create_join_token(ts, sha256, *ttl_ms),
+            Command::ConsumeJoinToken { sha256, node, public_key_sha256 } => {
+                self.consume_join_token(ts, sha256, node, public_key_sha256)
+            }
         }
     }
 

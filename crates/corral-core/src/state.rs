@@ -1,6 +1,7 @@
 //! The replicated state held by every coordinator, with derived indexes (free capacity, quota use)
 //! that make apply() and the scheduling pass independent of the number of queued jobs.
 
+use crate::join_tokens::JoinTokenRecord;
 use crate::resources::{gang_shape, job_milli_gpus, GpuLoad, SliceReq};
 use crate::tokens::TokenRecord;
 use crate::usage::UsageLedger;
@@ -45,6 +46,13 @@ pub struct State {
     pub tokens: BTreeMap<u64, TokenRecord>,
     #[serde(default)]
     pub next_token_id: u64,
+    /// Single-use join tokens of worker nodes by id (hashes only). Persist them with the
+    /// scalar state.
+    #[serde(default)]
+    pub join_tokens: BTreeMap<u64, JoinTokenRecord>,
+    /// Next join token id (0 means 1: a state that never issued one encodes as before).
+    #[serde(default)]
+    pub next_join_token_id: u64,
     /// Derived indexes. Rebuilt on load, not persisted.
     #[serde(skip)]
     pub(crate) index: Index,
@@ -191,6 +199,8 @@ impl Default for State {
             usage: UsageLedger::default(),
             tokens: BTreeMap::new(),
             next_token_id: 1,
+            join_tokens: BTreeMap::new(),
+            next_join_token_id: 0,
             index: Index::default(),
         }
     }
@@ -339,6 +349,8 @@ impl State {
             usage: UsageLedger::default(),
             tokens: BTreeMap::new(),
             next_token_id: 1,
+            join_tokens: BTreeMap::new(),
+            next_join_token_id: 0,
             index,
         }
     }

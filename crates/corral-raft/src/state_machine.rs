@@ -189,6 +189,8 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
     state.next_segment_id = meta.next_segment_id;
     state.tokens = meta.tokens;
     state.next_token_id = meta.next_token_id;
+    state.join_tokens = meta.join_tokens;
+    state.next_join_token_id = meta.next_join_token_id;
     for kv in t.tree.scan_prefix(SEGMENT) {
         let (_, v) = kv?;
         let segment = codec::segment_from_bytes(&v)?;

@@ -517,6 +517,8 @@ fn the_scalar_meta_keeps_its_bytes() {
         next_segment_id: state.next_segment_id,
         tokens: state.tokens.clone(),
         next_token_id: state.next_token_id,
+        join_tokens: state.join_tokens.clone(),
+        next_join_token_id: state.next_join_token_id,
     };
     let bytes = golden("meta", || meta_to_bytes(&state));
     assert_eq!(meta_from_bytes(&bytes).expect("golden meta decodes"), meta, "golden meta decodes to another value");
