@@ -51,8 +51,9 @@ pub enum Command {
     Dev(DevArgs),
     /// Run a coordinator daemon (one Raft member) from its TOML config file.
     Coordinator(ConfigArg),
-    /// Run a worker daemon (GPU host) from its TOML config file.
-    Worker(ConfigArg),
+    /// Run a worker daemon (GPU host) from its TOML config file; `--join ADDR --token T` the
+    /// first time, to get its certificate with a token from `corral node join-token`.
+    Worker(WorkerArgs),
     /// Manage the coordinator cluster: init, join, leave, status.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -86,6 +87,9 @@ pub enum Command {
     /// Access tokens of tenants and admins (admin only): create, list, revoke.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Worker nodes: join tokens.
+    #[command(subcommand)]
+    Node(NodeCommand),
     /// The fence guard a worker starts beside itself (internal): kills the worker's jobs when
     /// its lease runs out or the worker dies.
     #[command(hide = true)]
@@ -152,6 +156,29 @@ pub enum TokenCommand {
         /// Token id (from `corral token list`).
         id: u64,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Issue a single-use token a worker joins the cluster with (admin only, TLS clusters):
+    /// `corral worker --config FILE --join ADDR --token TOKEN`.
+    JoinToken {
+        /// Lifetime, e.g. 30m or 24h (at most 7 days).
+        #[arg(long, value_parser = parse_duration, default_value = "1h")]
+        ttl: std::time::Duration,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// Path of the TOML config file.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Join the cluster through the coordinator at this address (host:port) with the
+    /// single-use --token from `corral node join-token`: the worker gets its certificate and
+    /// keeps it in its data dir, so later starts need neither flag.
+    #[arg(long, value_name = "ADDR")]
+    pub join: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

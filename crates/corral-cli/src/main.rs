@@ -8,6 +8,7 @@ mod coordinator_cmd;
 mod dev;
 mod listen;
 mod metrics_http;
+mod node_cmd;
 mod output;
 mod security_cmd;
 mod top;
@@ -110,7 +111,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Dev(args) => dev::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Coordinator(args) => coordinator_cmd::run(&args.config).await.map(|()| ExitCode::SUCCESS),
-        Command::Worker(args) => worker_cmd::run(&args.config, global.token.clone()).await.map(|()| ExitCode::SUCCESS),
+        Command::Worker(args) => {
+            worker_cmd::run(&args.config, args.join, global.token.clone()).await.map(|()| ExitCode::SUCCESS)
+        }
+        Command::Node(command) => node_cmd::run(&global, command).await,
         Command::Cluster(command) => cluster_cmd::run(&global, command).await,
         Command::Submit(args) => commands::submit(&global, args).await,
         Command::Show(args) => commands::show(&global, args).await,
