@@ -403,6 +403,14 @@ mod tests {
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[auth]\nadmin-token-sha256 = \"abc\"\n",
                 "auth.admin-token-sha256",
             ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[tls]\nca = \"a\"\ncert = \"c\"\nkey = \"k\"\nca-key = \"\"\n",
+                "tls.ca-key: must not be empty",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[tls]\nca = \"a\"\ncert = \"c\"\nkey = \"k\"\nca_key = \"x\"\n",
+                "unknown field `ca_key`",
+            ),
         ];
         for (text, expected) in cases {
             let path = dir.path().join("c.toml");
