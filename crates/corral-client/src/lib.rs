@@ -498,7 +498,7 @@ impl Client {
         // A retry after a lost reply issues a second token nobody saw; it expires unused.
         let reply = self
             .with_retry(|ch| {
-                let req = self.authorize(msg.clone());
+                let req = self.authorize(msg);
                 async move { Self::admin(ch).create_join_token(req).await }
             })
             .await?;
