@@ -64,7 +64,7 @@ impl HostFacts {
         if self.backend == "nvml" {
             if self.gpus == 0 {
                 missing.push(
-                    "NVML found no GPU (check nvidia-smi; a host without GPUs uses gpu.backend = \"simulated\")"
+                    "NVML found no GPU (check nvidia-smi, or use gpu.backend = \"simulated\" on a host without GPUs)"
                         .to_string(),
                 );
             }
