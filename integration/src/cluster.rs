@@ -20,6 +20,9 @@ pub struct ClusterOptions {
     /// Mutual TLS from a `corral certs init` directory: node `i` uses `coordinator-<i+1>.pem`,
     /// and the fixture's CLI calls use `admin.pem`.
     pub tls: Option<PathBuf>,
+    /// With `tls`: every coordinator gets the CA key (`tls.ca-key`), so workers can join
+    /// with a token.
+    pub sign_joins: bool,
     /// `raft.election-timeout-min` and `-max` in milliseconds.
     pub election_timeout_ms: (u64, u64),
 }
@@ -33,6 +36,7 @@ impl Default for ClusterOptions {
             node_ttl: "10s".into(),
             node_env: Vec::new(),
             tls: None,
+            sign_joins: false,
             election_timeout_ms: (150, 300),
         }
     }
@@ -104,6 +108,9 @@ impl Cluster {
                 "\n[tls]\nca = \"{0}/ca.pem\"\ncert = \"{0}/coordinator-{n}.pem\"\nkey = \"{0}/coordinator-{n}-key.pem\"\n",
                 certs.display()
             ));
+            if self.options.sign_joins {
+                text.push_str(&format!("ca-key = \"{}/ca-key.pem\"\n", certs.display()));
+            }
         } else if self.options.hosts.is_some() {
             // Namespaced hosts are off loopback: plaintext must be asked for.
             text = format!("insecure = true\n{text}");

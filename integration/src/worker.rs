@@ -12,6 +12,8 @@ pub struct WorkerProc {
     child: Option<Child>,
     /// Network namespace the worker runs in, if any.
     namespace: Option<String>,
+    /// `--join ADDR --token T` of the next start.
+    join: Option<(String, String)>,
 }
 
 impl WorkerProc {
@@ -34,7 +36,7 @@ impl WorkerProc {
         );
         std::fs::write(&config, text).expect("write worker config");
         let log = dir.join(format!("worker-{name}.log"));
-        WorkerProc { name: name.to_string(), config, data_dir, log, child: None, namespace: None }
+        WorkerProc { name: name.to_string(), config, data_dir, log, child: None, namespace: None, join: None }
     }
 
     /// Runs the worker inside network namespace `namespace` (reached at `addr`), so that a test
@@ -70,6 +72,11 @@ impl WorkerProc {
         ));
     }
 
+    /// Starts next with `--join addr --token token` (`None`: without them).
+    pub fn join_with(&mut self, join: Option<(&str, &str)>) {
+        self.join = join.map(|(addr, token)| (addr.to_string(), token.to_string()));
+    }
+
     /// Appends TOML (whole sections, e.g. `[users]`) to the config before `start`.
     pub fn append_config(&self, text: &str) {
         self.edit_config(|config| config + text);
@@ -103,14 +110,11 @@ impl WorkerProc {
             }
             None => Command::new(corral_bin()),
         };
-        let child = command
-            .current_dir(cwd)
-            .args(["worker", "--config"])
-            .arg(&self.config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("spawn worker");
+        command.current_dir(cwd).args(["worker", "--config"]).arg(&self.config);
+        if let Some((addr, token)) = &self.join {
+            command.args(["--join", addr, "--token", token]);
+        }
+        let child = command.stdout(Stdio::null()).stderr(Stdio::from(log)).spawn().expect("spawn worker");
         self.child = Some(child);
     }
 

@@ -1,7 +1,6 @@
-//! `corral admin show | apply -f FILE [--force] | diff -f FILE | history` (the cluster policy) and
-//! `corral node drain | cordon | resume | remove` (node lifecycle).
+//! `corral admin show | apply -f FILE [--force] | diff -f FILE | history`: the cluster policy.
 
-use crate::args::{AdminCommand, GlobalArgs, NodeCommand, OutputFormat};
+use crate::args::{AdminCommand, GlobalArgs, OutputFormat};
 use crate::commands::client;
 use crate::output::format_utc;
 use anyhow::Context;
@@ -119,53 +118,5 @@ pub async fn run(global: &GlobalArgs, command: AdminCommand) -> anyhow::Result<E
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
-}
-
-pub async fn node(global: &GlobalArgs, command: NodeCommand) -> anyhow::Result<ExitCode> {
-    let client = client(global)?;
-    let json = global.output == OutputFormat::Json;
-    let reply = match command {
-        NodeCommand::Remove { node } => {
-            let reply = client.remove_node(&node).await?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&json!({"node": node, "removed": true, "gpus": reply.gpus}))?
-                );
-            } else {
-                println!("removed node {node}: {} gpu(s) left the pool", reply.gpus);
-            }
-            return Ok(ExitCode::SUCCESS);
-        }
-        NodeCommand::Drain { node, reason, deadline } => {
-            let secs = deadline.map(|d| d.as_secs_f64().ceil() as u64);
-            client.set_node_mode(&node, "draining", &reason, secs).await?
-        }
-        NodeCommand::Cordon { node, reason } => client.set_node_mode(&node, "cordoned", &reason, None).await?,
-        NodeCommand::Resume { node } => client.set_node_mode(&node, "active", "", None).await?,
-    };
-    if json {
-        let doc = json!({
-            "node": reply.node,
-            "state": reply.state,
-            "reason": reply.reason,
-            "drain_deadline": reply.drain_deadline.map(|t| format_utc(Timestamp(t))),
-            "running_jobs": reply.running_jobs,
-        });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(ExitCode::SUCCESS);
-    }
-    let jobs = match reply.running_jobs {
-        0 => "no job runs there".to_string(),
-        1 => "1 job runs there".to_string(),
-        n => format!("{n} jobs run there"),
-    };
-    let when = match (reply.state.as_str(), reply.drain_deadline) {
-        ("draining", Some(t)) => format!("; they are stopped and requeued at {}", format_utc(Timestamp(t))),
-        ("draining", None) => "; they run to their end (add --deadline to requeue them)".to_string(),
-        _ => String::new(),
-    };
-    println!("node {} is {}: {jobs}{when}", reply.node, reply.state);
     Ok(ExitCode::SUCCESS)
 }

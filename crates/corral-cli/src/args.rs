@@ -52,8 +52,9 @@ pub enum Command {
     Dev(DevArgs),
     /// Run a coordinator daemon (one Raft member) from its TOML config file.
     Coordinator(ConfigArg),
-    /// Run a worker daemon (GPU host) from its TOML config file.
-    Worker(ConfigArg),
+    /// Run a worker daemon (GPU host) from its TOML config file; `--join ADDR --token T` the
+    /// first time, to get its certificate with a token from `corral node join-token`.
+    Worker(WorkerArgs),
     /// Manage the coordinator cluster: init, join, leave, status.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -90,7 +91,7 @@ pub enum Command {
     /// Cluster policy (admin): tenants and quotas, priority classes, prices, as a TOML file.
     #[command(subcommand)]
     Admin(AdminCommand),
-    /// Node lifecycle (admin): cordon, drain, resume, remove.
+    /// Node lifecycle (admin): cordon, drain, resume, remove; join tokens for new workers.
     #[command(subcommand)]
     Node(NodeCommand),
     /// The fence guard a worker starts beside itself (internal): kills the worker's jobs when
@@ -159,6 +160,18 @@ pub enum TokenCommand {
         /// Token id (from `corral token list`).
         id: u64,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// Path of the TOML config file.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Join the cluster through the coordinator at this address (host:port) with the
+    /// single-use --token from `corral node join-token`: the worker gets its certificate and
+    /// keeps it in its data dir, so later starts need neither flag.
+    #[arg(long, value_name = "ADDR")]
+    pub join: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -237,6 +250,13 @@ pub enum NodeCommand {
     /// Forget NODE (only when it is empty and down, cordoned or drained): its GPUs leave the pool.
     /// Stop its worker first, or it registers again.
     Remove { node: String },
+    /// Issue a single-use token a worker joins the cluster with (admin only, TLS clusters):
+    /// `corral worker --config FILE --join ADDR --token TOKEN`.
+    JoinToken {
+        /// Lifetime, e.g. 30m or 24h (at most 7 days).
+        #[arg(long, value_parser = parse_duration, default_value = "1h")]
+        ttl: std::time::Duration,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -151,6 +151,12 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     worker_file.node_name = Some(NODE_NAME.to_string());
     worker_file.users = Some(users);
     worker_file.executor.cgroup_root = cgroup_root.clone();
+    // A try-out pool runs without containers where runc is missing (a real worker's self-check
+    // refuses to start without the runc its config names).
+    if corral_worker::executor::find_runc(std::path::Path::new(&worker_file.executor.runc)).is_none() {
+        tracing::info!("runc not found: corral dev runs no --image jobs");
+        worker_file.executor.runc = String::new();
+    }
     worker_file.validate().map_err(anyhow::Error::msg)?;
     let agent_addr = agent_listener.local_addr()?;
     // Simulated GPU ids unique to this data dir: two dev pools never share a device.

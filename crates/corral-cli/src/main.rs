@@ -9,6 +9,7 @@ mod coordinator_cmd;
 mod dev;
 mod listen;
 mod metrics_http;
+mod node_cmd;
 mod output;
 mod security_cmd;
 mod top;
@@ -111,7 +112,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Dev(args) => dev::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Coordinator(args) => coordinator_cmd::run(&args.config).await.map(|()| ExitCode::SUCCESS),
-        Command::Worker(args) => worker_cmd::run(&args.config, global.token.clone()).await.map(|()| ExitCode::SUCCESS),
+        Command::Worker(args) => {
+            worker_cmd::run(&args.config, args.join, global.token.clone()).await.map(|()| ExitCode::SUCCESS)
+        }
+        Command::Node(command) => node_cmd::run(&global, command).await,
         Command::Cluster(command) => cluster_cmd::run(&global, command).await,
         Command::Submit(args) => commands::submit(&global, args).await,
         Command::Show(args) => commands::show(&global, args).await,
@@ -125,7 +129,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Certs(args::CertsCommand::Init(args)) => security_cmd::certs_init(&global, args),
         Command::Token(command) => security_cmd::token(&global, command).await,
         Command::Admin(command) => admin_cmd::run(&global, command).await,
-        Command::Node(command) => admin_cmd::node(&global, command).await,
         Command::Ts { count } => commands::ts(&global, count).await,
         Command::WorkerGuard(_) => unreachable!("the fence guard runs before the async runtime starts"),
         Command::Billing(args::BillingCommand::Report(args)) => billing::report(&global, args).await,

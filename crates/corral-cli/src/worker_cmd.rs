@@ -1,10 +1,11 @@
-//! `corral worker --config FILE`: a worker daemon from TOML. The file's schema, validation
-//! and the assembly of the worker live in corral-worker (`WorkerFile`, `Worker::build`); this
-//! binds the agent's listener, starts the metrics listener and runs until SIGINT/SIGTERM. A
-//! changed file takes effect at the next start: the worker registers again with the new spec.
+//! `corral worker --config FILE [--join ADDR --token T]`: a worker daemon from TOML. The file's
+//! schema, validation, the join and the assembly of the worker live in corral-worker
+//! (`WorkerFile`, `Worker::join_and_build`, `Worker::build`); this binds the agent's listener,
+//! starts the metrics listener and runs until SIGINT/SIGTERM. A changed file takes effect at the
+//! next start: the worker registers again with the new spec.
 
 use anyhow::Context;
-use corral_worker::{BuildOptions, GuardCommand, Worker, WorkerFile};
+use corral_worker::{BuildOptions, GuardCommand, JoinOptions, Worker, WorkerFile};
 use std::path::Path;
 use tokio_util::sync::CancellationToken;
 
@@ -15,13 +16,25 @@ pub fn fence_guard(cgroup_root: &str) -> anyhow::Result<GuardCommand> {
     Ok(GuardCommand { program, args: vec!["worker-guard".into(), "--cgroup-root".into(), cgroup_root.into()] })
 }
 
-pub async fn run(config_path: &Path, token: Option<String>) -> anyhow::Result<()> {
+/// Runs the worker; with `join`, `token` is the join token (otherwise the worker's access token).
+pub async fn run(config_path: &Path, join: Option<String>, token: Option<String>) -> anyhow::Result<()> {
     crate::dev::init_tracing();
     let file = WorkerFile::load(config_path)?;
+    let join = match (join, &token) {
+        (Some(addr), Some(token)) => Some(JoinOptions { addr, token: token.clone() }),
+        (Some(_), None) => anyhow::bail!("--join needs --token: the join token from `corral node join-token`"),
+        (None, _) => None,
+    };
     let listen = file.listen.parse()?;
     let listener = crate::listen::bind(listen, "for the coordinators").await?;
-    let options = BuildOptions { token, fence_guard: Some(fence_guard(&file.executor.cgroup_root)?), gpus: None };
-    let worker = Worker::build(&file, listener.local_addr()?, options)?;
+    let fence_guard = Some(fence_guard(&file.executor.cgroup_root)?);
+    let worker = match &join {
+        Some(join) => {
+            let options = BuildOptions { token: None, fence_guard, gpus: None };
+            Worker::join_and_build(&file, listener.local_addr()?, options, join).await?
+        }
+        None => Worker::build(&file, listener.local_addr()?, BuildOptions { token, fence_guard, gpus: None })?,
+    };
     println!(
         "corral worker {} serving logs on {}; registering with {}",
         file.node_name(),

@@ -50,6 +50,9 @@ pub struct ClientConfig {
     pub token: Option<String>,
     /// Mutual TLS: the cluster CA and our certificate; `None`: plaintext.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// TLS without a client certificate, trusting only servers whose chain verifies against the
+    /// CA with this hash (a worker joining with a token); used instead of `tls`.
+    pub ca_pin: Option<corral_security::CaPin>,
     pub connect_timeout: Duration,
     /// Longest one attempt of a unary call may take before it is retried (with the same
     /// request id): a partitioned or deposed coordinator must not hang the caller.
@@ -64,6 +67,7 @@ impl ClientConfig {
             endpoints,
             token: None,
             tls: None,
+            ca_pin: None,
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(5),
             retry_for: Duration::from_secs(5),
@@ -137,12 +141,18 @@ impl Client {
         if let Some(c) = self.pool().channels.get(addr) {
             return Ok(c.clone());
         }
-        let scheme = if self.config.tls.is_some() { "https" } else { "http" };
+        let scheme = if self.config.tls.is_some() && self.config.ca_pin.is_none() { "https" } else { "http" };
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| e.to_string())?
             .connect_timeout(self.config.connect_timeout)
             .timeout(self.config.request_timeout)
             .tcp_nodelay(true);
+        if let Some(pin) = self.config.ca_pin {
+            // The connector does the TLS itself (the URI stays http:// so tonic adds none).
+            let channel = corral_security::pinned_channel(addr, pin, endpoint).await?;
+            self.pool().channels.insert(addr.to_string(), channel.clone());
+            return Ok(channel);
+        }
         if let Some(tls) = &self.config.tls {
             endpoint = endpoint.tls_config(tls.clone()).map_err(|e| e.to_string())?;
         }
@@ -476,6 +486,40 @@ impl Client {
             .with_retry(|ch| {
                 let req = self.authorize(pb::RevokeTokenRequest { token_id });
                 async move { Self::corral(ch).revoke_token(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// Issues a single-use join token for a worker (admin certificate only); the reply carries
+    /// the token, shown once.
+    pub async fn create_join_token(&self, ttl: Duration) -> Result<pb::CreateJoinTokenResponse, ClientError> {
+        let msg = pb::CreateJoinTokenRequest { ttl_ms: (ttl.as_millis() as u64).max(1) };
+        // A retry after a lost reply issues a second token nobody saw; it expires unused.
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(msg);
+                async move { Self::admin(ch).create_join_token(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// Joins a worker: spends the token's `secret` for a certificate of the request `csr`
+    /// (DER). Call it on a client with `ca_pin` set. A retry with the same request is answered
+    /// again (the coordinators know the key), so a lost reply does not burn the token.
+    pub async fn join_node(&self, secret: &str, csr: Vec<u8>) -> Result<pb::JoinNodeResponse, ClientError> {
+        let msg = pb::JoinNodeRequest { secret: secret.to_string(), csr };
+        let reply = self
+            .with_retry(|ch| {
+                let req = tonic::Request::new(msg.clone());
+                async move {
+                    corral_proto::v1::node_join_client::NodeJoinClient::new(ch)
+                        .max_decoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
+                        .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
+                        .join(req)
+                        .await
+                }
             })
             .await?;
         Ok(reply.into_inner())

@@ -2,8 +2,10 @@
 //! API resolves the caller's token to a principal (a tenant, or an admin) that each call checks.
 //!
 //! Roles per service (default deny: a service not listed here is not served):
-//! Raft: coordinator. Cluster admin: coordinator, admin. Worker gateway: worker. User API:
-//! client (with a tenant or admin token), admin (the certificate alone makes it admin).
+//! Raft: coordinator. Cluster admin: coordinator, admin (join tokens: admin only). Worker
+//! gateway: worker. User API: client (with a tenant or admin token), admin (the certificate
+//! alone makes it admin). The one exception is the join service (`join.rs`): no role, since a
+//! joining worker has no certificate yet; it answers only a valid, unused join token.
 //! Without TLS and without `require_tokens` (`corral dev` on loopback) every caller is admin.
 //! Every denial and every admin action is written to the audit log.
 
@@ -25,6 +27,10 @@ pub struct SecurityConfig {
     /// Hex SHA-256 of a bootstrap admin token from the config file.
     pub admin_token_sha256: Option<String>,
     pub audit: Arc<AuditLog>,
+    /// The cluster CA with its key (`tls.ca-key`): signs the certificates of workers that join
+    /// with a token. Only with `server_tls`, which then lets certificate-less clients complete
+    /// the handshake for the join service alone.
+    pub cluster_ca: Option<Arc<corral_security::ClusterCa>>,
 }
 
 impl SecurityConfig {

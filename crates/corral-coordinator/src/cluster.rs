@@ -149,4 +149,11 @@ impl ClusterAdmin for Admin {
     async fn status(&self, _: Request<pb::ClusterStatusRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
         Ok(Response::new(self.status().await))
     }
+
+    async fn create_join_token(
+        &self,
+        request: Request<pb::CreateJoinTokenRequest>,
+    ) -> Result<Response<pb::CreateJoinTokenResponse>, Status> {
+        self.coord.create_join_token(&request).await.map(Response::new)
+    }
 }

@@ -32,13 +32,40 @@ pub struct CoordinatorFile {
     #[serde(default)]
     pub scheduler: SchedulerSection,
     /// Mutual TLS for every connection (Raft peers, workers, clients).
-    pub tls: Option<TlsFiles>,
+    pub tls: Option<TlsSection>,
     /// Serve plaintext on a non-loopback address (without [tls]): anyone who can reach the
     /// port is admin. Only for isolated networks.
     #[serde(default)]
     pub insecure: bool,
     #[serde(default)]
     pub auth: AuthSection,
+}
+
+/// The `[tls]` section: the files every daemon has (`ca`, `cert`, `key`) and, on coordinators
+/// that sign the certificates of workers joining with a token, the CA's key.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct TlsSection {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Private key of the CA certificate `ca` (`ca-key.pem` of `corral certs init`): lets
+    /// this coordinator sign worker certificates for `corral worker --join`. Give it to every
+    /// coordinator (the leader signs). Absent: `corral node join-token` is refused.
+    pub ca_key: Option<PathBuf>,
+}
+
+impl TlsSection {
+    /// The files every daemon has.
+    pub fn files(&self) -> TlsFiles {
+        TlsFiles { ca: self.ca.clone(), cert: self.cert.clone(), key: self.key.clone() }
+    }
+}
+
+impl From<TlsFiles> for TlsSection {
+    fn from(files: TlsFiles) -> Self {
+        TlsSection { ca: files.ca, cert: files.cert, key: files.key, ca_key: None }
+    }
 }
 
 /// Who may use the user API.
@@ -242,7 +269,10 @@ impl CoordinatorFile {
         }
         self.scheduler.lease()?;
         if let Some(tls) = &self.tls {
-            tls.validate()?;
+            tls.files().validate()?;
+            if tls.ca_key.as_ref().is_some_and(|k| k.as_os_str().is_empty()) {
+                return Err("tls.ca-key: must not be empty (leave it out to sign no worker certificates)".into());
+            }
         }
         let listen: SocketAddr =
             self.listen.parse().map_err(|_| format!("listen: '{}' is not IP:PORT", self.listen))?;
@@ -285,8 +315,17 @@ impl Coordinator {
     /// TLS files, opens its Raft node. `bound` is the address its listener is bound to.
     pub async fn open(file: &CoordinatorFile, bound: SocketAddr) -> anyhow::Result<Coordinator> {
         claim_data_dir(&file.data_dir, file.node_id)?;
-        let tls = file.tls.as_ref().map(|t| t.load_for(corral_security::Role::Coordinator)).transpose()?;
+        let role = corral_security::Role::Coordinator;
+        let (tls, cluster_ca) = match &file.tls {
+            None => (None, None),
+            Some(section @ TlsSection { ca_key: None, .. }) => (Some(section.files().load_for(role)?), None),
+            Some(section @ TlsSection { ca_key: Some(ca_key), .. }) => {
+                let ca = corral_security::ClusterCa::load(&section.ca, ca_key)?;
+                (Some(section.files().load_accepting_joins(role)?), Some(Arc::new(ca)))
+            }
+        };
         let security = SecurityConfig {
+            cluster_ca,
             server_tls: tls.as_ref().map(|(server, _)| server.clone()),
             client_tls: tls.as_ref().map(|(_, client)| client.clone()),
             require_tokens: file.auth.require_tokens,
@@ -363,6 +402,14 @@ mod tests {
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[auth]\nadmin-token-sha256 = \"abc\"\n",
                 "auth.admin-token-sha256",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[tls]\nca = \"a\"\ncert = \"c\"\nkey = \"k\"\nca-key = \"\"\n",
+                "tls.ca-key: must not be empty",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[tls]\nca = \"a\"\ncert = \"c\"\nkey = \"k\"\nca_key = \"x\"\n",
+                "unknown field `ca_key`",
             ),
         ];
         for (text, expected) in cases {

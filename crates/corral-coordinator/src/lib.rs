@@ -13,6 +13,7 @@ mod error;
 mod failpoints;
 mod gateway;
 mod group_commit;
+mod join;
 mod leader_writes;
 mod liveness;
 mod metrics;
@@ -21,7 +22,7 @@ mod scheduler;
 mod tso;
 
 pub use auth::{token_sha256, SecurityConfig};
-pub use config::{AuthSection, CoordinatorFile, RaftSection, SchedulerSection};
+pub use config::{AuthSection, CoordinatorFile, RaftSection, SchedulerSection, TlsSection};
 pub use error::CoordError;
 pub use tso::{CLOCK_SKEW_FAILPOINT, MAX_COUNT as MAX_TIMESTAMPS_PER_CALL};
 
@@ -335,6 +336,9 @@ impl Coordinator {
             ))
             .add_service(InterceptedService::new(gateway::server(self.clone()), guard(auth::Service::Gateway)))
             .add_service(InterceptedService::new(cluster::server(self.clone()), guard(auth::Service::ClusterAdmin)))
+            // The one service without a role check: a joining worker has no certificate yet. It
+            // answers nothing but a valid, unused join token (see `join.rs`).
+            .add_service(join::server(self.clone()))
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         scheduler.abort();

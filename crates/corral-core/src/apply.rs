@@ -71,7 +71,9 @@ impl State {
             | Command::ExtendTso { .. }
             | Command::RemoveCoordinator { .. }
             | Command::CreateToken { .. }
-            | Command::RevokeToken { .. } => {}
+            | Command::RevokeToken { .. }
+            | Command::CreateJoinToken { .. }
+            | Command::ConsumeJoinToken { .. } => {}
             Command::ApplyPolicy { .. } => {
                 // Running runs may get a price break, stranded jobs are cancelled.
                 touched.jobs.extend(self.index.live.iter().copied());
@@ -153,6 +155,10 @@ impl State {
             }
             Command::EvictDrainedJobs { node } => self.evict_drained_jobs(ts, node),
             Command::RemoveNode { node } => self.remove_node(node),
+            Command::CreateJoinToken { sha256, ttl_ms } => self.create_join_token(ts, sha256, *ttl_ms),
+            Command::ConsumeJoinToken { sha256, node, public_key_sha256 } => {
+                self.consume_join_token(ts, sha256, node, public_key_sha256)
+            }
         }
     }
 

@@ -152,6 +152,20 @@ pub enum Command {
     RemoveNode {
         node: String,
     },
+    /// Issues a single-use join token for a worker node; only the SHA-256 of its secret is
+    /// replicated. It expires `ttl_ms` after the request's timestamp.
+    CreateJoinToken {
+        /// Lower-case hex SHA-256 of the secret.
+        sha256: String,
+        ttl_ms: u64,
+    },
+    /// Uses a join token for `node`, whose public key hashes to `public_key_sha256`; refused
+    /// when the token is unknown, expired (at the request's timestamp) or used by another.
+    ConsumeJoinToken {
+        sha256: String,
+        node: String,
+        public_key_sha256: String,
+    },
 }
 
 /// A command with the TSO timestamp the leader stamped on it: the state machine's only clock.
@@ -188,6 +202,14 @@ pub enum Outcome {
         version: u64,
         changes: Vec<String>,
         cancelled: Vec<JobId>,
+    },
+    JoinTokenCreated {
+        token_id: u64,
+    },
+    /// A join token admitted a worker (`duplicate`: the same worker and key asked again).
+    JoinTokenConsumed {
+        token_id: u64,
+        duplicate: bool,
     },
 }
 
@@ -252,4 +274,6 @@ pub enum ApplyError {
     TimeAboveClassMax { class: String, requested: String, max: String },
     #[error("{0}")]
     NodeNotRemovable(String),
+    #[error("join refused: {0}")]
+    JoinTokenRefused(String),
 }

@@ -12,6 +12,7 @@
 mod apply;
 mod command;
 mod config;
+mod join_tokens;
 mod ledger;
 mod nodes;
 mod policy;
@@ -25,6 +26,9 @@ mod usage;
 pub use apply::Touched;
 pub use command::{ApplyError, Command, Outcome, Placement, Preemption, Request, Response, ScheduleOutcome};
 pub use config::{ClusterConfig, PriorityClass, SchedulerConfig, TenantPolicy, DEFAULT_GRACE_SECS};
+pub use join_tokens::{
+    valid_node_name, JoinTokenRecord, JoinTokenUse, JOIN_TOKEN_RETENTION_MS, MAX_JOIN_TOKENS, MAX_JOIN_TOKEN_TTL_MS,
+};
 pub use ledger::{cost_micros, TSO_LEAD_ALLOWANCE_MS};
 pub use policy::{format_multiplier, format_price, format_secs, PolicyPlan, PolicyRecord, MAX_POLICY_HISTORY};
 pub use quota::{format_gpus, QuotaBlock};

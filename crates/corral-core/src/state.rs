@@ -1,6 +1,7 @@
 //! The replicated state held by every coordinator, with derived indexes (free capacity, quota use)
 //! that make apply() and the scheduling pass independent of the number of queued jobs.
 
+use crate::join_tokens::JoinTokenRecord;
 use crate::policy::PolicyRecord;
 use crate::resources::{gang_shape, job_milli_gpus, GpuLoad, SliceReq};
 use crate::tokens::TokenRecord;
@@ -53,6 +54,13 @@ pub struct State {
     /// state.
     #[serde(default)]
     pub policy_history: Vec<PolicyRecord>,
+    /// Single-use join tokens of worker nodes by id (hashes only). Persist them with the
+    /// scalar state.
+    #[serde(default)]
+    pub join_tokens: BTreeMap<u64, JoinTokenRecord>,
+    /// Next join token id (0 means 1: a state that never issued one encodes as before).
+    #[serde(default)]
+    pub next_join_token_id: u64,
     /// Derived indexes. Rebuilt on load, not persisted.
     #[serde(skip)]
     pub(crate) index: Index,
@@ -203,6 +211,8 @@ impl Default for State {
             next_token_id: 1,
             policy_version: 0,
             policy_history: Vec::new(),
+            join_tokens: BTreeMap::new(),
+            next_join_token_id: 0,
             index: Index::default(),
         }
     }
@@ -361,6 +371,8 @@ impl State {
             next_token_id: 1,
             policy_version: 0,
             policy_history: Vec::new(),
+            join_tokens: BTreeMap::new(),
+            next_join_token_id: 0,
             index,
         }
     }

@@ -8,8 +8,8 @@
 //! persisted messages: the wire protocol (corral-proto) has its own.
 
 use corral_core::{
-    ClusterConfig, Command, CoordinatorRecord, Placement, PolicyRecord, Preemption, PriorityClass, Request,
-    SchedulerConfig, State, TenantPolicy, TokenRecord, UsageLedger,
+    ClusterConfig, Command, CoordinatorRecord, JoinTokenRecord, JoinTokenUse, Placement, PolicyRecord, Preemption,
+    PriorityClass, Request, SchedulerConfig, State, TenantPolicy, TokenRecord, UsageLedger,
 };
 use corral_types::{
     Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeMode, NodeSpec, NodeState,
@@ -703,6 +703,14 @@ fn command_to_pb(r: &Request) -> pb::Command {
         Command::ApplyPolicy { config, by, force } => {
             Kind::ApplyPolicy(pb::ApplyPolicy { config: Some(config_to_pb(config)), by: by.clone(), force: *force })
         }
+        Command::CreateJoinToken { sha256, ttl_ms } => {
+            Kind::CreateJoinToken(pb::CreateJoinToken { sha256: sha256.clone(), ttl_ms: *ttl_ms })
+        }
+        Command::ConsumeJoinToken { sha256, node, public_key_sha256 } => Kind::ConsumeJoinToken(pb::ConsumeJoinToken {
+            sha256: sha256.clone(),
+            node: node.clone(),
+            public_key_sha256: public_key_sha256.clone(),
+        }),
     };
     pb::Command { format_version: FORMAT_VERSION, ts: r.ts.0, kind: Some(kind) }
 }
@@ -764,6 +772,10 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
             by: a.by,
             force: a.force,
         },
+        Kind::CreateJoinToken(t) => Command::CreateJoinToken { sha256: t.sha256, ttl_ms: t.ttl_ms },
+        Kind::ConsumeJoinToken(c) => {
+            Command::ConsumeJoinToken { sha256: c.sha256, node: c.node, public_key_sha256: c.public_key_sha256 }
+        }
     };
     Ok(Request { ts: Timestamp(c.ts), command })
 }
@@ -809,6 +821,8 @@ pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
         next_token_id: s.next_token_id,
         policy_version: s.policy_version,
         policy_history: policy_history_to_pb(s),
+        join_tokens: join_tokens_to_pb(s),
+        next_join_token_id: s.next_join_token_id,
     }
     .encode_to_vec()
 }
@@ -896,7 +910,47 @@ pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, CodecError> {
     state.next_token_id = s.next_token_id.max(1);
     state.policy_version = s.policy_version;
     state.policy_history = policy_history_from_pb(s.policy_history);
+    state.join_tokens = join_tokens_from_pb(s.join_tokens);
+    state.next_join_token_id = s.next_join_token_id;
     Ok(state)
+}
+
+fn join_tokens_to_pb(s: &State) -> Vec<pb::JoinTokenRecord> {
+    s.join_tokens
+        .values()
+        .map(|t| pb::JoinTokenRecord {
+            id: t.id,
+            sha256: t.sha256.clone(),
+            created: t.created.0,
+            expires_at_ms: t.expires_at_ms,
+            used: t.used.as_ref().map(|u| pb::JoinTokenUse {
+                node: u.node.clone(),
+                public_key_sha256: u.public_key_sha256.clone(),
+                at: u.at.0,
+            }),
+        })
+        .collect()
+}
+
+fn join_tokens_from_pb(records: Vec<pb::JoinTokenRecord>) -> BTreeMap<u64, JoinTokenRecord> {
+    records
+        .into_iter()
+        .map(|t| {
+            let used = t.used.map(|u| JoinTokenUse {
+                node: u.node,
+                public_key_sha256: u.public_key_sha256,
+                at: Timestamp(u.at),
+            });
+            let record = JoinTokenRecord {
+                id: t.id,
+                sha256: t.sha256,
+                created: Timestamp(t.created),
+                expires_at_ms: t.expires_at_ms,
+                used,
+            };
+            (t.id, record)
+        })
+        .collect()
 }
 
 fn tokens_to_pb(s: &State) -> Vec<pb::TokenRecord> {
@@ -969,6 +1023,9 @@ pub struct StateMeta {
     pub next_token_id: u64,
     /// Set `State::policy_version` to it (the history is stored per record).
     pub policy_version: u64,
+    /// Join tokens: set `State::join_tokens` to them after `State::from_parts`.
+    pub join_tokens: BTreeMap<u64, JoinTokenRecord>,
+    pub next_join_token_id: u64,
 }
 
 /// Encodes the scalar part of the state.
@@ -986,6 +1043,8 @@ pub fn meta_to_bytes(s: &State) -> Vec<u8> {
         tokens: tokens_to_pb(s),
         next_token_id: s.next_token_id,
         policy_version: s.policy_version,
+        join_tokens: join_tokens_to_pb(s),
+        next_join_token_id: s.next_join_token_id,
         ..Default::default()
     }
     .encode_to_vec()
@@ -1007,6 +1066,8 @@ pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, CodecError> {
         tokens: tokens_from_pb(s.tokens),
         next_token_id: s.next_token_id.max(1),
         policy_version: s.policy_version,
+        join_tokens: join_tokens_from_pb(s.join_tokens),
+        next_join_token_id: s.next_join_token_id,
     })
 }
 
@@ -1114,6 +1175,30 @@ mod tests {
         assert_eq!(snapshot_from_bytes(&snapshot_to_bytes(&state)).unwrap(), state);
         let meta = meta_from_bytes(&meta_to_bytes(&state)).unwrap();
         assert_eq!((meta.tokens, meta.next_token_id), (state.tokens.clone(), state.next_token_id));
+    }
+
+    #[test]
+    fn join_tokens_round_trip_through_commands_snapshots_and_meta() {
+        let hour = 3_600_000;
+        let commands = [
+            Command::CreateJoinToken { sha256: "a".repeat(64), ttl_ms: hour },
+            Command::CreateJoinToken { sha256: "b".repeat(64), ttl_ms: hour },
+            Command::ConsumeJoinToken {
+                sha256: "a".repeat(64),
+                node: "gpu-1".into(),
+                public_key_sha256: "c".repeat(64),
+            },
+        ];
+        let mut state = State::default();
+        for (i, command) in commands.into_iter().enumerate() {
+            let request = Request { ts: Timestamp::compose(1_000 + i as u64, 0), command };
+            assert_eq!(command_from_bytes(&command_to_bytes(&request)).unwrap(), request);
+            state.apply(&request).unwrap();
+        }
+        assert!(state.join_tokens[&1].used.is_some() && state.join_tokens[&2].used.is_none());
+        assert_eq!(snapshot_from_bytes(&snapshot_to_bytes(&state)).unwrap(), state);
+        let meta = meta_from_bytes(&meta_to_bytes(&state)).unwrap();
+        assert_eq!((meta.join_tokens, meta.next_join_token_id), (state.join_tokens.clone(), state.next_join_token_id));
     }
 
     #[test]

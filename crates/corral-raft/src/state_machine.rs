@@ -195,6 +195,8 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
         let (_, v) = kv?;
         state.policy_history.push(codec::policy_record_from_bytes(&v)?);
     }
+    state.join_tokens = meta.join_tokens;
+    state.next_join_token_id = meta.next_join_token_id;
     for kv in t.tree.scan_prefix(SEGMENT) {
         let (_, v) = kv?;
         let segment = codec::segment_from_bytes(&v)?;

@@ -22,11 +22,11 @@ pub struct DevCerts {
     pub clients: Vec<String>,
 }
 
-fn gen_err(e: rcgen::Error) -> TlsError {
+pub(crate) fn gen_err(e: rcgen::Error) -> TlsError {
     TlsError::Generate(e.to_string())
 }
 
-fn san(host: &str) -> Result<SanType, TlsError> {
+pub(crate) fn san(host: &str) -> Result<SanType, TlsError> {
     match host.parse::<IpAddr>() {
         Ok(ip) => Ok(SanType::IpAddress(ip)),
         Err(_) => Ok(SanType::DnsName(

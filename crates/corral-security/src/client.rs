@@ -19,6 +19,11 @@ pub fn client_tls_config(files: &TlsFiles) -> Result<ClientTlsConfig, TlsError> 
 /// chain rendered as text) is not about TLS.
 pub fn describe_tls_error(error: &str) -> Option<String> {
     let known = [
+        (
+            crate::PIN_MISMATCH,
+            "TLS: the coordinator's CA is not the one the join token names (check --join and --token)",
+        ),
+        ("not a coordinator's", "TLS: the server at --join is not a coordinator of this cluster"),
         ("UnknownIssuer", "TLS: server certificate not signed by the configured CA (check --ca)"),
         ("BadSignature", "TLS: server certificate not signed by the configured CA (check --ca)"),
         ("DecryptError", "TLS: the server refused our client certificate: not signed by its CA"),

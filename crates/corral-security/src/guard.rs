@@ -60,6 +60,9 @@ impl RoleGuard {
         }
         let mut detail = match role {
             Some(role) => format!("{} {role} certificate cannot call the {} service", article(role), self.service),
+            None if peer.is_some_and(|p| !p.certificate) => {
+                format!("a peer without a client certificate cannot call the {} service", self.service)
+            }
             None => format!("a certificate without a corral role cannot call the {} service", self.service),
         };
         if let Some(hint) = self.hint {
@@ -91,6 +94,7 @@ mod tests {
             addr: "127.0.0.1:4242".parse().ok(),
             tls: true,
             identity: role.map(|role| PeerIdentity { role, name: "w1".into() }),
+            certificate: true,
         });
         request
     }
@@ -111,6 +115,24 @@ mod tests {
         let log = std::fs::read_to_string(dir.path().join("audit.jsonl")).expect("audit log");
         assert_eq!(log.lines().count(), 3, "{log}");
         assert!(log.contains("worker w1 at 127.0.0.1:4242"), "{log}");
+
+        // A TLS client without a certificate (let in by a coordinator that accepts joins).
+        let mut anonymous = Request::new(());
+        anonymous.extensions_mut().insert(Peer {
+            addr: "127.0.0.1:4243".parse().ok(),
+            tls: true,
+            identity: None,
+            certificate: false,
+        });
+        let refused = RoleGuard::new("user API", &[Role::Client, Role::Admin], true, audit.clone())
+            .check(anonymous)
+            .expect_err("no certificate");
+        assert_eq!(
+            refused.message(),
+            "permission denied: a peer without a client certificate cannot call the user API service"
+        );
+        let log = std::fs::read_to_string(dir.path().join("audit.jsonl")).expect("audit log");
+        assert!(log.contains("peer without a client certificate at 127.0.0.1:4243"), "{log}");
 
         let plaintext = RoleGuard::new("raft", &[Role::Coordinator], false, audit);
         assert!(plaintext.check(Request::new(())).is_ok());

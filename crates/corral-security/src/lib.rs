@@ -3,7 +3,9 @@
 //!
 //! Every certificate the cluster CA issues carries its role as a subject alternative name URI
 //! `corral://role/<role>` (coordinator, worker, client, admin) and its name as the subject CN.
-//! Servers accept connections only from certificates the CA signed ([`ServerTls`]); each
+//! Servers accept connections only from certificates the CA signed ([`ServerTls`]; a coordinator
+//! that signs joining workers' certificates also lets certificate-less clients in, whom every
+//! role check refuses: only its join service answers them, see [`JoinToken`]); each
 //! connection's [`Peer`] (role and name) reaches every request, and services check the role.
 //! Boundary: the only crate that knows rustls, rcgen and x509-parser.
 
@@ -11,12 +13,17 @@ mod audit;
 mod certs;
 mod client;
 mod guard;
+mod join;
 mod server;
 
 pub use audit::{AuditEvent, AuditLog};
 pub use certs::{generate_dev_certs, DevCerts};
 pub use client::{client_tls_config, describe_tls_error};
 pub use guard::{audited_incoming, RoleGuard};
+pub use join::{
+    check_issued, pinned_channel, worker_request, CaPin, ClusterCa, JoinToken, PinnedCaVerifier, VerifiedRequest,
+    WorkerRequest, PIN_MISMATCH,
+};
 pub use server::{incoming, Conn, Refusal, ServerTls};
 
 use std::net::SocketAddr;
@@ -103,6 +110,14 @@ impl TlsFiles {
         }
         Ok((ServerTls::load(self)?, client_tls_config(self)?))
     }
+
+    /// Like [`TlsFiles::load_for`], with a server that also lets clients without a certificate
+    /// complete the handshake (a coordinator that signs joining workers' certificates); every
+    /// role check still refuses them.
+    pub fn load_accepting_joins(&self, role: Role) -> Result<(ServerTls, tonic::transport::ClientTlsConfig), TlsError> {
+        let (_, client) = self.load_for(role)?;
+        Ok((ServerTls::load_accepting_joins(self)?, client))
+    }
 }
 
 /// Who holds a verified certificate.
@@ -121,6 +136,9 @@ pub struct Peer {
     /// or a CA-signed certificate without a valid role).
     pub identity: Option<PeerIdentity>,
     pub tls: bool,
+    /// The client presented a certificate the CA signed (false: plaintext, or a TLS client
+    /// without a certificate on a server that accepts joins).
+    pub certificate: bool,
 }
 
 impl Peer {
@@ -133,6 +151,7 @@ impl Peer {
         let addr = self.addr.map(|a| a.to_string()).unwrap_or_else(|| "unknown address".into());
         match &self.identity {
             Some(i) => format!("{} {} at {addr}", i.role, i.name),
+            None if self.tls && !self.certificate => format!("peer without a client certificate at {addr}"),
             None if self.tls => format!("certificate without a corral role at {addr}"),
             None => format!("plaintext peer at {addr}"),
         }

@@ -56,22 +56,45 @@ impl std::fmt::Debug for ServerTls {
 }
 
 impl ServerTls {
+    /// Serves `files`' certificate followed by the CA (so that a joining worker can check the
+    /// CA against its token's pin: see `join`); every client must present a certificate the CA
+    /// signed.
     pub fn load(files: &TlsFiles) -> Result<ServerTls, TlsError> {
+        ServerTls::build(files, false)
+    }
+
+    /// Like [`ServerTls::load`], but a client without a certificate completes the handshake
+    /// too, as a [`Peer`] without identity whom every role check refuses: only the join service
+    /// (which needs no role) serves it. A certificate that is presented must still be the CA's.
+    pub fn load_accepting_joins(files: &TlsFiles) -> Result<ServerTls, TlsError> {
+        ServerTls::build(files, true)
+    }
+
+    fn build(files: &TlsFiles, accept_without_certificate: bool) -> Result<ServerTls, TlsError> {
         let mut roots = rustls::RootCertStore::empty();
-        for ca in load_certs(&files.ca)? {
-            roots.add(ca).map_err(|e| TlsError::Pem {
+        let cas = load_certs(&files.ca)?;
+        for ca in &cas {
+            roots.add(ca.clone()).map_err(|e| TlsError::Pem {
                 path: files.ca.clone(),
                 what: format!("not a usable CA certificate: {e}"),
             })?;
         }
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-            .build()
-            .map_err(|e| TlsError::Config(format!("client verifier: {e}")))?;
+        let mut verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
+        if accept_without_certificate {
+            verifier = verifier.allow_unauthenticated();
+        }
+        let verifier = verifier.build().map_err(|e| TlsError::Config(format!("client verifier: {e}")))?;
+        let mut chain = load_certs(&files.cert)?;
+        for ca in cas {
+            if !chain.contains(&ca) {
+                chain.push(ca);
+            }
+        }
         let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Config(e.to_string()))?
             .with_client_cert_verifier(verifier)
-            .with_single_cert(load_certs(&files.cert)?, load_key(&files.key)?)
+            .with_single_cert(chain, load_key(&files.key)?)
             .map_err(|e| TlsError::Config(format!("{}: {e}", files.cert.display())))?;
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(ServerTls { acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)) })
@@ -200,7 +223,10 @@ pub fn incoming(
             };
             let _ = stream.set_nodelay(true);
             let Some(tls) = tls.clone() else {
-                let conn = Conn { io: Io::Plain(stream), peer: Peer { addr: Some(addr), identity: None, tls: false } };
+                let conn = Conn {
+                    io: Io::Plain(stream),
+                    peer: Peer { addr: Some(addr), identity: None, tls: false, certificate: false },
+                };
                 if tx.send(Ok(conn)).await.is_err() {
                     return;
                 }
@@ -214,12 +240,9 @@ pub fn incoming(
                     Ok(Err(e)) => return on_refused(Refusal { addr, reason: refusal_reason(&e) }),
                     Err(_) => return on_refused(Refusal { addr, reason: "TLS handshake timed out".into() }),
                 };
-                let identity = stream
-                    .get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(|certs| certs.first())
-                    .map(|cert| identity_of(cert.as_ref()));
+                let presented = stream.get_ref().1.peer_certificates().and_then(|certs| certs.first());
+                let certificate = presented.is_some();
+                let identity = presented.map(|cert| identity_of(cert.as_ref()));
                 let identity = match identity {
                     Some(Ok(identity)) => Some(identity),
                     Some(Err(reason)) => {
@@ -230,7 +253,10 @@ pub fn incoming(
                     }
                     None => None,
                 };
-                let conn = Conn { io: Io::Tls(Box::new(stream)), peer: Peer { addr: Some(addr), identity, tls: true } };
+                let conn = Conn {
+                    io: Io::Tls(Box::new(stream)),
+                    peer: Peer { addr: Some(addr), identity, tls: true, certificate },
+                };
                 let _ = tx.send(Ok(conn)).await;
             });
         }

@@ -1,5 +1,6 @@
-//! Assembling a worker from its config file: the GPU backend, the executors (processes, and
-//! runc containers when available), TLS, the coordinator client, the advertised address.
+//! Assembling a worker from its config file: the GPU backend, its self-check (`preflight`), the
+//! executors (processes, and runc containers when available), TLS (the file's `[tls]`, or the
+//! credentials a join stored in the data dir), the coordinator client, the advertised address.
 
 use crate::config::{Backend, WorkerFile};
 use crate::executor::{Executor, ProcessExecutor, RoutingExecutor, RuncConfig, RuncExecutor};
@@ -25,10 +26,35 @@ pub struct BuildOptions {
 }
 
 impl Worker {
+    /// Joins the cluster with a token first (see `join.rs`; nothing is sent when the data dir
+    /// holds credentials already), after the self-check passed, then builds the worker.
+    pub async fn join_and_build(
+        file: &WorkerFile,
+        agent: SocketAddr,
+        mut options: BuildOptions,
+        join: &crate::join::JoinOptions,
+    ) -> anyhow::Result<Worker> {
+        let gpus = match options.gpus.take() {
+            Some(gpus) => gpus,
+            None => gpu_backend(file)?,
+        };
+        // A host that could not run jobs does not spend the token.
+        crate::preflight::check(file, gpus.as_ref())?;
+        let advertise = advertise_addr(file, agent)?;
+        let host = advertise.rsplit_once(':').map_or(advertise.as_str(), |(h, _)| h);
+        crate::join::join(file, host.trim_start_matches('[').trim_end_matches(']'), join).await?;
+        options.gpus = Some(gpus);
+        Worker::build(file, agent, options)
+    }
+
     /// The worker a validated config file describes, serving its agent on the address `agent`
     /// is bound to.
     pub fn build(file: &WorkerFile, agent: SocketAddr, options: BuildOptions) -> anyhow::Result<Worker> {
-        if file.tls.is_none() && !file.insecure && !agent.ip().is_loopback() {
+        let stored = match &file.tls {
+            Some(_) => None,
+            None => crate::join::stored_credentials(&file.data_dir),
+        };
+        if file.tls.is_none() && stored.is_none() && !file.insecure && !agent.ip().is_loopback() {
             bail!(
                 "listen: {agent} is not a loopback address and the agent would serve job logs in plaintext: configure [tls] (see `corral certs init`), or set insecure = true"
             );
@@ -42,10 +68,12 @@ impl Worker {
             Some(gpus) => gpus,
             None => gpu_backend(&file)?,
         };
+        crate::preflight::check(&file, gpus.as_ref())?;
         let executor = executor(&file)?;
         let mut config = file.worker_config().map_err(anyhow::Error::msg)?;
         config.fence_guard = options.fence_guard;
-        let tls = match &file.tls {
+        let tls_files = file.tls.clone().or_else(|| crate::join::stored_credentials(&file.data_dir));
+        let tls = match &tls_files {
             Some(files) => {
                 let identity = corral_security::certificate_identity(&files.cert)?;
                 if identity.name != config.node_name {
@@ -60,22 +88,24 @@ impl Worker {
             }
             None => None,
         };
-        config.advertise_addr = match &file.advertise {
-            Some(a) => a.clone(),
-            None if agent.ip().is_unspecified() => {
-                bail!(
-                    "advertise: listen {agent} is a wildcard address; set advertise = \"<this host>:{}\"",
-                    agent.port()
-                )
-            }
-            None => agent.to_string(),
-        };
+        config.advertise_addr = advertise_addr(&file, agent)?;
         let mut client_config = ClientConfig::new(file.coordinators.clone());
         client_config.token = file.token.clone().or(options.token);
         client_config.tls = tls.as_ref().map(|(_, client)| client.clone());
         config.agent_tls = tls.map(|(server, _)| server);
         let client = Client::new(client_config)?;
         Ok(Worker::new(config, client.gateway(), executor, gpus))
+    }
+}
+
+/// The address the coordinators reach the agent at.
+fn advertise_addr(file: &WorkerFile, agent: SocketAddr) -> anyhow::Result<String> {
+    match &file.advertise {
+        Some(a) => Ok(a.clone()),
+        None if agent.ip().is_unspecified() => {
+            bail!("advertise: listen {agent} is a wildcard address; set advertise = \"<this host>:{}\"", agent.port())
+        }
+        None => Ok(agent.to_string()),
     }
 }
 

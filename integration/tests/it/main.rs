@@ -9,6 +9,7 @@ mod chaos;
 mod cluster;
 mod isolation;
 mod job_path;
+mod join;
 mod lifecycle;
 mod metrics;
 mod nodes;

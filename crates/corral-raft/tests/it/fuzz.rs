@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 /// A plausible command about small ids, so that mutations land near real state.
 fn command(kind: u8, id: u64, n: u32) -> Command {
-    match kind % 9 {
+    match kind % 11 {
         0 => Command::SubmitJob {
             request_id: format!("r{id}"),
             spec: JobSpec {
@@ -46,6 +46,12 @@ fn command(kind: u8, id: u64, n: u32) -> Command {
             expires_at_ms: Some(u64::from(n)),
         },
         7 => Command::RevokeToken { token_id: id },
+        8 => Command::CreateJoinToken { sha256: format!("{:064x}", u128::from(n) * 31 + 1), ttl_ms: u64::from(n) },
+        9 => Command::ConsumeJoinToken {
+            sha256: format!("{:064x}", u128::from(n) * 31 + 1),
+            node: format!("n{}", n % 3),
+            public_key_sha256: format!("{:064x}", id),
+        },
         _ => Command::PreemptJob { job_id: id, by: id + 1, grace_secs: n % 10 },
     }
 }

@@ -537,6 +537,8 @@ fn the_scalar_meta_keeps_its_bytes() {
         tokens: state.tokens.clone(),
         next_token_id: state.next_token_id,
         policy_version: 0,
+        join_tokens: state.join_tokens.clone(),
+        next_join_token_id: state.next_join_token_id,
     };
     let bytes = golden("meta", || meta_to_bytes(&state));
     assert_eq!(meta_from_bytes(&bytes).expect("golden meta decodes"), meta, "golden meta decodes to another value");

@@ -32,7 +32,7 @@ pub use job::{JobHandle, RunningJob};
 pub(crate) use process::find_program;
 pub use process::{ProcessExecutor, STDERR_LOG, STDOUT_LOG};
 pub use routing::RoutingExecutor;
-pub use runc::{RuncConfig, RuncExecutor};
+pub use runc::{find_runc, RuncConfig, RuncExecutor};
 
 /// Resource limits enforced by the job's cgroup; `None` means unlimited.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

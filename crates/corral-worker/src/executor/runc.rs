@@ -153,6 +153,11 @@ pub(crate) fn container_status(code: Option<i32>, signal: Option<i32>) -> (Optio
     }
 }
 
+/// Where `program` (a name or path) is: the worker's PATH, then root's usual directories.
+pub fn find_runc(program: &Path) -> Option<PathBuf> {
+    process::find_program(program, SBIN_DIRS)
+}
+
 impl RuncExecutor {
     /// Finds runc and prepares its state directories. Fails when runc is not installed.
     pub fn new(config: RuncConfig) -> Result<Self, ExecError> {

@@ -144,6 +144,11 @@ pub trait GpuBackend: Send + Sync + 'static {
     /// The devices of this host, in index order.
     fn devices(&self) -> Vec<GpuDevice>;
 
+    /// The GPU driver's version, when the backend can tell (the worker's self-check).
+    fn driver_version(&self) -> Option<String> {
+        None
+    }
+
     /// Static facts (PCI, NUMA, MIG layout) of every device, in index order.
     fn info(&self) -> Vec<DeviceInfo> {
         self.devices().into_iter().map(DeviceInfo::plain).collect()

@@ -124,6 +124,10 @@ impl GpuBackend for NvmlGpus {
         self.info().into_iter().map(|i| i.device).collect()
     }
 
+    fn driver_version(&self) -> Option<String> {
+        self.nvml.sys_driver_version().ok().filter(|v| !v.trim().is_empty())
+    }
+
     fn info(&self) -> Vec<DeviceInfo> {
         self.info.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

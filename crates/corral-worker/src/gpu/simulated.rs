@@ -230,6 +230,10 @@ impl GpuBackend for SimulatedGpus {
         "simulated"
     }
 
+    fn driver_version(&self) -> Option<String> {
+        Some("simulated".into())
+    }
+
     fn devices(&self) -> Vec<GpuDevice> {
         self.devices.clone()
     }

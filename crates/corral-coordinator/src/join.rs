@@ -1,0 +1,141 @@
+//! Workers joining with a single-use token: `ClusterAdmin.CreateJoinToken` issues one (admin
+//! certificates only), `NodeJoin.Join` spends it and signs the worker's certificate with the
+//! cluster CA key (`tls.ca-key`).
+//!
+//! `NodeJoin` is the only service a caller without a client certificate reaches (the acceptor
+//! lets such callers in only on a coordinator that holds the CA key; every other service's
+//! role check refuses them). The token is spent by a replicated `ConsumeJoinToken` whose apply
+//! refuses an unknown, expired or used token, so it admits one worker across coordinators and
+//! failovers; the certificate is signed only after that command committed. Every refusal and
+//! every admission is audited.
+
+use crate::auth::token_sha256;
+use crate::{CoordError, Coordinator};
+use corral_core::{ApplyError, Command, Outcome, MAX_JOIN_TOKEN_TTL_MS};
+use corral_proto::v1::node_join_server::{NodeJoin, NodeJoinServer};
+use corral_proto::v1::{self as pb};
+use corral_security::{AuditEvent, JoinToken, Peer, Role, VerifiedRequest};
+use tonic::{Request, Response, Status};
+
+pub(crate) fn server(coord: Coordinator) -> NodeJoinServer<Joins> {
+    NodeJoinServer::new(Joins { coord })
+        .max_decoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
+        .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
+}
+
+pub(crate) struct Joins {
+    coord: Coordinator,
+}
+
+fn describe_peer<T>(request: &Request<T>) -> String {
+    request.extensions().get::<Peer>().map(Peer::describe).unwrap_or_else(|| "unknown peer".into())
+}
+
+const ACTION: &str = "node join";
+
+impl Coordinator {
+    /// Issues a join token living `ttl_ms` (the caller must hold an admin certificate).
+    pub(crate) async fn create_join_token(
+        &self,
+        request: &Request<pb::CreateJoinTokenRequest>,
+    ) -> Result<pb::CreateJoinTokenResponse, Status> {
+        const ACTION: &str = "node join-token";
+        let security = self.security();
+        if security.server_tls.is_none() {
+            return Err(Status::failed_precondition(
+                "join tokens need TLS: this cluster runs without [tls], so workers join without a token (start them with `corral worker --config FILE`)",
+            ));
+        }
+        let peer = request.extensions().get::<Peer>();
+        if peer.and_then(Peer::role) != Some(Role::Admin) {
+            return Err(self.deny(
+                request,
+                ACTION,
+                "-",
+                Status::permission_denied("permission denied: node join-token needs an admin certificate"),
+            ));
+        }
+        if !self.is_leader() {
+            return Err(self.not_leader().into());
+        }
+        let Some(ca) = security.cluster_ca.clone() else {
+            return Err(Status::failed_precondition(
+                "this coordinator holds no CA key, so it cannot sign joining workers' certificates: set ca-key in the [tls] section of every coordinator's config",
+            ));
+        };
+        let ttl_ms = request.get_ref().ttl_ms;
+        if ttl_ms == 0 || ttl_ms > MAX_JOIN_TOKEN_TTL_MS {
+            return Err(Status::invalid_argument(format!(
+                "--ttl must be greater than zero and at most {}h",
+                MAX_JOIN_TOKEN_TTL_MS / 3_600_000
+            )));
+        }
+        let secret = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+        let token = JoinToken::new(secret, ca.pin()).map_err(Status::internal)?;
+        let command = Command::CreateJoinToken { sha256: token_sha256(token.secret()), ttl_ms };
+        let token_id = match self.propose(command).await? {
+            Outcome::JoinTokenCreated { token_id } => token_id,
+            other => return Err(Status::internal(format!("unexpected outcome of join-token: {other:?}"))),
+        };
+        let expires_at_ms =
+            self.inner.node.state.read().state.join_tokens.get(&token_id).map(|t| t.expires_at_ms).unwrap_or_default();
+        let who = describe_peer(request);
+        security.audit.record(AuditEvent::admin(ACTION, who.clone(), who, format!("join token {token_id}")));
+        Ok(pb::CreateJoinTokenResponse { id: token_id, token: token.to_string(), expires_at_ms })
+    }
+
+    fn deny_join<T>(&self, request: &Request<T>, status: Status) -> Status {
+        self.deny(request, ACTION, "-", status)
+    }
+}
+
+#[tonic::async_trait]
+impl NodeJoin for Joins {
+    async fn join(&self, request: Request<pb::JoinNodeRequest>) -> Result<Response<pb::JoinNodeResponse>, Status> {
+        let coord = &self.coord;
+        let security = coord.security();
+        if security.server_tls.is_none() {
+            return Err(Status::failed_precondition(
+                "this cluster runs without TLS: workers need no join token (start the worker without --join)",
+            ));
+        }
+        // The leader judges the token; a follower refers the worker to it.
+        coord.linearizable().await?;
+        let Some(ca) = security.cluster_ca.clone() else {
+            return Err(Status::failed_precondition(
+                "the leader holds no CA key, so it cannot sign worker certificates: set ca-key in the [tls] section of every coordinator's config",
+            ));
+        };
+        let req = request.get_ref();
+        let csr =
+            VerifiedRequest::parse(&req.csr).map_err(|e| coord.deny_join(&request, Status::invalid_argument(e)))?;
+        let sha256 = token_sha256(&req.secret);
+        // Unknown secrets are refused here, without a log entry each (everything committed
+        // before this call is applied: `linearizable` above).
+        if coord.inner.node.state.read().state.join_token_by_hash(&sha256).is_none() {
+            let status = Status::permission_denied("join refused: unknown join token: not issued by this cluster");
+            return Err(coord.deny_join(&request, status));
+        }
+        let node = csr.node().to_string();
+        let command =
+            Command::ConsumeJoinToken { sha256, node: node.clone(), public_key_sha256: csr.public_key_sha256() };
+        let (token_id, duplicate) = match coord.propose(command).await {
+            Ok(Outcome::JoinTokenConsumed { token_id, duplicate }) => (token_id, duplicate),
+            Ok(other) => return Err(Status::internal(format!("unexpected outcome of join: {other:?}"))),
+            Err(CoordError::Rejected(e @ ApplyError::JoinTokenRefused(_))) => {
+                return Err(coord.deny_join(&request, Status::permission_denied(e.to_string())));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let certificate = ca.sign_worker(&csr).map_err(|e| Status::internal(e.to_string()))?;
+        let again = if duplicate { " (again: the same worker and key retried)" } else { "" };
+        security.audit.record(AuditEvent::admin(
+            ACTION,
+            describe_peer(&request),
+            format!("join token {token_id}"),
+            format!("worker certificate for node {node}{again}"),
+        ));
+        tracing::info!(node = %node, token_id, "worker joined with a token");
+        Ok(Response::new(pb::JoinNodeResponse { certificate, ca: ca.ca_pem().to_string() }))
+    }
+}
