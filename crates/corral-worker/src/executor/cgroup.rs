@@ -335,10 +335,16 @@ impl JobCgroup {
 
     /// Sends `signal` to every process of the cgroup once; processes that have already exited
     /// are skipped. Not race-free against forks (use [`JobCgroup::kill_all`] for SIGKILL).
-    pub(crate) fn signal_all(&self, signal: Signal) -> Result<usize, ExecError> {
+    pub(crate) fn signal_all(&self, signal: Signal, skip_group: Option<i32>) -> Result<usize, ExecError> {
         let pids = self.pids()?;
         let mut sent = 0;
         for pid in &pids {
+            // Members of a process group that was just signalled as a whole already have it: a
+            // second copy would run a job's checkpoint handler twice.
+            let group = i32::try_from(*pid).ok().and_then(|p| nix::unistd::getpgid(Some(Pid::from_raw(p))).ok());
+            if skip_group.is_some() && group.map(Pid::as_raw) == skip_group {
+                continue;
+            }
             if send(*pid, signal).map_err(|e| self.signal_error(e))? {
                 sent += 1;
             }

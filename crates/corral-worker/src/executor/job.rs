@@ -67,11 +67,14 @@ impl Shared {
         let pids = self.cgroup.pids()?;
         // The main process leads its own process group (setsid); signalling the group also
         // reaches children forked after the listing. Only while it is still in the cgroup, so
-        // the group id cannot have been reused.
+        // the group id cannot have been reused. Each process gets the signal once: the cgroup
+        // pass below skips the group's members.
+        let mut signalled_group = None;
         if pids.contains(&self.pid) {
             if let Ok(pgid) = i32::try_from(self.pid) {
                 match killpg(Pid::from_raw(pgid), signal) {
-                    Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+                    Ok(()) => signalled_group = Some(pgid),
+                    Err(nix::errno::Errno::ESRCH) => {}
                     Err(e) => {
                         return Err(ExecError::Signal {
                             cgroup: self.cgroup.name().to_owned(),
@@ -81,7 +84,7 @@ impl Shared {
                 }
             }
         }
-        let sent = self.cgroup.signal_all(signal)?;
+        let sent = self.cgroup.signal_all(signal, signalled_group)?;
         debug!(job_id = self.job_id, attempt = self.attempt, %signal, sent, "signalled job processes");
         Ok(())
     }

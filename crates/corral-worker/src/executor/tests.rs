@@ -254,6 +254,26 @@ async fn signal_tree_delivers_sigterm() {
     }
 }
 
+/// A checkpoint signal reaches each process once: the process group and the cgroup pass do not
+/// both deliver it (a second copy ran the job's handler twice). The job sleeps inside its
+/// handler so that a second copy would run it again before it exits; a child in a process
+/// group of its own, only reachable through the cgroup, gets it too.
+#[tokio::test]
+async fn a_signal_reaches_every_process_of_the_job_once() {
+    let fx = Fixture::new();
+    let script = "trap 'echo handled; sleep 0.3; exit 0' USR1; \
+                  setsid sh -c 'trap \"echo child; exit 0\" USR1; sleep 1000 & wait' & sleep 1000 & wait";
+    let spec = fx.spec(&["sh", "-c", script]);
+    let mut job = fx.executor.launch(&spec).expect("launch");
+    wait_for_pids(&job, 4).await;
+    job.signal_tree(Signal::SIGUSR1).expect("signal_tree");
+    let exit = fx.wait_bounded(&mut job, DEADLINE).await;
+    assert_eq!(exit.exit_code, Some(0), "{exit:?}");
+    let log = fx.log(STDOUT_LOG);
+    assert_eq!(log.lines().filter(|l| *l == "handled").count(), 1, "{log}");
+    assert_eq!(log.lines().filter(|l| *l == "child").count(), 1, "{log}");
+}
+
 #[tokio::test]
 async fn pids_limit_stops_forks() {
     let fx = Fixture::new();
