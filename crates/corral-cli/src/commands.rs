@@ -64,7 +64,9 @@ pub async fn submit(global: &GlobalArgs, args: SubmitArgs) -> anyhow::Result<Exi
             rdma: args.rdma,
             no_requeue: args.no_requeue,
             checkpoint_signal: args.signal,
+            ..Default::default()
         },
+        ..Default::default()
     };
     let mut checked = spec.clone();
     if checked.tenant.is_empty() {

@@ -27,7 +27,14 @@ const LEASE_RETRY: Duration = Duration::from_millis(50);
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Key {
     reregister: bool,
-    jobs: Vec<(JobId, u64, i32, u32, Option<i32>)>,
+    /// Job, epoch, action, grace, checkpoint signal, signals asked for so far.
+    jobs: Vec<(JobId, u64, i32, u32, Option<i32>, usize)>,
+}
+
+/// The host of a `host:port` address (`[v6]:port` gives `v6`).
+fn host_of(addr: &str) -> String {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']').to_string()
 }
 
 /// The node's desired state as the worker registered with `node_epoch` must see it.
@@ -68,7 +75,7 @@ fn desired<'a>(
             .iter()
             .map(|(job, action, grace, signal)| {
                 let epoch = job.allocation.as_ref().map_or(0, |a| a.epoch);
-                (job.id, epoch, *action as i32, *grace, *signal)
+                (job.id, epoch, *action as i32, *grace, *signal, job.signals.len())
             })
             .collect(),
     };
@@ -78,11 +85,22 @@ fn desired<'a>(
         reregister: !current,
         jobs: wants
             .into_iter()
-            .map(|(job, action, grace_secs, checkpoint_signal)| pb::DesiredJob {
-                job: Some(job.into()),
-                action: action as i32,
-                grace_secs,
-                checkpoint_signal,
+            .map(|(job, action, grace_secs, checkpoint_signal)| {
+                // Where the parts of the run are: the first part's node is where a gang meets.
+                let part_addrs: Vec<String> = job
+                    .allocation
+                    .iter()
+                    .flat_map(|a| a.parts())
+                    .map(|(part, _)| state.nodes.get(part).map(|n| host_of(&n.spec.address)).unwrap_or_default())
+                    .collect();
+                pb::DesiredJob {
+                    job: Some(job.into()),
+                    action: action as i32,
+                    grace_secs,
+                    checkpoint_signal,
+                    master_addr: part_addrs.first().cloned().unwrap_or_default(),
+                    part_addrs,
+                }
             })
             .collect(),
     };
@@ -170,6 +188,7 @@ mod tests {
             cpu_millis: 8_000,
             memory_bytes: 32 << 30,
             labels: vec![],
+            rendezvous_ports: None,
         }
     }
 

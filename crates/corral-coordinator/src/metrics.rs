@@ -312,6 +312,7 @@ mod tests {
             cpu_millis: 8000,
             memory_bytes: 1 << 34,
             labels: Vec::new(),
+            rendezvous_ports: None,
         };
         apply(&mut state, 1_000, Command::RegisterNode { spec: node });
         apply(&mut state, 2_000, Command::SubmitJob { request_id: "a".into(), spec: spec("team-a", 1) });

@@ -79,6 +79,7 @@ fn node(i: usize) -> NodeSpec {
         cpu_millis: 128_000,
         memory_bytes: 1 << 40,
         labels: vec![],
+        rendezvous_ports: None,
     }
 }
 
@@ -116,6 +117,7 @@ fn spec(rng: &mut Rng, preload: bool) -> JobSpec {
         command: vec!["train".into()],
         env: BTreeMap::new(),
         sched: SchedOptions { gpus_per_node: per_node, rdma: rng.below(10) == 0, ..SchedOptions::default() },
+        ..Default::default()
     }
 }
 

@@ -39,6 +39,16 @@ pub struct Touched {
     pub policy: bool,
 }
 
+impl Touched {
+    /// Adds what `other` touched (a batch of applied entries persists once).
+    pub fn merge(&mut self, other: Touched) {
+        self.jobs.extend(other.jobs);
+        self.nodes.extend(other.nodes);
+        self.segments.extend(other.segments);
+        self.policy |= other.policy;
+    }
+}
+
 impl State {
     /// Applies one request and reports which jobs and nodes it may have changed.
     pub fn apply_tracked(&mut self, request: &Request) -> (Response, Touched) {
@@ -269,6 +279,12 @@ impl State {
             attempts: 0,
             worker_run_time_ms: None,
             preemption: None,
+            held: false,
+            waiting_on: Vec::new(),
+            array_task: None,
+            array_progress: None,
+            restarts: 0,
+            signals: Vec::new(),
         };
         if !request_id.is_empty() {
             self.request_ids.insert(request_id.to_string(), id);
@@ -382,6 +398,7 @@ impl State {
             slice,
             ended: Vec::new(),
             price_breaks: Vec::new(),
+            master_port: None,
         });
         job.attempts += 1;
         job.admitted_at = Some(ts);
@@ -811,6 +828,7 @@ pub(crate) mod tests {
             cpu_millis: 16_000,
             memory_bytes: 64 << 30,
             labels: vec![],
+            rendezvous_ports: None,
         }
     }
 
@@ -828,6 +846,7 @@ pub(crate) mod tests {
             command: vec!["true".into()],
             env: BTreeMap::new(),
             sched: Default::default(),
+            ..Default::default()
         }
     }
 

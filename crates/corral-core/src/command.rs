@@ -42,6 +42,10 @@ pub struct Preemption {
 }
 
 /// One replicated change.
+// `SubmitJob` (a whole `JobSpec`) is the common command and the large one: boxing the spec would
+// add an allocation to every submit, and commands are built once and moved, never kept in bulk
+// (batches of submits travel as `SubmitJobs`).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     SubmitJob {

@@ -3,8 +3,9 @@
 
 use crate::v1 as pb;
 use corral_types::{
-    Allocation, GpuDevice, GpuHealth, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, PartEnd,
-    PreemptionNotice, SchedOptions, Segment, SliceAssignment, Timestamp,
+    Allocation, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuDevice, GpuHealth,
+    GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, PartEnd, PreemptionNotice, SchedOptions,
+    Segment, SliceAssignment, Timestamp,
 };
 
 /// A wire message that does not convert into a valid domain value.
@@ -69,6 +70,29 @@ impl From<&JobSpec> for pb::JobSpec {
                 rdma: s.sched.rdma,
                 no_requeue: s.sched.no_requeue,
                 checkpoint_signal: s.sched.checkpoint_signal,
+                signal_before_end_secs: s.sched.signal_before_end_secs,
+                dependencies: s
+                    .sched
+                    .dependencies
+                    .iter()
+                    .map(|d| pb::Dependency { kind: dependency_kind_to_pb(d.kind), job_id: d.job_id })
+                    .collect(),
+                singleton: s.sched.singleton,
+                max_restarts: s.sched.max_restarts,
+                node_selector: s.sched.node_selector.clone(),
+                hold: s.sched.hold,
+            }),
+            workdir: s.workdir.clone(),
+            script: s.script.clone(),
+            stdout_path: s.stdout_path.clone(),
+            stderr_path: s.stderr_path.clone(),
+            array: s.array.as_ref().map(|a| pb::ArraySpec {
+                ranges: a
+                    .ranges
+                    .iter()
+                    .map(|r| pb::ArrayRange { first: r.first, last: r.last, step: r.step })
+                    .collect(),
+                max_running: a.max_running,
             }),
         }
     }
@@ -91,14 +115,56 @@ impl TryFrom<pb::JobSpec> for JobSpec {
             env: s.env,
             sched: s
                 .sched
-                .map(|o| SchedOptions {
-                    gpus_per_node: o.gpus_per_node,
-                    rdma: o.rdma,
-                    no_requeue: o.no_requeue,
-                    checkpoint_signal: o.checkpoint_signal,
+                .map(|o| -> Result<SchedOptions, ProtoError> {
+                    Ok(SchedOptions {
+                        gpus_per_node: o.gpus_per_node,
+                        rdma: o.rdma,
+                        no_requeue: o.no_requeue,
+                        checkpoint_signal: o.checkpoint_signal,
+                        signal_before_end_secs: o.signal_before_end_secs,
+                        dependencies: o
+                            .dependencies
+                            .into_iter()
+                            .map(|d| Ok(Dependency { kind: dependency_kind_from_i32(d.kind)?, job_id: d.job_id }))
+                            .collect::<Result<_, ProtoError>>()?,
+                        singleton: o.singleton,
+                        max_restarts: o.max_restarts,
+                        node_selector: o.node_selector,
+                        hold: o.hold,
+                    })
                 })
+                .transpose()?
                 .unwrap_or_default(),
+            workdir: s.workdir,
+            script: s.script,
+            stdout_path: s.stdout_path,
+            stderr_path: s.stderr_path,
+            array: s.array.map(|a| ArraySpec {
+                ranges: a
+                    .ranges
+                    .into_iter()
+                    .map(|r| ArrayRange { first: r.first, last: r.last, step: r.step })
+                    .collect(),
+                max_running: a.max_running,
+            }),
         })
+    }
+}
+
+fn dependency_kind_to_pb(k: DependencyKind) -> i32 {
+    match k {
+        DependencyKind::AfterOk => pb::DependencyKind::AfterOk as i32,
+        DependencyKind::AfterAny => pb::DependencyKind::AfterAny as i32,
+        DependencyKind::AfterNotOk => pb::DependencyKind::AfterNotOk as i32,
+    }
+}
+
+fn dependency_kind_from_i32(v: i32) -> Result<DependencyKind, ProtoError> {
+    match pb::DependencyKind::try_from(v) {
+        Ok(pb::DependencyKind::AfterOk) => Ok(DependencyKind::AfterOk),
+        Ok(pb::DependencyKind::AfterAny) => Ok(DependencyKind::AfterAny),
+        Ok(pb::DependencyKind::AfterNotOk) => Ok(DependencyKind::AfterNotOk),
+        _ => Err(ProtoError::Invalid { field: "dependency kind", value: v.to_string() }),
     }
 }
 
@@ -184,6 +250,7 @@ impl From<&Job> for pb::Job {
                 epoch: a.epoch,
                 more_nodes: node_gpus_to_pb(&a.more_nodes),
                 slice: a.slice.as_ref().map(slice_to_pb),
+                master_port: a.master_port,
                 ended: a
                     .ended
                     .iter()
@@ -202,6 +269,16 @@ impl From<&Job> for pb::Job {
             cancel_requested: j.cancel_requested,
             attempts: j.attempts,
             worker_run_time_ms: j.worker_run_time_ms,
+            held: j.held,
+            waiting_on: j.waiting_on.clone(),
+            array_task: j.array_task.map(|t| pb::ArrayTask { array: t.array, index: t.index }),
+            array_progress: j.array_progress.as_ref().map(|p| pb::ArrayProgress {
+                created: p.created,
+                succeeded: p.succeeded,
+                unsuccessful: p.unsuccessful,
+            }),
+            restarts: j.restarts,
+            signals: j.signals.clone(),
         }
     }
 }
@@ -227,6 +304,7 @@ impl TryFrom<pb::Job> for Job {
                         epoch: a.epoch,
                         more_nodes: node_gpus_from_pb(a.more_nodes),
                         slice: a.slice.map(slice_from_pb).transpose()?,
+                        master_port: a.master_port,
                         ended: a
                             .ended
                             .into_iter()
@@ -249,6 +327,16 @@ impl TryFrom<pb::Job> for Job {
             cancel_requested: j.cancel_requested,
             attempts: j.attempts,
             worker_run_time_ms: j.worker_run_time_ms,
+            held: j.held,
+            waiting_on: j.waiting_on,
+            array_task: j.array_task.map(|t| ArrayTask { array: t.array, index: t.index }),
+            array_progress: j.array_progress.map(|p| ArrayProgress {
+                created: p.created,
+                succeeded: p.succeeded,
+                unsuccessful: p.unsuccessful,
+            }),
+            restarts: j.restarts,
+            signals: j.signals,
         })
     }
 }
@@ -307,6 +395,7 @@ impl From<&NodeSpec> for pb::NodeSpec {
             cpu_millis: n.cpu_millis,
             memory_bytes: n.memory_bytes,
             labels: n.labels.iter().map(|(k, v)| pb::Label { key: k.clone(), value: v.clone() }).collect(),
+            rendezvous_ports: n.rendezvous_ports.map(|(first, last)| pb::PortRange { first, last }),
         }
     }
 }
@@ -333,6 +422,7 @@ impl From<pb::NodeSpec> for NodeSpec {
             cpu_millis: n.cpu_millis,
             memory_bytes: n.memory_bytes,
             labels: n.labels.into_iter().map(|l| (l.key, l.value)).collect(),
+            rendezvous_ports: n.rendezvous_ports.map(|r| (r.first, r.last)),
         }
     }
 }
@@ -449,7 +539,9 @@ mod tests {
                     rdma: true,
                     no_requeue: true,
                     checkpoint_signal: Some(10),
+                    ..Default::default()
                 },
+                ..Default::default()
             },
             state: JobState::Running,
             request_id: "r".into(),
@@ -468,8 +560,15 @@ mod tests {
                     report: Some(JobExitReport { exit_code: Some(1), ..Default::default() }),
                 }],
                 price_breaks: vec![],
+                master_port: None,
             }),
             preemption: Some(PreemptionNotice { by: 8, at: Timestamp(4), grace_secs: 30, checkpoint_signal: None }),
+            held: false,
+            waiting_on: Vec::new(),
+            array_task: None,
+            array_progress: None,
+            restarts: 0,
+            signals: Vec::new(),
             exit_code: None,
             signal: None,
             reason: Some("why".into()),
@@ -505,6 +604,7 @@ mod tests {
             cpu_millis: 8000,
             memory_bytes: 1 << 34,
             labels: vec![("rack".into(), "r1".into())],
+            rendezvous_ports: None,
         };
         assert_eq!(NodeSpec::from(pb::NodeSpec::from(&node)), node);
         let segment = Segment {

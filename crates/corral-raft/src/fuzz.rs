@@ -38,6 +38,7 @@ pub fn seed_state() -> State {
         cpu_millis: 16_000,
         memory_bytes: 64 << 30,
         labels: vec![],
+        rendezvous_ports: None,
     };
     let commands = [
         Command::Configure(ClusterConfig::dev_defaults()),

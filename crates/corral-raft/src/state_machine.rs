@@ -360,9 +360,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     EntryPayload::Blank => Ok(Outcome::Done),
                     EntryPayload::Normal(request) => {
                         let (response, t) = data.state.apply_tracked(&request.0);
-                        touched.jobs.extend(t.jobs);
-                        touched.nodes.extend(t.nodes);
-                        touched.segments.extend(t.segments);
+                        touched.merge(t);
                         response
                     }
                     EntryPayload::Membership(m) => {

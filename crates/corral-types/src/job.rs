@@ -97,6 +97,75 @@ pub struct JobSpec {
     /// How the job wants to be placed and preempted.
     #[serde(default)]
     pub sched: SchedOptions,
+    /// Working directory of the job (absolute); `None`: a fresh directory of its own on the
+    /// worker. The CLI sends the directory of the submit (Slurm's default), or `--chdir`.
+    #[serde(default)]
+    pub workdir: Option<String>,
+    /// Body of a batch script (`corral sbatch`, at most `MAX_SCRIPT_BYTES`), stored with the job
+    /// as Slurm's controller stores it. The worker writes it into the job's directory and runs
+    /// it with `command` as its arguments.
+    #[serde(default)]
+    pub script: Option<String>,
+    /// Where the job's stdout and stderr also go, as patterns (`%j` job id, `%A` array job id,
+    /// `%a` array task id, `%x` name, `%N` node, `%%`), relative to the working directory.
+    #[serde(default)]
+    pub stdout_path: Option<String>,
+    #[serde(default)]
+    pub stderr_path: Option<String>,
+    /// A job array (`--array 0-999%16`): one record whose tasks are created as they can run.
+    #[serde(default)]
+    pub array: Option<ArraySpec>,
+}
+
+/// Largest batch script a job may carry.
+pub const MAX_SCRIPT_BYTES: usize = 1 << 20;
+
+/// Most tasks one job array may have.
+pub const MAX_ARRAY_TASKS: u32 = 100_000;
+
+/// The task indices of a job array and how many may run at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArraySpec {
+    /// Inclusive ranges with a step (`1-9:2`); a single index is a range of one.
+    pub ranges: Vec<ArrayRange>,
+    /// Most tasks pending-to-run or running at once (the `%N` of `--array`); `None`: no limit.
+    #[serde(default)]
+    pub max_running: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayRange {
+    pub first: u32,
+    pub last: u32,
+    /// At least 1.
+    pub step: u32,
+}
+
+/// How a job depends on another (Slurm's `--dependency`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DependencyKind {
+    /// The other job succeeded.
+    AfterOk,
+    /// The other job ended, however.
+    AfterAny,
+    /// The other job ended other than successfully.
+    AfterNotOk,
+}
+
+impl DependencyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DependencyKind::AfterOk => "afterok",
+            DependencyKind::AfterAny => "afterany",
+            DependencyKind::AfterNotOk => "afternotok",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dependency {
+    pub kind: DependencyKind,
+    pub job_id: JobId,
 }
 
 /// Placement and preemption options of a job (all optional; the default is a single-node job
@@ -118,6 +187,27 @@ pub struct SchedOptions {
     /// (as Slurm's `--signal`), e.g. 10 for SIGUSR1.
     #[serde(default)]
     pub checkpoint_signal: Option<i32>,
+    /// Send `checkpoint_signal` this long before the time limit too (Slurm's `--signal
+    /// USR1@300`).
+    #[serde(default)]
+    pub signal_before_end_secs: Option<u32>,
+    /// Jobs that must end (as the kind says) before this one may start.
+    #[serde(default)]
+    pub dependencies: Vec<Dependency>,
+    /// Start only once no earlier job of the same tenant and name is pending or running.
+    #[serde(default)]
+    pub singleton: bool,
+    /// A run that fails (a gang: a part fails or its node is lost) is requeued as a whole up to
+    /// this many times before the job fails.
+    #[serde(default)]
+    pub max_restarts: Option<u32>,
+    /// Node labels the job needs (`partition=gpu`, `zone=a`; a bare word matches a label of that
+    /// name): `--partition` and `--constraint`.
+    #[serde(default)]
+    pub node_selector: Vec<String>,
+    /// Submitted held: it does not start until released.
+    #[serde(default)]
+    pub hold: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
@@ -297,6 +387,10 @@ pub struct Allocation {
     /// For a fractional job: the slice of `gpus[0]` it got.
     #[serde(default)]
     pub slice: Option<SliceAssignment>,
+    /// For a gang: the port on the first part's node where its parts meet (MASTER_PORT), from
+    /// that node's rendezvous port range.
+    #[serde(default)]
+    pub master_port: Option<u32>,
     /// The parts of a gang that ended, in the order they ended (empty for a single-node job,
     /// whose run ends with its one part).
     #[serde(default)]
@@ -464,6 +558,41 @@ pub struct Job {
     /// Set while a running job is being preempted (until the worker reports its exit).
     #[serde(default)]
     pub preemption: Option<PreemptionNotice>,
+    /// Held (`corral hold`): pending, and not considered until released.
+    #[serde(default)]
+    pub held: bool,
+    /// Dependencies not yet met (job ids); the job is not considered while any is left.
+    #[serde(default)]
+    pub waiting_on: Vec<JobId>,
+    /// For a task of a job array: its array and index.
+    #[serde(default)]
+    pub array_task: Option<ArrayTask>,
+    /// For a job array: how far its tasks got.
+    #[serde(default)]
+    pub array_progress: Option<ArrayProgress>,
+    /// How many failed runs were requeued under `max_restarts`.
+    #[serde(default)]
+    pub restarts: u32,
+    /// Signals asked for with `corral signal`, in order; a worker delivers each once per run.
+    #[serde(default)]
+    pub signals: Vec<i32>,
+}
+
+/// A task of a job array.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayTask {
+    pub array: JobId,
+    pub index: u32,
+}
+
+/// How far the tasks of a job array got.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayProgress {
+    /// How many tasks were created (the next one is the `created`-th index of the spec).
+    pub created: u32,
+    pub succeeded: u32,
+    /// Ended other than successfully (failed, cancelled, preempted).
+    pub unsuccessful: u32,
 }
 
 #[cfg(test)]
@@ -484,6 +613,7 @@ mod tests {
             command: vec!["true".into()],
             env: BTreeMap::new(),
             sched: SchedOptions::default(),
+            ..Default::default()
         }
     }
 

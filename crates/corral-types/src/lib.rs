@@ -11,10 +11,11 @@ mod timestamp;
 
 pub use billing::Segment;
 pub use job::{
-    Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd,
-    PreemptionNotice, PriceBreak, SchedOptions, SliceAssignment, DRAIN_PREEMPTOR, MAX_GPUS_PER_JOB,
+    Allocation, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuSlice, Job,
+    JobExitReport, JobId, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd, PreemptionNotice, PriceBreak,
+    SchedOptions, SliceAssignment, DRAIN_PREEMPTOR, MAX_ARRAY_TASKS, MAX_GPUS_PER_JOB, MAX_SCRIPT_BYTES,
 };
-pub use node::{GpuDevice, GpuHealth, NodeMode, NodeSpec, NodeState, NodeStatus};
+pub use node::{GpuDevice, GpuHealth, NodeMode, NodeSpec, NodeState, NodeStatus, DEFAULT_RENDEZVOUS_PORTS};
 pub use parse::{
     describe_config_error, format_duration, format_size, parse_duration, parse_size, ConfigDuration, ConfigSize,
     ParseError,

@@ -48,7 +48,14 @@ pub struct NodeSpec {
     pub cpu_millis: u64,
     pub memory_bytes: u64,
     pub labels: Vec<(String, String)>,
+    /// Ports (inclusive) the node offers gangs whose first part runs here to meet on
+    /// (MASTER_PORT); `None`: [`DEFAULT_RENDEZVOUS_PORTS`].
+    #[serde(default)]
+    pub rendezvous_ports: Option<(u32, u32)>,
 }
+
+/// Rendezvous ports of a node that does not say (torchrun's default port and the 499 above it).
+pub const DEFAULT_RENDEZVOUS_PORTS: (u32, u32) = (29500, 29999);
 
 /// Replicated liveness of a node (state changes only; heartbeats stay in the leader's memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -282,6 +282,12 @@ mod tests {
             attempts: 1,
             worker_run_time_ms: None,
             preemption: None,
+            held: false,
+            waiting_on: Vec::new(),
+            array_task: None,
+            array_progress: None,
+            restarts: 0,
+            signals: Vec::new(),
         })
     }
 

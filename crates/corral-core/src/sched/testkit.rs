@@ -113,7 +113,9 @@ impl World {
                 rdma: flags.iter().any(|f| f == "rdma"),
                 no_requeue: flags.iter().any(|f| f == "no-requeue"),
                 checkpoint_signal: named.get("signal").map(|s| s.parse().unwrap()),
+                ..Default::default()
             },
+            ..Default::default()
         }
     }
 
@@ -206,6 +208,7 @@ impl World {
                     cpu_millis: named.get("cpu").map(|c| c.parse::<u64>().unwrap() * 1000).unwrap_or(64_000),
                     memory_bytes: named.get("ram").map(|r| r.parse::<u64>().unwrap() << 30).unwrap_or(512 << 30),
                     labels: vec![],
+                    rendezvous_ports: None,
                 };
                 self.apply(Command::RegisterNode { spec }).unwrap();
             }

@@ -105,6 +105,7 @@ fn node_spec(i: usize) -> NodeSpec {
         cpu_millis: 8_000,
         memory_bytes: 32 << 30,
         labels: vec![],
+        rendezvous_ports: None,
     }
 }
 
@@ -134,7 +135,14 @@ fn spec(tenant: usize, class: usize, shape: usize, time_limit: Option<u64>, no_r
         image: None,
         command: vec!["true".into()],
         env: BTreeMap::new(),
-        sched: SchedOptions { gpus_per_node: per_node, rdma: shape == 3, no_requeue, checkpoint_signal: None },
+        sched: SchedOptions {
+            gpus_per_node: per_node,
+            rdma: shape == 3,
+            no_requeue,
+            checkpoint_signal: None,
+            ..Default::default()
+        },
+        ..Default::default()
     }
 }
 

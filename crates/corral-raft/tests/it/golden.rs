@@ -65,7 +65,14 @@ fn full_spec() -> JobSpec {
         image: Some("registry.example/llm:1.4".into()),
         command: vec!["torchrun".into(), "--nproc-per-node=4".into(), "train.py".into()],
         env: [("NCCL_DEBUG".to_string(), "INFO".to_string()), ("SEED".to_string(), "7".to_string())].into(),
-        sched: SchedOptions { gpus_per_node: Some(4), rdma: true, no_requeue: true, checkpoint_signal: Some(10) },
+        sched: SchedOptions {
+            gpus_per_node: Some(4),
+            rdma: true,
+            no_requeue: true,
+            checkpoint_signal: Some(10),
+            ..Default::default()
+        },
+        ..Default::default()
     }
 }
 
@@ -129,6 +136,7 @@ fn full_job() -> Job {
                 PartEnd { node: "gpu-01".into(), report: None },
             ],
             price_breaks: vec![],
+            master_port: None,
         }),
         exit_code: Some(1),
         signal: Some(15),
@@ -142,6 +150,12 @@ fn full_job() -> Job {
             grace_secs: 30,
             checkpoint_signal: Some(12),
         }),
+        held: false,
+        waiting_on: Vec::new(),
+        array_task: None,
+        array_progress: None,
+        restarts: 0,
+        signals: Vec::new(),
     }
 }
 
@@ -163,6 +177,12 @@ fn pending_job() -> Job {
         attempts: 0,
         worker_run_time_ms: None,
         preemption: None,
+        held: false,
+        waiting_on: Vec::new(),
+        array_task: None,
+        array_progress: None,
+        restarts: 0,
+        signals: Vec::new(),
     }
 }
 
@@ -188,6 +208,7 @@ fn mig_job() -> Job {
             }),
             ended: vec![],
             price_breaks: vec![],
+            master_port: None,
         }),
         attempts: 1,
         ..pending_job()
@@ -207,6 +228,7 @@ fn mps_job() -> Job {
             slice: Some(SliceAssignment::Mps { thread_percent: 25, memory_mib: 16_384 }),
             ended: vec![],
             price_breaks: vec![],
+            master_port: None,
         }),
         attempts: 1,
         ..pending_job()
@@ -235,6 +257,7 @@ fn full_node_spec() -> NodeSpec {
         cpu_millis: 96_000,
         memory_bytes: 1 << 40,
         labels: vec![("rack".into(), "r7".into()), ("zone".into(), "eu-1".into())],
+        rendezvous_ports: None,
     }
 }
 
@@ -250,6 +273,7 @@ fn down_node() -> NodeStatus {
         cpu_millis: 16_000,
         memory_bytes: 64 << 30,
         labels: vec![],
+        rendezvous_ports: None,
     };
     // Written before node modes existed: active, no reason, no deadline.
     NodeStatus {
