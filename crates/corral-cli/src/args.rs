@@ -70,6 +70,16 @@ pub enum Command {
     Queue(JobsArgs),
     /// Cancel a job (kills its whole process tree if it runs).
     Cancel(JobArg),
+    /// Keep a pending job (an array: and its pending tasks) from starting, until released.
+    Hold(JobArg),
+    /// Let a held job start.
+    Release(JobArg),
+    /// Stop a running job (checkpoint signal, grace) and put it back in the queue.
+    Requeue(JobArg),
+    /// Send a signal to a running job (an array: to its running tasks), e.g. `corral signal 12 USR1`.
+    Signal(SignalArgs),
+    /// Change a pending job: time limit (a tenant may only shorten it), priority class, GPUs, name.
+    Update(UpdateArgs),
     /// Print a job's output.
     Logs(LogsArgs),
     /// List worker nodes and their GPUs.
@@ -404,14 +414,41 @@ pub struct SubmitArgs {
 
 #[derive(Debug, Args)]
 pub struct JobArg {
-    /// Job id.
-    pub job: u64,
+    /// Job id (`12`), or a task of a job array (`12_7`).
+    pub job: corral_types::JobRef,
+}
+
+#[derive(Debug, Args)]
+pub struct SignalArgs {
+    /// Job id, or `12_7` for a task of an array.
+    pub job: corral_types::JobRef,
+    /// Signal name or number: USR1, SIGUSR2, TERM, 10.
+    #[arg(value_parser = parse_signal)]
+    pub signal: i32,
+}
+
+#[derive(Debug, Args)]
+pub struct UpdateArgs {
+    /// Job id, or `12_7` for a task of an array.
+    pub job: corral_types::JobRef,
+    /// New time limit (a tenant may only shorten it; an admin may lengthen it).
+    #[arg(long, value_parser = parse_duration)]
+    pub time: Option<std::time::Duration>,
+    /// New priority class.
+    #[arg(long)]
+    pub priority: Option<String>,
+    /// New number of whole GPUs.
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// New name.
+    #[arg(long)]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Args)]
 pub struct WaitArgs {
-    /// Job id.
-    pub job: u64,
+    /// Job id (`12`), or a task of a job array (`12_7`).
+    pub job: corral_types::JobRef,
     /// Give up after this long (exit 2), e.g. 30s or 10m.
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<std::time::Duration>,

@@ -82,10 +82,36 @@ pub async fn submit(global: &GlobalArgs, args: SubmitArgs) -> anyhow::Result<Exi
 }
 
 pub async fn show(global: &GlobalArgs, args: JobArg) -> anyhow::Result<ExitCode> {
-    let job = client(global)?.get_job(args.job).await?;
+    let job = client(global)?.get_job_ref(args.job).await?;
     match global.output {
         OutputFormat::Json => print_json(&output::job_json(&job))?,
         OutputFormat::Table => println!("{}", output::job_details(&job)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `corral hold | release | requeue | signal | update`.
+pub async fn control(
+    global: &GlobalArgs,
+    job: corral_types::JobRef,
+    action: &str,
+    mut request: corral_proto::v1::ControlJobRequest,
+) -> anyhow::Result<ExitCode> {
+    request.action = action.to_string();
+    let signal = request.signal;
+    let done = client(global)?.control_job(job, request).await?;
+    match global.output {
+        OutputFormat::Json => print_json(&output::job_json(&done))?,
+        OutputFormat::Table => {
+            let id = done.display_id();
+            match action {
+                "hold" => println!("job {id} held: it does not start until `corral release {id}`"),
+                "release" => println!("job {id} released"),
+                "requeue" => println!("job {id} is being stopped and goes back to the queue"),
+                "signal" => println!("signal {signal} sent to job {id}"),
+                _ => println!("job {id} updated\n{}", output::job_details(&done)),
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -95,7 +121,9 @@ pub async fn wait(global: &GlobalArgs, args: WaitArgs) -> anyhow::Result<ExitCod
     let progress = std::io::stderr().is_terminal();
     let mut last_state = None;
     // The leader pushes every change of the job: no polling interval in the latency.
-    let follow = client.wait_job(args.job, |job| {
+    // A task of an array is waited for by its own id.
+    let job_id = if args.job.task.is_some() { client.get_job_ref(args.job).await?.id } else { args.job.id };
+    let follow = client.wait_job(job_id, |job| {
         if progress && last_state != Some(job.state) {
             eprintln!("job {}: {} {}", job.id, job.state, output::reason(job));
             last_state = Some(job.state);
@@ -106,7 +134,7 @@ pub async fn wait(global: &GlobalArgs, args: WaitArgs) -> anyhow::Result<ExitCod
             Ok(job) => job?,
             Err(_) => {
                 let state =
-                    client.get_job(args.job).await.map(|j| j.state.to_string()).unwrap_or_else(|_| "unknown".into());
+                    client.get_job(job_id).await.map(|j| j.state.to_string()).unwrap_or_else(|_| "unknown".into());
                 eprintln!(
                     "error: timed out after {} waiting for job {} (still {state})",
                     corral_types::format_duration(timeout),
@@ -137,7 +165,7 @@ pub async fn jobs(global: &GlobalArgs, args: JobsArgs, queue_only: bool) -> anyh
 }
 
 pub async fn cancel(global: &GlobalArgs, args: JobArg) -> anyhow::Result<ExitCode> {
-    let job = client(global)?.cancel(args.job).await?;
+    let job = client(global)?.cancel_ref(args.job).await?;
     match global.output {
         OutputFormat::Json => print_json(&output::job_json(&job))?,
         OutputFormat::Table if job.state == JobState::Cancelled => println!("job {} cancelled", job.id),

@@ -123,6 +123,23 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Jobs(args) => commands::jobs(&global, args, false).await,
         Command::Queue(args) => commands::jobs(&global, args, true).await,
         Command::Cancel(args) => commands::cancel(&global, args).await,
+        Command::Hold(args) => commands::control(&global, args.job, "hold", Default::default()).await,
+        Command::Release(args) => commands::control(&global, args.job, "release", Default::default()).await,
+        Command::Requeue(args) => commands::control(&global, args.job, "requeue", Default::default()).await,
+        Command::Signal(args) => {
+            let request = corral_proto::v1::ControlJobRequest { signal: args.signal, ..Default::default() };
+            commands::control(&global, args.job, "signal", request).await
+        }
+        Command::Update(args) => {
+            let request = corral_proto::v1::ControlJobRequest {
+                time_limit_secs: args.time.map(|t| t.as_secs().max(1)),
+                priority_class: args.priority,
+                gpus: args.gpus,
+                name: args.name,
+                ..Default::default()
+            };
+            commands::control(&global, args.job, "update", request).await
+        }
         Command::Logs(args) => commands::logs(&global, args).await,
         Command::Nodes => commands::nodes(&global).await,
         Command::Top(args) => top::run(&global, args).await,

@@ -97,6 +97,20 @@ pub fn job_json(job: &Job) -> Value {
         "finished_ts": job.finished_at.map(|t| t.0),
         "elapsed_secs": elapsed(job).map(|d| d.as_secs_f64()),
         "worker_run_time_ms": job.worker_run_time_ms,
+        "display_id": job.display_id(),
+        "array_job_id": job.array_task.map(|t| t.array),
+        "array_task_id": job.array_task.map(|t| t.index),
+        "array": job.spec.array.as_ref().map(|a| json!({
+            "tasks": a.len(),
+            "max_running": a.max_running,
+            "created": job.array_progress.as_ref().map(|p| p.created),
+            "succeeded": job.array_progress.as_ref().map(|p| p.succeeded),
+            "unsuccessful": job.array_progress.as_ref().map(|p| p.unsuccessful),
+        })),
+        "held": job.held,
+        "waiting_on": job.waiting_on,
+        "dependencies": job.spec.sched.dependencies.iter().map(|d| format!("{}:{}", d.kind.as_str(), d.job_id)).collect::<Vec<_>>(),
+        "restarts": job.restarts,
     })
 }
 
@@ -150,21 +164,78 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// Indices as Slurm writes them: `1-3,7,9-12`.
+pub fn index_ranges(indices: &[u32]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < indices.len() {
+        let start = indices[i];
+        let mut end = start;
+        while i + 1 < indices.len() && indices[i + 1] == end + 1 {
+            i += 1;
+            end = indices[i];
+        }
+        parts.push(if start == end { start.to_string() } else { format!("{start}-{end}") });
+        i += 1;
+    }
+    parts.join(",")
+}
+
+/// The pending task indices of array `array` (those created and listed in `jobs`, and those not
+/// created yet), sorted.
+fn pending_indices(array: &Job, jobs: &[Job]) -> Vec<u32> {
+    let mut indices: Vec<u32> = jobs
+        .iter()
+        .filter(|j| j.state == JobState::Pending && j.array_task.is_some_and(|t| t.array == array.id))
+        .filter_map(|j| j.array_task.map(|t| t.index))
+        .collect();
+    if let (Some(spec), Some(progress)) = (&array.spec.array, &array.array_progress) {
+        if !array.state.is_terminal() && !array.cancel_requested {
+            indices.extend(
+                (u64::from(progress.created)..spec.len())
+                    .filter_map(|n| spec.index_at(n))
+                    .filter(|i| !progress.skipped.contains(i)),
+            );
+        }
+    }
+    indices.sort_unstable();
+    indices.dedup();
+    indices
+}
+
+/// The job table; the pending tasks of an array collapse into one row (`12_[5-999]`).
 pub fn jobs_table(jobs: &[Job]) -> String {
+    let arrays: std::collections::BTreeSet<u64> = jobs.iter().filter(|j| j.is_array()).map(|j| j.id).collect();
     let rows: Vec<Vec<String>> = jobs
         .iter()
-        .map(|j| {
-            vec![
-                j.id.to_string(),
+        .filter_map(|j| {
+            let collapsed = j.state == JobState::Pending && j.array_task.is_some_and(|t| arrays.contains(&t.array));
+            if collapsed {
+                return None;
+            }
+            let id = if j.is_array() {
+                let pending = pending_indices(j, jobs);
+                match (pending.is_empty(), j.state.is_terminal()) {
+                    (false, _) => format!("{}_[{}]", j.id, index_ranges(&pending)),
+                    // Only running tasks left: they have rows of their own.
+                    (true, false) => return None,
+                    (true, true) => j.id.to_string(),
+                }
+            } else {
+                j.display_id()
+            };
+            let state = if j.is_array() && !j.state.is_terminal() { JobState::Pending } else { j.state };
+            Some(vec![
+                id,
                 j.spec.name.clone(),
                 j.spec.tenant.clone(),
                 j.spec.priority_class.clone(),
-                j.state.to_string(),
+                state.to_string(),
                 resources(j),
                 j.allocation.as_ref().map(|a| a.node.clone()).unwrap_or_else(|| "-".into()),
                 elapsed(j).map(format_duration).unwrap_or_else(|| "-".into()),
                 reason(j),
-            ]
+            ])
         })
         .collect();
     table(&["ID", "NAME", "TENANT", "PRIORITY", "STATE", "GPUS", "NODE", "ELAPSED", "REASON"], &rows)
@@ -298,6 +369,13 @@ mod tests {
         assert_eq!(format_utc(Timestamp::compose(0, 0)), "1970-01-01T00:00:00.000Z");
         assert_eq!(format_utc(Timestamp::compose(1_796_299_512_345, 7)), "2026-12-03T12:05:12.345Z");
         assert_eq!(format_utc(Timestamp::compose(951_782_400_000, 0)), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn indices_print_as_slurm_ranges() {
+        assert_eq!(index_ranges(&[1, 2, 3, 7, 9, 10, 11, 12]), "1-3,7,9-12");
+        assert_eq!(index_ranges(&[5]), "5");
+        assert_eq!(index_ranges(&[]), "");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use corral_proto::v1::corral_client::CorralClient as RawCorral;
 use corral_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use corral_proto::v1::{self as pb};
 use corral_proto::LEADER_ADDR_METADATA;
-use corral_types::{Job, JobSpec, Segment};
+use corral_types::{Job, JobRef, JobSpec, Segment};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -356,9 +356,14 @@ impl Client {
     }
 
     pub async fn get_job(&self, job_id: u64) -> Result<Job, ClientError> {
+        self.get_job_ref(JobRef { id: job_id, task: None }).await
+    }
+
+    /// A job or a task of an array (`12_7`).
+    pub async fn get_job_ref(&self, job: JobRef) -> Result<Job, ClientError> {
         let reply = self
             .with_retry(|ch| {
-                let req = self.authorize(pb::GetJobRequest { job_id });
+                let req = self.authorize(pb::GetJobRequest { job_id: job.id, array_index: job.task });
                 async move { Self::corral(ch).get_job(req).await }
             })
             .await?;
@@ -376,9 +381,28 @@ impl Client {
     }
 
     pub async fn cancel(&self, job_id: u64) -> Result<Job, ClientError> {
+        self.cancel_ref(JobRef { id: job_id, task: None }).await
+    }
+
+    /// Job control: `action` is hold, release, requeue, signal (with `request.signal`) or update
+    /// (with the fields to change); the job's tenant or an admin.
+    pub async fn control_job(&self, job: JobRef, mut request: pb::ControlJobRequest) -> Result<Job, ClientError> {
+        request.job_id = job.id;
+        request.array_index = job.task;
         let reply = self
             .with_retry(|ch| {
-                let req = self.authorize(pb::CancelJobRequest { job_id });
+                let req = self.authorize(request.clone());
+                async move { Self::corral(ch).control_job(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner().try_into()?)
+    }
+
+    /// Cancels a job, a whole array, or one task of an array (`12_7`, created or not).
+    pub async fn cancel_ref(&self, job: JobRef) -> Result<Job, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::CancelJobRequest { job_id: job.id, array_index: job.task });
                 async move { Self::corral(ch).cancel_job(req).await }
             })
             .await?;

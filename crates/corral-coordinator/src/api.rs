@@ -24,6 +24,32 @@ pub(crate) struct Api {
 }
 
 impl Api {
+    /// The job `job_id`, or task `array_index` of array `job_id`.
+    fn resolve(&self, job_id: u64, array_index: Option<u32>) -> Result<Target, CoordError> {
+        let Some(index) = array_index else { return self.job(job_id).map(Target::Job) };
+        let data = self.coord.inner.node.state.read();
+        let array =
+            data.state.jobs.get(&job_id).ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))?;
+        let Some(spec) = &array.spec.array else {
+            return Err(CoordError::InvalidArgument(format!(
+                "job {job_id} is not an array: write {job_id}, not {job_id}_{index}"
+            )));
+        };
+        if let Some(task) = data.state.array_task(job_id, index) {
+            return data
+                .state
+                .jobs
+                .get(&task)
+                .cloned()
+                .map(Target::Job)
+                .ok_or_else(|| CoordError::NotFound(format!("job {task} not found")));
+        }
+        if !(0..spec.len()).any(|n| spec.index_at(n) == Some(index)) {
+            return Err(CoordError::NotFound(format!("array {job_id} has no task {index}")));
+        }
+        Ok(Target::Uncreated { array: array.clone(), index })
+    }
+
     fn job(&self, job_id: u64) -> Result<Job, CoordError> {
         let data = self.coord.inner.node.state.read();
         data.state.jobs.get(&job_id).cloned().ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))
@@ -75,6 +101,16 @@ impl Api {
     fn node_address(&self, node: &str) -> Option<String> {
         self.coord.inner.node.state.read().state.nodes.get(node).map(|n| n.spec.address.clone())
     }
+}
+
+/// What a job reference (`12` or `12_7`) names.
+enum Target {
+    Job(Job),
+    /// A task of an array not created yet.
+    Uncreated {
+        array: Job,
+        index: u32,
+    },
 }
 
 /// Most jobs one `SubmitBatch` call may carry.
@@ -204,7 +240,17 @@ impl Corral for Api {
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
         self.coord.linearizable().await?;
         let who = self.coord.principal(&request, "show")?;
-        let job = self.job(request.get_ref().job_id)?;
+        let req = request.get_ref();
+        let job = match self.resolve(req.job_id, req.array_index)? {
+            Target::Job(job) => job,
+            Target::Uncreated { array, index } => {
+                self.coord.require_owner(&request, "show", "show", &who, &array)?;
+                return Err(Status::not_found(format!(
+                    "task {}_{index} was not created yet: it waits in array {} (corral show {})",
+                    array.id, array.id, array.id
+                )));
+            }
+        };
         self.coord.require_owner(&request, "show", "show", &who, &job)?;
         let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
         Ok(Response::new(job_reply(&job, &reasons)))
@@ -232,8 +278,19 @@ impl Corral for Api {
 
     async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::Job>, Status> {
         let who = self.coord.principal(&request, "cancel")?;
-        let job_id = request.get_ref().job_id;
-        let job = self.job(job_id)?;
+        let req = request.get_ref();
+        let job = match self.resolve(req.job_id, req.array_index)? {
+            Target::Job(job) => job,
+            Target::Uncreated { array, index } => {
+                self.coord.require_owner(&request, "cancel", "cancel", &who, &array)?;
+                let command = Command::CancelArrayTask { array: array.id, index, reason: "cancelled by user".into() };
+                return match self.coord.propose(command).await? {
+                    Outcome::Job(job) => Ok(Response::new((&*job).into())),
+                    other => Err(Status::internal(format!("unexpected outcome of cancel: {other:?}"))),
+                };
+            }
+        };
+        let job_id = job.id;
         self.coord.require_owner(&request, "cancel", "cancel", &who, &job)?;
         if who.is_admin() && self.coord.security().auth_enabled() {
             self.coord.audit_admin(&request, "cancel", &who, format!("job {job_id} of tenant {}", job.spec.tenant));
@@ -467,6 +524,60 @@ impl Corral for Api {
             })
             .collect();
         Ok(Response::new(pb::PolicyHistoryResponse { changes }))
+    }
+
+    async fn control_job(&self, request: Request<pb::ControlJobRequest>) -> Result<Response<pb::Job>, Status> {
+        let req = request.get_ref().clone();
+        let action = req.action.as_str();
+        if !matches!(action, "hold" | "release" | "requeue" | "signal" | "update") {
+            return Err(Status::invalid_argument(format!(
+                "unknown job action '{action}' (hold, release, requeue, signal or update)"
+            )));
+        }
+        let who = self.coord.principal(&request, action)?;
+        let job = match self.resolve(req.job_id, req.array_index)? {
+            Target::Job(job) => job,
+            Target::Uncreated { array, index } => {
+                return Err(Status::failed_precondition(format!(
+                    "task {}_{index} was not created yet: {action} the array {} instead",
+                    array.id, array.id
+                )))
+            }
+        };
+        self.coord.require_owner(&request, action, action, &who, &job)?;
+        let command = match action {
+            "hold" => Command::HoldJob { job_id: job.id, hold: true },
+            "release" => Command::HoldJob { job_id: job.id, hold: false },
+            "requeue" => Command::RequeueJob { job_id: job.id },
+            "signal" => Command::SignalJob { job_id: job.id, signal: req.signal },
+            _ => {
+                let update = corral_core::JobUpdate {
+                    time_limit_secs: req.time_limit_secs,
+                    priority_class: req.priority_class.clone(),
+                    gpus: req.gpus,
+                    name: req.name.clone(),
+                };
+                if update == corral_core::JobUpdate::default() {
+                    return Err(Status::invalid_argument(
+                        "nothing to update: give --time, --priority, --gpus or --name",
+                    ));
+                }
+                Command::UpdateJob { job_id: job.id, update, admin: who.is_admin() }
+            }
+        };
+        let outcome = self.coord.propose(command).await?;
+        self.coord.audit_admin(
+            &request,
+            &format!("job {action}"),
+            &who,
+            format!("job {} of tenant {}", job.display_id(), job.spec.tenant),
+        );
+        let job = match outcome {
+            Outcome::Job(job) => *job,
+            _ => self.job(job.id)?,
+        };
+        let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(Response::new(job_reply(&job, &reasons)))
     }
 
     async fn set_node_mode(

@@ -50,7 +50,8 @@ impl From<CoordError> for tonic::Status {
                 ApplyError::TooManyGpus { .. }
                 | ApplyError::TooMuchMemory { .. }
                 | ApplyError::TooManyCpus { .. }
-                | ApplyError::PolicyStrandsJobs(_),
+                | ApplyError::PolicyStrandsJobs(_)
+                | ApplyError::JobControl(_),
             ) => Status::failed_precondition(message),
             CoordError::Rejected(ApplyError::TooManyPendingJobs { .. }) => Status::resource_exhausted(message),
             CoordError::Rejected(_) | CoordError::InvalidArgument(_) => Status::invalid_argument(message),

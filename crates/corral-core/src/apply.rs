@@ -23,6 +23,8 @@ use std::collections::BTreeSet;
 fn preempted_reason(by: JobId, node: &str) -> String {
     if by == DRAIN_PREEMPTOR {
         format!("requeued: node {node} was drained")
+    } else if by == corral_types::REQUEUE_PREEMPTOR {
+        "requeued: by request (corral requeue)".to_string()
     } else {
         format!("requeued: preempted by job {by}")
     }
@@ -58,7 +60,12 @@ impl State {
             | Command::JobStarted { job_id, .. }
             | Command::JobFinished { job_id, .. }
             | Command::CancelJob { job_id, .. }
-            | Command::PreemptJob { job_id, .. } => {
+            | Command::PreemptJob { job_id, .. }
+            | Command::HoldJob { job_id, .. }
+            | Command::RequeueJob { job_id }
+            | Command::SignalJob { job_id, .. }
+            | Command::UpdateJob { job_id, .. }
+            | Command::CancelArrayTask { array: job_id, .. } => {
                 touched.jobs.insert(*job_id);
             }
             Command::Schedule { placements, preemptions } => {
@@ -91,9 +98,10 @@ impl State {
         }
         let segments_before = self.next_segment_id;
         let version_before = self.policy_version;
-        let response = self.apply(request);
+        let response = self.apply_inner(request);
         touched.segments.extend(segments_before..self.next_segment_id);
         touched.policy = self.policy_version != version_before;
+        touched.jobs.extend(std::mem::take(&mut self.followed));
         match &response {
             Ok(Outcome::JobSubmitted { job_id, duplicate: false }) => {
                 touched.jobs.insert(*job_id);
@@ -111,6 +119,20 @@ impl State {
 
     /// Applies one request. Refused commands leave the state untouched (except `last_ts`).
     pub fn apply(&mut self, request: &Request) -> Response {
+        let response = self.apply_inner(request);
+        self.followed.clear();
+        response
+    }
+
+    /// Applies one request and what follows from it (dependents, arrays), noting the jobs the
+    /// consequences changed in `followed`.
+    fn apply_inner(&mut self, request: &Request) -> Response {
+        let response = self.apply_command(request);
+        self.follow_up(request.ts);
+        response
+    }
+
+    fn apply_command(&mut self, request: &Request) -> Response {
         let ts = request.ts;
         self.last_ts = self.last_ts.max(ts);
         match &request.command {
@@ -165,6 +187,11 @@ impl State {
             }
             Command::EvictDrainedJobs { node } => self.evict_drained_jobs(ts, node),
             Command::RemoveNode { node } => self.remove_node(node),
+            Command::HoldJob { job_id, hold } => self.hold(*job_id, *hold),
+            Command::RequeueJob { job_id } => self.requeue_request(ts, *job_id),
+            Command::SignalJob { job_id, signal } => self.signal_job(*job_id, *signal),
+            Command::UpdateJob { job_id, update, admin } => self.update_job(*job_id, update, *admin),
+            Command::CancelArrayTask { array, index, reason } => self.cancel_array_task(ts, *array, *index, reason),
             Command::CreateJoinToken { sha256, ttl_ms } => self.create_join_token(ts, sha256, *ttl_ms),
             Command::ConsumeJoinToken { sha256, node, public_key_sha256 } => {
                 self.consume_join_token(ts, sha256, node, public_key_sha256)
@@ -203,12 +230,17 @@ impl State {
                 _ => {}
             }
         }
-        if let Some(max) = self.config.tenant_policy(&spec.tenant).and_then(|p| p.max_pending_jobs) {
-            if self.pending_count_of(&spec.tenant) >= max as usize {
-                return Err(ApplyError::TooManyPendingJobs { tenant: spec.tenant, pending: max });
+        // Capacity checks only once nodes exist: before the first registration a job simply waits.
+        if !self.nodes.is_empty() && !spec.sched.node_selector.is_empty() {
+            let matching =
+                self.nodes.values().any(|n| crate::sched::selects(&n.spec.labels, &spec.sched.node_selector));
+            if !matching {
+                return Err(ApplyError::JobControl(format!(
+                    "no registered node has the labels {} (from --partition/--constraint; `corral nodes` lists the labels)",
+                    spec.sched.node_selector.join(",")
+                )));
             }
         }
-        // Capacity checks only once nodes exist: before the first registration a job simply waits.
         if !self.nodes.is_empty() {
             let caps = &self.index.caps;
             let (parts, per_node) = gang_shape(&spec);
@@ -260,6 +292,19 @@ impl State {
             return Ok((job_id, true));
         }
         let spec = self.check_submit(spec)?;
+        if let Some(max) = self.config.tenant_policy(&spec.tenant).and_then(|p| p.max_pending_jobs) {
+            if self.pending_count_of(&spec.tenant) >= max as usize {
+                return Err(ApplyError::TooManyPendingJobs { tenant: spec.tenant, pending: max });
+            }
+        }
+        let waiting_on = self.dependencies_of(&spec)?;
+        let held = spec.sched.hold;
+        let array_progress = spec.array.as_ref().map(|_| corral_types::ArrayProgress::default());
+        let reason = if held {
+            Some("held: corral release lets it run".to_string())
+        } else {
+            crate::jobctl::waiting_reason(&waiting_on)
+        };
         let id = self.next_job_id;
         self.next_job_id += 1;
         let job = Job {
@@ -274,23 +319,28 @@ impl State {
             allocation: None,
             exit_code: None,
             signal: None,
-            reason: None,
+            reason,
             cancel_requested: false,
             attempts: 0,
             worker_run_time_ms: None,
             preemption: None,
-            held: false,
-            waiting_on: Vec::new(),
+            held,
+            waiting_on,
             array_task: None,
-            array_progress: None,
+            array_progress,
             restarts: 0,
             signals: Vec::new(),
         };
         if !request_id.is_empty() {
             self.request_ids.insert(request_id.to_string(), id);
         }
+        let array = job.is_array();
         self.jobs.insert(id, job);
         self.set_job_state_index(id, JobState::Pending);
+        if array {
+            // Its first tasks are created in this command.
+            self.follow_ups.push(id);
+        }
         Ok((id, false))
     }
 
@@ -334,6 +384,12 @@ impl State {
             }
             if node.mode != NodeMode::Active {
                 return Err(format!("node {name} is {} and takes no new jobs", node.mode.as_str()));
+            }
+            if !crate::sched::selects(&node.spec.labels, &spec.sched.node_selector) {
+                return Err(format!(
+                    "node {name} lacks the labels the job needs ({})",
+                    spec.sched.node_selector.join(",")
+                ));
             }
             if gpus.len() != per_node as usize {
                 return Err(format!("wrong number of gpus on {name}: the job needs {per_node}"));
@@ -679,6 +735,9 @@ impl State {
     pub(crate) fn cancel(&mut self, ts: Timestamp, job_id: JobId, reason: &str) -> Response {
         let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
         let reason = if reason.is_empty() { "cancelled".to_string() } else { reason.to_string() };
+        if job.is_array() {
+            return self.cancel_array(ts, job_id, &reason);
+        }
         match job.state {
             JobState::Pending => {
                 job.state = JobState::Cancelled;

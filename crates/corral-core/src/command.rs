@@ -163,6 +163,33 @@ pub enum Command {
         sha256: String,
         ttl_ms: u64,
     },
+    /// Holds (`hold`) or releases a pending job; a job array with its pending tasks.
+    HoldJob {
+        job_id: JobId,
+        hold: bool,
+    },
+    /// Stops a running job (checkpoint signal, grace) and puts it back in the queue.
+    RequeueJob {
+        job_id: JobId,
+    },
+    /// Asks the worker to send `signal` to a running job (every running task of an array).
+    SignalJob {
+        job_id: JobId,
+        signal: i32,
+    },
+    /// Changes a pending job (every pending task of an array, and its tasks to come). `admin`:
+    /// asked by an admin, who may also lengthen the time limit.
+    UpdateJob {
+        job_id: JobId,
+        update: JobUpdate,
+        admin: bool,
+    },
+    /// Cancels task `index` of job array `array`, created or not.
+    CancelArrayTask {
+        array: JobId,
+        index: u32,
+        reason: String,
+    },
     /// Uses a join token for `node`, whose public key hashes to `public_key_sha256`; refused
     /// when the token is unknown, expired (at the request's timestamp) or used by another.
     ConsumeJoinToken {
@@ -170,6 +197,15 @@ pub enum Command {
         node: String,
         public_key_sha256: String,
     },
+}
+
+/// What `corral update` changes in a pending job (`None`: unchanged).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobUpdate {
+    pub time_limit_secs: Option<u64>,
+    pub priority_class: Option<String>,
+    pub gpus: Option<u32>,
+    pub name: Option<String>,
 }
 
 /// A command with the TSO timestamp the leader stamped on it: the state machine's only clock.
@@ -280,4 +316,8 @@ pub enum ApplyError {
     NodeNotRemovable(String),
     #[error("join refused: {0}")]
     JoinTokenRefused(String),
+    #[error("invalid dependency: {0}")]
+    InvalidDependency(String),
+    #[error("{0}")]
+    JobControl(String),
 }

@@ -12,6 +12,7 @@
 mod apply;
 mod command;
 mod config;
+mod jobctl;
 mod join_tokens;
 mod ledger;
 mod nodes;
@@ -24,8 +25,9 @@ mod tokens;
 mod usage;
 
 pub use apply::Touched;
-pub use command::{ApplyError, Command, Outcome, Placement, Preemption, Request, Response, ScheduleOutcome};
+pub use command::{ApplyError, Command, JobUpdate, Outcome, Placement, Preemption, Request, Response, ScheduleOutcome};
 pub use config::{ClusterConfig, PriorityClass, SchedulerConfig, TenantPolicy, DEFAULT_GRACE_SECS};
+pub use jobctl::{ARRAY_WINDOW, MAX_SIGNALS};
 pub use join_tokens::{
     valid_node_name, JoinTokenRecord, JoinTokenUse, JOIN_TOKEN_RETENTION_MS, MAX_JOIN_TOKENS, MAX_JOIN_TOKEN_TTL_MS,
 };

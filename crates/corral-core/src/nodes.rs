@@ -191,6 +191,25 @@ mod tests {
     }
 
     #[test]
+    fn a_job_runs_only_on_nodes_with_the_labels_it_asks_for() {
+        let mut s = cluster();
+        let mut labelled = node("n2", 8);
+        labelled.labels = vec![("partition".into(), "train".into()), ("gpu".into(), "5090".into())];
+        s.apply(&at(5, Command::RegisterNode { spec: labelled })).unwrap();
+        let mut wants = spec(1);
+        wants.sched.node_selector = vec!["partition=train".into(), "5090".into()];
+        let Ok(Outcome::JobSubmitted { job_id, .. }) = submit(&mut s, 10, "a", wants.clone()) else { panic!() };
+        assert_eq!(pass(&mut s, 20), vec![(job_id, "n2".to_string())]);
+        // apply refuses a placement on a node without the labels.
+        let Ok(Outcome::JobSubmitted { job_id: other, .. }) = submit(&mut s, 30, "b", wants.clone()) else { panic!() };
+        let err = s.apply(&at(40, Command::PlaceJob { job_id: other, node: "n1".into(), gpus: vec![0] }));
+        assert!(err.unwrap_err().to_string().contains("lacks the labels"));
+        wants.sched.node_selector = vec!["partition=inference".into()];
+        let err = submit(&mut s, 50, "c", wants).unwrap_err().to_string();
+        assert!(err.contains("no registered node has the labels partition=inference"), "{err}");
+    }
+
+    #[test]
     fn only_an_empty_node_out_of_service_can_be_removed_and_its_gpus_leave_the_pool() {
         let mut s = cluster();
         s.apply(&at(5, Command::RegisterNode { spec: node("n2", 2) })).unwrap();

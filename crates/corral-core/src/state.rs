@@ -64,6 +64,13 @@ pub struct State {
     /// Derived indexes. Rebuilt on load, not persisted.
     #[serde(skip)]
     pub(crate) index: Index,
+    /// Jobs whose change has consequences handled after the current command (dependents,
+    /// arrays); empty between commands.
+    #[serde(skip)]
+    pub(crate) follow_ups: Vec<JobId>,
+    /// Jobs changed by those consequences, for `apply_tracked`; empty between commands.
+    #[serde(skip)]
+    pub(crate) followed: BTreeSet<JobId>,
 }
 
 /// Load of one node: the running jobs with a part on it and what they hold.
@@ -87,6 +94,8 @@ pub(crate) struct QueuedJob {
     pub slice: Option<SliceReq>,
     pub time_limit_secs: Option<u64>,
     pub rdma: bool,
+    /// Node labels it needs (`--partition`, `--constraint`).
+    pub selector: Vec<String>,
 }
 
 impl QueuedJob {
@@ -101,6 +110,7 @@ impl QueuedJob {
             slice: spec.gpu_slice.as_ref().map(SliceReq::of),
             time_limit_secs: spec.time_limit_secs,
             rdma: spec.sched.rdma,
+            selector: spec.sched.node_selector.clone(),
         }
     }
 }
@@ -124,6 +134,16 @@ pub(crate) struct Index {
     pub running: BTreeSet<JobId>,
     /// Number of running jobs per tenant (tenants with none are absent).
     pub running_by_tenant: BTreeMap<String, u32>,
+    /// Number of pending jobs per tenant, held and waiting ones included.
+    pub pending_by_tenant: BTreeMap<String, u32>,
+    /// Pending jobs kept out of the queue: held, or waiting on dependencies.
+    pub blocked: BTreeSet<JobId>,
+    /// Job -> pending jobs waiting for it to end.
+    pub dependents: BTreeMap<JobId, BTreeSet<JobId>>,
+    /// (array, index) -> the task's job id, for every task created.
+    pub array_tasks: BTreeMap<(JobId, u32), JobId>,
+    /// Array -> its unfinished tasks.
+    pub array_live: BTreeMap<JobId, u32>,
     pub nodes: BTreeMap<String, NodeLoad>,
     pub tenants: BTreeMap<String, TenantLoad>,
     /// Preemptor -> its victims that have not exited yet.
@@ -214,12 +234,27 @@ impl Default for State {
             join_tokens: BTreeMap::new(),
             next_join_token_id: 0,
             index: Index::default(),
+            follow_ups: Vec::new(),
+            followed: BTreeSet::new(),
+        }
+    }
+}
+
+fn count_down<K: Ord>(counts: &mut BTreeMap<K, u32>, key: &K) {
+    if let Some(n) = counts.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(key);
         }
     }
 }
 
 impl Index {
-    fn set_state(&mut self, id: JobId, spec: &JobSpec, state: JobState) {
+    /// Files `job` under `state`. A pending job that is held or waits on dependencies is kept
+    /// out of the queue (`blocked`); a job array is neither queued nor running (its tasks are).
+    pub(crate) fn set_state(&mut self, job: &Job, state: JobState) {
+        let (id, spec) = (job.id, &job.spec);
+        let was_live = self.live.contains(&id);
         if self.pending.remove(&id) {
             let key = (spec.tenant.clone(), spec.priority_class.clone());
             if let Some(group) = self.queue.get_mut(&key) {
@@ -228,31 +263,55 @@ impl Index {
                     self.queue.remove(&key);
                 }
             }
+            self.blocked.remove(&id);
+            count_down(&mut self.pending_by_tenant, &spec.tenant);
         }
         if self.running.remove(&id) {
-            if let Some(n) = self.running_by_tenant.get_mut(&spec.tenant) {
-                *n -= 1;
-                if *n == 0 {
-                    self.running_by_tenant.remove(&spec.tenant);
+            count_down(&mut self.running_by_tenant, &spec.tenant);
+        }
+        for target in &job.waiting_on {
+            if let Some(waiters) = self.dependents.get_mut(target) {
+                waiters.remove(&id);
+                if waiters.is_empty() {
+                    self.dependents.remove(target);
                 }
             }
         }
+        let array = job.is_array();
         match state {
             JobState::Pending => {
                 self.pending.insert(id);
-                let group = self.queue.entry((spec.tenant.clone(), spec.priority_class.clone())).or_default();
-                group.insert(id, QueuedJob::of(spec));
+                *self.pending_by_tenant.entry(spec.tenant.clone()).or_default() += 1;
+                for target in &job.waiting_on {
+                    self.dependents.entry(*target).or_default().insert(id);
+                }
+                if array {
+                } else if job.held || !job.waiting_on.is_empty() {
+                    self.blocked.insert(id);
+                } else {
+                    let group = self.queue.entry((spec.tenant.clone(), spec.priority_class.clone())).or_default();
+                    group.insert(id, QueuedJob::of(spec));
+                }
             }
-            JobState::Running => {
+            JobState::Running if !array => {
                 self.running.insert(id);
                 *self.running_by_tenant.entry(spec.tenant.clone()).or_default() += 1;
             }
             _ => {}
         }
-        if state.is_terminal() {
-            self.live.remove(&id);
-        } else {
+        let live = !state.is_terminal();
+        if live {
             self.live.insert(id);
+        } else {
+            self.live.remove(&id);
+        }
+        if let Some(task) = job.array_task {
+            self.array_tasks.insert((task.array, task.index), id);
+            match (was_live, live) {
+                (false, true) => *self.array_live.entry(task.array).or_default() += 1,
+                (true, false) => count_down(&mut self.array_live, &task.array),
+                _ => {}
+            }
         }
     }
 
@@ -329,7 +388,7 @@ impl Index {
     fn rebuild(jobs: &BTreeMap<JobId, Job>, nodes: &BTreeMap<String, NodeStatus>) -> Index {
         let mut index = Index { caps: Caps::of(nodes), ..Index::default() };
         for job in jobs.values() {
-            index.set_state(job.id, &job.spec, job.state);
+            index.set_state(job, job.state);
             if job.state == JobState::Running {
                 index.add_allocation(job);
             }
@@ -374,6 +433,8 @@ impl State {
             join_tokens: BTreeMap::new(),
             next_join_token_id: 0,
             index,
+            follow_ups: Vec::new(),
+            followed: BTreeSet::new(),
         }
     }
 
@@ -384,7 +445,11 @@ impl State {
 
     pub(crate) fn set_job_state_index(&mut self, job_id: JobId, state: JobState) {
         let Some(job) = self.jobs.get(&job_id) else { return };
-        self.index.set_state(job_id, &job.spec, state);
+        self.index.set_state(job, state);
+        // What follows from it (dependents, the job's array) is handled after the command.
+        if state.is_terminal() || (job.array_task.is_some() && state == JobState::Running) {
+            self.follow_ups.push(job_id);
+        }
     }
 
     /// Pending and running jobs in id order.
@@ -402,14 +467,24 @@ impl State {
         self.index.pending.len()
     }
 
-    /// Number of pending jobs of `tenant`.
+    /// Number of pending jobs of `tenant` (held and waiting ones included).
     pub fn pending_count_of(&self, tenant: &str) -> usize {
-        self.index
-            .queue
-            .range((tenant.to_string(), String::new())..)
-            .take_while(|((t, _), _)| t == tenant)
-            .map(|(_, group)| group.len())
-            .sum()
+        self.index.pending_by_tenant.get(tenant).copied().unwrap_or(0) as usize
+    }
+
+    /// The task `index` of job array `array`, once it was created.
+    pub fn array_task(&self, array: JobId, index: u32) -> Option<JobId> {
+        self.index.array_tasks.get(&(array, index)).copied()
+    }
+
+    /// Unfinished tasks of job array `array`.
+    pub fn array_live_tasks(&self, array: JobId) -> u32 {
+        self.index.array_live.get(&array).copied().unwrap_or(0)
+    }
+
+    /// Pending jobs that wait on dependencies or are held, in id order.
+    pub fn blocked_jobs(&self) -> impl Iterator<Item = &Job> {
+        self.index.blocked.iter().filter_map(|id| self.jobs.get(id))
     }
 
     /// Number of running jobs of `tenant`.

@@ -8,8 +8,8 @@
 //! persisted messages: the wire protocol (corral-proto) has its own.
 
 use corral_core::{
-    ClusterConfig, Command, CoordinatorRecord, JoinTokenRecord, JoinTokenUse, Placement, PolicyRecord, Preemption,
-    PriorityClass, Request, SchedulerConfig, State, TenantPolicy, TokenRecord, UsageLedger,
+    ClusterConfig, Command, CoordinatorRecord, JobUpdate, JoinTokenRecord, JoinTokenUse, Placement, PolicyRecord,
+    Preemption, PriorityClass, Request, SchedulerConfig, State, TenantPolicy, TokenRecord, UsageLedger,
 };
 use corral_types::{
     Allocation, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuDevice, GpuSlice, Job,
@@ -334,6 +334,7 @@ impl From<&Job> for pb::Job {
                 created: p.created,
                 succeeded: p.succeeded,
                 unsuccessful: p.unsuccessful,
+                skipped: p.skipped.clone(),
             }),
             restarts: j.restarts,
             signals: j.signals.clone(),
@@ -400,6 +401,7 @@ impl TryFrom<pb::Job> for Job {
                 created: p.created,
                 succeeded: p.succeeded,
                 unsuccessful: p.unsuccessful,
+                skipped: p.skipped,
             }),
             restarts: j.restarts,
             signals: j.signals,
@@ -790,6 +792,22 @@ fn command_to_pb(r: &Request) -> pb::Command {
         }),
         Command::EvictDrainedJobs { node } => Kind::EvictDrainedJobs(pb::EvictDrainedJobs { node: node.clone() }),
         Command::RemoveNode { node } => Kind::RemoveNode(pb::RemoveNode { node: node.clone() }),
+        Command::HoldJob { job_id, hold } => Kind::HoldJob(pb::HoldJob { job_id: *job_id, hold: *hold }),
+        Command::RequeueJob { job_id } => Kind::RequeueJob(pb::RequeueJob { job_id: *job_id }),
+        Command::SignalJob { job_id, signal } => Kind::SignalJob(pb::SignalJob { job_id: *job_id, signal: *signal }),
+        Command::UpdateJob { job_id, update, admin } => Kind::UpdateJob(pb::UpdateJob {
+            job_id: *job_id,
+            update: Some(pb::JobUpdate {
+                time_limit_secs: update.time_limit_secs,
+                priority_class: update.priority_class.clone(),
+                gpus: update.gpus,
+                name: update.name.clone(),
+            }),
+            admin: *admin,
+        }),
+        Command::CancelArrayTask { array, index, reason } => {
+            Kind::CancelArrayTask(pb::CancelArrayTask { array: *array, index: *index, reason: reason.clone() })
+        }
         Command::ApplyPolicy { config, by, force } => {
             Kind::ApplyPolicy(pb::ApplyPolicy { config: Some(config_to_pb(config)), by: by.clone(), force: *force })
         }
@@ -857,6 +875,23 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
         },
         Kind::EvictDrainedJobs(e) => Command::EvictDrainedJobs { node: e.node },
         Kind::RemoveNode(r) => Command::RemoveNode { node: r.node },
+        Kind::HoldJob(h) => Command::HoldJob { job_id: h.job_id, hold: h.hold },
+        Kind::RequeueJob(r) => Command::RequeueJob { job_id: r.job_id },
+        Kind::SignalJob(g) => Command::SignalJob { job_id: g.job_id, signal: g.signal },
+        Kind::UpdateJob(u) => {
+            let update = u.update.unwrap_or_default();
+            Command::UpdateJob {
+                job_id: u.job_id,
+                update: JobUpdate {
+                    time_limit_secs: update.time_limit_secs,
+                    priority_class: update.priority_class,
+                    gpus: update.gpus,
+                    name: update.name,
+                },
+                admin: u.admin,
+            }
+        }
+        Kind::CancelArrayTask(c) => Command::CancelArrayTask { array: c.array, index: c.index, reason: c.reason },
         Kind::ApplyPolicy(a) => Command::ApplyPolicy {
             config: config_from_pb(a.config.ok_or(CodecError::Missing("apply_policy.config"))?),
             by: a.by,
@@ -1234,6 +1269,20 @@ mod tests {
                 reason: "r".into(),
                 drain_deadline: None,
             },
+            Command::HoldJob { job_id: 4, hold: true },
+            Command::RequeueJob { job_id: 4 },
+            Command::SignalJob { job_id: 4, signal: 10 },
+            Command::UpdateJob {
+                job_id: 4,
+                update: JobUpdate {
+                    time_limit_secs: Some(60),
+                    priority_class: Some("normal".into()),
+                    gpus: Some(2),
+                    name: Some("n".into()),
+                },
+                admin: true,
+            },
+            Command::CancelArrayTask { array: 4, index: 7, reason: "r".into() },
         ];
         let mut state = State::default();
         for (i, command) in commands.into_iter().enumerate() {

@@ -11,6 +11,9 @@ pub type JobId = u64;
 /// The "preemptor" of a job stopped because its node is drained (job ids start at 1).
 pub const DRAIN_PREEMPTOR: JobId = 0;
 
+/// The "preemptor" of a job stopped by `corral requeue`.
+pub const REQUEUE_PREEMPTOR: JobId = JobId::MAX;
+
 /// Upper bound on whole GPUs one job may ask for.
 pub const MAX_GPUS_PER_JOB: u32 = 1024;
 
@@ -133,12 +136,68 @@ pub struct ArraySpec {
     pub max_running: Option<u32>,
 }
 
+impl ArraySpec {
+    /// Number of tasks.
+    pub fn len(&self) -> u64 {
+        self.ranges.iter().map(ArrayRange::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The index of the `n`-th task (0-based, in the order written).
+    pub fn index_at(&self, mut n: u64) -> Option<u32> {
+        for r in &self.ranges {
+            let len = r.len();
+            if n < len {
+                return Some(r.first + (n as u32) * r.step.max(1));
+            }
+            n -= len;
+        }
+        None
+    }
+
+    /// Refuses an empty array, a backward range, a zero step or throttle, or too many tasks.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.ranges.is_empty() {
+            return Err("an array needs at least one index".into());
+        }
+        for r in &self.ranges {
+            if r.step == 0 || r.first > r.last {
+                return Err(format!("bad range {}-{}:{}", r.first, r.last, r.step));
+            }
+        }
+        if self.len() > u64::from(MAX_ARRAY_TASKS) {
+            return Err(format!("{} tasks, at most {MAX_ARRAY_TASKS}", self.len()));
+        }
+        if self.max_running == Some(0) {
+            return Err("the %N throttle must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArrayRange {
     pub first: u32,
     pub last: u32,
     /// At least 1.
     pub step: u32,
+}
+
+impl ArrayRange {
+    /// Number of indices in the range.
+    pub fn len(&self) -> u64 {
+        if self.first > self.last || self.step == 0 {
+            return 0;
+        }
+        u64::from((self.last - self.first) / self.step) + 1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// How a job depends on another (Slurm's `--dependency`).
@@ -277,6 +336,9 @@ impl JobSpec {
         }
         if self.name.len() > 256 {
             return Err(JobSpecError::Invalid { field: "name".into(), reason: "longer than 256 bytes".into() });
+        }
+        if let Some(array) = &self.array {
+            array.validate().map_err(|reason| JobSpecError::Invalid { field: "array".into(), reason })?;
         }
         if let Some(per_node) = self.sched.gpus_per_node {
             if per_node == 0 || self.gpus == 0 || !self.gpus.is_multiple_of(per_node) {
@@ -578,6 +640,54 @@ pub struct Job {
     pub signals: Vec<i32>,
 }
 
+impl Job {
+    /// A job array (the record of all its tasks), not one of its tasks.
+    pub fn is_array(&self) -> bool {
+        self.spec.array.is_some() && self.array_task.is_none()
+    }
+
+    /// `12` for a job, `12_7` for task 7 of array 12 (how Slurm users name them).
+    pub fn display_id(&self) -> String {
+        match self.array_task {
+            Some(t) => format!("{}_{}", t.array, t.index),
+            None => self.id.to_string(),
+        }
+    }
+}
+
+/// How users name a job: `12`, or `12_7` for task 7 of array 12.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobRef {
+    pub id: JobId,
+    pub task: Option<u32>,
+}
+
+impl std::str::FromStr for JobRef {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("invalid job '{s}': expected a job id such as 12, or 12_7 for task 7 of array 12");
+        let (id, task) = match s.trim().split_once('_') {
+            Some((id, task)) => (id, Some(task.parse().map_err(|_| bad())?)),
+            None => (s.trim(), None),
+        };
+        let id: JobId = id.parse().map_err(|_| bad())?;
+        if id == 0 {
+            return Err(bad());
+        }
+        Ok(JobRef { id, task })
+    }
+}
+
+impl fmt::Display for JobRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.task {
+            Some(t) => write!(f, "{}_{t}", self.id),
+            None => write!(f, "{}", self.id),
+        }
+    }
+}
+
 /// A task of a job array.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArrayTask {
@@ -593,6 +703,9 @@ pub struct ArrayProgress {
     pub succeeded: u32,
     /// Ended other than successfully (failed, cancelled, preempted).
     pub unsuccessful: u32,
+    /// Indices cancelled before their task was created: created as cancelled when reached.
+    #[serde(default)]
+    pub skipped: Vec<u32>,
 }
 
 #[cfg(test)]

@@ -12,8 +12,9 @@ mod timestamp;
 pub use billing::Segment;
 pub use job::{
     Allocation, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuSlice, Job,
-    JobExitReport, JobId, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd, PreemptionNotice, PriceBreak,
+    JobExitReport, JobId, JobRef, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd, PreemptionNotice, PriceBreak,
     SchedOptions, SliceAssignment, DRAIN_PREEMPTOR, MAX_ARRAY_TASKS, MAX_GPUS_PER_JOB, MAX_SCRIPT_BYTES,
+    REQUEUE_PREEMPTOR,
 };
 pub use node::{GpuDevice, GpuHealth, NodeMode, NodeSpec, NodeState, NodeStatus, DEFAULT_RENDEZVOUS_PORTS};
 pub use parse::{

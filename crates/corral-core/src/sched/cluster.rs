@@ -97,11 +97,23 @@ impl NodeCap<'_> {
         if !self.up() || self.cpu_free < d.cpu || self.mem_free < d.mem || self.free < gpus {
             return false;
         }
+        if !selects(&self.status.spec.labels, &d.selector) {
+            return false;
+        }
         match self.reservation {
             None => true,
             Some(r) => d.ends_by(r.start_ms) || (gpus <= r.gpus && d.cpu <= r.cpu && d.mem <= r.mem),
         }
     }
+}
+
+/// Whether a node with `labels` has every label `selector` asks for: `key=value`, or a bare word
+/// that names a label's key or value (`--constraint a100`).
+pub(crate) fn selects(labels: &[(String, String)], selector: &[String]) -> bool {
+    selector.iter().all(|term| match term.split_once('=') {
+        Some((k, v)) => labels.iter().any(|(lk, lv)| lk == k && lv == v),
+        None => labels.iter().any(|(lk, lv)| lk == term || lv == term),
+    })
 }
 
 /// Where a slice lands on a GPU (a `SliceAssignment` without the profile name).
@@ -332,7 +344,13 @@ impl<'s> Cluster<'s> {
     /// Up nodes with at least `k` free GPUs and the CPU and memory of `d`, reservations ignored
     /// (counted up to `limit`).
     pub fn count_free_nodes(&self, d: &Demand, k: u32, limit: usize) -> usize {
-        let fits = |n: &NodeCap| n.up() && n.free >= k && n.cpu_free >= d.cpu && n.mem_free >= d.mem;
+        let fits = |n: &NodeCap| {
+            n.up()
+                && n.free >= k
+                && n.cpu_free >= d.cpu
+                && n.mem_free >= d.mem
+                && selects(&n.status.spec.labels, &d.selector)
+        };
         let reserved = self.reserved_by_free.range((k, 0)..).filter(|(_, n)| fits(&self.nodes[*n as usize])).count();
         let free = self
             .whole
@@ -361,8 +379,10 @@ impl<'s> Cluster<'s> {
             holes.sort_unstable();
             out.extend(holes.into_iter().map(|(_, n)| n).take(want));
         }
+        // A job that needs labelled nodes looks at every node: the first ones may lack the labels.
+        let probe = if d.selector.is_empty() { PROBE + want } else { usize::MAX };
         for (probed, &(_, n)) in self.whole.range((k, 0)..).enumerate() {
-            if out.len() >= want || probed >= PROBE + want {
+            if out.len() >= want || probed >= probe {
                 break;
             }
             if !out.contains(&n) && self.nodes[n as usize].admits(d, k) {

@@ -24,6 +24,7 @@ mod testkit;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use cluster::selects;
 pub use reason::PendingReason;
 
 use crate::config::TenantPolicy;
@@ -105,6 +106,8 @@ pub(crate) struct Demand {
     /// When it would end if started now (`None`: no time limit).
     pub end_ms: Option<u64>,
     pub rdma: bool,
+    /// Node labels it needs (empty: any node).
+    pub selector: Vec<String>,
 }
 
 impl Demand {
@@ -117,6 +120,7 @@ impl Demand {
             slice: q.slice,
             end_ms: q.time_limit_secs.map(|s| now_ms.saturating_add(s.saturating_mul(1000))),
             rdma: q.rdma,
+            selector: q.selector.clone(),
         }
     }
 
@@ -354,11 +358,18 @@ impl Infeasible {
     }
 
     fn known(&self, d: &Demand) -> bool {
+        // A job that needs certain nodes says nothing about the shape on other nodes.
+        if !d.selector.is_empty() {
+            return false;
+        }
         let (cpu, mem, end) = Infeasible::point(d);
         self.points.get(&Infeasible::key(d)).is_some_and(|ps| ps.iter().any(|p| p.0 <= cpu && p.1 <= mem && p.2 <= end))
     }
 
     fn record(&mut self, d: &Demand) {
+        if !d.selector.is_empty() {
+            return;
+        }
         let new = Infeasible::point(d);
         let points = self.points.entry(Infeasible::key(d)).or_default();
         points.retain(|p| !(new.0 <= p.0 && new.1 <= p.1 && new.2 <= p.2));

@@ -138,7 +138,7 @@ fn without(node: &NodeCap, victims: &[&Candidate]) -> (Vec<GpuUse>, u64, u64) {
 
 /// Whether one part of the demand fits a node in the given state.
 fn fits(node: &NodeCap, usage: &[GpuUse], cpu: u64, mem: u64, d: &Demand) -> bool {
-    if cpu < d.cpu || mem < d.mem {
+    if cpu < d.cpu || mem < d.mem || !super::cluster::selects(&node.status.spec.labels, &d.selector) {
         return false;
     }
     let usable = |p: usize| !node.gpus[p].blocked;
