@@ -173,7 +173,8 @@ impl State {
         self.followed.extend(created);
         let live = self.array_live_tasks(array_id);
         let Some(array) = self.jobs.get_mut(&array_id) else { return };
-        let done = progress.created >= total && live == 0;
+        // Every task ended, or the array was cancelled and its last created task ended.
+        let done = live == 0 && (progress.created >= total || array.cancel_requested);
         array.array_progress = Some(progress);
         self.followed.insert(array_id);
         let new_state = if done {
