@@ -1,7 +1,8 @@
 //! Randomized fault harness: 3 coordinators and 2 workers, each in its own network namespace,
 //! under a seeded schedule of submits (whole GPUs, gangs, MPS slices, preemptible and
 //! gpu-high-priority), cancels (some right after the submit), SIGKILL and SIGSTOP of the
-//! leader, a follower and a worker, partitions, and operators' actions: drains of a worker with a
+//! leader, a follower and a worker, partitions, small job arrays, `corral requeue` of running
+//! jobs, and operators' actions: drains of a worker with a
 //! short deadline (its jobs are stopped and requeued) and price changes (running runs are billed
 //! in pieces). Every job appends what it sees to a file the test owns; after healing, the test
 //! checks the lifecycle invariants against those lines, the replicated state and the billing
@@ -475,7 +476,12 @@ fn lifecycle_invariants_hold_under_random_faults() {
                 _ => Kind::Mps { percent: [25, 50, 75][rng.below(3) as usize] },
             };
             let priority = ["preemptible", "normal", "normal", "gpu-high-priority"][rng.below(4) as usize];
-            let spec = pool.spec(step, kind, priority, 2 + rng.below(25));
+            let mut spec = pool.spec(step, kind, priority, 2 + rng.below(25));
+            if matches!(kind, Kind::Whole { gpus: 1 }) && rng.chance(15) {
+                // A small job array: its tasks are created as they may run, two at a time.
+                let ranges = vec![corral_types::ArrayRange { first: 0, last: 2, step: 1 }];
+                spec.array = Some(corral_types::ArraySpec { ranges, max_running: Some(2) });
+            }
             let cancel_at_once = rng.chance(20);
             let client = pool.client.clone();
             let submitted = pool.rt.block_on(async move {
@@ -493,7 +499,15 @@ fn lifecycle_invariants_hold_under_random_faults() {
                 let ids: Vec<u64> = acked.keys().copied().collect();
                 let id = ids[rng.below(ids.len() as u64) as usize];
                 let client = pool.client.clone();
-                let _ = pool.rt.block_on(async move { client.cancel(id).await });
+                if rng.chance(70) {
+                    let _ = pool.rt.block_on(async move { client.cancel(id).await });
+                } else {
+                    // `corral requeue`: stopped like a preemption, back in the queue.
+                    let job = corral_types::JobRef { id, task: None };
+                    let request =
+                        corral_proto::v1::ControlJobRequest { action: "requeue".into(), ..Default::default() };
+                    let _ = pool.rt.block_on(async move { client.control_job(job, request).await });
+                }
             }
         } else if roll < 80 {
             if coordinator_fault.is_none() {
