@@ -12,6 +12,7 @@
 mod apply;
 mod command;
 mod config;
+mod gang;
 mod join_tokens;
 mod ledger;
 mod nodes;
