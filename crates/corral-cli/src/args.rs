@@ -471,6 +471,12 @@ pub struct LogsArgs {
     /// Keep printing output until the job ends.
     #[arg(long, short = 'f')]
     pub follow: bool,
+    /// The part of a gang whose output to print (0 is the first node's, where the gang meets).
+    #[arg(long, default_value_t = 0, conflicts_with = "all_ranks")]
+    pub rank: u32,
+    /// Print the output of every part of a gang, each line prefixed with `[rank N] `.
+    #[arg(long)]
+    pub all_ranks: bool,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {

@@ -180,8 +180,11 @@ pub async fn cancel(global: &GlobalArgs, args: JobArg) -> anyhow::Result<ExitCod
 pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<ExitCode> {
     let client = client(global)?;
     // Fails with "not found" for unknown jobs before any streaming starts.
-    client.get_job(args.job).await?;
-    let mut stream = client.read_logs(args.job, args.follow).await?;
+    let job = client.get_job(args.job).await?;
+    if args.all_ranks {
+        return crate::logs::all_ranks(&client, &job, args.follow).await;
+    }
+    let mut stream = client.read_rank_logs(args.job, args.rank, args.follow).await?;
     let mut stdout = std::io::stdout().lock();
     let mut stderr = std::io::stderr();
     while let Some(chunk) = stream.message().await.context("log stream broke off")? {

@@ -8,6 +8,7 @@ mod commands;
 mod coordinator_cmd;
 mod dev;
 mod listen;
+mod logs;
 mod metrics_http;
 mod node_cmd;
 mod output;

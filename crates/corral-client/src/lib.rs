@@ -445,11 +445,21 @@ impl Client {
         }
     }
 
-    /// Streams a job's output; with `follow`, until the job ends.
+    /// Streams a job's output (of its first part); with `follow`, until the job ends.
     pub async fn read_logs(&self, job_id: u64, follow: bool) -> Result<tonic::Streaming<pb::LogChunk>, ClientError> {
+        self.read_rank_logs(job_id, 0, follow).await
+    }
+
+    /// Streams the output of part `rank` of a job (a gang's part index; 0 for any job).
+    pub async fn read_rank_logs(
+        &self,
+        job_id: u64,
+        rank: u32,
+        follow: bool,
+    ) -> Result<tonic::Streaming<pb::LogChunk>, ClientError> {
         let reply = self
             .with_retry(|ch| {
-                let req = self.authorize(pb::ReadLogsRequest { job_id, follow });
+                let req = self.authorize(pb::ReadLogsRequest { job_id, follow, rank });
                 async move { Self::corral(ch).read_logs(req).await }
             })
             .await?;

@@ -321,6 +321,13 @@ impl Corral for Api {
         let mut job = self.job(request.get_ref().job_id)?;
         self.coord.require_owner(&request, "logs", "read the logs of", &who, &job)?;
         let req = request.into_inner();
+        let parts = job.spec.parts();
+        if req.rank >= parts {
+            return Err(Status::invalid_argument(match parts {
+                1 => format!("job {} runs on one node: there is no rank {} (only rank 0)", job.id, req.rank),
+                n => format!("job {} has {n} ranks (0-{}): there is no rank {}", job.id, n - 1, req.rank),
+            }));
+        }
         // With --follow, wait until the job is placed somewhere (or ends without running),
         // woken by every applied change.
         let mut applied = self.coord.inner.node.state.subscribe_applied();
@@ -331,13 +338,17 @@ impl Corral for Api {
         let Some(allocation) = job.allocation else {
             return Ok(Response::new(Box::pin(tokio_stream::empty())));
         };
-        let address = self.node_address(&allocation.node).ok_or_else(|| {
-            Status::not_found(format!("node {} of job {} is not registered", allocation.node, job.id))
+        // The part's node: the rank is its index in the allocation.
+        let node = allocation.parts().nth(req.rank as usize).map(|(n, _)| n.to_string()).ok_or_else(|| {
+            Status::invalid_argument(format!("job {} has no rank {} in its current run", job.id, req.rank))
         })?;
+        let address = self
+            .node_address(&node)
+            .ok_or_else(|| Status::not_found(format!("node {node} of job {} is not registered", job.id)))?;
         let unreachable = |e: &dyn std::fmt::Display| {
             Status::unavailable(format!(
-                "logs of job {} are on node {} at {address}, which is unreachable: {e}",
-                job.id, allocation.node
+                "logs of job {} are on node {node} at {address}, which is unreachable: {e}",
+                job.id
             ))
         };
         let client_tls = self.coord.security().client_tls.clone();

@@ -5,6 +5,7 @@
 //! or wrong leader can never over-commit a GPU, a slice or a quota; preemptions are re-checked
 //! against the priority and reclaim rules.
 
+use crate::gang;
 use crate::ledger::{billed_ms, RunLength};
 use crate::policy::format_secs;
 use crate::quota::{self, QuotaNumbers};
@@ -442,6 +443,14 @@ impl State {
         }
         let slice =
             self.validate_placement(job, p).map_err(|reason| ApplyError::PlacementRejected { job_id, reason })?;
+        // A gang's parts meet on a port of its first node: apply chooses it, so there is no
+        // proposal to trust.
+        let master_port = match p.more_nodes.is_empty() {
+            true => None,
+            false => Some(
+                gang::free_port(self, &p.node).map_err(|reason| ApplyError::PlacementRejected { job_id, reason })?,
+            ),
+        };
         let epoch = self.next_epoch;
         self.next_epoch += 1;
         let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
@@ -454,7 +463,7 @@ impl State {
             slice,
             ended: Vec::new(),
             price_breaks: Vec::new(),
-            master_port: None,
+            master_port,
         });
         job.attempts += 1;
         job.admitted_at = Some(ts);
@@ -683,7 +692,8 @@ impl State {
         } else if report.never_started {
             Some(format!("requeued: node {node} did not start the job"))
         } else {
-            None
+            // A failed run is restarted (a gang as a whole) up to `max_restarts` times.
+            gang::restart_reason(job, node, report).inspect(|_| job.restarts += 1)
         };
         if let Some(reason) = requeue_reason {
             let label = if preempted_by.is_some() { "preempted" } else { "requeued" };
@@ -720,6 +730,11 @@ impl State {
             format!("{reason} (on node {node})")
         } else {
             reason
+        };
+        let reason = match (state, job.restarts) {
+            (JobState::Failed, 1) => format!("{reason}, after 1 restart"),
+            (JobState::Failed, n) if n > 1 => format!("{reason}, after {n} restarts"),
+            _ => reason,
         };
         self.end_run(ts, job_id, state.as_str(), length);
         let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;

@@ -12,6 +12,7 @@
 mod apply;
 mod command;
 mod config;
+mod gang;
 mod jobctl;
 mod join_tokens;
 mod ledger;

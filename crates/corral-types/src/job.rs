@@ -284,6 +284,14 @@ pub enum JobSpecError {
 }
 
 impl JobSpec {
+    /// How many parts (nodes) a run of the job has: `gpus / gpus_per_node` for a gang, else 1.
+    pub fn parts(&self) -> u32 {
+        match self.sched.gpus_per_node {
+            Some(per_node) if per_node > 0 && self.gpu_slice.is_none() => (self.gpus / per_node).max(1),
+            _ => 1,
+        }
+    }
+
     /// Checks what can be checked without cluster state.
     pub fn validate(&self) -> Result<(), JobSpecError> {
         if self.command.is_empty() || self.command[0].trim().is_empty() {

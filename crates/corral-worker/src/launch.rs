@@ -2,7 +2,8 @@
 //! its user, limits and work dir. Also picks (or, with `mig.manage`, makes) the MIG instance a
 //! MIG job runs on.
 
-use crate::executor::{LaunchSpec, ResourceLimits};
+use crate::executor::{LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR};
+use crate::gang::{gang_env, PartAddrs, HOSTFILE};
 use crate::gpu::{DeviceInfo, MigPlacement, MigState};
 use crate::worker::WorkerShared;
 use corral_types::{GpuSlice, Job, SliceAssignment};
@@ -71,6 +72,7 @@ pub(crate) fn launch_spec(
     epoch: u64,
     gpus: &[u32],
     mig_uuid: Option<&str>,
+    addrs: &PartAddrs,
 ) -> Result<LaunchSpec, String> {
     let config = shared.config();
     let user = config.users.resolve(&job.spec.tenant)?;
@@ -118,6 +120,12 @@ pub(crate) fn launch_spec(
     // and `corral show` name.
     env.insert("CORRAL_ATTEMPT".into(), job.attempts.to_string());
     env.insert("CORRAL_EPOCH".into(), epoch.to_string());
+    let work_dir = shared.jobs_dir().join(job.id.to_string()).join(epoch.to_string());
+    let mut work_files = Vec::new();
+    let seen_dir = if in_container { PathBuf::from(CONTAINER_WORK_DIR) } else { work_dir.clone() };
+    let (gang_vars, hostfile) = gang_env(job, &config.node_name, addrs, &seen_dir.join(HOSTFILE).display().to_string());
+    env.extend(gang_vars);
+    work_files.extend(hostfile.map(|h| (HOSTFILE.to_string(), h)));
     let mut device_nodes: Vec<PathBuf> = Vec::new();
     if in_container && !devices.is_empty() {
         device_nodes.extend(devices.iter().filter_map(|d| d.minor).map(|m| PathBuf::from(format!("/dev/nvidia{m}"))));
@@ -132,7 +140,8 @@ pub(crate) fn launch_spec(
         attempt: epoch,
         argv: job.spec.command.clone(),
         env,
-        work_dir: shared.jobs_dir().join(job.id.to_string()).join(epoch.to_string()),
+        work_dir,
+        work_files,
         limits: ResourceLimits {
             memory_bytes: (job.spec.memory_bytes > 0).then_some(job.spec.memory_bytes),
             cpu_millis: (job.spec.cpu_millis > 0).then_some(job.spec.cpu_millis),

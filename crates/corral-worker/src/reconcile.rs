@@ -39,6 +39,8 @@ pub struct DesiredJob {
     /// Allocation epoch of the run the leader means.
     pub epoch: u64,
     pub want: Want,
+    /// Where the run's parts are (for the rendezvous environment of a launch).
+    pub addrs: crate::PartAddrs,
 }
 
 /// The node's desired state as a leader last pushed it.
@@ -292,12 +294,12 @@ mod tests {
     }
 
     fn run(id: JobId, epoch: u64) -> (JobId, DesiredJob) {
-        (id, DesiredJob { job: job(id, epoch), epoch, want: Want::Run })
+        (id, DesiredJob { job: job(id, epoch), epoch, want: Want::Run, addrs: Default::default() })
     }
 
     fn stop(id: JobId, epoch: u64, grace: Option<u64>, signal: Option<i32>) -> (JobId, DesiredJob) {
         let want = Want::Stop { grace: grace.map(Duration::from_secs), signal };
-        (id, DesiredJob { job: job(id, epoch), epoch, want })
+        (id, DesiredJob { job: job(id, epoch), epoch, want, addrs: Default::default() })
     }
 
     fn desired(revision: u64, jobs: Vec<(JobId, DesiredJob)>) -> Desired {

@@ -337,7 +337,7 @@ impl Runtime {
         let mut prepared = Vec::new();
         for (job, epoch) in jobs {
             let Some(gpus) = self.begin_launch(&job, epoch) else { continue };
-            let spec = launch_spec(&self.shared, &job, epoch, &gpus, None);
+            let spec = launch_spec(&self.shared, &job, epoch, &gpus, None, &self.part_addrs(job.id, epoch));
             prepared.push((job, epoch, gpus, spec));
         }
         let executor = &self.shared.executor;
@@ -433,7 +433,8 @@ impl Runtime {
         let Some(gpus) = self.begin_launch(job, epoch) else { return };
         let launched =
             pick_mig_instance(&self.shared, job, &gpus, &self.shared.taken_mig_instances()).and_then(|mig| {
-                let spec = launch_spec(&self.shared, job, epoch, &gpus, mig.as_ref().map(|m| m.uuid.as_str()));
+                let mig_uuid = mig.as_ref().map(|m| m.uuid.as_str());
+                let spec = launch_spec(&self.shared, job, epoch, &gpus, mig_uuid, &self.part_addrs(job.id, epoch));
                 match spec.and_then(|spec| self.shared.executor.launch(&spec).map_err(|e| e.to_string())) {
                     Ok(running) => Ok((running, mig)),
                     Err(e) => {
@@ -445,6 +446,11 @@ impl Runtime {
                 }
             });
         self.launched(job, epoch, gpus, launched);
+    }
+
+    /// Where the parts of run `epoch` of a job are, as the desired state says.
+    fn part_addrs(&self, job_id: JobId, epoch: u64) -> crate::PartAddrs {
+        self.desired.jobs.get(&job_id).filter(|d| d.epoch == epoch).map(|d| d.addrs.clone()).unwrap_or_default()
     }
 
     /// The GPUs of `job` on this node, with the job marked as launching; None (logged) when the
@@ -855,7 +861,8 @@ fn desired_of(state: pb::DesiredState) -> Result<Desired, corral_proto::ProtoErr
             },
             _ => Want::Run,
         };
-        jobs.insert(job.id, DesiredJob { job: Arc::new(job), epoch, want });
+        let addrs = crate::PartAddrs { master_addr: d.master_addr, part_addrs: d.part_addrs };
+        jobs.insert(job.id, DesiredJob { job: Arc::new(job), epoch, want, addrs });
     }
     Ok(Desired { revision: state.revision, jobs })
 }

@@ -280,7 +280,7 @@ impl WorkerShared {
             cpu_millis: c.cpu_millis,
             memory_bytes: c.memory_bytes,
             labels,
-            rendezvous_ports: None,
+            rendezvous_ports: c.rendezvous_ports,
         }
     }
 }

@@ -7,6 +7,7 @@ mod billing;
 mod boundaries;
 mod chaos;
 mod cluster;
+mod gang;
 mod isolation;
 mod job_path;
 mod join;

@@ -28,6 +28,7 @@ pub(crate) use cluster::selects;
 pub use reason::PendingReason;
 
 use crate::config::TenantPolicy;
+use crate::gang;
 use crate::quota::{self, QuotaBlock, QuotaNumbers};
 use crate::resources::{job_milli_gpus, SliceReq};
 use crate::state::QueuedJob;
@@ -388,6 +389,11 @@ struct Pass<'s> {
     victims_taken: BTreeSet<JobId>,
     reservations_left: u32,
     searches_left: u32,
+    /// Free rendezvous ports of nodes (by index) that a gang may start on, less the ones this
+    /// pass gave (computed when first needed).
+    ports_left: BTreeMap<u32, u32>,
+    /// Set by `try_place` when the gang fits but none of its nodes has a rendezvous port free.
+    port_blocked: Option<PendingReason>,
     out: SchedulingPass,
 }
 
@@ -404,6 +410,8 @@ impl<'s> Pass<'s> {
             victims_taken: BTreeSet::new(),
             reservations_left: config.backfill_reservations,
             searches_left: config.max_preemptors_per_pass,
+            ports_left: BTreeMap::new(),
+            port_blocked: None,
             out: SchedulingPass { now, ..SchedulingPass::default() },
         }
     }
@@ -447,6 +455,9 @@ impl<'s> Pass<'s> {
             Ok(()) => return Ok(()),
             Err(nodes) => nodes,
         };
+        if let Some(reason) = self.port_blocked.take() {
+            return Err(reason);
+        }
         // Waiting for its victims: hold their nodes, do not preempt more.
         if let Some(victims) = self.state.index.preemptors.get(&id) {
             return Err(self.hold_for_victims(id, &d, victims));
@@ -491,10 +502,15 @@ impl<'s> Pass<'s> {
             let node = self.cluster.nodes[spot.node as usize].name.to_string();
             Placement { job_id, node, gpus: vec![gpu], more_nodes: Vec::new(), slice: Some(slice) }
         } else {
-            let nodes = self.cluster.find_nodes(d, d.parts as usize);
+            let mut nodes = self.cluster.find_nodes(d, d.parts as usize);
             if nodes.len() < d.parts as usize {
                 self.infeasible.record(d);
                 return Err(nodes);
+            }
+            if d.parts > 1 && !self.first_with_port(&mut nodes) {
+                let names: Vec<&str> = nodes.iter().map(|n| self.cluster.nodes[*n as usize].name).collect();
+                self.port_blocked = Some(PendingReason::RendezvousPorts { nodes: names.join(", ").into() });
+                return Err(Vec::new());
             }
             let mut parts: Vec<NodeGpus> = nodes
                 .iter()
@@ -509,6 +525,25 @@ impl<'s> Pass<'s> {
         self.book.charge(t, c, need);
         self.out.placements.push(placement);
         Ok(())
+    }
+
+    /// Puts first a node of the gang's that has a rendezvous port free (apply gives the gang
+    /// the lowest one of its first node) and counts the port as taken; false when none has one.
+    fn first_with_port(&mut self, nodes: &mut [u32]) -> bool {
+        let (state, cluster) = (self.state, &self.cluster);
+        for i in 0..nodes.len() {
+            let n = nodes[i];
+            let left = self
+                .ports_left
+                .entry(n)
+                .or_insert_with(|| gang::free_port_count(state, cluster.nodes[n as usize].name));
+            if *left > 0 {
+                *left -= 1;
+                nodes[..=i].rotate_right(1);
+                return true;
+            }
+        }
+        false
     }
 
     fn try_preempt(

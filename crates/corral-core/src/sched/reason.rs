@@ -22,6 +22,8 @@ pub enum PendingReason {
     CpuMemory,
     /// A gang job needs more nodes with enough free GPUs than there are now.
     Gang { nodes: u32, gpus_per_node: u32, available: u32, starts_in_secs: Option<u64> },
+    /// A gang fits on these nodes, but none has a rendezvous port (MASTER_PORT) free.
+    RendezvousPorts { nodes: Arc<str> },
     /// It would fit, but only on resources reserved for a job higher in the queue, and it would
     /// not end before that job's reserved start.
     Backfill { reserved_for: JobId, starts_in_secs: u64 },
@@ -72,6 +74,10 @@ impl fmt::Display for PendingReason {
                 }
                 Ok(())
             }
+            PendingReason::RendezvousPorts { nodes } => write!(
+                f,
+                "gang: every rendezvous port of {nodes} is in use by other gangs (the worker setting rendezvous-ports)"
+            ),
             PendingReason::Backfill { reserved_for, starts_in_secs } => write!(
                 f,
                 "backfill reservation: the free resources are held for job {reserved_for}, which starts in {}; \

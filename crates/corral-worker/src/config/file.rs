@@ -44,6 +44,9 @@ pub struct WorkerFile {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub partitions: Vec<String>,
+    /// Ports (`FIRST-LAST`, inclusive, or one port) that gangs whose first part runs here meet
+    /// on (MASTER_PORT); default 29500-29999.
+    pub rendezvous_ports: Option<String>,
     #[serde(default)]
     pub resources: ResourcesSection,
     pub gpu: GpuSection,
@@ -238,6 +241,23 @@ fn host_port(value: &str) -> bool {
     value.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
 }
 
+/// `FIRST-LAST` (inclusive) or a single port, each 1..=65535; the error names the key.
+pub(crate) fn port_range(key: &str, value: &str) -> Result<(u32, u32), String> {
+    let bad = |why: &str| format!("{key}: '{value}' {why}");
+    let port = |p: &str| p.trim().parse::<u16>().ok().filter(|p| *p > 0).map(u32::from);
+    let (first, last) = match value.split_once('-') {
+        Some((a, b)) => (port(a), port(b)),
+        None => (port(value), port(value)),
+    };
+    let (Some(first), Some(last)) = (first, last) else {
+        return Err(bad("is not a port range FIRST-LAST of ports 1-65535, e.g. \"29500-29599\""));
+    };
+    if first > last {
+        return Err(bad("ends before it starts: write the lower port first"));
+    }
+    Ok((first, last))
+}
+
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default()
 }
@@ -257,6 +277,7 @@ impl WorkerFile {
             kill_grace: default_kill_grace(),
             labels: BTreeMap::new(),
             partitions: Vec::new(),
+            rendezvous_ports: None,
             resources: ResourcesSection::default(),
             gpu,
             executor: ExecutorSection::default(),
@@ -316,6 +337,9 @@ impl WorkerFile {
         }
         if let Some(p) = self.partitions.iter().find(|p| p.is_empty()) {
             return Err(format!("partitions: '{p}' is empty"));
+        }
+        if let Some(range) = &self.rendezvous_ports {
+            port_range("rendezvous-ports", range)?;
         }
         if let Some(cpus) = self.resources.cpus {
             if !(cpus > 0.0 && cpus.is_finite()) {
@@ -441,6 +465,7 @@ impl WorkerFile {
         }
         c.labels = self.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         c.partitions = self.partitions.clone();
+        c.rendezvous_ports = self.rendezvous_ports.as_deref().map(|r| port_range("rendezvous-ports", r)).transpose()?;
         c.users = self.user_mapping()?;
         c.health = HealthPolicy {
             max_temperature_c: (self.health.max_temperature_c > 0).then_some(self.health.max_temperature_c),
@@ -508,6 +533,20 @@ mod tests {
         // Without [users], jobs run as nobody, never as the (root) worker.
         assert_eq!(config.users.resolve("team-a"), Ok(Some(JobUser { uid: 65534, gid: 65534 })));
         assert_eq!(file.faults_file(), PathBuf::from("/var/lib/corral/faults.toml"));
+        assert_eq!(config.rendezvous_ports, None, "the default range is the coordinators' to apply");
+    }
+
+    #[test]
+    fn rendezvous_ports_are_a_range_or_one_port() {
+        let ports = |value: &str| {
+            let file: WorkerFile =
+                toml::from_str(&format!("rendezvous-ports = \"{value}\"\n{MINIMAL}")).expect("parse");
+            file.validate().and_then(|()| file.worker_config()).map(|c| c.rendezvous_ports)
+        };
+        assert_eq!(ports("29500-29599"), Ok(Some((29500, 29599))));
+        assert_eq!(ports("40000"), Ok(Some((40000, 40000))));
+        assert_eq!(ports(" 1 - 65535 "), Ok(Some((1, 65535))));
+        assert!(ports("0-10").is_err_and(|e| e.starts_with("rendezvous-ports: '0-10'")));
     }
 
     #[test]
@@ -546,6 +585,10 @@ mod tests {
             (with("[mig]\nmanage = true\n"), "mig.manage: no device in gpu.devices has mig = true"),
             (with("[executor]\ncgroup-root = \"../x\"\n"), "executor.cgroup-root"),
             (format!("metrics-addr = \":9481\"\n{MINIMAL}"), "metrics-addr: ':9481' is not IP:PORT"),
+            (format!("rendezvous-ports = \"29600-29500\"\n{MINIMAL}"), "rendezvous-ports: '29600-29500' ends before"),
+            (format!("rendezvous-ports = \"29500-70000\"\n{MINIMAL}"), "rendezvous-ports: '29500-70000' is not a port"),
+            (format!("rendezvous-ports = \"torch\"\n{MINIMAL}"), "rendezvous-ports: 'torch' is not a port range"),
+            (format!("rendezvous-ports = 29500\n{MINIMAL}"), "rendezvous-ports"),
         ];
         for (text, expected) in cases {
             let path = dir.path().join("w.toml");

@@ -77,6 +77,9 @@ pub struct WorkerConfig {
     pub labels: Vec<(String, String)>,
     /// Partitions this node serves, registered as `partition=<name>` labels.
     pub partitions: Vec<String>,
+    /// Rendezvous ports (inclusive) offered to gangs whose first part runs here; `None`: the
+    /// default range (`corral_types::DEFAULT_RENDEZVOUS_PORTS`).
+    pub rendezvous_ports: Option<(u32, u32)>,
     pub users: UserMapping,
     pub hygiene: HygieneConfig,
     pub health: HealthPolicy,
@@ -112,6 +115,7 @@ impl WorkerConfig {
             memory_bytes: host_memory_bytes(),
             labels: Vec::new(),
             partitions: Vec::new(),
+            rendezvous_ports: None,
             users: UserMapping::WorkerUser,
             hygiene: HygieneConfig::default(),
             health: HealthPolicy::default(),

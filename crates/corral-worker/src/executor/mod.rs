@@ -32,7 +32,7 @@ pub use job::{JobHandle, RunningJob};
 pub(crate) use process::find_program;
 pub use process::{ProcessExecutor, STDERR_LOG, STDOUT_LOG};
 pub use routing::RoutingExecutor;
-pub use runc::{find_runc, RuncConfig, RuncExecutor};
+pub use runc::{find_runc, RuncConfig, RuncExecutor, CONTAINER_WORK_DIR};
 
 /// Resource limits enforced by the job's cgroup; `None` means unlimited.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -64,6 +64,9 @@ pub struct LaunchSpec {
     /// Absolute; created when missing (and then owned by `uid`/`gid`). The job's cwd; its stdout
     /// and stderr are appended to [`STDOUT_LOG`] and [`STDERR_LOG`] in it.
     pub work_dir: PathBuf,
+    /// Files written into `work_dir` before the job starts (name, contents), owned by the
+    /// job's user, mode 0600: e.g. a gang's hostfile.
+    pub work_files: Vec<(String, String)>,
     pub limits: ResourceLimits,
     /// User to run as (setuid in the child); `None` keeps the worker's.
     pub uid: Option<u32>,

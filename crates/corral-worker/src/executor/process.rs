@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io;
+use std::io::{self, Write as _};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -121,9 +121,28 @@ pub(crate) fn prepare_work_dir(spec: &LaunchSpec) -> Result<(File, File), ExecEr
     };
     let stdout = open_log(STDOUT_LOG)?;
     let stderr = open_log(STDERR_LOG)?;
-    if created && (spec.uid.is_some() || spec.gid.is_some()) {
-        for path in [dir.clone(), dir.join(STDOUT_LOG), dir.join(STDERR_LOG)] {
-            std::os::unix::fs::chown(&path, spec.uid, spec.gid).map_err(|e| work_dir_error(&path, e))?;
+    let mut owned = vec![dir.clone(), dir.join(STDOUT_LOG), dir.join(STDERR_LOG)];
+    for (name, contents) in &spec.work_files {
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(ExecError::InvalidSpec(format!("work file name {name:?} is not a plain file name")));
+        }
+        let path = dir.join(name);
+        OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .and_then(|mut f| f.write_all(contents.as_bytes()))
+            .map_err(|e| work_dir_error(&path, e))?;
+        owned.push(path);
+    }
+    if spec.uid.is_some() || spec.gid.is_some() {
+        // A work dir that already existed is the job's own: only what was written now is chowned.
+        let skip = if created { 0 } else { 3 };
+        for path in &owned[skip..] {
+            std::os::unix::fs::chown(path, spec.uid, spec.gid).map_err(|e| work_dir_error(path, e))?;
         }
     }
     Ok((stdout, stderr))

@@ -699,6 +699,7 @@ mod tests {
             argv: vec!["python".into(), "train.py".into()],
             env: BTreeMap::from([("CUDA_VISIBLE_DEVICES".to_owned(), "0".to_owned())]),
             work_dir: dir.path().join("work"),
+            work_files: Vec::new(),
             limits: ResourceLimits { open_files: Some(4096), ..Default::default() },
             uid: Some(2001),
             gid: Some(2002),

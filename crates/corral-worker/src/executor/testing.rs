@@ -56,6 +56,7 @@ impl<E: TestExecutor> Fixture<E> {
             argv: argv.iter().map(|a| (*a).to_owned()).collect(),
             env: BTreeMap::new(),
             work_dir: self.dir.path().join("job"),
+            work_files: Vec::new(),
             limits: ResourceLimits::default(),
             uid: None,
             gid: None,
