@@ -170,7 +170,12 @@ fn run_exit_code(job: &corral_types::Job) -> u8 {
         (_, Some(code), _) if code != 0 => u8::try_from(code.clamp(1, 255)).unwrap_or(1),
         _ => {
             let reason = output::reason(job);
-            eprintln!("corral: job {} {}{}", job.id, job.state, if reason.is_empty() { String::new() } else { format!(": {reason}") });
+            eprintln!(
+                "corral: job {} {}{}",
+                job.id,
+                job.state,
+                if reason.is_empty() { String::new() } else { format!(": {reason}") }
+            );
             1
         }
     }

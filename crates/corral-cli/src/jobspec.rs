@@ -107,7 +107,9 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
     }
     let image = flags.image;
     if image.is_some() && input.script.is_some() {
-        bail!("a batch script cannot run in an --image container yet: submit the container with `corral submit --image`");
+        bail!(
+            "a batch script cannot run in an --image container yet: submit the container with `corral submit --image`"
+        );
     }
     if image.is_some() && flags.chdir.is_some() {
         bail!("--chdir is not supported with --image yet: the container starts in its own directory");
@@ -377,8 +379,7 @@ mod tests {
 
     #[test]
     fn command_line_flags_override_directives() {
-        let directives =
-            JobFlags { gpus: Some(2), name: Some("from-script".into()), hold: true, ..Default::default() };
+        let directives = JobFlags { gpus: Some(2), name: Some("from-script".into()), hold: true, ..Default::default() };
         let cli = JobFlags { gpus: Some(4), ..Default::default() };
         let merged = cli.over(directives);
         assert_eq!((merged.gpus, merged.name.as_deref(), merged.hold), (Some(4), Some("from-script"), true));

@@ -484,8 +484,12 @@ python train.py
 
     #[test]
     fn later_lines_and_slurm_defaults() {
-        let d = parse_directives("s", "#SBATCH --gpus=1\n#SBATCH -G 3\n#SBATCH --signal=USR2\n#SBATCH --nodes=2 --gpus-per-node=4\n", false)
-            .unwrap();
+        let d = parse_directives(
+            "s",
+            "#SBATCH --gpus=1\n#SBATCH -G 3\n#SBATCH --signal=USR2\n#SBATCH --nodes=2 --gpus-per-node=4\n",
+            false,
+        )
+        .unwrap();
         assert_eq!(d.flags.gpus, Some(3));
         assert_eq!(d.flags.signal.unwrap().before_end, Some(Duration::from_secs(60)), "Slurm's default is 60 s");
         assert_eq!((d.flags.nodes, d.flags.gpus_per_node), (Some(2), Some(4)));
