@@ -16,5 +16,6 @@ mod nodes;
 mod policy;
 mod prometheus_config;
 mod security;
+mod slurm;
 mod tso;
 mod worker;

@@ -1,0 +1,167 @@
+//! Slurm users' path on a `corral dev` node: `corral sbatch` with `#SBATCH` directives, jobs in
+//! the submit directory with the submit environment, output files, `corral run` passing the
+//! exit code through, `--strict`, and a signal before the time limit.
+
+use corral_integration::{corral_bin, one_line_stderr, DevPool};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// `corral <args>` against the pool, run in `dir` with extra environment variables.
+fn corral_in(pool: &DevPool, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    Command::new(corral_bin())
+        .current_dir(dir)
+        .envs(env.iter().copied())
+        .args(["--endpoint", &pool.addr])
+        .args(args)
+        .output()
+        .expect("run corral")
+}
+
+fn submitted_id(out: &Output) -> u64 {
+    assert!(out.status.success(), "submit failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("a job id")
+}
+
+fn ended(pool: &DevPool, job: u64) -> serde_json::Value {
+    pool.wait_for(job, "ended", |d| d["state"] != "pending" && d["state"] != "running")
+}
+
+fn executable(path: &Path, text: &str) {
+    std::fs::write(path, text).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+#[test]
+fn sbatch_script_runs_with_its_directives() {
+    let pool = DevPool::start(&["--gpus", "4"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).expect("mkdir");
+    let script = format!(
+        "#!/bin/sh\n\
+         #SBATCH --gpus=2\n\
+         #SBATCH --time=10\n\
+         #SBATCH -J trainer\n\
+         #SBATCH --output=out-%j.txt\n\
+         #SBATCH --chdir={}\n\
+         \n\
+         echo \"name=$SLURM_JOB_NAME id=$SLURM_JOB_ID gpus=$CUDA_VISIBLE_DEVICES pwd=$(pwd) args=$*\"\n",
+        work.display()
+    );
+    std::fs::write(dir.path().join("train.sbatch"), script).expect("write");
+    let out = corral_in(&pool, dir.path(), &[], &["sbatch", "train.sbatch", "a", "b"]);
+    let job = submitted_id(&out);
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert_eq!(doc["name"], "trainer");
+    assert_eq!(doc["time_limit_secs"], 600);
+    let gpus: Vec<String> = doc["gpus"].as_array().expect("gpus").iter().map(|g| g.to_string()).collect();
+    assert_eq!(gpus.len(), 2, "{doc}");
+    let expected = format!("name=trainer id={job} gpus={} pwd={} args=a b\n", gpus.join(","), work.display());
+    assert_eq!(pool.ok(&["logs", &job.to_string()]), expected, "corral logs keeps working");
+    let file = std::fs::read_to_string(work.join(format!("out-{job}.txt"))).expect("the --output file");
+    assert_eq!(file, expected);
+}
+
+#[test]
+fn relative_program_runs_in_the_submit_directory() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    executable(&dir.path().join("train.sh"), "#!/bin/sh\necho \"trained in $(pwd) with $1\"\n");
+    let out = corral_in(&pool, dir.path(), &[], &["submit", "--", "./train.sh", "lr=0.1"]);
+    let job = submitted_id(&out);
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert_eq!(pool.ok(&["logs", &job.to_string()]), format!("trained in {} with lr=0.1\n", dir.path().display()));
+}
+
+#[test]
+fn the_submit_environment_is_exported_unless_none() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = [("CORRAL_TEST_VAR", "hello"), ("SSH_AUTH_SOCK", "/tmp/agent.sock")];
+    let show = "echo var=$CORRAL_TEST_VAR ssh=$SSH_AUTH_SOCK id=$CORRAL_JOB_ID";
+    let default = submitted_id(&corral_in(&pool, dir.path(), &env, &["submit", "--", "sh", "-c", show]));
+    let none =
+        submitted_id(&corral_in(&pool, dir.path(), &env, &["submit", "--export", "NONE", "--", "sh", "-c", show]));
+    let listed = submitted_id(&corral_in(
+        &pool,
+        dir.path(),
+        &env,
+        &["submit", "--export", "SSH_AUTH_SOCK,OTHER=1", "--", "sh", "-c", show],
+    ));
+    for job in [default, none, listed] {
+        assert_eq!(ended(&pool, job)["state"], "succeeded");
+    }
+    assert_eq!(pool.ok(&["logs", &default.to_string()]), format!("var=hello ssh= id={default}\n"));
+    assert_eq!(pool.ok(&["logs", &none.to_string()]), format!("var= ssh= id={none}\n"));
+    assert_eq!(pool.ok(&["logs", &listed.to_string()]), format!("var= ssh=/tmp/agent.sock id={listed}\n"));
+}
+
+#[test]
+fn a_missing_working_directory_fails_naming_node_and_path() {
+    let pool = DevPool::start(&[]);
+    let job = pool.submit(&["--chdir", "/nonexistent/corral-exp", "--", "true"]);
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "failed", "{doc}");
+    let reason = doc["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("node dev-node: working directory /nonexistent/corral-exp does not exist"), "{reason}");
+}
+
+#[test]
+fn run_passes_the_exit_code_through() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = corral_in(&pool, dir.path(), &[], &["run", "--", "sh", "-c", "echo out; echo err >&2; exit 3"]);
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "out\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("err\n"));
+    let out = corral_in(&pool, dir.path(), &[], &["run", "--", "sh", "-c", "echo fine"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "fine\n");
+}
+
+#[test]
+fn strict_refuses_an_unsupported_directive_and_bad_input_submits_nothing() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("job.sh"), "#!/bin/sh\n#SBATCH --gpus=1\n#SBATCH --mail-type=END\necho hi\n")
+        .expect("write");
+    std::fs::write(dir.path().join("bad.sh"), "#!/bin/sh\n#SBATCH --time=soon\necho hi\n").expect("write");
+    let refused = corral_in(&pool, dir.path(), &[], &["sbatch", "--strict", "job.sh"]);
+    assert!(!refused.status.success());
+    assert_eq!(
+        one_line_stderr(&refused),
+        "error: job.sh line 3: --mail-type is not supported by corral (--strict): remove it, or submit without --strict to ignore it"
+    );
+    for args in [
+        &["sbatch", "bad.sh"][..],
+        &["sbatch", "missing.sh"],
+        &["submit", "--array", "5-1", "--", "true"],
+        &["submit", "--dependency", "afterok:x", "--", "true"],
+    ] {
+        let out = corral_in(&pool, dir.path(), &[], args);
+        assert!(!out.status.success(), "{args:?}");
+        let line = one_line_stderr(&out);
+        assert!(line.starts_with("error: "), "{args:?}: {line}");
+    }
+    let bad = one_line_stderr(&corral_in(&pool, dir.path(), &[], &["sbatch", "bad.sh"]));
+    assert!(bad.starts_with("error: bad.sh line 2: #SBATCH --time=soon: invalid time 'soon'"), "{bad}");
+    let jobs = pool.json(&["jobs", "--all"]);
+    assert_eq!(jobs.as_array().map(Vec::len), Some(0), "nothing was submitted: {jobs}");
+    let warned = corral_in(&pool, dir.path(), &[], &["sbatch", "job.sh"]);
+    let job = submitted_id(&warned);
+    assert!(String::from_utf8_lossy(&warned.stderr).contains("warning: job.sh line 3: --mail-type is not supported"));
+    assert_eq!(ended(&pool, job)["state"], "succeeded");
+}
+
+#[test]
+fn a_signal_before_the_time_limit_reaches_the_job() {
+    let pool = DevPool::start(&[]);
+    let trap = "trap 'echo got-usr1; exit 0' USR1; while :; do sleep 0.2; done";
+    let job = pool.submit(&["--time", "1m", "--signal", "USR1@55s", "--", "sh", "-c", trap]);
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert_eq!(pool.ok(&["logs", &job.to_string()]), "got-usr1\n");
+}
