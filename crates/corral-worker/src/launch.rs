@@ -123,6 +123,8 @@ pub(crate) fn launch_spec(
         device_nodes.extend(config.extra_devices.iter().cloned());
     }
     let work_dir = shared.jobs_dir().join(job.id.to_string()).join(epoch.to_string());
+    // The job's own private directory (its logs, its script), wherever it runs.
+    env.insert("CORRAL_JOB_DIR".into(), work_dir.display().to_string());
     let (argv, files) = if in_container {
         // Containers keep their own directory and environment (workdir, script and output
         // files are for bare processes).
