@@ -114,6 +114,13 @@ pub enum Command {
         #[arg(long, default_value_t = 1)]
         count: u32,
     },
+    // Slurm-style commands.
+    /// Submit a batch script: `#SBATCH` and `#CORRAL` directives at its top set the job's
+    /// options (flags given here win); prints the job id.
+    Sbatch(SbatchArgs),
+    /// Submit a job, wait for it and stream its output (like srun); exits with the job's exit
+    /// code (128+N when killed by signal N). Ctrl-C cancels the job.
+    Run(RunArgs),
 }
 
 #[derive(Debug, Args)]
@@ -363,17 +370,20 @@ pub struct TopArgs {
     pub once: bool,
 }
 
-#[derive(Debug, Args)]
-pub struct SubmitArgs {
+/// The flags that describe a job, shared by `submit`, `sbatch` and `run` (and the `#CORRAL`
+/// directives of a batch script). Unset options are `None` so that command-line flags can
+/// override a script's directives.
+#[derive(Debug, Clone, Default, Args)]
+pub struct JobFlags {
     /// Tenant to run and bill the job as (default: the token's tenant, else `default`).
     #[arg(long)]
     pub tenant: Option<String>,
     /// Priority class (default: the cluster's default class).
     #[arg(long)]
     pub priority: Option<String>,
-    /// Whole GPUs.
-    #[arg(long, default_value_t = 0)]
-    pub gpus: u32,
+    /// Whole GPUs (default 0).
+    #[arg(long)]
+    pub gpus: Option<u32>,
     /// A GPU slice instead of whole GPUs: mig:<profile> (e.g. mig:1g.10gb) or mps:<percent>[:<memory>].
     #[arg(long)]
     pub gpu_slice: Option<String>,
@@ -401,12 +411,85 @@ pub struct SubmitArgs {
     /// If preempted, end as `preempted` instead of going back to the queue.
     #[arg(long)]
     pub no_requeue: bool,
-    /// Signal sent first when the job is preempted, so it can checkpoint (name or number, e.g. USR1).
-    #[arg(long, value_parser = parse_signal)]
-    pub signal: Option<i32>,
+    /// Signal sent first when the job is preempted, so it can checkpoint (name or number, e.g.
+    /// USR1); with @DUR also DUR before its time limit (USR1@300: 300 seconds, USR1@5m).
+    #[arg(long, value_parser = parse_signal_spec, value_name = "SIG[@DUR]")]
+    pub signal: Option<SignalSpec>,
     /// Extra environment variable KEY=VALUE (repeatable).
     #[arg(long = "env", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
+    // Slurm-style options (`corral sbatch` directives map onto these same flags).
+    /// Working directory of the job on the worker (default: the current directory; it must
+    /// exist there, e.g. on a shared file system). A relative program (./train.sh) is found in it.
+    #[arg(long, short = 'D', value_name = "DIR")]
+    pub chdir: Option<PathBuf>,
+    /// Which variables of this shell the job gets: ALL (the default; without the credentials
+    /// CORRAL_TOKEN, CORRAL_CA, CORRAL_CERT, CORRAL_KEY, CORRAL_ENDPOINT, SSH_AUTH_SOCK,
+    /// SSH_AGENT_PID, GPG_AGENT_INFO, KRB5CCNAME, XAUTHORITY, DBUS_SESSION_BUS_ADDRESS,
+    /// VAULT_TOKEN), NONE, or a list VAR[,VAR=value...] (ALL,VAR=value adds to ALL). Jobs with
+    /// --image get NONE unless given.
+    #[arg(long, value_name = "ALL|NONE|VARS")]
+    pub export: Option<String>,
+    /// Also write the job's stdout to this file on the worker (relative to the working
+    /// directory); %j job id, %A array job id, %a array task id, %x name, %N node, %% a %.
+    /// Without --stderr, stderr goes there too. `corral logs` keeps working.
+    #[arg(long = "stdout", value_name = "PATTERN")]
+    pub stdout: Option<String>,
+    /// Also write the job's stderr to this file (same patterns as --stdout).
+    #[arg(long = "stderr", value_name = "PATTERN")]
+    pub stderr: Option<String>,
+    /// A job array: task indices and at most how many run at once (0-999%16, 1,3,5-9, 0-15:4).
+    #[arg(long, value_name = "SPEC")]
+    pub array: Option<String>,
+    /// Start only after other jobs: afterok:ID[:ID...], afterany:ID, afternotok:ID, singleton
+    /// (comma-separated, all must hold).
+    #[arg(long, short = 'd', value_name = "SPEC")]
+    pub dependency: Option<String>,
+    /// Run only on nodes labelled partition=P.
+    #[arg(long, short = 'p', value_name = "P")]
+    pub partition: Option<String>,
+    /// Node labels the job needs, comma-separated: key=value, or a bare label name (repeatable).
+    #[arg(long, short = 'C', value_name = "LABELS", value_delimiter = ',')]
+    pub constraint: Vec<String>,
+    /// Submit held: it does not start until `corral release`.
+    #[arg(long, short = 'H')]
+    pub hold: bool,
+    /// Requeue a failed run up to N times before the job fails.
+    #[arg(long, value_name = "N")]
+    pub max_restarts: Option<u32>,
+    /// Nodes of a gang (with --gpus-per-node; --gpus defaults to nodes x gpus-per-node).
+    #[arg(long, short = 'N', value_name = "N")]
+    pub nodes: Option<u32>,
+}
+
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    pub job: JobFlags,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SbatchArgs {
+    #[command(flatten)]
+    pub job: JobFlags,
+    /// Refuse a script with a directive corral does not support (default: warn and ignore it).
+    #[arg(long)]
+    pub strict: bool,
+    /// The batch script (at most 1 MiB): `#SBATCH` / `#CORRAL` directives up to the first
+    /// command line; stored with the job and run on the worker.
+    pub script: PathBuf,
+    /// Arguments of the script.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub job: JobFlags,
     /// The program and its arguments, after `--`.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -479,15 +562,15 @@ pub struct LogsArgs {
     pub all_ranks: bool,
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, String> {
     corral_types::parse_size(s).map_err(|e| e.to_string())
 }
 
-fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     corral_types::parse_duration(s).map_err(|e| e.to_string())
 }
 
-fn parse_signal(s: &str) -> Result<i32, String> {
+pub fn parse_signal(s: &str) -> Result<i32, String> {
     let name = s.trim().trim_start_matches("SIG").to_ascii_uppercase();
     let known = [("HUP", 1), ("INT", 2), ("QUIT", 3), ("USR1", 10), ("USR2", 12), ("TERM", 15), ("CONT", 18)];
     if let Some((_, n)) = known.iter().find(|(k, _)| *k == name) {
@@ -497,6 +580,30 @@ fn parse_signal(s: &str) -> Result<i32, String> {
         Ok(n) if (1..=64).contains(&n) => Ok(n),
         _ => Err(format!("invalid signal '{s}': expected a name such as USR1 or a number from 1 to 64")),
     }
+}
+
+/// A signal, and optionally how long before the time limit it is sent too (`--signal SIG[@DUR]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SignalSpec {
+    pub signal: i32,
+    pub before_end: Option<std::time::Duration>,
+}
+
+/// `USR1`, `10`, `USR1@300` (seconds, as Slurm) or `USR1@5m`.
+pub fn parse_signal_spec(s: &str) -> Result<SignalSpec, String> {
+    let (sig, before) = match s.split_once('@') {
+        Some((sig, before)) => (sig, Some(before.trim())),
+        None => (s, None),
+    };
+    let signal = parse_signal(sig)?;
+    let before_end = match before {
+        None => None,
+        Some(b) if !b.is_empty() && b.bytes().all(|c| c.is_ascii_digit()) => {
+            Some(std::time::Duration::from_secs(b.parse().map_err(|_| format!("invalid time '{b}' in --signal"))?))
+        }
+        Some(b) => Some(parse_duration(b).map_err(|e| format!("invalid time in --signal {s}: {e}"))?),
+    };
+    Ok(SignalSpec { signal, before_end })
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {

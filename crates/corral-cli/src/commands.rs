@@ -1,11 +1,11 @@
-//! User commands: submit, show, wait, jobs/queue, cancel, logs, nodes.
+//! User commands: submit, sbatch, run, show, wait, jobs/queue, cancel, logs, nodes.
 
-use crate::args::{GlobalArgs, JobArg, JobsArgs, LogsArgs, OutputFormat, SubmitArgs, WaitArgs};
-use crate::output;
+use crate::args::{GlobalArgs, JobArg, JobsArgs, LogsArgs, OutputFormat, RunArgs, SbatchArgs, SubmitArgs, WaitArgs};
+use crate::{jobspec, output, sbatch};
 use anyhow::{bail, Context};
 use corral_client::{Client, ClientConfig};
 use corral_proto::v1::LogStream;
-use corral_types::{GpuSlice, JobSpec, JobState};
+use corral_types::{JobSpec, JobState};
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
@@ -31,54 +31,154 @@ fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
 }
 
 pub async fn submit(global: &GlobalArgs, args: SubmitArgs) -> anyhow::Result<ExitCode> {
-    if args.command.is_empty() {
-        bail!("empty command: give the program to run after `--`, e.g. `corral submit --gpus 1 -- python train.py`");
-    }
-    let cpu_millis = match args.cpus {
-        Some(c) if !(c.is_finite() && c > 0.0 && c <= 4096.0) => {
-            bail!("invalid --cpus {c}: expected a number of cores greater than 0, e.g. 2 or 0.5")
-        }
-        Some(c) => (c * 1000.0).round() as u32,
-        None => 0,
-    };
-    let gpu_slice = args.gpu_slice.as_deref().map(GpuSlice::parse).transpose()?;
-    let name = args.name.clone().unwrap_or_else(|| {
-        let program = args.command[0].rsplit('/').next().unwrap_or("job");
-        program.to_string()
-    });
-    let spec = JobSpec {
-        name,
-        // Empty: the coordinator fills in the token's tenant (or `default`).
-        tenant: args.tenant.unwrap_or_default(),
-        priority_class: args.priority.unwrap_or_default(),
-        gpus: args.gpus,
-        gpu_slice,
-        cpu_millis,
-        memory_bytes: args.mem.unwrap_or(0),
-        time_limit_secs: args.time.map(|t| t.as_secs().max(1)),
-        image: args.image,
-        command: args.command,
-        env: args.env.into_iter().collect(),
-        sched: corral_types::SchedOptions {
-            gpus_per_node: args.gpus_per_node,
-            rdma: args.rdma,
-            no_requeue: args.no_requeue,
-            checkpoint_signal: args.signal,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let mut checked = spec.clone();
-    if checked.tenant.is_empty() {
-        checked.tenant = "default".into();
-    }
-    checked.validate()?;
+    let default_name = args.command.first().map(|p| p.rsplit('/').next().unwrap_or("job").to_string());
+    let input = job_input(args.command, None, default_name.unwrap_or_default())?;
+    let spec = build_spec(args.job, input)?;
     let submitted = client(global)?.submit(&spec).await?;
+    print_submitted(global, submitted.job_id)
+}
+
+/// The submit directory and environment, with the command or script.
+fn job_input(command: Vec<String>, script: Option<String>, default_name: String) -> anyhow::Result<JobInputOwned> {
+    let cwd = std::env::current_dir().context("cannot read the current directory (give --chdir)")?;
+    Ok(JobInputOwned { command, script, default_name, cwd, environment: jobspec::current_environment() })
+}
+
+struct JobInputOwned {
+    command: Vec<String>,
+    script: Option<String>,
+    default_name: String,
+    cwd: std::path::PathBuf,
+    environment: Vec<(String, String)>,
+}
+
+/// The spec of `flags`; prints its warnings on stderr.
+fn build_spec(flags: crate::args::JobFlags, input: JobInputOwned) -> anyhow::Result<JobSpec> {
+    let (spec, warnings) = jobspec::job_spec(
+        flags,
+        jobspec::JobInput {
+            command: input.command,
+            script: input.script,
+            default_name: input.default_name,
+            cwd: &input.cwd,
+            environment: input.environment,
+        },
+    )?;
+    for warning in warnings {
+        eprintln!("warning: {warning}");
+    }
+    Ok(spec)
+}
+
+fn print_submitted(global: &GlobalArgs, job_id: u64) -> anyhow::Result<ExitCode> {
     match global.output {
-        OutputFormat::Json => print_json(&serde_json::json!({ "id": submitted.job_id }))?,
-        OutputFormat::Table => println!("{}", submitted.job_id),
+        OutputFormat::Json => print_json(&serde_json::json!({ "id": job_id }))?,
+        OutputFormat::Table => println!("{job_id}"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `corral sbatch`: the script's directives under the command line's flags.
+pub async fn sbatch(global: &GlobalArgs, args: SbatchArgs) -> anyhow::Result<ExitCode> {
+    let text = sbatch::read_script(&args.script)?;
+    let shown = args.script.display().to_string();
+    let directives = sbatch::parse_directives(&shown, &text, args.strict).map_err(anyhow::Error::msg)?;
+    for warning in &directives.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let default_name =
+        args.script.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "sbatch".into());
+    let input = job_input(args.args, Some(text), default_name)?;
+    let spec = build_spec(args.job.over(directives.flags), input)?;
+    let submitted = client(global)?.submit(&spec).await?;
+    print_submitted(global, submitted.job_id)
+}
+
+/// How often `corral run` repeats why its job still waits.
+const RUN_PENDING_NOTE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `corral run`: submit, say why it waits, stream its output, exit with its exit code.
+pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let default_name = args.command.first().map(|p| p.rsplit('/').next().unwrap_or("job").to_string());
+    let input = job_input(args.command, None, default_name.unwrap_or_default())?;
+    let spec = build_spec(args.job, input)?;
+    let client = client(global)?;
+    let job_id = client.submit(&spec).await?.job_id;
+    eprintln!("corral: job {job_id} submitted");
+    let follow = async {
+        // Say why the job waits, on a change and every few seconds, until it starts or ends.
+        let mut watch = client.watch_job(job_id).await?;
+        let mut last: Option<(String, std::time::Instant)> = None;
+        loop {
+            let next = tokio::time::timeout(RUN_PENDING_NOTE, watch.message()).await;
+            let job = match next {
+                Ok(Ok(Some(job))) => corral_types::Job::try_from(job)?,
+                // A leader change ends the stream: the log stream below waits for the start too.
+                Ok(Ok(None)) | Ok(Err(_)) => break,
+                Err(_) => {
+                    if let Some((reason, at)) = &mut last {
+                        eprintln!("corral: job {job_id} pending: {reason}");
+                        *at = std::time::Instant::now();
+                    }
+                    continue;
+                }
+            };
+            if job.state != JobState::Pending {
+                break;
+            }
+            let reason = output::reason(&job);
+            let changed = last.as_ref().is_none_or(|(r, at)| *r != reason || at.elapsed() >= RUN_PENDING_NOTE);
+            if changed {
+                eprintln!("corral: job {job_id} pending: {reason}");
+                last = Some((reason, std::time::Instant::now()));
+            }
+        }
+        let mut stream = client.read_logs(job_id, true).await?;
+        let mut stdout = std::io::stdout().lock();
+        let mut stderr = std::io::stderr();
+        while let Some(chunk) = stream.message().await.context("log stream broke off")? {
+            if chunk.stream == LogStream::Stderr as i32 {
+                stderr.write_all(&chunk.data)?;
+            } else {
+                stdout.write_all(&chunk.data)?;
+                stdout.flush()?;
+            }
+        }
+        drop(stdout);
+        anyhow::Ok(client.wait_job(job_id, |_| {}).await?)
+    };
+    let job = tokio::select! {
+        job = follow => job?,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("corral: interrupted: cancelling job {job_id}");
+            match client.cancel(job_id).await {
+                Ok(_) => eprintln!("corral: job {job_id} cancelled"),
+                Err(e) => eprintln!("corral: cannot cancel job {job_id}: {e}"),
+            }
+            return Ok(ExitCode::from(130));
+        }
+    };
+    Ok(ExitCode::from(run_exit_code(&job)))
+}
+
+/// The exit status of `corral run` for an ended job: its exit code, 128+N when signal N killed
+/// it, else 1 (and 0 only for a success).
+fn run_exit_code(job: &corral_types::Job) -> u8 {
+    match (job.state, job.exit_code, job.signal) {
+        (JobState::Succeeded, _, _) => 0,
+        (_, _, Some(signal)) => u8::try_from(128 + signal.clamp(1, 127)).unwrap_or(255),
+        (_, Some(code), _) if code != 0 => u8::try_from(code.clamp(1, 255)).unwrap_or(1),
+        _ => {
+            let reason = output::reason(job);
+            eprintln!(
+                "corral: job {} {}{}",
+                job.id,
+                job.state,
+                if reason.is_empty() { String::new() } else { format!(": {reason}") }
+            );
+            1
+        }
+    }
 }
 
 pub async fn show(global: &GlobalArgs, args: JobArg) -> anyhow::Result<ExitCode> {

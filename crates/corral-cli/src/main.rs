@@ -7,11 +7,13 @@ mod cluster_cmd;
 mod commands;
 mod coordinator_cmd;
 mod dev;
+mod jobspec;
 mod listen;
 mod logs;
 mod metrics_http;
 mod node_cmd;
 mod output;
+mod sbatch;
 mod security_cmd;
 mod top;
 mod worker_cmd;
@@ -151,5 +153,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::WorkerGuard(_) => unreachable!("the fence guard runs before the async runtime starts"),
         Command::Billing(args::BillingCommand::Report(args)) => billing::report(&global, args).await,
         Command::History(args) => billing::history(&global, args).await,
+        Command::Sbatch(args) => commands::sbatch(&global, args).await,
+        Command::Run(args) => commands::run(&global, args).await,
     }
 }

@@ -294,8 +294,33 @@ impl JobSpec {
 
     /// Checks what can be checked without cluster state.
     pub fn validate(&self) -> Result<(), JobSpecError> {
-        if self.command.is_empty() || self.command[0].trim().is_empty() {
+        // A batch script is the program; `command` then holds its arguments (maybe none).
+        if self.script.is_none() && (self.command.is_empty() || self.command[0].trim().is_empty()) {
             return Err(JobSpecError::EmptyCommand);
+        }
+        if let Some(script) = &self.script {
+            if script.len() > MAX_SCRIPT_BYTES {
+                return Err(JobSpecError::Invalid {
+                    field: "script".into(),
+                    reason: format!("{} bytes, at most {MAX_SCRIPT_BYTES}", script.len()),
+                });
+            }
+        }
+        if let Some(dir) = &self.workdir {
+            if !dir.starts_with('/') || dir.len() > MAX_PATH || dir.contains('\0') {
+                return Err(JobSpecError::Invalid {
+                    field: "workdir".into(),
+                    reason: format!("'{dir}' must be an absolute path of at most {MAX_PATH} bytes"),
+                });
+            }
+        }
+        for (field, path) in [("output", &self.stdout_path), ("error", &self.stderr_path)] {
+            if path.as_ref().is_some_and(|p| p.is_empty() || p.len() > MAX_PATH || p.contains('\0')) {
+                return Err(JobSpecError::Invalid {
+                    field: field.into(),
+                    reason: format!("must be a non-empty path of at most {MAX_PATH} bytes"),
+                });
+            }
         }
         if self.gpus > 0 && self.gpu_slice.is_some() {
             return Err(JobSpecError::GpusAndSlice);
@@ -762,6 +787,17 @@ mod tests {
         let mut s = spec();
         s.sched.checkpoint_signal = Some(9);
         assert!(matches!(s.validate(), Err(JobSpecError::Invalid { .. })));
+        let mut s = spec();
+        s.command.clear();
+        s.script = Some("#!/bin/sh\necho hi\n".into());
+        assert_eq!(s.validate(), Ok(()), "a batch script needs no command");
+        s.script = Some("x".repeat(MAX_SCRIPT_BYTES + 1));
+        assert!(matches!(s.validate(), Err(JobSpecError::Invalid { field, .. }) if field == "script"));
+        let mut s = spec();
+        s.workdir = Some("relative/dir".into());
+        assert!(matches!(s.validate(), Err(JobSpecError::Invalid { field, .. }) if field == "workdir"));
+        s.workdir = Some("/home/ana/exp".into());
+        assert_eq!(s.validate(), Ok(()));
     }
 
     #[test]

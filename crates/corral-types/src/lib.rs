@@ -5,6 +5,7 @@
 
 mod billing;
 mod job;
+mod job_options;
 mod node;
 mod parse;
 mod timestamp;
@@ -13,9 +14,10 @@ pub use billing::Segment;
 pub use job::{
     Allocation, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuSlice, Job,
     JobExitReport, JobId, JobRef, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd, PreemptionNotice, PriceBreak,
-    SchedOptions, SliceAssignment, DRAIN_PREEMPTOR, MAX_ARRAY_TASKS, MAX_GPUS_PER_JOB, MAX_SCRIPT_BYTES,
-    REQUEUE_PREEMPTOR,
+    SchedOptions, SliceAssignment, DRAIN_PREEMPTOR, MAX_ARRAY_TASKS, MAX_ENV_BYTES, MAX_ENV_VARS, MAX_GPUS_PER_JOB,
+    MAX_SCRIPT_BYTES, REQUEUE_PREEMPTOR,
 };
+pub use job_options::parse_dependencies;
 pub use node::{GpuDevice, GpuHealth, NodeMode, NodeSpec, NodeState, NodeStatus, DEFAULT_RENDEZVOUS_PORTS};
 pub use parse::{
     describe_config_error, format_duration, format_size, parse_duration, parse_size, ConfigDuration, ConfigSize,

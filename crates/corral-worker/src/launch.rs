@@ -2,12 +2,13 @@
 //! its user, limits and work dir. Also picks (or, with `mig.manage`, makes) the MIG instance a
 //! MIG job runs on.
 
-use crate::executor::{LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR};
+use crate::executor::{JobFiles, LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR, SCRIPT_FILE};
 use crate::gang::{gang_env, PartAddrs, HOSTFILE};
 use crate::gpu::{DeviceInfo, MigPlacement, MigState};
 use crate::worker::WorkerShared;
 use corral_types::{GpuSlice, Job, SliceAssignment};
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 /// GPU control nodes a container with GPUs needs besides `/dev/nvidia<minor>`.
 const NVIDIA_CONTROL_NODES: [&str; 4] =
@@ -113,14 +114,9 @@ pub(crate) fn launch_spec(
             }
         }
     }
-    env.insert("CORRAL_JOB_ID".into(), job.id.to_string());
-    env.insert("CORRAL_NODE".into(), config.node_name.clone());
-    env.insert("CORRAL_TENANT".into(), job.spec.tenant.clone());
-    // Which run this is: the placement count, and the allocation epoch that billing segments
-    // and `corral show` name.
-    env.insert("CORRAL_ATTEMPT".into(), job.attempts.to_string());
-    env.insert("CORRAL_EPOCH".into(), epoch.to_string());
+    env.extend(job_environment(job, epoch, &config.node_name));
     let work_dir = shared.jobs_dir().join(job.id.to_string()).join(epoch.to_string());
+    // A gang's variables come last: they override the single-node SLURM_* values.
     let mut work_files = Vec::new();
     let seen_dir = if in_container { PathBuf::from(CONTAINER_WORK_DIR) } else { work_dir.clone() };
     let (gang_vars, hostfile) = gang_env(job, &config.node_name, addrs, &seen_dir.join(HOSTFILE).display().to_string());
@@ -135,10 +131,19 @@ pub(crate) fn launch_spec(
     if in_container {
         device_nodes.extend(config.extra_devices.iter().cloned());
     }
+    // The job's own private directory (its logs, its script), wherever it runs.
+    env.insert("CORRAL_JOB_DIR".into(), work_dir.display().to_string());
+    let (argv, files) = if in_container {
+        // Containers keep their own directory and environment (workdir, script and output
+        // files are for bare processes).
+        (job.spec.command.clone(), JobFiles::default())
+    } else {
+        job_files(job, &work_dir, &config.node_name)
+    };
     Ok(LaunchSpec {
         job_id: job.id,
         attempt: epoch,
-        argv: job.spec.command.clone(),
+        argv,
         env,
         work_dir,
         work_files,
@@ -154,5 +159,210 @@ pub(crate) fn launch_spec(
         devices: device_nodes,
         cdi_devices: uuids.iter().map(|u| format!("nvidia.com/gpu={u}")).collect(),
         binds,
+        files,
     })
+}
+
+/// The variables the worker sets for every job, on top of the submitted environment: corral's
+/// own and their Slurm twins. The one place they are assembled.
+pub(crate) fn job_environment(job: &Job, epoch: u64, node: &str) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    let mut set = |k: &str, v: String| {
+        env.insert(k.to_owned(), v);
+    };
+    set("CORRAL_JOB_ID", job.id.to_string());
+    set("CORRAL_NODE", node.to_owned());
+    set("CORRAL_TENANT", job.spec.tenant.clone());
+    // Which run this is: the placement count, and the allocation epoch that billing segments
+    // and `corral show` name.
+    set("CORRAL_ATTEMPT", job.attempts.to_string());
+    set("CORRAL_EPOCH", epoch.to_string());
+    set("SLURM_JOB_ID", job.id.to_string());
+    set("SLURM_JOB_NAME", job.spec.name.clone());
+    set("SLURMD_NODENAME", node.to_owned());
+    if let Some(dir) = &job.spec.workdir {
+        // Corral keeps the working directory, which is the submit directory unless --chdir.
+        set("SLURM_SUBMIT_DIR", dir.clone());
+    }
+    if job.spec.cpu_millis > 0 {
+        set("SLURM_CPUS_PER_TASK", job.spec.cpu_millis.div_ceil(1000).to_string());
+    }
+    if let Some(task) = job.array_task {
+        set("CORRAL_ARRAY_JOB_ID", task.array.to_string());
+        set("CORRAL_ARRAY_TASK_ID", task.index.to_string());
+        set("SLURM_ARRAY_JOB_ID", task.array.to_string());
+        set("SLURM_ARRAY_TASK_ID", task.index.to_string());
+    }
+    if job.allocation.as_ref().is_some_and(|a| a.is_gang()) {
+        // Gang variables (ranks, rendezvous, SLURM_NNODES/NODEID/PROCID): set by the gang
+        // launch, here.
+    } else {
+        set("SLURM_NNODES", "1".to_owned());
+        set("SLURM_NODEID", "0".to_owned());
+        set("SLURM_PROCID", "0".to_owned());
+        set("SLURM_JOB_NODELIST", node.to_owned());
+    }
+    env
+}
+
+/// The argv and files of a bare-process job: its working directory, its batch script (run
+/// directly when it starts with `#!`, else with /bin/sh; `command` holds its arguments) and
+/// its output files (patterns expanded, relative to the working directory).
+pub(crate) fn job_files(job: &Job, work_dir: &Path, node: &str) -> (Vec<String>, JobFiles) {
+    let spec = &job.spec;
+    let cwd = spec.workdir.as_ref().map(PathBuf::from);
+    let argv = match &spec.script {
+        Some(script) => {
+            let path = work_dir.join(SCRIPT_FILE).display().to_string();
+            let mut argv = if script.starts_with("#!") { vec![path] } else { vec!["/bin/sh".to_owned(), path] };
+            argv.extend(spec.command.iter().cloned());
+            argv
+        }
+        None => spec.command.clone(),
+    };
+    let base = cwd.clone().unwrap_or_else(|| work_dir.to_path_buf());
+    let output = |pattern: &str| base.join(expand_output_pattern(pattern, job, node));
+    let stdout = spec.stdout_path.as_deref().map(output);
+    // As in Slurm, stderr goes with stdout unless it has a file of its own.
+    let stderr = spec.stderr_path.as_deref().map(output).or_else(|| stdout.clone());
+    let files = JobFiles { cwd, script: spec.script.clone(), stdout, stderr, truncate: job.attempts <= 1 };
+    (argv, files)
+}
+
+/// Expands `%j` (job id), `%A` (array job id, else the job id), `%a` (array task index, else
+/// 4294967294 as Slurm), `%x` (name), `%N` (node) and `%%`; other `%` sequences stay as written.
+pub(crate) fn expand_output_pattern(pattern: &str, job: &Job, node: &str) -> String {
+    let mut out = String::with_capacity(pattern.len());
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('j') => out.push_str(&job.id.to_string()),
+            Some('A') => out.push_str(&job.array_task.map_or(job.id, |t| t.array).to_string()),
+            Some('a') => out.push_str(&job.array_task.map_or(u32::MAX - 1, |t| t.index).to_string()),
+            Some('x') => out.push_str(&job.spec.name.replace('/', "_")),
+            Some('N') => out.push_str(node),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_types::{Allocation, ArrayTask, JobSpec, JobState, NodeGpus, Timestamp};
+
+    fn job() -> Job {
+        Job {
+            id: 42,
+            spec: JobSpec {
+                name: "train".into(),
+                tenant: "default".into(),
+                command: vec!["--lr".into(), "0.1".into()],
+                cpu_millis: 2500,
+                workdir: Some("/home/ana/exp".into()),
+                ..Default::default()
+            },
+            state: JobState::Running,
+            request_id: String::new(),
+            submitted_at: Timestamp(1),
+            admitted_at: None,
+            started_at: None,
+            finished_at: None,
+            allocation: Some(Allocation { node: "gpu-01".into(), gpus: vec![0], epoch: 7, ..Default::default() }),
+            exit_code: None,
+            signal: None,
+            reason: None,
+            cancel_requested: false,
+            attempts: 1,
+            worker_run_time_ms: None,
+            preemption: None,
+            held: false,
+            waiting_on: Vec::new(),
+            array_task: None,
+            array_progress: None,
+            restarts: 0,
+            signals: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn environment_has_corral_and_slurm_variables() {
+        let mut j = job();
+        let env = job_environment(&j, 7, "gpu-01");
+        let get = |env: &BTreeMap<String, String>, k: &str| env.get(k).cloned();
+        assert_eq!(get(&env, "CORRAL_JOB_ID").as_deref(), Some("42"));
+        assert_eq!(get(&env, "SLURM_JOB_ID").as_deref(), Some("42"));
+        assert_eq!(get(&env, "SLURM_JOB_NAME").as_deref(), Some("train"));
+        assert_eq!(get(&env, "SLURM_SUBMIT_DIR").as_deref(), Some("/home/ana/exp"));
+        assert_eq!(get(&env, "SLURM_CPUS_PER_TASK").as_deref(), Some("3"));
+        assert_eq!(get(&env, "SLURM_NNODES").as_deref(), Some("1"));
+        assert_eq!(get(&env, "SLURM_PROCID").as_deref(), Some("0"));
+        assert_eq!(get(&env, "CORRAL_ARRAY_TASK_ID"), None);
+        j.array_task = Some(ArrayTask { array: 40, index: 3 });
+        let env = job_environment(&j, 7, "gpu-01");
+        assert_eq!(get(&env, "CORRAL_ARRAY_TASK_ID").as_deref(), Some("3"));
+        assert_eq!(get(&env, "SLURM_ARRAY_TASK_ID").as_deref(), Some("3"));
+        assert_eq!(get(&env, "SLURM_ARRAY_JOB_ID").as_deref(), Some("40"));
+        j.allocation.as_mut().unwrap().more_nodes = vec![NodeGpus { node: "gpu-02".into(), gpus: vec![0] }];
+        let env = job_environment(&j, 7, "gpu-01");
+        assert_eq!(get(&env, "SLURM_NNODES"), None, "a gang's are the gang launch's");
+    }
+
+    #[test]
+    fn scripts_run_with_their_arguments_in_the_working_directory() {
+        let mut j = job();
+        let dir = Path::new("/var/lib/corral/jobs/42/7");
+        let (argv, files) = job_files(&j, dir, "gpu-01");
+        assert_eq!(argv, ["--lr", "0.1"], "no script: the command as given");
+        assert_eq!(files.cwd.as_deref(), Some(Path::new("/home/ana/exp")));
+        j.spec.script = Some(
+            "#!/bin/bash
+echo hi
+"
+            .into(),
+        );
+        let (argv, _) = job_files(&j, dir, "gpu-01");
+        assert_eq!(argv, ["/var/lib/corral/jobs/42/7/job-script", "--lr", "0.1"]);
+        j.spec.script = Some(
+            "echo hi
+"
+            .into(),
+        );
+        let (argv, files) = job_files(&j, dir, "gpu-01");
+        assert_eq!(argv, ["/bin/sh", "/var/lib/corral/jobs/42/7/job-script", "--lr", "0.1"]);
+        assert_eq!(
+            files.script.as_deref(),
+            Some(
+                "echo hi
+"
+            )
+        );
+        assert_eq!((files.stdout, files.stderr, files.truncate), (None, None, true));
+    }
+
+    #[test]
+    fn output_patterns_expand() {
+        let mut j = job();
+        j.spec.stdout_path = Some("logs/%x-%j.out".into());
+        let (_, files) = job_files(&j, Path::new("/jobs/42/7"), "gpu-01");
+        let out = PathBuf::from("/home/ana/exp/logs/train-42.out");
+        assert_eq!((files.stdout.as_ref(), files.stderr.as_ref()), (Some(&out), Some(&out)));
+        j.spec.stderr_path = Some("/scratch/%A_%a.%N.err%%%q".into());
+        j.array_task = Some(ArrayTask { array: 40, index: 3 });
+        j.attempts = 2;
+        let (_, files) = job_files(&j, Path::new("/jobs/42/7"), "gpu-01");
+        assert_eq!(files.stderr, Some(PathBuf::from("/scratch/40_3.gpu-01.err%%q")));
+        assert!(!files.truncate, "a requeued run appends");
+        assert_eq!(expand_output_pattern("%a", &job(), "n"), "4294967294");
+    }
 }

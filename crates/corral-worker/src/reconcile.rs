@@ -102,6 +102,9 @@ pub struct LocalJob {
     pub phase: Phase,
     pub start: Delivery,
     pub exit: Delivery,
+    /// How many of the job's `corral signal` entries this run has had: the count at the launch
+    /// (older ones were for earlier runs), then each delivered one.
+    pub signals_sent: usize,
 }
 
 /// The worker's standing with the leaders.
@@ -171,6 +174,14 @@ pub enum Action {
     },
     /// Register again (everything stale is stopped and forgotten).
     Reregister,
+    /// Deliver `signals` (`corral signal`, in order) to the job's tree; afterwards the run has
+    /// had `sent` of the job's signals.
+    Signal {
+        job_id: JobId,
+        epoch: u64,
+        signals: Vec<i32>,
+        sent: usize,
+    },
 }
 
 /// The actions that bring this worker to what the leader wants.
@@ -210,6 +221,14 @@ fn follow(local: &Local, desired: &Desired, policy: &Policy, actions: &mut Vec<A
                     let grace = grace.unwrap_or(policy.kill_grace);
                     actions.push(Action::Stop { job_id, epoch, grace, signal: *signal, cause: StopCause::Leader });
                 }
+            }
+            (Some(l), Want::Run)
+                if l.epoch == epoch
+                    && matches!(l.phase, Phase::Running { stopping: None })
+                    && want.job.signals.len() > l.signals_sent =>
+            {
+                let signals = want.job.signals[l.signals_sent..].to_vec();
+                actions.push(Action::Signal { job_id, epoch, signals, sent: want.job.signals.len() });
             }
             (Some(_), _) => {}
         }
@@ -311,11 +330,17 @@ mod tests {
     }
 
     fn running(epoch: u64, stopping: Option<StopCause>, start: Delivery) -> LocalJob {
-        LocalJob { epoch, phase: Phase::Running { stopping }, start, exit: Delivery::Pending }
+        LocalJob { epoch, phase: Phase::Running { stopping }, start, exit: Delivery::Pending, signals_sent: 0 }
     }
 
     fn ended(epoch: u64, report: JobExitReport, start: Delivery, exit: Delivery) -> LocalJob {
-        LocalJob { epoch, phase: Phase::Ended { report }, start, exit }
+        LocalJob { epoch, phase: Phase::Ended { report }, start, exit, signals_sent: 0 }
+    }
+
+    fn signalled(id: JobId, epoch: u64, signals: Vec<i32>) -> (JobId, DesiredJob) {
+        let mut j = (*job(id, epoch)).clone();
+        j.signals = signals;
+        (id, DesiredJob { job: Arc::new(j), epoch, want: Want::Run, addrs: Default::default() })
     }
 
     fn exit0() -> JobExitReport {
@@ -517,7 +542,16 @@ mod tests {
                     Standing::MustReregister,
                     vec![
                         (1, ended(10, exit0(), done, Delivery::Pending)),
-                        (2, LocalJob { epoch: 11, phase: Phase::Exiting, start: done, exit: Delivery::Pending }),
+                        (
+                            2,
+                            LocalJob {
+                                epoch: 11,
+                                phase: Phase::Exiting,
+                                start: done,
+                                exit: Delivery::Pending,
+                                signals_sent: 0,
+                            },
+                        ),
                     ],
                 ),
                 desired(8, vec![]),
@@ -528,6 +562,36 @@ mod tests {
                 local(Standing::MustReregister, vec![(1, ended(10, exit0(), done, Delivery::Pending))]),
                 desired(8, vec![]),
                 vec![Action::Reregister],
+            ),
+            (
+                "a signal asked for with corral signal is delivered",
+                local(Standing::Leased, vec![(1, running(10, None, done))]),
+                desired(8, vec![signalled(1, 10, vec![10])]),
+                vec![Action::Signal { job_id: 1, epoch: 10, signals: vec![10], sent: 1 }],
+            ),
+            (
+                "only signals not yet delivered to this run are",
+                local(Standing::Leased, vec![(1, LocalJob { signals_sent: 1, ..running(10, None, done) })]),
+                desired(8, vec![signalled(1, 10, vec![10, 12, 2])]),
+                vec![Action::Signal { job_id: 1, epoch: 10, signals: vec![12, 2], sent: 3 }],
+            ),
+            (
+                "a run that saw the signals at its launch gets none of them",
+                local(Standing::Leased, vec![(1, LocalJob { signals_sent: 2, ..running(10, None, done) })]),
+                desired(8, vec![signalled(1, 10, vec![10, 12])]),
+                vec![],
+            ),
+            (
+                "a stopping or ended job gets no signal",
+                local(
+                    Standing::Leased,
+                    vec![
+                        (1, running(10, Some(StopCause::Leader), done)),
+                        (2, ended(11, exit0(), done, Delivery::InFlight)),
+                    ],
+                ),
+                desired(8, vec![signalled(1, 10, vec![10]), signalled(2, 11, vec![10])]),
+                vec![],
             ),
             (
                 "registering: nothing is launched",

@@ -411,6 +411,26 @@ impl Runtime {
                 self.local.jobs.remove(&job_id);
                 self.causes.remove(&job_id);
             }
+            Action::Signal { job_id, epoch, signals, sent } => {
+                if let Some(job) = self.local.jobs.get_mut(&job_id) {
+                    job.signals_sent = sent;
+                }
+                if let Some(handle) = self.shared.handle(job_id, epoch) {
+                    tracing::info!(job_id, epoch, ?signals, "delivering signals asked for with corral signal");
+                    self.tasks.spawn_blocking(move || {
+                        for signal in signals {
+                            match Signal::try_from(signal) {
+                                Ok(signal) => {
+                                    if let Err(e) = handle.signal_tree(signal) {
+                                        tracing::warn!(job_id, error = %e, "signal failed");
+                                    }
+                                }
+                                Err(_) => tracing::warn!(job_id, signal, "not a signal: ignored"),
+                            }
+                        }
+                    });
+                }
+            }
             Action::Reregister => {
                 self.local = Local { standing: Standing::Unregistered, jobs: BTreeMap::new() };
                 self.desired = Desired::default();
@@ -480,6 +500,8 @@ impl Runtime {
             Err(error) => {
                 self.shared.set_launching(job_id, false);
                 tracing::warn!(job_id, epoch, error = %error, "launch failed");
+                // The user reads it in `corral show`: say where it failed.
+                let error = format!("node {}: {error}", self.shared.config().node_name);
                 let report = JobExitReport { launch_error: Some(error), ..Default::default() };
                 self.local.jobs.insert(job_id, ended(epoch, report));
                 return;
@@ -505,6 +527,8 @@ impl Runtime {
                 phase: Phase::Running { stopping: None },
                 start: Delivery::Held,
                 exit: Delivery::Pending,
+                // Signals asked for before this run are not for it.
+                signals_sent: job.signals.len(),
             },
         );
         let events = self.events.clone();
@@ -512,8 +536,8 @@ impl Runtime {
             tokio::time::sleep(START_REPORT_HOLD).await;
             let _ = events.send(Event::StartDue { job_id, epoch });
         });
-        let time_limit = job.spec.time_limit_secs.map(Duration::from_secs);
-        let task = run_job(self.shared.clone(), self.events.clone(), job_id, epoch, running, time_limit, gpus, mig);
+        let limit = TimeLimit::of(job);
+        let task = run_job(self.shared.clone(), self.events.clone(), job_id, epoch, running, limit, gpus, mig);
         self.tasks.spawn(task);
     }
 
@@ -555,7 +579,13 @@ fn log_panic(done: Result<(), tokio::task::JoinError>) {
 }
 
 fn ended(epoch: u64, report: JobExitReport) -> LocalJob {
-    LocalJob { epoch, phase: Phase::Ended { report }, start: Delivery::Skipped, exit: Delivery::Pending }
+    LocalJob {
+        epoch,
+        phase: Phase::Ended { report },
+        start: Delivery::Skipped,
+        exit: Delivery::Pending,
+        signals_sent: 0,
+    }
 }
 
 async fn sleep_until(deadline: Option<Instant>) {
@@ -565,8 +595,37 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-/// Waits for a job process (killing it at its time limit), checks its GPUs, frees its MIG
-/// instance and reports the exit to the runtime.
+/// A job's time limit, and the signal it asked for some time before it (`--signal SIG@DUR`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TimeLimit {
+    pub limit: Option<Duration>,
+    /// (when after the start, signal)
+    pub warning: Option<(Duration, i32)>,
+}
+
+impl TimeLimit {
+    pub(crate) fn of(job: &Job) -> TimeLimit {
+        let limit = job.spec.time_limit_secs.map(Duration::from_secs);
+        let sched = &job.spec.sched;
+        let warning = match (limit, sched.signal_before_end_secs, sched.checkpoint_signal) {
+            (Some(limit), Some(before), Some(signal)) => {
+                Some((limit.saturating_sub(Duration::from_secs(u64::from(before))), signal))
+            }
+            _ => None,
+        };
+        TimeLimit { limit, warning }
+    }
+}
+
+async fn sleep_for(duration: Option<Duration>) {
+    match duration {
+        Some(t) => tokio::time::sleep(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits for a job process (signalling it before its time limit if it asked, killing it at the
+/// limit), checks its GPUs, frees its MIG instance and reports the exit to the runtime.
 #[allow(clippy::too_many_arguments)]
 async fn run_job(
     shared: Arc<WorkerShared>,
@@ -574,7 +633,7 @@ async fn run_job(
     job_id: JobId,
     epoch: u64,
     mut running: RunningJob,
-    time_limit: Option<Duration>,
+    time_limit: TimeLimit,
     gpus: Vec<u32>,
     mig: Option<MigPick>,
 ) {
@@ -583,15 +642,31 @@ async fn run_job(
     let exit = {
         let wait = running.wait();
         tokio::pin!(wait);
-        let limit = async {
-            match time_limit {
-                Some(t) => tokio::time::sleep(t).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            exit = &mut wait => exit,
-            _ = limit => {
+        let limit = sleep_for(time_limit.limit);
+        tokio::pin!(limit);
+        let mut warning = time_limit.warning;
+        loop {
+            let warn = sleep_for(warning.map(|(at, _)| at));
+            tokio::select! {
+                exit = &mut wait => break exit,
+                _ = warn => {
+                    if let Some((_, signal)) = warning.take() {
+                        tracing::info!(job_id, signal, "time limit near: sending the job its signal");
+                        let handle = handle.clone();
+                        let _ = tokio::task::spawn_blocking(move || {
+                            match Signal::try_from(signal) {
+                                Ok(signal) => {
+                                    if let Err(e) = handle.signal_tree(signal) {
+                                        tracing::warn!(job_id, error = %e, "signal failed");
+                                    }
+                                }
+                                Err(_) => tracing::warn!(job_id, signal, "not a signal: ignored"),
+                            }
+                        })
+                        .await;
+                    }
+                }
+                _ = &mut limit => {
                 tracing::info!(job_id, "time limit reached: killing job");
                 timed_out = true;
                 let handle = handle.clone();
@@ -601,7 +676,8 @@ async fn run_job(
                     }
                 })
                 .await;
-                wait.await
+                    break wait.await;
+                }
             }
         }
     };

@@ -109,7 +109,7 @@ fn jobs_of_different_tenants_cannot_read_each_others_files() {
     let a = p.submit(
         "team-a",
         &[],
-        "echo secret-a > secret.txt; echo log-secret-a; id -u; grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; sleep 30",
+        "cd \"$CORRAL_JOB_DIR\"; echo secret-a > secret.txt; echo log-secret-a; id -u; grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; sleep 30",
     );
     let log = p.wait_log(a, "NoNewPrivs");
     // Tenant uid, no capabilities at all, no new privileges.
@@ -125,7 +125,7 @@ fn jobs_of_different_tenants_cannot_read_each_others_files() {
     let b = p.submit(
         "team-b",
         &[],
-        &format!("id -u; cat ../../{a}/*/secret.txt ../../{a}/*/stdout.log; ls ../../{a}/*/; echo tried"),
+        &format!("cd \"$CORRAL_JOB_DIR\"; id -u; cat ../../{a}/*/secret.txt ../../{a}/*/stdout.log; ls ../../{a}/*/; echo tried"),
     );
     let doc = p.finished(b);
     let log = p.logs(b);

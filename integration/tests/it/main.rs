@@ -9,6 +9,7 @@ mod chaos;
 mod cluster;
 mod gang;
 mod isolation;
+mod job_control;
 mod job_path;
 mod join;
 mod lifecycle;

@@ -1,145 +1,167 @@
-//! Slurm-style job control on a real `corral dev`: a job array of 20 with a `%4` throttle never
-//! runs more than 4 tasks at once; an afterok chain runs in order and afternotok fires on a
-//! failure; hold and release; cancelling one task and a whole array; `corral jobs` collapses an
-//! array's pending tasks.
+//! Slurm users' path on a `corral dev` node: `corral sbatch` with `#SBATCH` directives, jobs in
+//! the submit directory with the submit environment, output files, `corral run` passing the
+//! exit code through, `--strict`, and a signal before the time limit.
 
-use corral_client::{Client, ClientConfig};
-use corral_integration::{one_line_stderr, DevPool};
-use corral_types::{ArrayRange, ArraySpec, Dependency, DependencyKind, JobSpec, JobState};
-use std::time::{Duration, Instant};
+use corral_integration::{corral_bin, one_line_stderr, DevPool};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
 
-fn client(pool: &DevPool) -> (Client, tokio::runtime::Runtime) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let client = Client::new(ClientConfig::new(vec![pool.addr.clone()])).expect("client");
-    (client, rt)
+/// `corral <args>` against the pool, run in `dir` with extra environment variables.
+fn corral_in(pool: &DevPool, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    Command::new(corral_bin())
+        .current_dir(dir)
+        .envs(env.iter().copied())
+        .args(["--endpoint", &pool.addr])
+        .args(args)
+        .output()
+        .expect("run corral")
 }
 
-fn sh(script: &str) -> JobSpec {
-    JobSpec {
-        name: "slurm-test".into(),
-        tenant: "default".into(),
-        command: vec!["sh".into(), "-c".into(), script.into()],
-        ..Default::default()
-    }
+fn submitted_id(out: &Output) -> u64 {
+    assert!(out.status.success(), "submit failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("a job id")
 }
 
-fn submit(rt: &tokio::runtime::Runtime, client: &Client, spec: &JobSpec) -> u64 {
-    rt.block_on(client.submit(spec)).expect("submit").job_id
+fn ended(pool: &DevPool, job: u64) -> serde_json::Value {
+    pool.wait_for(job, "ended", |d| d["state"] != "pending" && d["state"] != "running")
 }
 
-#[test]
-fn an_array_of_20_with_a_throttle_of_4_never_runs_more_than_4_tasks() {
-    let pool = DevPool::start(&["--gpus", "8"]);
-    let (client, rt) = client(&pool);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let lines = dir.path().join("tasks");
-    // Each task writes its index and how many tasks run now (counted with marker files).
-    let marks = dir.path().join("running");
-    std::fs::create_dir(&marks).expect("marks dir");
-    let script = format!(
-        "touch {m}/$CORRAL_JOB_ID; sleep 0.3; echo \"$CORRAL_JOB_ID $(ls {m} | wc -l)\" >> {l}; rm {m}/$CORRAL_JOB_ID",
-        m = marks.display(),
-        l = lines.display()
-    );
-    let mut spec = sh(&script);
-    spec.gpus = 1;
-    spec.array = Some(ArraySpec { ranges: vec![ArrayRange { first: 0, last: 19, step: 1 }], max_running: Some(4) });
-    let array = submit(&rt, &client, &spec);
-
-    // While it runs, the table collapses the pending tasks into one row.
-    let table = pool.ok(&["jobs"]);
-    assert!(table.contains(&format!("{array}_[")), "{table}");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut most = 0;
-    loop {
-        let jobs = rt.block_on(client.list_jobs(false, None)).expect("jobs");
-        let running = jobs.iter().filter(|j| j.array_task.is_some() && j.state == JobState::Running).count();
-        most = most.max(running);
-        let done = rt.block_on(client.get_job(array)).expect("array").state.is_terminal();
-        if done {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the array did not finish");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(most <= 4, "{most} tasks ran at once");
-    let text = std::fs::read_to_string(&lines).expect("task lines");
-    let all = rt.block_on(client.list_jobs(true, None)).expect("jobs");
-    let index_of = |id: u64| all.iter().find(|j| j.id == id).and_then(|j| j.array_task).map(|t| (t.array, t.index));
-    let mut indices: Vec<u32> = text
-        .lines()
-        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
-        .map(|id: u64| match index_of(id) {
-            Some((a, index)) if a == array => index,
-            other => panic!("job {id} is not a task of array {array}: {other:?}"),
-        })
-        .collect();
-    indices.sort_unstable();
-    assert_eq!(indices, (0..20).collect::<Vec<_>>(), "every task ran once: {text}");
-    for line in text.lines() {
-        let running: u32 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-        assert!(running <= 4, "a task saw {running} tasks running: {text}");
-    }
-    let shown = pool.json(&["show", &array.to_string()]);
-    assert_eq!(shown["state"], "succeeded", "{shown}");
-    let task = pool.json(&["show", &format!("{array}_7")]);
-    assert_eq!((task["array_job_id"].as_u64(), task["array_task_id"].as_u64()), (Some(array), Some(7)), "{task}");
+fn executable(path: &Path, text: &str) {
+    std::fs::write(path, text).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
 }
 
 #[test]
-fn dependencies_hold_release_and_cancelling_tasks() {
+fn sbatch_script_runs_with_its_directives() {
     let pool = DevPool::start(&["--gpus", "4"]);
-    let (client, rt) = client(&pool);
     let dir = tempfile::tempdir().expect("tempdir");
-    let order = dir.path().join("order");
-    let step = |name: &str, code: i32| sh(&format!("echo {name} >> {}; sleep 0.2; exit {code}", order.display()));
-    let after = |mut spec: JobSpec, kind, job_id| {
-        spec.sched.dependencies = vec![Dependency { kind, job_id }];
-        spec
-    };
-    let a = submit(&rt, &client, &step("a", 0));
-    let b = submit(&rt, &client, &after(step("b", 0), DependencyKind::AfterOk, a));
-    let c = submit(&rt, &client, &after(step("c", 3), DependencyKind::AfterOk, b));
-    let on_failure = submit(&rt, &client, &after(step("rescue", 0), DependencyKind::AfterNotOk, c));
-    let never = submit(&rt, &client, &after(step("never", 0), DependencyKind::AfterOk, c));
-    let queue = pool.json(&["show", &c.to_string()]);
-    assert_eq!(queue["reason"], format!("dependency: waits for job {b}"), "{queue}");
-    pool.wait_for(on_failure, "succeeded", |d| d["state"] == "succeeded");
-    assert_eq!(std::fs::read_to_string(&order).unwrap(), "a\nb\nc\nrescue\n");
-    let never = pool.wait_for(never, "cancelled", |d| d["state"] == "cancelled");
-    assert!(never["reason"].as_str().unwrap().contains(&format!("afterok:{c} can never be met")), "{never}");
-    // A dependency on an unknown job is refused, nothing submitted.
-    let unknown = rt.block_on(client.submit(&after(step("x", 0), DependencyKind::AfterAny, 999)));
-    assert!(unknown.unwrap_err().to_string().contains("invalid dependency: job 999 not found"));
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).expect("mkdir");
+    let script = format!(
+        "#!/bin/sh\n\
+         #SBATCH --gpus=2\n\
+         #SBATCH --time=10\n\
+         #SBATCH -J trainer\n\
+         #SBATCH --output=out-%j.txt\n\
+         #SBATCH --chdir={}\n\
+         \n\
+         echo \"name=$SLURM_JOB_NAME id=$SLURM_JOB_ID gpus=$CUDA_VISIBLE_DEVICES pwd=$(pwd) args=$*\"\n",
+        work.display()
+    );
+    std::fs::write(dir.path().join("train.sbatch"), script).expect("write");
+    let out = corral_in(&pool, dir.path(), &[], &["sbatch", "train.sbatch", "a", "b"]);
+    let job = submitted_id(&out);
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert_eq!(doc["name"], "trainer");
+    assert_eq!(doc["time_limit_secs"], 600);
+    let gpus: Vec<String> = doc["gpus"].as_array().expect("gpus").iter().map(|g| g.to_string()).collect();
+    assert_eq!(gpus.len(), 2, "{doc}");
+    let expected = format!("name=trainer id={job} gpus={} pwd={} args=a b\n", gpus.join(","), work.display());
+    assert_eq!(pool.ok(&["logs", &job.to_string()]), expected, "corral logs keeps working");
+    let file = std::fs::read_to_string(work.join(format!("out-{job}.txt"))).expect("the --output file");
+    assert_eq!(file, expected);
+}
 
-    // Hold and release.
-    let mut held = step("held", 0);
-    held.sched.hold = true;
-    let held = submit(&rt, &client, &held);
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(pool.show(held)["state"], "pending");
-    assert!(pool.show(held)["reason"].as_str().unwrap().starts_with("held"));
-    pool.ok(&["release", &held.to_string()]);
-    pool.wait_for(held, "succeeded", |d| d["state"] == "succeeded");
-    let running = submit(&rt, &client, &sh("sleep 30"));
-    pool.wait_for(running, "running", |d| d["state"] == "running");
-    let refused = pool.corral(&["hold", &running.to_string()]);
-    assert!(one_line_stderr(&refused).contains("only pending jobs can be held"), "{}", one_line_stderr(&refused));
-    pool.ok(&["cancel", &running.to_string()]);
+#[test]
+fn relative_program_runs_in_the_submit_directory() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    executable(&dir.path().join("train.sh"), "#!/bin/sh\necho \"trained in $(pwd) with $1\"\n");
+    let out = corral_in(&pool, dir.path(), &[], &["submit", "--", "./train.sh", "lr=0.1"]);
+    let job = submitted_id(&out);
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert_eq!(pool.ok(&["logs", &job.to_string()]), format!("trained in {} with lr=0.1\n", dir.path().display()));
+}
 
-    // One task of an array not created yet, then the whole array.
-    let mut spec = sh("sleep 30");
-    spec.gpus = 1;
-    spec.array = Some(ArraySpec { ranges: vec![ArrayRange { first: 1, last: 9, step: 1 }], max_running: Some(2) });
-    let array = submit(&rt, &client, &spec);
-    pool.ok(&["cancel", &format!("{array}_8")]);
-    let missing = pool.corral(&["show", &format!("{array}_8")]);
-    assert!(one_line_stderr(&missing).contains("was not created yet"), "{}", one_line_stderr(&missing));
-    pool.ok(&["cancel", &array.to_string()]);
-    let ended = pool.wait_for(array, "cancelled", |d| d["state"] == "cancelled");
-    assert_eq!(ended["array"]["tasks"], 9, "{ended}");
-    let jobs = rt.block_on(client.list_jobs(false, None)).expect("jobs");
-    assert!(jobs.iter().all(|j| j.array_task.is_none_or(|t| t.array != array)), "no task of the array is left");
-    let bad = pool.corral(&["show", "12_x"]);
-    assert!(one_line_stderr(&bad).contains("invalid job '12_x'"), "{}", one_line_stderr(&bad));
+#[test]
+fn the_submit_environment_is_exported_unless_none() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = [("CORRAL_TEST_VAR", "hello"), ("SSH_AUTH_SOCK", "/tmp/agent.sock")];
+    let show = "echo var=$CORRAL_TEST_VAR ssh=$SSH_AUTH_SOCK id=$CORRAL_JOB_ID";
+    let default = submitted_id(&corral_in(&pool, dir.path(), &env, &["submit", "--", "sh", "-c", show]));
+    let none =
+        submitted_id(&corral_in(&pool, dir.path(), &env, &["submit", "--export", "NONE", "--", "sh", "-c", show]));
+    let listed = submitted_id(&corral_in(
+        &pool,
+        dir.path(),
+        &env,
+        &["submit", "--export", "SSH_AUTH_SOCK,OTHER=1", "--", "sh", "-c", show],
+    ));
+    for job in [default, none, listed] {
+        assert_eq!(ended(&pool, job)["state"], "succeeded");
+    }
+    assert_eq!(pool.ok(&["logs", &default.to_string()]), format!("var=hello ssh= id={default}\n"));
+    assert_eq!(pool.ok(&["logs", &none.to_string()]), format!("var= ssh= id={none}\n"));
+    assert_eq!(pool.ok(&["logs", &listed.to_string()]), format!("var= ssh=/tmp/agent.sock id={listed}\n"));
+}
+
+#[test]
+fn a_missing_working_directory_fails_naming_node_and_path() {
+    let pool = DevPool::start(&[]);
+    let job = pool.submit(&["--chdir", "/nonexistent/corral-exp", "--", "true"]);
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "failed", "{doc}");
+    let reason = doc["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("node dev-node: working directory /nonexistent/corral-exp does not exist"), "{reason}");
+}
+
+#[test]
+fn run_passes_the_exit_code_through() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = corral_in(&pool, dir.path(), &[], &["run", "--", "sh", "-c", "echo out; echo err >&2; exit 3"]);
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "out\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("err\n"));
+    let out = corral_in(&pool, dir.path(), &[], &["run", "--", "sh", "-c", "echo fine"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "fine\n");
+}
+
+#[test]
+fn strict_refuses_an_unsupported_directive_and_bad_input_submits_nothing() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("job.sh"), "#!/bin/sh\n#SBATCH --gpus=1\n#SBATCH --mail-type=END\necho hi\n")
+        .expect("write");
+    std::fs::write(dir.path().join("bad.sh"), "#!/bin/sh\n#SBATCH --time=soon\necho hi\n").expect("write");
+    let refused = corral_in(&pool, dir.path(), &[], &["sbatch", "--strict", "job.sh"]);
+    assert!(!refused.status.success());
+    assert_eq!(
+        one_line_stderr(&refused),
+        "error: job.sh line 3: --mail-type is not supported by corral (--strict): remove it, or submit without --strict to ignore it"
+    );
+    for args in [
+        &["sbatch", "bad.sh"][..],
+        &["sbatch", "missing.sh"],
+        &["submit", "--array", "5-1", "--", "true"],
+        &["submit", "--dependency", "afterok:x", "--", "true"],
+    ] {
+        let out = corral_in(&pool, dir.path(), &[], args);
+        assert!(!out.status.success(), "{args:?}");
+        let line = one_line_stderr(&out);
+        assert!(line.starts_with("error: "), "{args:?}: {line}");
+    }
+    let bad = one_line_stderr(&corral_in(&pool, dir.path(), &[], &["sbatch", "bad.sh"]));
+    assert!(bad.starts_with("error: bad.sh line 2: #SBATCH --time=soon: invalid time 'soon'"), "{bad}");
+    let jobs = pool.json(&["jobs", "--all"]);
+    assert_eq!(jobs.as_array().map(Vec::len), Some(0), "nothing was submitted: {jobs}");
+    let warned = corral_in(&pool, dir.path(), &[], &["sbatch", "job.sh"]);
+    let job = submitted_id(&warned);
+    assert!(String::from_utf8_lossy(&warned.stderr).contains("warning: job.sh line 3: --mail-type is not supported"));
+    assert_eq!(ended(&pool, job)["state"], "succeeded");
+}
+
+#[test]
+fn a_signal_before_the_time_limit_reaches_the_job() {
+    let pool = DevPool::start(&[]);
+    let trap = "trap 'echo got-usr1; exit 0' USR1; while :; do sleep 0.2; done";
+    let job = pool.submit(&["--time", "1m", "--signal", "USR1@55s", "--", "sh", "-c", trap]);
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert_eq!(pool.ok(&["logs", &job.to_string()]), "got-usr1\n");
 }

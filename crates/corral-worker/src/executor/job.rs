@@ -212,12 +212,20 @@ pub struct RunningJob {
     /// The final result once `wait` completed.
     exit: Option<JobExit>,
     shared: Arc<Shared>,
+    /// Threads copying the job's output into its output files too (`--stdout`/`--stderr`).
+    copiers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl RunningJob {
     /// A job whose main process started at `started`.
     pub(crate) fn new(child: MainProcess, started: Instant, shared: Shared) -> RunningJob {
-        RunningJob { child, started, main_exit: None, exit: None, shared: Arc::new(shared) }
+        RunningJob { child, started, main_exit: None, exit: None, shared: Arc::new(shared), copiers: Vec::new() }
+    }
+
+    /// With the threads that copy its output: `wait` returns once they drained it.
+    pub(crate) fn with_copiers(mut self, copiers: Vec<std::thread::JoinHandle<()>>) -> RunningJob {
+        self.copiers = copiers;
+        self
     }
 
     /// The job cgroup's directories (one per hierarchy on v1).
@@ -275,6 +283,8 @@ impl RunningJob {
             }
         };
         let oom_killed = Arc::clone(&self.shared).drain_and_remove().await;
+        // Every process is gone, so the pipes are closed: the copies end at once.
+        super::process::join_copiers(self.shared.job_id, std::mem::take(&mut self.copiers)).await;
         let exit = JobExit { exit_code, signal, oom_killed, run_time };
         info!(
             job_id = self.shared.job_id,

@@ -30,7 +30,7 @@ use std::time::Duration;
 pub use cgroup::{CgroupUsage, CgroupVersion};
 pub use job::{JobHandle, RunningJob};
 pub(crate) use process::find_program;
-pub use process::{ProcessExecutor, STDERR_LOG, STDOUT_LOG};
+pub use process::{ProcessExecutor, SCRIPT_FILE, STDERR_LOG, STDOUT_LOG};
 pub use routing::RoutingExecutor;
 pub use runc::{find_runc, RuncConfig, RuncExecutor, CONTAINER_WORK_DIR};
 
@@ -83,6 +83,27 @@ pub struct LaunchSpec {
     pub cdi_devices: Vec<String>,
     /// Host directories a container sees at the same path (e.g. the MPS pipe directory).
     pub binds: Vec<PathBuf>,
+    /// Working directory, batch script and output files of a Slurm-style job (bare processes
+    /// only; container executors ignore it).
+    pub files: JobFiles,
+}
+
+/// Where a job runs and writes besides its own `work_dir`. The default runs it in `work_dir`
+/// with its output in the log files only.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobFiles {
+    /// Working directory (absolute) of the job, which must exist and be accessible to its user;
+    /// `None`: `work_dir`. A relative program is found in it.
+    pub cwd: Option<PathBuf>,
+    /// A batch script, written to `<work_dir>/`[`SCRIPT_FILE`] (mode 0700, owned by the job's
+    /// user) before the launch; `argv` names it.
+    pub script: Option<String>,
+    /// Files (absolute) that also receive the job's stdout / stderr, opened as the job's user.
+    /// The same path for both gets both streams.
+    pub stdout: Option<PathBuf>,
+    pub stderr: Option<PathBuf>,
+    /// Truncate them first (a first run), else append (a requeued run).
+    pub truncate: bool,
 }
 
 /// How a job's main process ended.
@@ -116,6 +137,14 @@ pub enum ExecError {
     ProgramNotFound { program: String, path: String },
     #[error("cannot prepare {}: {source}; check that the parent directory exists and the worker may write there", path.display())]
     WorkDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("working directory {} {reason}", path.display())]
+    WorkingDir { path: PathBuf, reason: String },
+    #[error("cannot open output file {}: {source}; check that the job's user may write there", path.display())]
+    OutputFile {
         path: PathBuf,
         #[source]
         source: std::io::Error,

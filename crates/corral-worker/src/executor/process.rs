@@ -25,6 +25,10 @@ pub(crate) const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:
 pub const STDOUT_LOG: &str = "stdout.log";
 /// File in the work dir receiving the job's stderr.
 pub const STDERR_LOG: &str = "stderr.log";
+/// File in the work dir holding a batch job's script.
+pub const SCRIPT_FILE: &str = "job-script";
+/// How long a finished job's output copies may take to drain.
+const COPY_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Checks the parts of a spec that would otherwise fail late or confusingly.
 pub(crate) fn validate(spec: &LaunchSpec) -> Result<(), ExecError> {
@@ -145,7 +149,193 @@ pub(crate) fn prepare_work_dir(spec: &LaunchSpec) -> Result<(File, File), ExecEr
             std::os::unix::fs::chown(path, spec.uid, spec.gid).map_err(|e| work_dir_error(path, e))?;
         }
     }
+    if let Some(script) = &spec.files.script {
+        let path = dir.join(SCRIPT_FILE);
+        let write = || -> io::Result<()> {
+            // A fresh file of the job's user that only it may read and run.
+            let _ = fs::remove_file(&path);
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o700)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)?;
+            io::Write::write_all(&mut file, script.as_bytes())?;
+            if spec.uid.is_some() || spec.gid.is_some() {
+                std::os::unix::fs::fchown(&file, spec.uid, spec.gid)?;
+            }
+            Ok(())
+        };
+        write().map_err(|e| work_dir_error(&path, e))?;
+    }
     Ok((stdout, stderr))
+}
+
+/// The files a job opens outside its own directory, opened as its user.
+#[derive(Debug, Default)]
+pub(crate) struct UserFiles {
+    pub(crate) stdout: Option<File>,
+    pub(crate) stderr: Option<File>,
+}
+
+/// Checks that the job's working directory exists and that its user may enter it, and opens its
+/// output files as that user: on a thread of its own whose file-system identity is the job's
+/// (`setfsuid`, `setfsgid`, `setgroups` through raw system calls change only the calling thread;
+/// `unshare(CLONE_FS)` gives it its own current directory), so the worker's privileges never
+/// reach a path the user chose.
+pub(crate) fn open_user_files(spec: &LaunchSpec) -> Result<UserFiles, ExecError> {
+    let files = &spec.files;
+    if files.cwd.is_none() && files.stdout.is_none() && files.stderr.is_none() {
+        return Ok(UserFiles::default());
+    }
+    if let Some(cwd) = &files.cwd {
+        let missing = |reason: &str| ExecError::WorkingDir { path: cwd.clone(), reason: reason.to_owned() };
+        match fs::metadata(cwd) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(missing("does not exist")),
+            Ok(meta) if !meta.is_dir() => return Err(missing("is not a directory")),
+            _ => {}
+        }
+    }
+    // Only root can take another identity; a worker running as a user runs jobs as itself.
+    let switch =
+        nix::unistd::geteuid().is_root() && (spec.uid.is_some_and(|u| u != 0) || spec.gid.is_some_and(|g| g != 0));
+    let (uid, gid) = (spec.uid, spec.gid);
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                if switch {
+                    become_fs_user(uid, gid).map_err(|e| ExecError::WorkingDir {
+                        path: files.cwd.clone().unwrap_or_else(|| spec.work_dir.clone()),
+                        reason: format!("cannot be checked as the job's user: {e}"),
+                    })?;
+                }
+                open_as_current_user(files, uid)
+            })
+            .join()
+            .unwrap_or_else(|_| Err(ExecError::InvalidSpec("opening the job's files panicked".to_owned())))
+    })
+}
+
+/// Makes the calling thread's file-system identity the job's (see [`open_user_files`]).
+fn become_fs_user(uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+    // SAFETY: system calls that change the calling thread's own credentials and fs context.
+    unsafe {
+        if libc::unshare(libc::CLONE_FS) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if let Some(gid) = gid {
+            let groups = [gid];
+            if libc::syscall(libc::SYS_setgroups, 1 as libc::c_long, groups.as_ptr()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::syscall(libc::SYS_setfsgid, gid);
+            if libc::syscall(libc::SYS_setfsgid, u32::MAX) as u32 != gid {
+                return Err(io::Error::other("setfsgid did not take"));
+            }
+        }
+        if let Some(uid) = uid {
+            libc::syscall(libc::SYS_setfsuid, uid);
+            if libc::syscall(libc::SYS_setfsuid, u32::MAX) as u32 != uid {
+                return Err(io::Error::other("setfsuid did not take"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn open_as_current_user(files: &super::JobFiles, uid: Option<u32>) -> Result<UserFiles, ExecError> {
+    if let Some(cwd) = &files.cwd {
+        if let Err(e) = nix::unistd::chdir(cwd.as_path()) {
+            let who = uid.map_or_else(|| "the job's user".to_owned(), |u| format!("the job's user (uid {u})"));
+            let reason = match e {
+                nix::errno::Errno::ENOENT => "does not exist".to_owned(),
+                nix::errno::Errno::ENOTDIR => "is not a directory".to_owned(),
+                nix::errno::Errno::EACCES => format!("is not accessible to {who}: permission denied"),
+                e => format!("cannot be entered by {who}: {}", e.desc()),
+            };
+            return Err(ExecError::WorkingDir { path: cwd.clone(), reason });
+        }
+    }
+    let open = |path: &Path| {
+        let mut options = OpenOptions::new();
+        options.write(true).create(true).mode(0o644).custom_flags(libc::O_NOFOLLOW);
+        if files.truncate {
+            options.truncate(true);
+        } else {
+            options.append(true);
+        }
+        options.open(path).map_err(|source| ExecError::OutputFile { path: path.to_path_buf(), source })
+    };
+    let stdout = files.stdout.as_deref().map(open).transpose()?;
+    let stderr = match (&files.stderr, &stdout) {
+        (Some(e), Some(out)) if Some(e) == files.stdout.as_ref() => {
+            Some(out.try_clone().map_err(|source| ExecError::OutputFile { path: e.clone(), source })?)
+        }
+        (Some(e), _) => Some(open(e)?),
+        (None, _) => None,
+    };
+    Ok(UserFiles { stdout, stderr })
+}
+
+/// A pipe whose reading end is copied by a thread into `log` and `extra`: the job writes into
+/// the returned end, and both files get everything it writes.
+pub(crate) fn tee(job_id: u64, log: File, extra: File) -> Result<(File, std::thread::JoinHandle<()>), ExecError> {
+    let spawn_error = |source: io::Error| ExecError::Spawn { program: "the output copier".to_owned(), source };
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two fresh descriptors we then own.
+    let (read_end, write_end) = unsafe {
+        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(spawn_error(io::Error::last_os_error()));
+        }
+        use std::os::fd::FromRawFd;
+        (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1]))
+    };
+    let copier = std::thread::Builder::new()
+        .name(format!("job-{job_id}-output"))
+        .spawn(move || copy_output(job_id, read_end, log, extra))
+        .map_err(spawn_error)?;
+    Ok((write_end, copier))
+}
+
+fn copy_output(job_id: u64, mut from: File, mut log: File, mut extra: File) {
+    use std::io::{Read, Write};
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut extra_ok = true;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                warn!(job_id, error = %e, "cannot read the job's output");
+                return;
+            }
+        };
+        if let Err(e) = log.write_all(&buf[..n]) {
+            warn!(job_id, error = %e, "cannot write the job's log");
+        }
+        if extra_ok {
+            if let Err(e) = extra.write_all(&buf[..n]) {
+                warn!(job_id, error = %e, "cannot write the job's output file: it gets no more output");
+                extra_ok = false;
+            }
+        }
+    }
+}
+
+/// Waits (bounded) for the output copiers of a job whose processes are all gone.
+pub(crate) async fn join_copiers(job_id: u64, copiers: Vec<std::thread::JoinHandle<()>>) {
+    if copiers.is_empty() {
+        return;
+    }
+    let join = tokio::task::spawn_blocking(move || {
+        for copier in copiers {
+            let _ = copier.join();
+        }
+    });
+    if tokio::time::timeout(COPY_DRAIN, join).await.is_err() {
+        warn!(job_id, "the job's output is still held open by a process outside it: its output files may be cut short");
+    }
 }
 
 /// Everything the child needs before exec, prepared in the parent.
@@ -171,7 +361,8 @@ pub(crate) fn spawn(plan: SpawnPlan<'_>) -> Result<JobProcess, ExecError> {
         uid: spec.uid,
         gid: spec.gid,
     };
-    spawn::spawn(&plan.program, &spec.argv, &plan.env, &spec.work_dir, &plan.stdout, &plan.stderr, &confinement)
+    let dir = spec.files.cwd.as_deref().unwrap_or(&spec.work_dir);
+    spawn::spawn(&plan.program, &spec.argv, &plan.env, dir, &plan.stdout, &plan.stderr, &confinement)
         .map_err(|source| ExecError::Spawn { program: plan.program.display().to_string(), source })
 }
 
@@ -236,10 +427,21 @@ impl Executor for ProcessExecutor {
         }
         validate(spec)?;
         let env = environment(spec);
+        let user_files = open_user_files(spec)?;
+        let (stdout, stderr) = prepare_work_dir(spec)?;
         let path_var = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
         let argv0 = spec.argv.first().map_or("", String::as_str);
-        let program = resolve_program(argv0, path_var, &spec.work_dir)?;
-        let (stdout, stderr) = prepare_work_dir(spec)?;
+        let program = resolve_program(argv0, path_var, spec.files.cwd.as_deref().unwrap_or(&spec.work_dir))?;
+        let mut copiers = Vec::new();
+        let mut with_copy = |log: File, extra: Option<File>| match extra {
+            Some(extra) => tee(spec.job_id, log, extra).map(|(write_end, copier)| {
+                copiers.push(copier);
+                write_end
+            }),
+            None => Ok(log),
+        };
+        let stdout = with_copy(stdout, user_files.stdout)?;
+        let stderr = with_copy(stderr, user_files.stderr)?;
 
         let name = self.job_cgroup_name(spec.job_id, spec.attempt);
         let cgroup = JobCgroup::create(self.version, &name, &spec.limits)?;
@@ -271,7 +473,8 @@ impl Executor for ProcessExecutor {
             cgroup = %name,
             "job started"
         );
-        Ok(RunningJob::new(MainProcess::Job(child), started, Shared::new(spec.job_id, spec.attempt, pid, cgroup, None)))
+        Ok(RunningJob::new(MainProcess::Job(child), started, Shared::new(spec.job_id, spec.attempt, pid, cgroup, None))
+            .with_copiers(copiers))
     }
 }
 

@@ -707,6 +707,7 @@ mod tests {
             devices: vec![PathBuf::from("/dev/null")],
             cdi_devices: Vec::new(),
             binds: vec![PathBuf::from("/run/corral/mps/0/pipe")],
+            files: Default::default(),
         };
         spec.limits.memory_bytes = Some(1 << 30);
         spec.limits.cpu_millis = Some(1500);

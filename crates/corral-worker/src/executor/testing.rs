@@ -64,6 +64,7 @@ impl<E: TestExecutor> Fixture<E> {
             devices: Vec::new(),
             cdi_devices: Vec::new(),
             binds: Vec::new(),
+            files: Default::default(),
         }
     }
 

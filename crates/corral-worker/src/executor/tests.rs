@@ -4,6 +4,7 @@
 
 use super::*;
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Instant;
 
@@ -423,4 +424,81 @@ async fn jobs_start_with_default_signals_and_the_worker_keeps_its_identity() {
             assert!(uid.split_whitespace().skip(1).all(|id| id == "0"), "thread {:?}: {uid}", task.file_name());
         }
     }
+}
+
+#[tokio::test]
+async fn batch_script_runs_in_its_working_directory_and_writes_output_files() {
+    let fx = Fixture::new();
+    let cwd = fx.dir.path().join("exp");
+    fs::create_dir_all(&cwd).expect("mkdir");
+    fs::write(cwd.join("input.txt"), "data\n").expect("write");
+    let mut spec = fx.spec(&[]);
+    let script_path = spec.work_dir.join(SCRIPT_FILE).display().to_string();
+    spec.argv = vec![script_path, "arg1".into()];
+    spec.files = JobFiles {
+        cwd: Some(cwd.clone()),
+        script: Some("#!/bin/sh\ncat input.txt; echo \"got $1 in $(pwd)\"; echo oops >&2\n".into()),
+        stdout: Some(cwd.join("out.txt")),
+        stderr: Some(cwd.join("out.txt")),
+        truncate: true,
+    };
+    let mut job = fx.executor.launch(&spec).expect("launch");
+    let exit = fx.wait_bounded(&mut job, DEADLINE).await;
+    assert_eq!(exit.exit_code, Some(0));
+    let expected = format!("data\ngot arg1 in {}\n", cwd.display());
+    assert_eq!(fx.log(STDOUT_LOG), expected, "corral logs still sees the output");
+    assert_eq!(fx.log(STDERR_LOG), "oops\n");
+    let both = fs::read_to_string(cwd.join("out.txt")).expect("output file");
+    assert!(both.contains("got arg1") && both.contains("oops"), "{both}");
+    let mode = fs::metadata(spec.work_dir.join(SCRIPT_FILE)).expect("script").permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
+}
+
+#[tokio::test]
+async fn relative_program_resolves_against_the_working_directory() {
+    let fx = Fixture::new();
+    let cwd = fx.dir.path().join("exp");
+    fs::create_dir_all(&cwd).expect("mkdir");
+    let script = cwd.join("train.sh");
+    fs::write(&script, "#!/bin/sh\necho trained\n").expect("write");
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut spec = fx.spec(&["./train.sh"]);
+    spec.files.cwd = Some(cwd);
+    let mut job = fx.executor.launch(&spec).expect("launch");
+    assert_eq!(fx.wait_bounded(&mut job, DEADLINE).await.exit_code, Some(0));
+    assert_eq!(fx.log(STDOUT_LOG), "trained\n");
+}
+
+#[tokio::test]
+async fn a_missing_working_directory_fails_the_launch_naming_it() {
+    let fx = Fixture::new();
+    let mut spec = fx.spec(&["true"]);
+    spec.files.cwd = Some(PathBuf::from("/nonexistent/corral/exp"));
+    let err = fx.executor.launch(&spec).expect_err("no such directory");
+    assert_eq!(err.to_string(), "working directory /nonexistent/corral/exp does not exist");
+}
+
+#[tokio::test]
+async fn a_working_directory_the_user_cannot_enter_fails_the_launch() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let fx = Fixture::new();
+    let cwd = fx.dir.path().join("private");
+    fs::create_dir_all(&cwd).expect("mkdir");
+    fs::set_permissions(&cwd, fs::Permissions::from_mode(0o700)).expect("chmod");
+    let mut spec = fx.spec(&["true"]);
+    // The job dir's parents must be enterable by the job's user.
+    fs::set_permissions(fx.dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    spec.uid = Some(65534);
+    spec.gid = Some(65534);
+    spec.files.cwd = Some(cwd.clone());
+    let err = fx.executor.launch(&spec).expect_err("not accessible");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "working directory {} is not accessible to the job's user (uid 65534): permission denied",
+            cwd.display()
+        )
+    );
 }

@@ -1,0 +1,387 @@
+//! From job flags to a `JobSpec`: the one mapping that `submit`, `sbatch` and `run` share
+//! (working directory, exported environment, Slurm-style options), and the overlay of
+//! command-line flags over a script's directives.
+
+use crate::args::JobFlags;
+use anyhow::bail;
+use corral_types::{parse_dependencies, ArraySpec, GpuSlice, JobSpec, SchedOptions, MAX_ENV_BYTES, MAX_ENV_VARS};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Variables of the submitting shell never exported by `--export ALL` (the default): the
+/// client's credentials and endpoint, and handles to the login session. Keep `--export`'s help
+/// in `args.rs` in step.
+pub const EXPORT_DENY: &[&str] = &[
+    "CORRAL_TOKEN",
+    "CORRAL_CA",
+    "CORRAL_CERT",
+    "CORRAL_KEY",
+    "CORRAL_ENDPOINT",
+    "SSH_AUTH_SOCK",
+    "SSH_AGENT_PID",
+    "GPG_AGENT_INFO",
+    "KRB5CCNAME",
+    "XAUTHORITY",
+    "DBUS_SESSION_BUS_ADDRESS",
+    "VAULT_TOKEN",
+];
+
+/// What a job is made of besides its flags.
+pub struct JobInput<'a> {
+    /// Program and arguments (for a batch script: the script's arguments).
+    pub command: Vec<String>,
+    /// Body of a batch script.
+    pub script: Option<String>,
+    /// Name when `--name` is absent.
+    pub default_name: String,
+    /// The directory of the submit (absolute).
+    pub cwd: &'a Path,
+    /// The submitting shell's environment.
+    pub environment: Vec<(String, String)>,
+}
+
+impl JobFlags {
+    /// These flags, with what they leave unset taken from `under` (e.g. a script's directives:
+    /// command-line flags win). Lists are joined, `under`'s first.
+    pub fn over(self, under: JobFlags) -> JobFlags {
+        let mut env = under.env;
+        env.extend(self.env);
+        let mut constraint = under.constraint;
+        constraint.extend(self.constraint);
+        JobFlags {
+            tenant: self.tenant.or(under.tenant),
+            priority: self.priority.or(under.priority),
+            gpus: self.gpus.or(under.gpus),
+            gpu_slice: self.gpu_slice.or(under.gpu_slice),
+            cpus: self.cpus.or(under.cpus),
+            mem: self.mem.or(under.mem),
+            time: self.time.or(under.time),
+            name: self.name.or(under.name),
+            image: self.image.or(under.image),
+            gpus_per_node: self.gpus_per_node.or(under.gpus_per_node),
+            rdma: self.rdma || under.rdma,
+            no_requeue: self.no_requeue || under.no_requeue,
+            signal: self.signal.or(under.signal),
+            env,
+            chdir: self.chdir.or(under.chdir),
+            export: self.export.or(under.export),
+            stdout: self.stdout.or(under.stdout),
+            stderr: self.stderr.or(under.stderr),
+            array: self.array.or(under.array),
+            dependency: self.dependency.or(under.dependency),
+            partition: self.partition.or(under.partition),
+            constraint,
+            hold: self.hold || under.hold,
+            max_restarts: self.max_restarts.or(under.max_restarts),
+            nodes: self.nodes.or(under.nodes),
+        }
+    }
+}
+
+/// The job spec the flags describe, and the warnings to print (variables not exported).
+pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec, Vec<String>)> {
+    if input.command.is_empty() && input.script.is_none() {
+        bail!("empty command: give the program to run after `--`, e.g. `corral submit --gpus 1 -- python train.py`");
+    }
+    let cpu_millis = match flags.cpus {
+        Some(c) if !(c.is_finite() && c > 0.0 && c <= 4096.0) => {
+            bail!("invalid --cpus {c}: expected a number of cores greater than 0, e.g. 2 or 0.5")
+        }
+        Some(c) => (c * 1000.0).round() as u32,
+        None => 0,
+    };
+    let gpu_slice = flags.gpu_slice.as_deref().map(GpuSlice::parse).transpose()?;
+    let gpus = match (flags.gpus, flags.nodes, flags.gpus_per_node) {
+        (Some(g), _, _) => g,
+        (None, Some(n), Some(per_node)) => n.saturating_mul(per_node),
+        (None, _, _) => 0,
+    };
+    match (flags.nodes, flags.gpus_per_node) {
+        (Some(n), Some(per_node)) if n.checked_mul(per_node) != Some(gpus) => {
+            bail!("--nodes {n} with --gpus-per-node {per_node} means {} gpus, but --gpus is {gpus}", n * per_node)
+        }
+        (Some(n), None) if n > 1 => {
+            bail!("--nodes {n} needs --gpus-per-node: a job across nodes is a gang with whole GPUs on each")
+        }
+        _ => {}
+    }
+    let image = flags.image;
+    if image.is_some() && input.script.is_some() {
+        bail!(
+            "a batch script cannot run in an --image container yet: submit the container with `corral submit --image`"
+        );
+    }
+    if image.is_some() && flags.chdir.is_some() {
+        bail!("--chdir is not supported with --image yet: the container starts in its own directory");
+    }
+    let workdir = match (&flags.chdir, &image) {
+        (Some(dir), _) => Some(input.cwd.join(dir)),
+        (None, Some(_)) => None,
+        (None, None) => Some(input.cwd.to_path_buf()),
+    };
+    let workdir = workdir
+        .map(|d| d.to_str().map(str::to_owned).ok_or_else(|| anyhow::anyhow!("--chdir {} is not UTF-8", d.display())))
+        .transpose()?;
+    let export = flags.export.clone().unwrap_or_else(|| if image.is_some() { "NONE" } else { "ALL" }.into());
+    let explicit: BTreeMap<String, String> = flags.env.into_iter().collect();
+    let (env, warnings) = exported_environment(&export, input.environment, explicit)?;
+    let array = flags.array.as_deref().map(ArraySpec::parse).transpose()?;
+    let (dependencies, singleton) = match flags.dependency.as_deref() {
+        Some(spec) => parse_dependencies(spec)?,
+        None => (Vec::new(), false),
+    };
+    let mut node_selector = Vec::new();
+    if let Some(p) = flags.partition {
+        if p.is_empty() || p.contains(['=', ',']) {
+            bail!("invalid --partition '{p}': expected a partition name such as gpu");
+        }
+        node_selector.push(format!("partition={p}"));
+    }
+    for term in flags.constraint {
+        let term = term.trim();
+        if term.is_empty() || term.starts_with('=') || term.contains([' ', '|', '&', '[', ']', '*', '!']) {
+            bail!("invalid --constraint '{term}': expected labels key=value or a label name, comma-separated");
+        }
+        node_selector.push(term.to_string());
+    }
+    let name = flags.name.unwrap_or(input.default_name);
+    let spec = JobSpec {
+        name,
+        // Empty: the coordinator fills in the token's tenant (or `default`).
+        tenant: flags.tenant.unwrap_or_default(),
+        priority_class: flags.priority.unwrap_or_default(),
+        gpus,
+        gpu_slice,
+        cpu_millis,
+        memory_bytes: flags.mem.unwrap_or(0),
+        time_limit_secs: flags.time.map(|t| t.as_secs().max(1)),
+        image,
+        command: input.command,
+        env,
+        sched: SchedOptions {
+            gpus_per_node: flags.gpus_per_node,
+            rdma: flags.rdma,
+            no_requeue: flags.no_requeue,
+            checkpoint_signal: flags.signal.map(|s| s.signal),
+            signal_before_end_secs: flags
+                .signal
+                .and_then(|s| s.before_end)
+                .map(|d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX)),
+            dependencies,
+            singleton,
+            max_restarts: flags.max_restarts,
+            node_selector,
+            hold: flags.hold,
+        },
+        workdir,
+        script: input.script,
+        stdout_path: flags.stdout,
+        stderr_path: flags.stderr,
+        array,
+    };
+    let mut checked = spec.clone();
+    if checked.tenant.is_empty() {
+        checked.tenant = "default".into();
+    }
+    checked.validate()?;
+    Ok((spec, warnings))
+}
+
+/// The job's environment for `--export SPEC` from the submitting shell's `environment`, with
+/// `explicit` (`--env`) on top; what does not fit the spec's limits is dropped and named in one
+/// warning.
+pub fn exported_environment(
+    spec: &str,
+    environment: Vec<(String, String)>,
+    explicit: BTreeMap<String, String>,
+) -> anyhow::Result<(BTreeMap<String, String>, Vec<String>)> {
+    let shell: BTreeMap<String, String> = environment.into_iter().collect();
+    let mut all = false;
+    let mut named: BTreeMap<String, String> = BTreeMap::new();
+    for item in spec.split(',').map(str::trim) {
+        match item {
+            "ALL" => all = true,
+            "NONE" => {}
+            "" => bail!("invalid --export '{spec}': an empty item (expected ALL, NONE or VAR[,VAR=value...])"),
+            _ => match item.split_once('=') {
+                Some((key, value)) if valid_name(key) => {
+                    named.insert(key.to_string(), value.to_string());
+                }
+                None if valid_name(item) => {
+                    // Named explicitly: exported even if on the deny list; absent, nothing.
+                    if let Some(value) = shell.get(item) {
+                        named.insert(item.to_string(), value.clone());
+                    }
+                }
+                _ => bail!("invalid --export item '{item}': expected a variable name or VAR=value"),
+            },
+        }
+    }
+    if spec.split(',').any(|i| i.trim() == "NONE") && spec.split(',').count() > 1 {
+        bail!("invalid --export '{spec}': NONE cannot be combined with other items");
+    }
+    // Wanted first, then the shell's variables in name order while they fit.
+    let mut env = explicit;
+    for (k, v) in named {
+        env.entry(k).or_insert(v);
+    }
+    let mut bytes: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let mut dropped = Vec::new();
+    if all {
+        for (key, value) in shell {
+            if env.contains_key(&key) || EXPORT_DENY.contains(&key.as_str()) || !valid_name(&key) {
+                continue;
+            }
+            let size = key.len() + value.len();
+            if env.len() >= MAX_ENV_VARS || bytes + size > MAX_ENV_BYTES {
+                dropped.push(key);
+                continue;
+            }
+            bytes += size;
+            env.insert(key, value);
+        }
+    }
+    let mut warnings = Vec::new();
+    if !dropped.is_empty() {
+        warnings.push(format!(
+            "{} environment variables not exported (a job carries at most {MAX_ENV_VARS} variables, {} KiB): {}",
+            dropped.len(),
+            MAX_ENV_BYTES / 1024,
+            dropped.join(", ")
+        ));
+    }
+    Ok((env, warnings))
+}
+
+fn valid_name(key: &str) -> bool {
+    !key.is_empty() && !key.contains(['=', '\0'])
+}
+
+/// The submitting shell's environment (variables that are not UTF-8 are left out).
+pub fn current_environment() -> Vec<(String, String)> {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::SignalSpec;
+    use std::time::Duration;
+
+    fn vars(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn input(cwd: &Path) -> JobInput<'_> {
+        JobInput {
+            command: vec!["./train.sh".into()],
+            script: None,
+            default_name: "train.sh".into(),
+            cwd,
+            environment: vars(&[("HOME", "/home/ana"), ("CORRAL_TOKEN", "secret"), ("LR", "0.1")]),
+        }
+    }
+
+    #[test]
+    fn export_all_leaves_credentials_out() {
+        let (env, warnings) = exported_environment("ALL", input(Path::new("/")).environment, BTreeMap::new()).unwrap();
+        assert_eq!(env.get("LR").map(String::as_str), Some("0.1"));
+        assert!(!env.contains_key("CORRAL_TOKEN"));
+        assert!(warnings.is_empty());
+        let (env, _) = exported_environment("NONE", input(Path::new("/")).environment, BTreeMap::new()).unwrap();
+        assert!(env.is_empty());
+        let (env, _) =
+            exported_environment("LR,X=1,MISSING", input(Path::new("/")).environment, BTreeMap::new()).unwrap();
+        assert_eq!(env, vars(&[("LR", "0.1"), ("X", "1")]).into_iter().collect());
+        let explicit = vars(&[("LR", "0.5")]).into_iter().collect();
+        let (env, _) = exported_environment("ALL,Y=2", input(Path::new("/")).environment, explicit).unwrap();
+        assert_eq!(env.get("LR").map(String::as_str), Some("0.5"), "--env wins");
+        assert_eq!(env.get("Y").map(String::as_str), Some("2"));
+        for bad in ["", "ALL,", "=x", "NONE,LR"] {
+            assert!(exported_environment(bad, vec![], BTreeMap::new()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn export_drops_what_does_not_fit_with_one_warning() {
+        let many: Vec<(String, String)> = (0..MAX_ENV_VARS + 5).map(|i| (format!("V{i:05}"), "x".into())).collect();
+        let (env, warnings) = exported_environment("ALL", many, BTreeMap::new()).unwrap();
+        assert_eq!(env.len(), MAX_ENV_VARS);
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].starts_with("5 environment variables not exported"), "{}", warnings[0]);
+        let big = vec![("BIG".to_string(), "v".repeat(MAX_ENV_BYTES)), ("SMALL".into(), "1".into())];
+        let (env, warnings) = exported_environment("ALL", big, BTreeMap::new()).unwrap();
+        assert_eq!(env.keys().collect::<Vec<_>>(), ["SMALL"]);
+        assert!(warnings[0].contains("BIG"));
+    }
+
+    #[test]
+    fn export_help_names_every_denied_variable() {
+        use clap::CommandFactory;
+        let mut cmd = crate::args::Cli::command();
+        let help = cmd.find_subcommand_mut("submit").unwrap().render_long_help().to_string();
+        for name in EXPORT_DENY {
+            assert!(help.contains(name), "--export's help misses {name}");
+        }
+    }
+
+    #[test]
+    fn flags_map_to_the_spec() {
+        let cwd = Path::new("/home/ana/exp");
+        let flags = JobFlags {
+            gpus_per_node: Some(4),
+            nodes: Some(2),
+            signal: Some(SignalSpec { signal: 10, before_end: Some(Duration::from_secs(300)) }),
+            partition: Some("gpu".into()),
+            constraint: vec!["a100".into(), "zone=a".into()],
+            array: Some("0-9%2".into()),
+            dependency: Some("afterok:3,singleton".into()),
+            max_restarts: Some(2),
+            hold: true,
+            chdir: Some("sub".into()),
+            ..Default::default()
+        };
+        let (spec, _) = job_spec(flags, input(cwd)).unwrap();
+        assert_eq!(spec.gpus, 8);
+        assert_eq!(spec.sched.gpus_per_node, Some(4));
+        assert_eq!((spec.sched.checkpoint_signal, spec.sched.signal_before_end_secs), (Some(10), Some(300)));
+        assert_eq!(spec.sched.node_selector, ["partition=gpu", "a100", "zone=a"]);
+        assert_eq!(spec.array.unwrap().max_running, Some(2));
+        assert!(spec.sched.singleton && spec.sched.hold);
+        assert_eq!(spec.sched.dependencies.len(), 1);
+        assert_eq!(spec.sched.max_restarts, Some(2));
+        assert_eq!(spec.workdir.as_deref(), Some("/home/ana/exp/sub"));
+        assert!(!spec.env.contains_key("CORRAL_TOKEN"));
+        let (spec, _) = job_spec(JobFlags::default(), input(cwd)).unwrap();
+        assert_eq!(spec.workdir.as_deref(), Some("/home/ana/exp"), "the submit directory by default");
+        let flags = JobFlags { chdir: Some("/abs".into()), ..Default::default() };
+        assert_eq!(job_spec(flags, input(cwd)).unwrap().0.workdir.as_deref(), Some("/abs"));
+        let flags = JobFlags { image: Some("/rootfs".into()), ..Default::default() };
+        let (spec, _) = job_spec(flags, input(cwd)).unwrap();
+        assert_eq!((spec.workdir, spec.env.len()), (None, 0), "--image jobs keep the old defaults");
+    }
+
+    #[test]
+    fn bad_flags_are_refused() {
+        let cwd = Path::new("/");
+        for (flags, why) in [
+            (JobFlags { nodes: Some(2), ..Default::default() }, "needs --gpus-per-node"),
+            (JobFlags { nodes: Some(2), gpus_per_node: Some(2), gpus: Some(3), ..Default::default() }, "means 4 gpus"),
+            (JobFlags { array: Some("5-1".into()), ..Default::default() }, "invalid array"),
+            (JobFlags { dependency: Some("after:1".into()), ..Default::default() }, "invalid dependency"),
+            (JobFlags { constraint: vec!["a|b".into()], ..Default::default() }, "invalid --constraint"),
+            (JobFlags { partition: Some("a=b".into()), ..Default::default() }, "invalid --partition"),
+        ] {
+            let e = job_spec(flags, input(cwd)).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+        }
+    }
+
+    #[test]
+    fn command_line_flags_override_directives() {
+        let directives = JobFlags { gpus: Some(2), name: Some("from-script".into()), hold: true, ..Default::default() };
+        let cli = JobFlags { gpus: Some(4), ..Default::default() };
+        let merged = cli.over(directives);
+        assert_eq!((merged.gpus, merged.name.as_deref(), merged.hold), (Some(4), Some("from-script"), true));
+    }
+}

@@ -1,0 +1,536 @@
+//! `corral sbatch`: the directives of a batch script (`#CORRAL <flag>` and the common `#SBATCH`
+//! options), read up to the first command line as Slurm does, and mapped onto the same job
+//! flags `corral submit` takes.
+
+use crate::args::JobFlags;
+use clap::Parser;
+use corral_types::{parse_dependencies, ArraySpec, MAX_SCRIPT_BYTES};
+use std::path::Path;
+
+/// One directive line as corral flags.
+#[derive(Debug, Parser)]
+#[command(no_binary_name = true, disable_help_flag = true, disable_version_flag = true)]
+struct DirectiveLine {
+    #[command(flatten)]
+    job: JobFlags,
+}
+
+/// What a script's directives ask for.
+#[derive(Debug, Default)]
+pub struct Directives {
+    pub flags: JobFlags,
+    /// One per directive that is not supported (ignored).
+    pub warnings: Vec<String>,
+}
+
+/// Reads a batch script: at most `MAX_SCRIPT_BYTES`, UTF-8.
+pub fn read_script(path: &Path) -> anyhow::Result<String> {
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| anyhow::anyhow!("cannot read script {shown}: {e}"))?;
+    if !meta.is_file() {
+        anyhow::bail!("script {shown} is not a file");
+    }
+    if meta.len() > MAX_SCRIPT_BYTES as u64 {
+        anyhow::bail!(
+            "script {shown} is {} bytes, more than the {} KiB a batch script may have: move data into files it reads",
+            meta.len(),
+            MAX_SCRIPT_BYTES / 1024
+        );
+    }
+    let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read script {shown}: {e}"))?;
+    if bytes.len() > MAX_SCRIPT_BYTES {
+        anyhow::bail!("script {shown} is more than {} KiB", MAX_SCRIPT_BYTES / 1024);
+    }
+    String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("script {shown} is not UTF-8 text"))
+}
+
+/// Parses the directives of `text` (named `script` in messages). With `strict`, an unsupported
+/// directive is an error instead of a warning. Later lines override earlier ones.
+pub fn parse_directives(script: &str, text: &str, strict: bool) -> Result<Directives, String> {
+    let mut out = Directives::default();
+    for (i, line) in text.lines().enumerate() {
+        let number = i + 1;
+        let trimmed = line.trim();
+        if trimmed.is_empty() {
+            continue;
+        }
+        if !trimmed.starts_with('#') {
+            break;
+        }
+        let (kind, rest) = if let Some(rest) = directive_body(line, "#SBATCH") {
+            ("#SBATCH", rest)
+        } else if let Some(rest) = directive_body(line, "#CORRAL") {
+            ("#CORRAL", rest)
+        } else {
+            continue;
+        };
+        let at = |why: &str| format!("{script} line {number}: {kind}{rest}: {why}");
+        let words = split_words(rest).map_err(|why| at(&why))?;
+        let tokens = if kind == "#SBATCH" {
+            let mut unsupported = Vec::new();
+            let tokens = translate_sbatch(&words, &mut unsupported).map_err(|why| at(&why))?;
+            for what in unsupported {
+                let message = format!("{script} line {number}: {what} is not supported by corral");
+                if strict {
+                    return Err(format!("{message} (--strict): remove it, or submit without --strict to ignore it"));
+                }
+                out.warnings.push(format!("{message}: ignored"));
+            }
+            tokens
+        } else {
+            words
+        };
+        if tokens.is_empty() {
+            continue;
+        }
+        let parsed = DirectiveLine::try_parse_from(&tokens).map_err(|e| {
+            let rendered = e.render().to_string();
+            let first = rendered.lines().next().unwrap_or("invalid directive").trim_start_matches("error: ");
+            at(first)
+        })?;
+        let flags = parsed.job;
+        if let Some(array) = &flags.array {
+            ArraySpec::parse(array).map_err(|e| at(&e.to_string()))?;
+        }
+        if let Some(dependency) = &flags.dependency {
+            parse_dependencies(dependency).map_err(|e| at(&e.to_string()))?;
+        }
+        out.flags = flags.over(std::mem::take(&mut out.flags));
+    }
+    Ok(out)
+}
+
+/// The text after `#SBATCH` (or `#CORRAL`) when the line is such a directive.
+fn directive_body<'a>(line: &'a str, prefix: &str) -> Option<&'a str> {
+    let rest = line.strip_prefix(prefix)?;
+    (rest.is_empty() || rest.starts_with([' ', '\t'])).then_some(rest)
+}
+
+/// Splits a directive into words as a shell would (quotes, backslashes); a word starting with
+/// `#` starts a comment.
+fn split_words(text: &str) -> Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            ' ' | '\t' => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            '#' if !in_word => break,
+            '\'' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => word.push(c),
+                        None => return Err("unterminated ' quote".into()),
+                    }
+                }
+            }
+            '"' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => word.push(chars.next().ok_or("unterminated \" quote")?),
+                        Some(c) => word.push(c),
+                        None => return Err("unterminated \" quote".into()),
+                    }
+                }
+            }
+            '\\' => {
+                in_word = true;
+                word.push(chars.next().ok_or("a trailing backslash")?);
+            }
+            c => {
+                in_word = true;
+                word.push(c);
+            }
+        }
+    }
+    if in_word {
+        words.push(word);
+    }
+    Ok(words)
+}
+
+/// Slurm's short options that take a value, with their long names.
+const SHORT: &[(char, &str)] = &[
+    ('A', "account"),
+    ('a', "array"),
+    ('C', "constraint"),
+    ('c', "cpus-per-task"),
+    ('D', "chdir"),
+    ('d', "dependency"),
+    ('e', "error"),
+    ('G', "gpus"),
+    ('J', "job-name"),
+    ('L', "licenses"),
+    ('M', "clusters"),
+    ('m', "distribution"),
+    ('N', "nodes"),
+    ('n', "ntasks"),
+    ('o', "output"),
+    ('p', "partition"),
+    ('q', "qos"),
+    ('t', "time"),
+    ('w', "nodelist"),
+    ('x', "exclude"),
+];
+
+/// Slurm options without a value.
+const SWITCHES: &[(Option<char>, &str)] = &[
+    (Some('H'), "hold"),
+    (None, "requeue"),
+    (None, "no-requeue"),
+    (None, "exclusive"),
+    (None, "overcommit"),
+    (Some('O'), "overcommit"),
+    (None, "parsable"),
+    (None, "wait"),
+    (Some('W'), "wait"),
+    (None, "contiguous"),
+    (None, "spread-job"),
+    (None, "test-only"),
+    (None, "ignore-pbs"),
+    (None, "get-user-env"),
+];
+
+/// `#SBATCH` words to corral flags; options corral does not support are named in `unsupported`.
+fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < words.len() {
+        let word = &words[i];
+        i += 1;
+        // (long name, value)
+        let (name, inline): (String, Option<String>) = if let Some(long) = word.strip_prefix("--") {
+            match long.split_once('=') {
+                Some((n, v)) => (n.to_string(), Some(v.to_string())),
+                None => (long.to_string(), None),
+            }
+        } else if let Some(short) = word.strip_prefix('-').filter(|s| !s.is_empty()) {
+            let mut chars = short.chars();
+            let c = chars.next().unwrap_or('-');
+            let rest: String = chars.collect();
+            if let Some((_, long)) = SHORT.iter().find(|(s, _)| *s == c) {
+                (long.to_string(), (!rest.is_empty()).then(|| rest.trim_start_matches('=').to_string()))
+            } else if let Some((_, long)) = SWITCHES.iter().find(|(s, _)| *s == Some(c)) {
+                if !rest.is_empty() {
+                    return Err(format!("-{c} takes no value"));
+                }
+                (long.to_string(), None)
+            } else {
+                unsupported.push(format!("option -{c}"));
+                // Skip its value if it has one.
+                if rest.is_empty() && words.get(i).is_some_and(|w| !w.starts_with('-')) {
+                    i += 1;
+                }
+                continue;
+            }
+        } else {
+            return Err(format!("'{word}' is not an option (expected e.g. --gpus=2)"));
+        };
+        if SWITCHES.iter().any(|(_, long)| *long == name) {
+            if inline.is_some() {
+                return Err(format!("--{name} takes no value"));
+            }
+            match name.as_str() {
+                "hold" => out.push("--hold".into()),
+                "no-requeue" => out.push("--no-requeue".into()),
+                // Preempted jobs go back to the queue anyway.
+                "requeue" => {}
+                _ => unsupported.push(format!("--{name}")),
+            }
+            continue;
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => match words.get(i) {
+                Some(v) => {
+                    i += 1;
+                    v.clone()
+                }
+                None if KNOWN_WITH_VALUE.contains(&name.as_str()) => return Err(format!("--{name} needs a value")),
+                None => {
+                    unsupported.push(format!("--{name}"));
+                    continue;
+                }
+            },
+        };
+        let mut flag = |f: &str, v: String| {
+            out.push(f.to_string());
+            out.push(v);
+        };
+        match name.as_str() {
+            "gpus" => flag("--gpus", gpu_count(&value, unsupported)?),
+            "gres" => match gres_gpus(&value) {
+                Some(n) => flag("--gpus", n),
+                None => unsupported.push(format!("--gres={value} (only gpu:N)")),
+            },
+            "gpus-per-node" => flag("--gpus-per-node", gpu_count(&value, unsupported)?),
+            "nodes" => match value.split_once('-') {
+                Some((a, b)) if a == b => flag("--nodes", a.to_string()),
+                Some(_) => unsupported.push(format!("--nodes={value} (a range of node counts)")),
+                None => flag("--nodes", value),
+            },
+            "time" => {
+                if let Some(secs) = slurm_time(&value)? {
+                    flag("--time", format!("{secs}s"));
+                }
+            }
+            "mem" => {
+                if let Some(bytes) = slurm_mem(&value)? {
+                    flag("--mem", bytes.to_string());
+                }
+            }
+            "cpus-per-task" => flag("--cpus", value),
+            "job-name" => flag("--name", value),
+            "output" => flag("--stdout", value),
+            "error" => flag("--stderr", value),
+            "array" => flag("--array", value),
+            "dependency" => flag("--dependency", value),
+            "signal" => flag("--signal", slurm_signal(&value)),
+            "chdir" => flag("--chdir", value),
+            "export" => flag("--export", value),
+            "partition" => flag("--partition", value),
+            "constraint" => {
+                // Slurm's AND is `&` or `,`; OR and counts have no equivalent.
+                if value.contains(['|', '[', '*']) {
+                    unsupported.push(format!("--constraint={value} (only labels joined with & or ,)"));
+                } else {
+                    flag("--constraint", value.replace('&', ","));
+                }
+            }
+            "account" => flag("--tenant", value),
+            "qos" => flag("--priority", value),
+            "max-restarts" => flag("--max-restarts", value),
+            "ntasks" | "ntasks-per-node" if value == "1" => {}
+            _ => unsupported.push(format!("--{name}")),
+        }
+    }
+    Ok(out)
+}
+
+/// Supported options that need a value (a missing one is an error, not "unsupported").
+const KNOWN_WITH_VALUE: &[&str] = &[
+    "gpus",
+    "gres",
+    "gpus-per-node",
+    "nodes",
+    "time",
+    "mem",
+    "cpus-per-task",
+    "job-name",
+    "output",
+    "error",
+    "array",
+    "dependency",
+    "signal",
+    "chdir",
+    "export",
+    "partition",
+    "constraint",
+    "account",
+    "qos",
+    "max-restarts",
+];
+
+/// `N` or `type:N` (the type is not matched: a warning).
+fn gpu_count(value: &str, unsupported: &mut Vec<String>) -> Result<String, String> {
+    let (kind, count) = match value.rsplit_once(':') {
+        Some((kind, count)) => (Some(kind), count),
+        None => (None, value),
+    };
+    if count.parse::<u32>().is_err() {
+        return Err(format!("'{value}' is not a GPU count (expected e.g. 2 or a100:2)"));
+    }
+    if let Some(kind) = kind {
+        unsupported.push(format!("the GPU type {kind} (use #CORRAL --constraint for node labels)"));
+    }
+    Ok(count.to_string())
+}
+
+/// `gpu:N` or `gpu:type:N` → N.
+fn gres_gpus(value: &str) -> Option<String> {
+    let mut parts = value.split(':');
+    if parts.next()? != "gpu" {
+        return None;
+    }
+    let count = parts.next_back().unwrap_or("1");
+    count.parse::<u32>().ok().map(|n| n.to_string())
+}
+
+/// Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; UNLIMITED/INFINITE → None.
+fn slurm_time(value: &str) -> Result<Option<u64>, String> {
+    let bad = || format!("invalid time '{value}' (expected minutes, MM:SS, HH:MM:SS or D-HH:MM:SS)");
+    if matches!(value.to_ascii_lowercase().as_str(), "unlimited" | "infinite") {
+        return Ok(None);
+    }
+    let num = |s: &str| s.parse::<u64>().map_err(|_| bad());
+    let (days, rest) = match value.split_once('-') {
+        Some((d, rest)) => (Some(num(d)?), rest),
+        None => (None, value),
+    };
+    let parts: Vec<u64> = rest.split(':').map(num).collect::<Result<_, _>>()?;
+    let secs = match (days, parts.as_slice()) {
+        (None, [m]) => m * 60,
+        (None, [m, s]) => m * 60 + s,
+        (None, [h, m, s]) => h * 3600 + m * 60 + s,
+        (Some(d), [h]) => d * 86400 + h * 3600,
+        (Some(d), [h, m]) => d * 86400 + h * 3600 + m * 60,
+        (Some(d), [h, m, s]) => d * 86400 + h * 3600 + m * 60 + s,
+        _ => return Err(bad()),
+    };
+    if secs == 0 {
+        return Err(format!("invalid time '{value}': must be greater than zero"));
+    }
+    Ok(Some(secs))
+}
+
+/// Slurm's memory: a number in MB or with K/M/G/T (powers of 1024); 0 → no limit.
+fn slurm_mem(value: &str) -> Result<Option<u64>, String> {
+    let bad = || format!("invalid memory '{value}' (expected e.g. 16G or 4000 for MB)");
+    let split = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
+    let number: u64 = value[..split].parse().map_err(|_| bad())?;
+    let shift = match value[split..].to_ascii_uppercase().trim_end_matches('B') {
+        "K" => 10,
+        "" | "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(bad()),
+    };
+    if number == 0 {
+        return Ok(None);
+    }
+    number.checked_mul(1 << shift).map(Some).ok_or_else(bad)
+}
+
+/// `[B:|R:]SIG[@SECS]` → `SIG@SECS`; Slurm sends it 60 seconds before the end by default.
+fn slurm_signal(value: &str) -> String {
+    let value = value.strip_prefix("B:").or_else(|| value.strip_prefix("R:")).unwrap_or(value);
+    if value.contains('@') {
+        value.to_string()
+    } else {
+        format!("{value}@60")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const SCRIPT: &str = r#"#!/bin/bash
+# a comment
+#SBATCH --job-name="my job"
+#SBATCH --gres=gpu:2
+#SBATCH -t 1-02:00:00
+#SBATCH --mem=16G
+#SBATCH -c 4
+#SBATCH -o slurm-%j.out
+#SBATCH --error=err-%x.txt   # trailing comment
+#SBATCH --array=0-9%2
+#SBATCH --dependency=afterok:3
+#SBATCH --signal=B:USR1@120
+#SBATCH -D /scratch/exp -p gpu -C a100&nvlink
+#SBATCH --hold --requeue
+#SBATCH --export=NONE
+#CORRAL --max-restarts 2 --rdma
+# SBATCH --gpus=99 (disabled: a space after #)
+
+#SBATCH --mail-type=END
+python train.py
+#SBATCH --gpus=7 (after the first command: not a directive)
+"#;
+
+    #[test]
+    fn directives_map_to_flags() {
+        let d = parse_directives("train.sh", SCRIPT, false).unwrap();
+        let f = &d.flags;
+        assert_eq!(f.name.as_deref(), Some("my job"));
+        assert_eq!(f.gpus, Some(2));
+        assert_eq!(f.time, Some(Duration::from_secs(86400 + 7200)));
+        assert_eq!(f.mem, Some(16 << 30));
+        assert_eq!(f.cpus, Some(4.0));
+        assert_eq!(f.stdout.as_deref(), Some("slurm-%j.out"));
+        assert_eq!(f.stderr.as_deref(), Some("err-%x.txt"));
+        assert_eq!(f.array.as_deref(), Some("0-9%2"));
+        assert_eq!(f.dependency.as_deref(), Some("afterok:3"));
+        let signal = f.signal.unwrap();
+        assert_eq!((signal.signal, signal.before_end), (10, Some(Duration::from_secs(120))));
+        assert_eq!(f.chdir.as_deref(), Some(Path::new("/scratch/exp")));
+        assert_eq!(f.partition.as_deref(), Some("gpu"));
+        assert_eq!(f.constraint, ["a100", "nvlink"]);
+        assert!(f.hold && f.rdma);
+        assert_eq!(f.export.as_deref(), Some("NONE"));
+        assert_eq!(f.max_restarts, Some(2));
+        assert_eq!(d.warnings, ["train.sh line 19: --mail-type is not supported by corral: ignored"]);
+    }
+
+    #[test]
+    fn strict_refuses_unsupported_directives() {
+        let e = parse_directives("train.sh", SCRIPT, true).unwrap_err();
+        assert_eq!(
+            e,
+            "train.sh line 19: --mail-type is not supported by corral (--strict): remove it, or submit without --strict to ignore it"
+        );
+    }
+
+    #[test]
+    fn later_lines_and_slurm_defaults() {
+        let d = parse_directives(
+            "s",
+            "#SBATCH --gpus=1\n#SBATCH -G 3\n#SBATCH --signal=USR2\n#SBATCH --nodes=2 --gpus-per-node=4\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!(d.flags.gpus, Some(3));
+        assert_eq!(d.flags.signal.unwrap().before_end, Some(Duration::from_secs(60)), "Slurm's default is 60 s");
+        assert_eq!((d.flags.nodes, d.flags.gpus_per_node), (Some(2), Some(4)));
+        let d = parse_directives("s", "#SBATCH --time=30 --mem=4000 -J x\n#SBATCH --time=5:00\n", false).unwrap();
+        assert_eq!(d.flags.time, Some(Duration::from_secs(300)));
+        assert_eq!(d.flags.mem, Some(4000 << 20));
+        let d = parse_directives("s", "#SBATCH --gpus=a100:2\n#SBATCH --ntasks=1\n", false).unwrap();
+        assert_eq!(d.flags.gpus, Some(2));
+        assert_eq!(d.warnings.len(), 1, "{:?}", d.warnings);
+    }
+
+    #[test]
+    fn malformed_directives_name_the_line() {
+        for (text, expected) in [
+            ("#!/bin/sh\n#SBATCH --time=abc\n", "s line 2: #SBATCH --time=abc: invalid time 'abc'"),
+            ("#SBATCH --gpus=two\n", "s line 1: #SBATCH --gpus=two: 'two' is not a GPU count"),
+            ("#SBATCH --array=5-1\n", "s line 1: #SBATCH --array=5-1: invalid array: '5-1': range 5-1 runs backwards"),
+            ("#SBATCH --dependency=after:1\n", "s line 1: #SBATCH --dependency=after:1: invalid dependency"),
+            ("#SBATCH --job-name=\"x\n", "s line 1: #SBATCH --job-name=\"x: unterminated \" quote"),
+            ("#SBATCH --time\n", "s line 1: #SBATCH --time: --time needs a value"),
+            ("#SBATCH gpus=2\n", "s line 1: #SBATCH gpus=2: 'gpus=2' is not an option"),
+            ("#CORRAL --gpus x\n", "s line 1: #CORRAL --gpus x: invalid value 'x' for '--gpus"),
+            ("#CORRAL --bogus\n", "s line 1: #CORRAL --bogus: unexpected argument '--bogus'"),
+        ] {
+            let e = parse_directives("s", text, false).unwrap_err();
+            assert!(e.starts_with(expected), "{text:?}: {e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+
+    #[test]
+    fn scripts_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.sh");
+        std::fs::write(&big, vec![b'#'; MAX_SCRIPT_BYTES + 1]).unwrap();
+        let e = read_script(&big).unwrap_err().to_string();
+        assert!(e.contains("more than the 1024 KiB"), "{e}");
+        let e = read_script(&dir.path().join("missing.sh")).unwrap_err().to_string();
+        assert!(e.starts_with("cannot read script") && e.contains("No such file"), "{e}");
+        let ok = dir.path().join("ok.sh");
+        std::fs::write(&ok, "#!/bin/sh\necho hi\n").unwrap();
+        assert_eq!(read_script(&ok).unwrap(), "#!/bin/sh\necho hi\n");
+    }
+}

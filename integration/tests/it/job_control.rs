@@ -1,0 +1,145 @@
+//! Slurm-style job control on a real `corral dev`: a job array of 20 with a `%4` throttle never
+//! runs more than 4 tasks at once; an afterok chain runs in order and afternotok fires on a
+//! failure; hold and release; cancelling one task and a whole array; `corral jobs` collapses an
+//! array's pending tasks.
+
+use corral_client::{Client, ClientConfig};
+use corral_integration::{one_line_stderr, DevPool};
+use corral_types::{ArrayRange, ArraySpec, Dependency, DependencyKind, JobSpec, JobState};
+use std::time::{Duration, Instant};
+
+fn client(pool: &DevPool) -> (Client, tokio::runtime::Runtime) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let client = Client::new(ClientConfig::new(vec![pool.addr.clone()])).expect("client");
+    (client, rt)
+}
+
+fn sh(script: &str) -> JobSpec {
+    JobSpec {
+        name: "slurm-test".into(),
+        tenant: "default".into(),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        ..Default::default()
+    }
+}
+
+fn submit(rt: &tokio::runtime::Runtime, client: &Client, spec: &JobSpec) -> u64 {
+    rt.block_on(client.submit(spec)).expect("submit").job_id
+}
+
+#[test]
+fn an_array_of_20_with_a_throttle_of_4_never_runs_more_than_4_tasks() {
+    let pool = DevPool::start(&["--gpus", "8"]);
+    let (client, rt) = client(&pool);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lines = dir.path().join("tasks");
+    // Each task writes its index and how many tasks run now (counted with marker files).
+    let marks = dir.path().join("running");
+    std::fs::create_dir(&marks).expect("marks dir");
+    let script = format!(
+        "touch {m}/$CORRAL_JOB_ID; sleep 0.3; echo \"$CORRAL_JOB_ID $(ls {m} | wc -l)\" >> {l}; rm {m}/$CORRAL_JOB_ID",
+        m = marks.display(),
+        l = lines.display()
+    );
+    let mut spec = sh(&script);
+    spec.gpus = 1;
+    spec.array = Some(ArraySpec { ranges: vec![ArrayRange { first: 0, last: 19, step: 1 }], max_running: Some(4) });
+    let array = submit(&rt, &client, &spec);
+
+    // While it runs, the table collapses the pending tasks into one row.
+    let table = pool.ok(&["jobs"]);
+    assert!(table.contains(&format!("{array}_[")), "{table}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut most = 0;
+    loop {
+        let jobs = rt.block_on(client.list_jobs(false, None)).expect("jobs");
+        let running = jobs.iter().filter(|j| j.array_task.is_some() && j.state == JobState::Running).count();
+        most = most.max(running);
+        let done = rt.block_on(client.get_job(array)).expect("array").state.is_terminal();
+        if done {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the array did not finish");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(most <= 4, "{most} tasks ran at once");
+    let text = std::fs::read_to_string(&lines).expect("task lines");
+    let all = rt.block_on(client.list_jobs(true, None)).expect("jobs");
+    let index_of = |id: u64| all.iter().find(|j| j.id == id).and_then(|j| j.array_task).map(|t| (t.array, t.index));
+    let mut indices: Vec<u32> = text
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+        .map(|id: u64| match index_of(id) {
+            Some((a, index)) if a == array => index,
+            other => panic!("job {id} is not a task of array {array}: {other:?}"),
+        })
+        .collect();
+    indices.sort_unstable();
+    assert_eq!(indices, (0..20).collect::<Vec<_>>(), "every task ran once: {text}");
+    for line in text.lines() {
+        let running: u32 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(running <= 4, "a task saw {running} tasks running: {text}");
+    }
+    let shown = pool.json(&["show", &array.to_string()]);
+    assert_eq!(shown["state"], "succeeded", "{shown}");
+    let task = pool.json(&["show", &format!("{array}_7")]);
+    assert_eq!((task["array_job_id"].as_u64(), task["array_task_id"].as_u64()), (Some(array), Some(7)), "{task}");
+}
+
+#[test]
+fn dependencies_hold_release_and_cancelling_tasks() {
+    let pool = DevPool::start(&["--gpus", "4"]);
+    let (client, rt) = client(&pool);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let order = dir.path().join("order");
+    let step = |name: &str, code: i32| sh(&format!("echo {name} >> {}; sleep 0.2; exit {code}", order.display()));
+    let after = |mut spec: JobSpec, kind, job_id| {
+        spec.sched.dependencies = vec![Dependency { kind, job_id }];
+        spec
+    };
+    let a = submit(&rt, &client, &step("a", 0));
+    let b = submit(&rt, &client, &after(step("b", 0), DependencyKind::AfterOk, a));
+    let c = submit(&rt, &client, &after(step("c", 3), DependencyKind::AfterOk, b));
+    let on_failure = submit(&rt, &client, &after(step("rescue", 0), DependencyKind::AfterNotOk, c));
+    let never = submit(&rt, &client, &after(step("never", 0), DependencyKind::AfterOk, c));
+    let queue = pool.json(&["show", &c.to_string()]);
+    assert_eq!(queue["reason"], format!("dependency: waits for job {b}"), "{queue}");
+    pool.wait_for(on_failure, "succeeded", |d| d["state"] == "succeeded");
+    assert_eq!(std::fs::read_to_string(&order).unwrap(), "a\nb\nc\nrescue\n");
+    let never = pool.wait_for(never, "cancelled", |d| d["state"] == "cancelled");
+    assert!(never["reason"].as_str().unwrap().contains(&format!("afterok:{c} can never be met")), "{never}");
+    // A dependency on an unknown job is refused, nothing submitted.
+    let unknown = rt.block_on(client.submit(&after(step("x", 0), DependencyKind::AfterAny, 999)));
+    assert!(unknown.unwrap_err().to_string().contains("invalid dependency: job 999 not found"));
+
+    // Hold and release.
+    let mut held = step("held", 0);
+    held.sched.hold = true;
+    let held = submit(&rt, &client, &held);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(pool.show(held)["state"], "pending");
+    assert!(pool.show(held)["reason"].as_str().unwrap().starts_with("held"));
+    pool.ok(&["release", &held.to_string()]);
+    pool.wait_for(held, "succeeded", |d| d["state"] == "succeeded");
+    let running = submit(&rt, &client, &sh("sleep 30"));
+    pool.wait_for(running, "running", |d| d["state"] == "running");
+    let refused = pool.corral(&["hold", &running.to_string()]);
+    assert!(one_line_stderr(&refused).contains("only pending jobs can be held"), "{}", one_line_stderr(&refused));
+    pool.ok(&["cancel", &running.to_string()]);
+
+    // One task of an array not created yet, then the whole array.
+    let mut spec = sh("sleep 30");
+    spec.gpus = 1;
+    spec.array = Some(ArraySpec { ranges: vec![ArrayRange { first: 1, last: 9, step: 1 }], max_running: Some(2) });
+    let array = submit(&rt, &client, &spec);
+    pool.ok(&["cancel", &format!("{array}_8")]);
+    let missing = pool.corral(&["show", &format!("{array}_8")]);
+    assert!(one_line_stderr(&missing).contains("was not created yet"), "{}", one_line_stderr(&missing));
+    pool.ok(&["cancel", &array.to_string()]);
+    let ended = pool.wait_for(array, "cancelled", |d| d["state"] == "cancelled");
+    assert_eq!(ended["array"]["tasks"], 9, "{ended}");
+    let jobs = rt.block_on(client.list_jobs(false, None)).expect("jobs");
+    assert!(jobs.iter().all(|j| j.array_task.is_none_or(|t| t.array != array)), "no task of the array is left");
+    let bad = pool.corral(&["show", "12_x"]);
+    assert!(one_line_stderr(&bad).contains("invalid job '12_x'"), "{}", one_line_stderr(&bad));
+}
