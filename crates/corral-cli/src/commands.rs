@@ -266,13 +266,20 @@ pub async fn jobs(global: &GlobalArgs, args: JobsArgs, queue_only: bool) -> anyh
 
 pub async fn cancel(global: &GlobalArgs, args: JobArg) -> anyhow::Result<ExitCode> {
     let job = client(global)?.cancel_ref(args.job).await?;
+    // A task not created yet is answered with its array.
+    let not_created = args.job.task.is_some() && job.is_array();
+    let id = job.display_id();
     match global.output {
         OutputFormat::Json => print_json(&output::job_json(&job))?,
-        OutputFormat::Table if job.state == JobState::Cancelled => println!("job {} cancelled", job.id),
+        OutputFormat::Table if not_created => println!("task {} cancelled: it will not start", args.job),
+        OutputFormat::Table if job.state == JobState::Cancelled => println!("job {id} cancelled"),
         OutputFormat::Table if job.state.is_terminal() => {
-            println!("job {} already ended ({}): nothing to cancel", job.id, job.state)
+            println!("job {id} already ended ({}): nothing to cancel", job.state)
         }
-        OutputFormat::Table => println!("job {} cancelling: its processes are being killed", job.id),
+        OutputFormat::Table if job.is_array() => {
+            println!("array {id} cancelling: its running tasks are being killed, no new task starts")
+        }
+        OutputFormat::Table => println!("job {id} cancelling: its processes are being killed"),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -233,7 +233,8 @@ pub fn jobs_table(jobs: &[Job]) -> String {
                 state.to_string(),
                 resources(j),
                 j.allocation.as_ref().map(|a| a.node.clone()).unwrap_or_else(|| "-".into()),
-                elapsed(j).map(format_duration).unwrap_or_else(|| "-".into()),
+                // An array's own row stands for its waiting tasks: no run time of its own.
+                if j.is_array() { "-".into() } else { elapsed(j).map(format_duration).unwrap_or_else(|| "-".into()) },
                 reason(j),
             ])
         })
