@@ -441,6 +441,16 @@ impl State {
         if job.state != JobState::Pending {
             return Ok(Outcome::Stale);
         }
+        // Only queued jobs run: an array runs as its tasks; a held job or one waiting on a
+        // dependency waits, whatever a proposal says.
+        if job.is_array() || job.held || !job.waiting_on.is_empty() {
+            let why = if job.is_array() {
+                "it is a job array (its tasks run)"
+            } else {
+                "it is held or waits on a dependency"
+            };
+            return Err(ApplyError::PlacementRejected { job_id, reason: why.to_string() });
+        }
         let slice =
             self.validate_placement(job, p).map_err(|reason| ApplyError::PlacementRejected { job_id, reason })?;
         // A gang's parts meet on a port of its first node: apply chooses it, so there is no
