@@ -10,8 +10,7 @@
 
 use crate::{ApplyError, JobUpdate, Outcome, Response, State};
 use corral_types::{
-    ArrayProgress, ArrayTask, DependencyKind, Job, JobId, JobSpec, JobState, PreemptionNotice, Timestamp,
-    REQUEUE_PREEMPTOR,
+    ArrayProgress, ArrayTask, DependencyKind, Job, JobId, JobSpec, JobState, Timestamp, REQUEUE_PREEMPTOR,
 };
 
 /// Unfinished tasks of an array without a `%N` throttle (created ahead of running).
@@ -248,23 +247,13 @@ impl State {
         }
     }
 
-    /// Pending tasks of array `array_id`, in index order.
-    fn pending_tasks(&self, array_id: JobId) -> Vec<JobId> {
+    /// Tasks of array `array_id` whose state passes `wanted`, in index order.
+    fn tasks_of(&self, array_id: JobId, wanted: impl Fn(JobState) -> bool) -> Vec<JobId> {
         self.index
             .array_tasks
             .range((array_id, 0)..=(array_id, u32::MAX))
             .map(|(_, id)| *id)
-            .filter(|id| self.jobs.get(id).is_some_and(|j| j.state == JobState::Pending))
-            .collect()
-    }
-
-    /// Running tasks of array `array_id`, in index order.
-    fn running_tasks(&self, array_id: JobId) -> Vec<JobId> {
-        self.index
-            .array_tasks
-            .range((array_id, 0)..=(array_id, u32::MAX))
-            .map(|(_, id)| *id)
-            .filter(|id| self.jobs.get(id).is_some_and(|j| j.state == JobState::Running))
+            .filter(|id| self.jobs.get(id).is_some_and(|j| wanted(j.state)))
             .collect()
     }
 
@@ -279,7 +268,7 @@ impl State {
         }
         let mut ids = vec![job_id];
         if job.is_array() {
-            ids.extend(self.pending_tasks(job_id));
+            ids.extend(self.tasks_of(job_id, |s| s == JobState::Pending));
         }
         let mut changed = false;
         for id in ids {
@@ -322,19 +311,7 @@ impl State {
         if job.cancel_requested || job.preemption.is_some() {
             return Ok(Outcome::Stale);
         }
-        let grace_secs = self
-            .config
-            .priority_classes
-            .get(&job.spec.priority_class)
-            .map_or(crate::DEFAULT_GRACE_SECS, |c| c.grace_secs());
-        let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
-        job.preemption = Some(PreemptionNotice {
-            by: REQUEUE_PREEMPTOR,
-            at: ts,
-            grace_secs,
-            checkpoint_signal: job.spec.sched.checkpoint_signal,
-        });
-        self.index.preemptors.entry(REQUEUE_PREEMPTOR).or_default().insert(job_id);
+        self.stop_for_requeue(ts, job_id, REQUEUE_PREEMPTOR);
         Ok(Outcome::Job(Box::new(self.jobs[&job_id].clone())))
     }
 
@@ -343,7 +320,7 @@ impl State {
         if !(1..=64).contains(&signal) {
             return Err(ApplyError::JobControl(format!("signal {signal} is not a signal number (1 to 64)")));
         }
-        let targets = if job.is_array() { self.running_tasks(job_id) } else { vec![job_id] };
+        let targets = if job.is_array() { self.tasks_of(job_id, |s| s == JobState::Running) } else { vec![job_id] };
         let job = &self.jobs[&job_id];
         if targets.is_empty() || (!job.is_array() && job.state != JobState::Running) {
             return Err(ApplyError::JobControl(format!(
@@ -377,7 +354,7 @@ impl State {
         }
         let mut ids = vec![job_id];
         if job.is_array() {
-            ids.extend(self.pending_tasks(job_id));
+            ids.extend(self.tasks_of(job_id, |s| s == JobState::Pending));
         }
         // Check every change first: the update applies to all or none.
         let mut specs = Vec::new();
@@ -447,13 +424,7 @@ impl State {
 
     /// Cancels an array: its unfinished tasks, and no new ones; it ends once they have.
     pub(crate) fn cancel_array(&mut self, ts: Timestamp, array_id: JobId, reason: &str) -> Response {
-        let tasks: Vec<JobId> = self
-            .index
-            .array_tasks
-            .range((array_id, 0)..=(array_id, u32::MAX))
-            .map(|(_, id)| *id)
-            .filter(|id| self.jobs.get(id).is_some_and(|j| !j.state.is_terminal()))
-            .collect();
+        let tasks = self.tasks_of(array_id, |s| !s.is_terminal());
         let Some(array) = self.jobs.get_mut(&array_id) else { return Err(ApplyError::NoSuchJob(array_id)) };
         if array.state.is_terminal() || array.cancel_requested {
             return Ok(Outcome::Job(Box::new(array.clone())));

@@ -52,21 +52,24 @@ impl State {
             return Ok(Outcome::Stale);
         }
         for id in victims {
-            let Some(job) = self.jobs.get_mut(&id) else { continue };
-            let grace_secs = self
-                .config
-                .priority_classes
-                .get(&job.spec.priority_class)
-                .map_or(crate::DEFAULT_GRACE_SECS, |c| c.grace_secs());
-            job.preemption = Some(PreemptionNotice {
-                by: DRAIN_PREEMPTOR,
-                at: ts,
-                grace_secs,
-                checkpoint_signal: job.spec.sched.checkpoint_signal,
-            });
-            self.index.preemptors.entry(DRAIN_PREEMPTOR).or_default().insert(id);
+            self.stop_for_requeue(ts, id, DRAIN_PREEMPTOR);
         }
         Ok(Outcome::Done)
+    }
+
+    /// Tells running job `job_id` to stop the way a preemption does (its checkpoint signal, its
+    /// class's grace), on behalf of `by` (a drain, `corral requeue`): its exit puts it back in
+    /// the queue.
+    pub(crate) fn stop_for_requeue(&mut self, ts: Timestamp, job_id: JobId, by: JobId) {
+        let Some(job) = self.jobs.get_mut(&job_id) else { return };
+        let grace_secs = self
+            .config
+            .priority_classes
+            .get(&job.spec.priority_class)
+            .map_or(crate::DEFAULT_GRACE_SECS, |c| c.grace_secs());
+        job.preemption =
+            Some(PreemptionNotice { by, at: ts, grace_secs, checkpoint_signal: job.spec.sched.checkpoint_signal });
+        self.index.preemptors.entry(by).or_default().insert(job_id);
     }
 
     pub(crate) fn remove_node(&mut self, node: &str) -> Response {
