@@ -308,30 +308,8 @@ impl State {
         };
         let id = self.next_job_id;
         self.next_job_id += 1;
-        let job = Job {
-            id,
-            spec,
-            state: JobState::Pending,
-            request_id: request_id.to_string(),
-            submitted_at: ts,
-            admitted_at: None,
-            started_at: None,
-            finished_at: None,
-            allocation: None,
-            exit_code: None,
-            signal: None,
-            reason,
-            cancel_requested: false,
-            attempts: 0,
-            worker_run_time_ms: None,
-            preemption: None,
-            held,
-            waiting_on,
-            array_task: None,
-            array_progress,
-            restarts: 0,
-            signals: Vec::new(),
-        };
+        let job =
+            Job { reason, held, waiting_on, array_progress, ..Job::pending(id, spec, request_id.to_string(), ts) };
         if !request_id.is_empty() {
             self.request_ids.insert(request_id.to_string(), id);
         }

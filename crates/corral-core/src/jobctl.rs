@@ -141,28 +141,11 @@ impl State {
                 (JobState::Pending, None)
             };
             let job = Job {
-                id,
-                spec: template.clone(),
                 state,
-                request_id: String::new(),
-                submitted_at: ts,
-                admitted_at: None,
-                started_at: None,
                 finished_at: skipped.then_some(ts),
-                allocation: None,
-                exit_code: None,
-                signal: None,
                 reason,
-                cancel_requested: false,
-                attempts: 0,
-                worker_run_time_ms: None,
-                preemption: None,
-                held: false,
-                waiting_on: Vec::new(),
                 array_task: Some(ArrayTask { array: array_id, index }),
-                array_progress: None,
-                restarts: 0,
-                signals: Vec::new(),
+                ..Job::pending(id, template.clone(), String::new(), ts)
             };
             self.jobs.insert(id, job);
             // A skipped task is counted by `follow_up` like any task that ended.

@@ -674,6 +674,34 @@ pub struct Job {
 }
 
 impl Job {
+    /// A job as submitted at `ts`: pending, never run.
+    pub fn pending(id: JobId, spec: JobSpec, request_id: String, ts: Timestamp) -> Job {
+        Job {
+            id,
+            spec,
+            state: JobState::Pending,
+            request_id,
+            submitted_at: ts,
+            admitted_at: None,
+            started_at: None,
+            finished_at: None,
+            allocation: None,
+            exit_code: None,
+            signal: None,
+            reason: None,
+            cancel_requested: false,
+            attempts: 0,
+            worker_run_time_ms: None,
+            preemption: None,
+            held: false,
+            waiting_on: Vec::new(),
+            array_task: None,
+            array_progress: None,
+            restarts: 0,
+            signals: Vec::new(),
+        }
+    }
+
     /// A job array (the record of all its tasks), not one of its tasks.
     pub fn is_array(&self) -> bool {
         self.spec.array.is_some() && self.array_task.is_none()
