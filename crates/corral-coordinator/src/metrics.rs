@@ -82,7 +82,8 @@ pub(crate) struct LeaderMemory<'a> {
 pub(crate) fn register_state_series(registry: &mut Registry, state: &State, memory: &LeaderMemory<'_>) {
     let mut tenants: BTreeSet<&str> = state.config.tenants.iter().map(String::as_str).collect();
     tenants.extend(state.live_jobs().map(|j| j.spec.tenant.as_str()));
-    tenants.extend(state.ledger.values().map(|s| s.tenant.as_str()));
+    let billed_totals = state.billed_by_tenant();
+    tenants.extend(billed_totals.keys().map(String::as_str));
 
     // Queue by tenant, class and state.
     let jobs = Labelled::<i64>::default();
@@ -176,10 +177,8 @@ pub(crate) fn register_state_series(registry: &mut Registry, state: &State, memo
     }
     registry.register("corral_tenant_gpus_allocated", "GPU-equivalents held by each tenant's running jobs", allocated);
     let mut billed: BTreeMap<&str, (u64, u128)> = tenants.iter().map(|t| (*t, (0, 0))).collect();
-    for segment in state.ledger.values() {
-        let entry = billed.entry(segment.tenant.as_str()).or_default();
-        entry.0 = entry.0.saturating_add(segment.cost_micros);
-        entry.1 += u128::from(segment.duration_ms()) * u128::from(segment.gpu_milli);
+    for (tenant, total) in &billed_totals {
+        billed.insert(tenant.as_str(), (total.cost_micros, total.gpu_milli_ms));
     }
     let cost = Labelled::<i64>::default();
     let gpu_seconds = Labelled::<f64, AtomicU64>::default();

@@ -37,6 +37,6 @@ pub use policy::{format_multiplier, format_price, format_secs, PolicyPlan, Polic
 pub use quota::{format_gpus, QuotaBlock};
 pub use resources::{job_milli_gpus, MILLI_PER_GPU};
 pub use sched::{place, schedule, PassStats, PendingJob, PendingReason, SchedulingPass};
-pub use state::{CoordinatorRecord, State};
+pub use state::{BilledTotal, CoordinatorRecord, State};
 pub use tokens::{TokenRecord, MAX_TOKENS};
 pub use usage::UsageLedger;

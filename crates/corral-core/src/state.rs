@@ -73,6 +73,15 @@ pub struct State {
     pub(crate) followed: BTreeSet<JobId>,
 }
 
+/// Billing totals of one tenant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BilledTotal {
+    /// Sum of the segments' costs, micro-units.
+    pub cost_micros: u64,
+    /// Sum of duration (ms) x GPU-equivalents (milli) of the segments.
+    pub gpu_milli_ms: u128,
+}
+
 /// Load of one node: the running jobs with a part on it and what they hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct NodeLoad {
@@ -518,6 +527,17 @@ impl State {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .filter_map(|id| self.jobs.get(&id))
+    }
+
+    /// What the billing ledger holds per tenant: total cost and GPU time of its segments.
+    pub fn billed_by_tenant(&self) -> BTreeMap<String, BilledTotal> {
+        let mut billed: BTreeMap<String, BilledTotal> = BTreeMap::new();
+        for segment in self.ledger.values() {
+            let entry = billed.entry(segment.tenant.clone()).or_default();
+            entry.cost_micros = entry.cost_micros.saturating_add(segment.cost_micros);
+            entry.gpu_milli_ms += u128::from(segment.duration_ms()) * u128::from(segment.gpu_milli);
+        }
+        billed
     }
 
     /// Milli GPU-equivalents used by a tenant's running jobs (its quota use).
