@@ -20,6 +20,7 @@ fn status_json(s: &pb::ClusterStatus) -> serde_json::Value {
         "purged_index": s.purged_index,
         "state_digest": format!("{:016x}", s.state_digest),
         "initialized": s.initialized,
+        "jobs_in_memory": s.jobs_in_memory,
         "members": s.members.iter().map(|m| json!({"node_id": m.node_id, "addr": m.addr, "role": m.role})).collect::<Vec<_>>(),
     })
 }
@@ -44,6 +45,7 @@ fn print_status(global: &GlobalArgs, s: &pb::ClusterStatus) -> anyhow::Result<()
     );
     println!("snapshot:    {} (purged up to {})", opt(s.snapshot_index), opt(s.purged_index));
     println!("digest:      {:016x}", s.state_digest);
+    println!("jobs:        {} in memory (older finished jobs are in the history)", s.jobs_in_memory);
     let rows: Vec<Vec<String>> = s
         .members
         .iter()

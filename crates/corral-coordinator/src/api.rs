@@ -6,7 +6,7 @@ use corral_core::{Command, Outcome};
 use corral_proto::v1::corral_server::{Corral, CorralServer};
 use corral_proto::v1::worker_agent_client::WorkerAgentClient;
 use corral_proto::v1::{self as pb};
-use corral_types::{Job, JobSpec, NodeMode, Timestamp};
+use corral_types::{Job, JobSpec, JobState, NodeMode, Timestamp};
 use std::pin::Pin;
 use std::time::Duration;
 use tokio_stream::Stream;
@@ -19,6 +19,9 @@ pub(crate) fn server(coord: Coordinator) -> CorralServer<Api> {
         .max_encoding_message_size(corral_proto::MAX_MESSAGE_BYTES)
 }
 
+/// Jobs one `CancelJobs` command cancels at most.
+const CANCEL_CHUNK: usize = 10_000;
+
 pub(crate) struct Api {
     coord: Coordinator,
 }
@@ -27,9 +30,22 @@ impl Api {
     /// The job `job_id`, or task `array_index` of array `job_id`.
     fn resolve(&self, job_id: u64, array_index: Option<u32>) -> Result<Target, CoordError> {
         let Some(index) = array_index else { return self.job(job_id).map(Target::Job) };
-        let data = self.coord.inner.node.state.read();
-        let array =
-            data.state.jobs.get(&job_id).ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))?;
+        let store = &self.coord.inner.node.state;
+        let data = store.read();
+        let Some(array) = data.state.jobs.get(&job_id) else {
+            drop(data);
+            // An array that ended long ago: it and its tasks are in the history.
+            let array =
+                store.archived_job(job_id).ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))?;
+            if array.spec.array.is_none() {
+                return Err(CoordError::InvalidArgument(format!(
+                    "job {job_id} is not an array: write {job_id}, not {job_id}_{index}"
+                )));
+            }
+            return store.archived_task(job_id, index).map(Target::Job).ok_or_else(|| {
+                CoordError::NotFound(format!("array {job_id} ended without a task {index} (or it left the history)"))
+            });
+        };
         let Some(spec) = &array.spec.array else {
             return Err(CoordError::InvalidArgument(format!(
                 "job {job_id} is not an array: write {job_id}, not {job_id}_{index}"
@@ -50,9 +66,9 @@ impl Api {
         Ok(Target::Uncreated { array: array.clone(), index })
     }
 
+    /// Job `job_id`, from the hot state or else the history of finished jobs.
     fn job(&self, job_id: u64) -> Result<Job, CoordError> {
-        let data = self.coord.inner.node.state.read();
-        data.state.jobs.get(&job_id).cloned().ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))
+        self.coord.find_job(job_id).ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))
     }
 
     /// The spec as `who` may submit it: a tenant submits only as itself (an empty tenant becomes
@@ -156,10 +172,9 @@ fn watch_job(coord: Coordinator, job_id: u64, term: u64) -> tokio::sync::mpsc::R
                 return;
             }
             let reply = {
-                let data = coord.inner.node.state.read();
-                let Some(job) = data.state.jobs.get(&job_id) else { return };
+                let Some(job) = coord.find_job(job_id) else { return };
                 let reasons = coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
-                (job_reply(job, &reasons), job.state.is_terminal())
+                (job_reply(&job, &reasons), job.state.is_terminal())
             };
             let (reply, terminal) = reply;
             if last.as_ref() != Some(&reply) {
@@ -184,6 +199,7 @@ impl Corral for Api {
         let who = self.coord.principal(&request, "submit")?;
         let spec = request.get_ref().spec.clone().ok_or_else(|| Status::invalid_argument("missing job spec"))?;
         let spec = self.own_spec(&request, &who, spec.try_into()?)?;
+        let spec = self.coord.settle_archived_dependencies(spec)?;
         let req = request.into_inner();
         // Fail fast on what the state machine would refuse anyway; apply() checks again.
         self.coord.inner.node.state.read().state.check_submit(&spec).map_err(CoordError::from)?;
@@ -210,6 +226,7 @@ impl Corral for Api {
                 .clone()
                 .ok_or_else(|| Status::invalid_argument(format!("job {i} of the batch has no spec")))?;
             let spec = self.own_spec(&request, &who, spec.try_into()?)?;
+            let spec = self.coord.settle_archived_dependencies(spec)?;
             jobs.push((job.request_id.clone(), spec));
         }
         let proposed = {
@@ -269,7 +286,12 @@ impl Corral for Api {
         let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
         let with_reason = |j: &Job| job_reply(j, &reasons);
         let jobs: Vec<pb::Job> = if req.all {
-            data.state.jobs.values().filter(|j| tenant_ok(j)).map(with_reason).collect()
+            let mut jobs: Vec<pb::Job> = data.state.jobs.values().filter(|j| tenant_ok(j)).map(with_reason).collect();
+            jobs.extend(
+                self.coord.inner.node.state.archived_jobs_from(0).filter(|j| tenant_ok(j)).map(|j| with_reason(&j)),
+            );
+            jobs.sort_unstable_by_key(|j| j.id);
+            jobs
         } else {
             data.state.live_jobs().filter(|j| tenant_ok(j)).map(with_reason).collect()
         };
@@ -292,6 +314,10 @@ impl Corral for Api {
         };
         let job_id = job.id;
         self.coord.require_owner(&request, "cancel", "cancel", &who, &job)?;
+        if job.state.is_terminal() {
+            // Nothing to stop (and a job in the history is no longer in the state machine).
+            return Ok(Response::new((&job).into()));
+        }
         if who.is_admin() && self.coord.security().auth_enabled() {
             self.coord.audit_admin(&request, "cancel", &who, format!("job {job_id} of tenant {}", job.spec.tenant));
         }
@@ -378,16 +404,18 @@ impl Corral for Api {
         if req.tenant.is_none() {
             req.tenant = who.tenant().map(String::from);
         }
-        let data = self.coord.inner.node.state.read();
-        let segments = data
+        // Every segment is in the store (the hot state keeps recent ones only).
+        let segments = self
+            .coord
+            .inner
+            .node
             .state
-            .ledger
-            .values()
+            .segments_from(0)
             .filter(|g| req.tenant.as_ref().is_none_or(|t| *t == g.tenant))
             .filter(|g| req.job_id.is_none_or(|j| j == g.job_id))
             .filter(|g| req.since.is_none_or(|s| g.end.0 >= s))
             .filter(|g| req.until.is_none_or(|u| g.start.0 < u))
-            .map(pb::Segment::from)
+            .map(|g| pb::Segment::from(&g))
             .collect();
         Ok(Response::new(pb::ListSegmentsResponse { segments }))
     }
@@ -556,6 +584,13 @@ impl Corral for Api {
             }
         };
         self.coord.require_owner(&request, action, action, &who, &job)?;
+        if job.state.is_terminal() && !self.coord.inner.node.state.read().state.jobs.contains_key(&job.id) {
+            return Err(Status::failed_precondition(format!(
+                "job {} ended ({}) and is in the history: it can no longer be changed",
+                job.display_id(),
+                job.state
+            )));
+        }
         let command = match action {
             "hold" => Command::HoldJob { job_id: job.id, hold: true },
             "release" => Command::HoldJob { job_id: job.id, hold: false },
@@ -589,6 +624,56 @@ impl Corral for Api {
         };
         let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
         Ok(Response::new(job_reply(&job, &reasons)))
+    }
+
+    async fn cancel_jobs(
+        &self,
+        request: Request<pb::CancelJobsRequest>,
+    ) -> Result<Response<pb::CancelJobsResponse>, Status> {
+        self.coord.linearizable().await?;
+        let who = self.coord.principal(&request, "cancel")?;
+        self.own_tenant_filter(&request, "cancel", &who, request.get_ref().tenant.as_deref())?;
+        let mut req = request.get_ref().clone();
+        if req.tenant.is_none() {
+            req.tenant = who.tenant().map(String::from);
+        }
+        let (mut pending, mut running) = (req.states.is_empty(), req.states.is_empty());
+        for state in &req.states {
+            match state.as_str() {
+                "pending" => pending = true,
+                "running" => running = true,
+                other => {
+                    return Err(Status::invalid_argument(format!(
+                        "cannot cancel jobs in state '{other}': pending or running"
+                    )))
+                }
+            }
+        }
+        let ids: Vec<u64> = {
+            let data = self.coord.inner.node.state.read();
+            data.state
+                .live_jobs()
+                .filter(|j| req.tenant.as_ref().is_none_or(|t| *t == j.spec.tenant))
+                .filter(|j| req.name.as_ref().is_none_or(|n| *n == j.spec.name))
+                .filter(|j| (pending && j.state == JobState::Pending) || (running && j.state == JobState::Running))
+                .filter(|j| !j.cancel_requested)
+                .map(|j| j.id)
+                .collect()
+        };
+        if who.is_admin() && self.coord.security().auth_enabled() {
+            let scope = req.tenant.as_deref().map_or("every tenant".to_string(), |t| format!("tenant {t}"));
+            self.coord.audit_admin(&request, "cancel", &who, format!("{} jobs of {scope}", ids.len()));
+        }
+        // In bounded commands: each is one log entry of at most CANCEL_CHUNK jobs.
+        let mut job_ids = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(CANCEL_CHUNK) {
+            let command = Command::CancelJobs { job_ids: chunk.to_vec(), reason: "cancelled by user".into() };
+            match self.coord.propose(command).await? {
+                Outcome::JobsCancelled(done) => job_ids.extend(done),
+                other => return Err(Status::internal(format!("unexpected outcome of cancel: {other:?}"))),
+            }
+        }
+        Ok(Response::new(pb::CancelJobsResponse { job_ids }))
     }
 
     async fn set_node_mode(

@@ -54,6 +54,7 @@ impl Coordinator {
             members,
             state_digest: node.state.digest(),
             initialized: status.initialized,
+            jobs_in_memory: node.state.read().state.jobs.len() as u64,
         }
     }
 

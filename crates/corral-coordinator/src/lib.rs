@@ -7,6 +7,7 @@
 mod api;
 mod auth;
 mod cluster;
+mod compaction;
 mod config;
 mod desired;
 mod error;
@@ -22,13 +23,14 @@ mod scheduler;
 mod tso;
 
 pub use auth::{token_sha256, SecurityConfig};
-pub use config::{AuthSection, CoordinatorFile, RaftSection, SchedulerSection, TlsSection};
+pub use compaction::HistoryConfig;
+pub use config::{AuthSection, CoordinatorFile, HistorySection, RaftSection, Retention, SchedulerSection, TlsSection};
 pub use error::CoordError;
 pub use tso::{CLOCK_SKEW_FAILPOINT, MAX_COUNT as MAX_TIMESTAMPS_PER_CALL};
 
 use tso::{Allocation, Tso};
 
-use corral_core::{Command, Outcome, Request};
+use corral_core::{ApplyError, Command, Outcome, Request};
 use corral_raft::RaftNode;
 use corral_types::Timestamp;
 use liveness::Liveness;
@@ -63,6 +65,8 @@ pub struct CoordinatorConfig {
     pub leader_lease: Duration,
     /// TLS, tokens and the audit log; the default serves plaintext and lets everyone in.
     pub security: SecurityConfig,
+    /// What stays in memory, and for how long the history is kept.
+    pub history: HistoryConfig,
 }
 
 impl Default for CoordinatorConfig {
@@ -74,6 +78,7 @@ impl Default for CoordinatorConfig {
             advertise_addr: String::new(),
             leader_lease: Duration::from_millis(150),
             security: SecurityConfig::default(),
+            history: HistoryConfig::default(),
         }
     }
 }
@@ -309,6 +314,62 @@ impl Coordinator {
         }
     }
 
+    /// Job `job_id` from the hot state, or else from the history of finished jobs.
+    pub(crate) fn find_job(&self, job_id: u64) -> Option<corral_types::Job> {
+        let store = &self.inner.node.state;
+        let hot = store.read().state.jobs.get(&job_id).cloned();
+        hot.or_else(|| store.archived_job(job_id))
+    }
+
+    /// Judges the dependencies of `spec` on jobs that already left the hot state (they ended
+    /// long ago, their outcome is final): met ones are dropped from the spec, one that can never
+    /// be met (or names another tenant's job) refuses the submit. Dependencies on other jobs are
+    /// left to apply.
+    pub(crate) fn settle_archived_dependencies(
+        &self,
+        mut spec: corral_types::JobSpec,
+    ) -> Result<corral_types::JobSpec, CoordError> {
+        use corral_types::{DependencyKind, JobState};
+        if spec.sched.dependencies.is_empty() {
+            return Ok(spec);
+        }
+        let store = &self.inner.node.state;
+        let mut kept = Vec::with_capacity(spec.sched.dependencies.len());
+        for dep in std::mem::take(&mut spec.sched.dependencies) {
+            if store.read().state.jobs.contains_key(&dep.job_id) {
+                kept.push(dep);
+                continue;
+            }
+            let Some(target) = store.archived_job(dep.job_id) else {
+                kept.push(dep);
+                continue;
+            };
+            if target.spec.tenant != spec.tenant {
+                return Err(CoordError::Rejected(ApplyError::InvalidDependency(format!(
+                    "job {} belongs to another tenant",
+                    target.display_id()
+                ))));
+            }
+            let ok = target.state == JobState::Succeeded;
+            let never = match dep.kind {
+                DependencyKind::AfterAny => None,
+                DependencyKind::AfterOk if ok => None,
+                DependencyKind::AfterOk => Some(format!("job {} ended {}", target.display_id(), target.state)),
+                DependencyKind::AfterNotOk if ok => Some(format!("job {} succeeded", target.display_id())),
+                DependencyKind::AfterNotOk => None,
+            };
+            if let Some(why) = never {
+                return Err(CoordError::Rejected(ApplyError::InvalidDependency(format!(
+                    "{}:{} can never be met: {why}",
+                    dep.kind.as_str(),
+                    dep.job_id
+                ))));
+            }
+        }
+        spec.sched.dependencies = kept;
+        Ok(spec)
+    }
+
     /// True if this node currently believes it leads the cluster.
     pub fn is_leader(&self) -> bool {
         self.leading_term().is_some()
@@ -318,6 +379,7 @@ impl Coordinator {
     /// resolves; the leader's scheduling loop runs alongside.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
         let scheduler = tokio::spawn(scheduler::run(self.clone()));
+        let compactor = tokio::spawn(compaction::run(self.clone()));
         let (submits, group_task) = group_commit::GroupCommit::start(self.clone());
         let _ = self.inner.submits.set(submits);
         let security = &self.inner.config.security;
@@ -342,6 +404,7 @@ impl Coordinator {
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         scheduler.abort();
+        compactor.abort();
         group_task.abort();
         result.map_err(Into::into)
     }
