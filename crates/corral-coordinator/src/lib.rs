@@ -20,6 +20,7 @@ mod metrics;
 pub mod policy;
 mod scheduler;
 mod tso;
+mod watch;
 
 pub use auth::{token_sha256, SecurityConfig};
 pub use config::{AuthSection, CoordinatorFile, RaftSection, SchedulerSection, TlsSection};
