@@ -8,6 +8,7 @@ mod boundaries;
 mod chaos;
 mod cluster;
 mod gang;
+mod grpc_services;
 mod isolation;
 mod job_control;
 mod job_path;
