@@ -18,6 +18,7 @@ mod metrics;
 mod nodes;
 mod policy;
 mod prometheus_config;
+mod python;
 mod security;
 mod slurm;
 mod tso;
