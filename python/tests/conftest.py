@@ -149,3 +149,52 @@ def secured():
     cluster = Secured()
     yield cluster
     cluster.close()
+
+
+class Cluster3:
+    """Three coordinators (no worker) in one Raft cluster."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="corral-py-3-")
+        self.addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+        self.procs = []
+        self.log = open(os.path.join(self.dir, "stderr.log"), "w+")
+        for i, addr in enumerate(self.addrs):
+            config = os.path.join(self.dir, f"coordinator-{i}.toml")
+            with open(config, "w") as f:
+                f.write(f'node-id = {i + 1}\nlisten = "{addr}"\ndata-dir = "{self.dir}/data-{i}"\n')
+            self.procs.append(
+                subprocess.Popen([corral_bin(), "coordinator", "--config", config], stdout=self.log, stderr=self.log)
+            )
+        self.cli(0, "cluster", "init", retry=True)
+        for addr in self.addrs[1:]:
+            self.cli(0, "cluster", "join", addr, retry=True)
+
+    def cli(self, index, *args, retry=False):
+        deadline = time.monotonic() + 60
+        while True:
+            out = subprocess.run(
+                [corral_bin(), "--endpoint", self.addrs[index], "--output", "json", *args],
+                capture_output=True,
+                text=True,
+            )
+            if out.returncode == 0 or not retry or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if out.returncode != 0:
+            self.log.seek(0)
+            pytest.fail(f"corral {args}: {out.stderr}\n{self.log.read()[-4000:]}")
+        return out.stdout
+
+    def close(self):
+        for proc in self.procs:
+            stop(proc)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster3():
+    cluster = Cluster3()
+    yield cluster
+    cluster.close()

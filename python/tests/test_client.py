@@ -43,6 +43,12 @@ def test_a_job_runs_and_its_output_and_exit_are_read(client):
     assert "hello from corral" in lines and "to stderr" in lines
 
 
+def test_following_logs_reads_until_the_job_ends(client):
+    job = client.submit("echo first; sleep 1; echo second")
+    assert list(client.logs(job, follow=True)) == ["first", "second"]
+    assert client.job(job).done
+
+
 def test_a_failing_job_reports_its_exit_code(client):
     done = client.wait(client.submit("exit 3", time="1m"), timeout=120)
     assert done.state == "failed" and done.exit_code == 3
@@ -105,6 +111,18 @@ def test_an_unreachable_cluster_is_unavailable():
 def test_calls_to_a_dead_endpoint_fail_over_to_a_live_one(dev):
     with Client([f"127.0.0.1:{free_port()}", dev.addr]) as c:
         assert isinstance(c.jobs(), list)
+
+
+def test_calls_to_a_follower_are_redirected_to_the_leader(cluster3):
+    import json
+
+    statuses = {addr: json.loads(cluster3.cli(i, "cluster", "status")) for i, addr in enumerate(cluster3.addrs)}
+    leader = next(a for a, s in statuses.items() if s.get("state") == "leader")
+    follower = next(a for a in cluster3.addrs if a != leader)
+    with Client(follower) as c:
+        job = c.submit(["true"], name="through-a-follower")
+        assert c._preferred == leader
+        assert [j.id for j in c.jobs()] == [job.id]
 
 
 def test_every_status_code_maps_to_an_exception():

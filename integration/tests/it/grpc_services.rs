@@ -1,10 +1,12 @@
 //! The standard gRPC services on real processes: server reflection lists what a coordinator
 //! and a worker serve; grpc.health.v1 says SERVING on a leader and a registered worker,
-//! NOT_SERVING on a follower, which flips to SERVING when it becomes leader.
+//! NOT_SERVING on a follower, which flips to SERVING when it becomes leader. Over mutual TLS any
+//! certificate of the cluster CA may call them, a caller without one may not.
 
 use corral_integration::cluster::{Cluster, ClusterOptions};
-use corral_integration::DevPool;
+use corral_integration::{corral_bin, DevPool};
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -132,5 +134,61 @@ fn a_follower_is_not_serving_until_it_becomes_leader() {
         wait_health(&addrs[new_leader], "corral.v1.Corral", ServingStatus::Serving).await;
         let other = (0..3).find(|i| *i != leader && *i != new_leader).expect("the third node");
         assert_eq!(health(&addrs[other], "").await, ServingStatus::NotServing);
+    });
+}
+
+/// A TLS channel to `addr` presenting certificate `cert` of `certs` (or none).
+async fn tls_channel(certs: &Path, cert: Option<&str>, addr: &str) -> Channel {
+    let ca = tonic::transport::Certificate::from_pem(std::fs::read(certs.join("ca.pem")).expect("ca"));
+    let mut tls = tonic::transport::ClientTlsConfig::new().ca_certificate(ca);
+    if let Some(cert) = cert {
+        let pem = std::fs::read(certs.join(format!("{cert}.pem"))).expect("cert");
+        let key = std::fs::read(certs.join(format!("{cert}-key.pem"))).expect("key");
+        tls = tls.identity(tonic::transport::Identity::from_pem(pem, key));
+    }
+    let endpoint = Channel::from_shared(format!("https://{addr}")).expect("uri").tls_config(tls).expect("tls");
+    endpoint.connect().await.expect("connect")
+}
+
+#[test]
+fn over_tls_every_certificate_of_the_cluster_may_probe_and_none_other() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = dir.path().join("certs");
+    let out = std::process::Command::new(corral_bin())
+        .args(["certs", "init", "--dir"])
+        .arg(&certs)
+        .args(["--coordinators", "1", "--workers", "w1", "--clients", "user"])
+        .output()
+        .expect("corral certs init");
+    assert!(out.status.success(), "certs init: {}", String::from_utf8_lossy(&out.stderr));
+    // With the CA key the coordinator completes handshakes without a client certificate (for
+    // joining workers), so the role guard is what refuses them.
+    let options = ClusterOptions { tls: Some(certs.clone()), sign_joins: true, ..Default::default() };
+    let cluster = Cluster::start(1, options);
+    let init = cluster.corral_at(0, &["cluster", "init"]);
+    assert!(init.status.success(), "init: {}", String::from_utf8_lossy(&init.stderr));
+    let addr = cluster.nodes[0].addr.clone();
+    runtime().block_on(async {
+        for cert in ["worker-w1", "client-user", "admin", "coordinator-1"] {
+            let channel = tls_channel(&certs, Some(cert), &addr).await;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let mut client = HealthClient::new(channel.clone());
+                let reply = client.check(HealthCheckRequest { service: String::new() }).await;
+                let status = reply.unwrap_or_else(|e| panic!("{cert}: {e}")).into_inner().status;
+                if status == ServingStatus::Serving as i32 {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{cert}: the leader never said SERVING");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let channel = tls_channel(&certs, None, &addr).await;
+        let err = HealthClient::new(channel)
+            .check(HealthCheckRequest { service: String::new() })
+            .await
+            .expect_err("a caller without a certificate");
+        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
+        assert!(err.message().contains("without a client certificate"), "{err}");
     });
 }
