@@ -4,6 +4,7 @@
 //! certificate of the cluster CA may call them, a caller without one may not.
 
 use corral_integration::cluster::{Cluster, ClusterOptions};
+use corral_integration::worker::WorkerProc;
 use corral_integration::{corral_bin, DevPool};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -191,4 +192,24 @@ fn over_tls_every_certificate_of_the_cluster_may_probe_and_none_other() {
         assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
         assert!(err.message().contains("without a client certificate"), "{err}");
     });
+}
+
+#[test]
+fn a_worker_is_not_serving_once_no_leader_answers_it() {
+    let mut cluster = Cluster::start(1, ClusterOptions { node_ttl: "2s".into(), ..Default::default() });
+    cluster.init_and_join_all();
+    let mut worker = WorkerProc::configure(cluster.dir(), "w1", &cluster.endpoints(), 1);
+    worker.start();
+    worker.wait_registered(&cluster);
+    let nodes = cluster.json(&["nodes"]);
+    let addr = nodes[0]["address"].as_str().expect("worker address").to_string();
+    let rt = runtime();
+    rt.block_on(wait_health(&addr, "", ServingStatus::Serving));
+    // Without a coordinator the worker's lease runs out (fence-after, 1s here): it stops
+    // serving until a leader answers again.
+    cluster.kill(0);
+    rt.block_on(wait_health(&addr, "", ServingStatus::NotServing));
+    rt.block_on(wait_health(&addr, "corral.v1.WorkerAgent", ServingStatus::NotServing));
+    cluster.restart(0);
+    rt.block_on(wait_health(&addr, "", ServingStatus::Serving));
 }
