@@ -433,6 +433,23 @@ impl Client {
         Ok(reply.into_inner())
     }
 
+    /// The jobs `request` selects, then each change of one (`Corral.WatchJobs`), from the leader.
+    /// The stream ends when the leadership changes: call again with `from_revision` set to the
+    /// last `resume_revision` received to get every change since. A revision the leader no
+    /// longer remembers is refused with `OutOfRange` (list the jobs again).
+    pub async fn watch_jobs(
+        &self,
+        request: pb::WatchJobsRequest,
+    ) -> Result<tonic::Streaming<pb::JobEvent>, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(request.clone());
+                async move { Self::corral(ch).watch_jobs(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
     /// Follows job `job_id` until it ends and returns it; `on_change` sees every state the
     /// leader sends. Follows leader changes; fails only when no coordinator answers for
     /// `retry_for` or the job is unknown.

@@ -134,7 +134,7 @@ const MAX_BATCH: usize = 10_000;
 
 /// A job as the API returns it: a pending job without a reason of its own shows why the
 /// leader's last scheduling pass left it waiting.
-fn job_reply(job: &Job, pending_reasons: &std::collections::BTreeMap<u64, String>) -> pb::Job {
+pub(crate) fn job_reply(job: &Job, pending_reasons: &std::collections::BTreeMap<u64, String>) -> pb::Job {
     let mut reply = pb::Job::from(job);
     if job.state == corral_types::JobState::Pending && reply.reason.is_none() {
         reply.reason = pending_reasons.get(&job.id).cloned();
@@ -155,6 +155,7 @@ fn token_info(t: &corral_core::TokenRecord) -> pb::TokenInfo {
 
 type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
 type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
+type JobEventStream = Pin<Box<dyn Stream<Item = Result<pb::JobEvent, Status>> + Send>>;
 
 /// A watched job is sent again at least this often while it waits, so that the reason of the
 /// leader's latest scheduling pass reaches the watcher.
@@ -337,6 +338,20 @@ impl Corral for Api {
         self.coord.require_owner(&request, "watch", "watch", &who, &job)?;
         let term = self.coord.leading_term().ok_or_else(|| self.coord.not_leader())?;
         let rx = watch_job(self.coord.clone(), job_id, term);
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    type WatchJobsStream = JobEventStream;
+
+    async fn watch_jobs(&self, request: Request<pb::WatchJobsRequest>) -> Result<Response<JobEventStream>, Status> {
+        self.coord.linearizable().await?;
+        let who = self.coord.principal(&request, "watch jobs")?;
+        self.own_tenant_filter(&request, "watch jobs", &who, request.get_ref().tenant.as_deref())?;
+        let req = request.get_ref();
+        let tenant = req.tenant.clone().or_else(|| who.tenant().map(String::from));
+        let filter = crate::watch::JobFilter::of(req, tenant)?;
+        let term = self.coord.leading_term().ok_or_else(|| self.coord.not_leader())?;
+        let rx = self.coord.watch_jobs(filter, req.from_revision, term)?;
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 

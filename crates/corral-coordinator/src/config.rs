@@ -170,6 +170,9 @@ pub struct RaftSection {
     pub snapshot_every: u64,
     /// Entries kept below a snapshot for lagging followers.
     pub keep_logs_after_snapshot: u64,
+    /// Job changes kept in memory for `WatchJobs` clients that resume from a revision; an
+    /// older revision is refused (the client lists again).
+    pub watch_history: usize,
     /// Earlier spellings in integer milliseconds, read for one release with a warning.
     heartbeat_interval_ms: Option<u64>,
     election_timeout_min_ms: Option<u64>,
@@ -185,6 +188,7 @@ impl Default for RaftSection {
             election_timeout_max: None,
             snapshot_every: d.snapshot_every,
             keep_logs_after_snapshot: d.keep_logs_after_snapshot,
+            watch_history: d.watch_history,
             heartbeat_interval_ms: None,
             election_timeout_min_ms: None,
             election_timeout_max_ms: None,
@@ -345,6 +349,9 @@ impl CoordinatorFile {
         if r.snapshot_every == 0 {
             return Err("raft.snapshot-every: must be greater than 0".into());
         }
+        if r.watch_history == 0 {
+            return Err("raft.watch-history: must be greater than 0 (job changes kept for watch resumes)".into());
+        }
         self.scheduler.lease()?;
         self.history.config()?;
         if let Some(tls) = &self.tls {
@@ -419,6 +426,7 @@ impl Coordinator {
             election_timeout_max_ms: file.raft.election_timeout_max().get().as_millis() as u64,
             snapshot_every: file.raft.snapshot_every,
             keep_logs_after_snapshot: file.raft.keep_logs_after_snapshot,
+            watch_history: file.raft.watch_history,
             client_tls: tls.as_ref().map(|(_, client)| client.clone()),
         };
         let node =

@@ -17,6 +17,9 @@ pub enum CoordError {
     NotFound(String),
     #[error("{0}")]
     Unavailable(String),
+    /// A watch resumed from a revision this coordinator no longer remembers.
+    #[error("{0}")]
+    OutOfRange(String),
 }
 
 fn leader_hint(id: &Option<u64>, addr: &Option<String>) -> String {
@@ -63,6 +66,7 @@ impl From<CoordError> for tonic::Status {
                 status
             }
             CoordError::Raft(_) | CoordError::Unavailable(_) => Status::unavailable(message),
+            CoordError::OutOfRange(_) => Status::out_of_range(message),
         }
     }
 }

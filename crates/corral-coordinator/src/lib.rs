@@ -14,6 +14,7 @@ mod error;
 mod failpoints;
 mod gateway;
 mod group_commit;
+mod grpc_health;
 mod join;
 mod leader_writes;
 mod liveness;
@@ -21,6 +22,7 @@ mod metrics;
 pub mod policy;
 mod scheduler;
 mod tso;
+mod watch;
 
 pub use auth::{token_sha256, SecurityConfig};
 pub use compaction::HistoryConfig;
@@ -189,7 +191,7 @@ impl Coordinator {
     }
 
     /// The current term if this node leads and a quorum acknowledged it within the lease.
-    fn leader_term_within_lease(&self) -> Result<u64, CoordError> {
+    pub(crate) fn leader_term_within_lease(&self) -> Result<u64, CoordError> {
         let leadership = self.inner.node.leadership();
         if leadership.leader != Some(self.inner.node.id) {
             return Err(self.not_leader());
@@ -390,6 +392,9 @@ impl Coordinator {
         };
         use tonic::service::interceptor::InterceptedService;
         let raft = self.inner.node.grpc_service();
+        let (reporter, health) = tonic_health::server::health_reporter();
+        let health_task = tokio::spawn(grpc_health::report(self.clone(), reporter));
+        let (reflection, reflection_alpha) = grpc_health::reflection()?;
         let result = tonic::transport::Server::builder()
             .add_service(InterceptedService::new(raft, guard(auth::Service::Raft)))
             .add_service(InterceptedService::new(
@@ -401,11 +406,16 @@ impl Coordinator {
             // The one service without a role check: a joining worker has no certificate yet. It
             // answers nothing but a valid, unused join token (see `join.rs`).
             .add_service(join::server(self.clone()))
+            // Health and reflection: any certificate of the cluster CA, whatever its role.
+            .add_service(InterceptedService::new(health, guard(auth::Service::Standard)))
+            .add_service(InterceptedService::new(reflection, guard(auth::Service::Standard)))
+            .add_service(InterceptedService::new(reflection_alpha, guard(auth::Service::Standard)))
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         scheduler.abort();
         compactor.abort();
         group_task.abort();
+        health_task.abort();
         result.map_err(Into::into)
     }
 }

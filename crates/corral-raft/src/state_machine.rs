@@ -12,6 +12,7 @@
 //! log; whatever sled lost is re-applied from the log. A snapshot file newer than sled wins on open, because the log
 //! before it may already be purged.
 
+use crate::change_log::ChangeLog;
 use crate::codec;
 use crate::types::{LogId, NodeId, StoredMembership, TypeConfig};
 use corral_core::{CompactCutoffs, Outcome, RequestRecord, State, Touched};
@@ -82,6 +83,8 @@ struct Shared {
     /// Serializes writes of the snapshot file (a build and an install may race).
     snapshot_file: std::sync::Mutex<()>,
     applied_tx: watch::Sender<u64>,
+    /// Which jobs each applied entry changed, for `WatchJobs` resumes (locked inside `data`'s lock).
+    changes: std::sync::Mutex<ChangeLog>,
 }
 
 /// Cheap to clone handle on the state machine; the coordinator reads through it.
@@ -132,6 +135,7 @@ impl StateMachineStore {
             snapshot_dir,
             snapshot_file: std::sync::Mutex::new(()),
             applied_tx,
+            changes: std::sync::Mutex::new(ChangeLog::new(crate::change_log::DEFAULT_CHANGE_LOG_CAPACITY, applied)),
         };
         Ok(StateMachineStore { shared: Arc::new(shared) })
     }
@@ -211,6 +215,12 @@ impl StateMachineStore {
     /// Index of the last applied entry, updated after every applied batch.
     pub fn subscribe_applied(&self) -> watch::Receiver<u64> {
         self.shared.applied_tx.subscribe()
+    }
+
+    /// Which jobs the last applied entries changed. Take it after [`Self::read`] (same order as
+    /// apply) to see both at one revision.
+    pub fn changes(&self) -> std::sync::MutexGuard<'_, ChangeLog> {
+        self.shared.changes.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -537,6 +547,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     EntryPayload::Blank => Ok(Outcome::Done),
                     EntryPayload::Normal(request) => {
                         let (response, t) = data.state.apply_tracked(&request.0);
+                        self.changes().record(entry.log_id.index, t.jobs.iter().copied());
                         touched.merge(t);
                         response
                     }
@@ -587,6 +598,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             };
             rewrite_sled(&self.shared.trees, &data, &contents)
                 .map_err(|e| io_err(std::io::Error::other(e.to_string())))?;
+            self.changes().reset(data.applied_index());
             data.last_applied.map(|l| l.index).unwrap_or(0)
         };
         self.shared.applied_tx.send_replace(applied);
