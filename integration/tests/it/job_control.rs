@@ -151,7 +151,9 @@ fn dependencies_hold_release_and_cancelling_tasks() {
 fn cancel_all_cancels_exactly_the_matching_jobs() {
     let pool = DevPool::start(&["--gpus", "1"]);
     let (client, rt) = client(&pool);
-    let named = |name: &str, tenant: &str| JobSpec { name: name.into(), tenant: tenant.into(), ..sh("sleep 300") };
+    // One GPU each on a one-GPU pool: the first runs, the others wait.
+    let named =
+        |name: &str, tenant: &str| JobSpec { name: name.into(), tenant: tenant.into(), gpus: 1, ..sh("sleep 300") };
     let running = submit(&rt, &client, &named("a", "default"));
     pool.wait_for(running, "running", |j| j["state"] == "running");
     let pending_a: Vec<u64> = (0..2).map(|_| submit(&rt, &client, &named("a", "default"))).collect();
