@@ -16,6 +16,7 @@ mod group_commit;
 mod join;
 mod leader_writes;
 mod liveness;
+mod log_proxy;
 mod metrics;
 pub mod policy;
 mod scheduler;
