@@ -20,4 +20,5 @@ mod prometheus_config;
 mod security;
 mod slurm;
 mod tso;
+mod web;
 mod worker;
