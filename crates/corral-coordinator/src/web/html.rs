@@ -1,5 +1,5 @@
 //! HTML building blocks of the web view: escaping, the page frame (inline CSS, navigation, an
-//! optional auto-refresh) and formatting of times, sizes and money.
+//! optional auto-refresh) and money.
 //!
 //! Invariant: every piece of text that came from a user or a worker (job names, commands,
 //! reasons, log text, tenant and node names) goes through [`escape`] before it is written into
@@ -80,23 +80,6 @@ pub(crate) fn page(frame: &Frame<'_>, body: &str) -> String {
     out
 }
 
-/// `YYYY-MM-DD HH:MM:SS UTC` for Unix milliseconds.
-pub(crate) fn format_utc(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Howard Hinnant's civil-from-days.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rem / 3600, (rem % 3600) / 60, rem % 60)
-}
-
 /// A money amount in micro-units, with the six decimals `corral billing report` prints.
 pub(crate) fn money(micros: u64) -> String {
     format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000)
@@ -124,9 +107,7 @@ mod tests {
     }
 
     #[test]
-    fn times_and_money() {
-        assert_eq!(format_utc(0), "1970-01-01 00:00:00 UTC");
-        assert_eq!(format_utc(1_700_000_000_123), "2023-11-14 22:13:20 UTC");
+    fn money_has_six_decimals() {
         assert_eq!(money(890_000), "0.890000");
         assert_eq!(money(12_345_678), "12.345678");
     }

@@ -6,11 +6,11 @@
 //! job says "other tenant" with no id or name, the queue lists only its jobs, and the tenants
 //! page only its own row. Every user-controlled text goes through `escape`.
 
-use super::html::{escape, format_utc, money};
+use super::html::{escape, money};
 use crate::auth::Principal;
 use crate::liveness::NodeLive;
 use corral_core::{format_gpus, State, MILLI_PER_GPU};
-use corral_types::{format_duration, format_size, Job, JobState};
+use corral_types::{format_duration, format_size, format_utc, Job, JobState};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 use std::time::Duration;
@@ -356,7 +356,7 @@ pub(crate) fn job(job: &Job, leader: Option<&LeaderMemory<'_>>, log: &LogTail, n
         job.spec.time_limit_secs.map(|s| format_duration(Duration::from_secs(s))).unwrap_or_else(|| "none".into());
     row("Time limit", escape(&limit));
     let time = |t: Option<corral_types::Timestamp>| match t {
-        Some(t) => format!("{} ({})", format_utc(t.physical_ms()), ago(now_ms, t.physical_ms())),
+        Some(t) => format!("{} ({})", format_utc(t), ago(now_ms, t.physical_ms())),
         None => "-".into(),
     };
     row("Submitted", time(Some(job.submitted_at)));
