@@ -20,6 +20,8 @@ mod log_proxy;
 mod metrics;
 pub mod policy;
 mod scheduler;
+#[cfg(test)]
+mod testing;
 mod tso;
 mod web;
 

@@ -434,15 +434,12 @@ pub(crate) fn tenants(state: &State, viewer: &Principal) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use corral_core::{schedule, ClusterConfig, Command, Request};
-    use corral_types::{GpuDevice, GpuHealth, JobSpec, NodeSpec, Timestamp};
+    use crate::testing::{apply, dev_state_with_node};
+    use corral_core::{schedule, ClusterConfig, Command};
+    use corral_types::{GpuHealth, JobSpec, Timestamp};
     use std::time::Instant;
 
     const EVIL: &str = "<script>alert(1)</script>";
-
-    fn apply(state: &mut State, ms: u64, command: Command) {
-        state.apply(&Request { ts: Timestamp::compose(ms, 0), command }).expect("applied");
-    }
 
     fn spec(name: &str, tenant: &str, gpus: u32) -> JobSpec {
         JobSpec {
@@ -465,25 +462,7 @@ mod tests {
     /// Node `n1` with two GPUs; job 1 (team-a, named like a script, 1 GPU) runs on GPU 0; job 2
     /// (team-b, 2 GPUs) and job 3 (team-a) wait.
     fn pool_state() -> State {
-        let mut state = State::default();
-        apply(&mut state, 1_000, Command::Configure(ClusterConfig::dev_defaults()));
-        let gpu = |index| GpuDevice {
-            index,
-            uuid: format!("GPU-{index}"),
-            model: "RTX 5090".into(),
-            memory_mib: 32768,
-            ..Default::default()
-        };
-        let node = NodeSpec {
-            name: "n1".into(),
-            address: "127.0.0.1:1".into(),
-            gpus: vec![gpu(0), gpu(1)],
-            cpu_millis: 8000,
-            memory_bytes: 1 << 34,
-            labels: Vec::new(),
-            rendezvous_ports: None,
-        };
-        apply(&mut state, 1_000, Command::RegisterNode { spec: node });
+        let mut state = dev_state_with_node();
         apply(&mut state, 2_000, Command::SubmitJob { request_id: "a".into(), spec: spec(EVIL, "team-a", 1) });
         let pass = schedule(&state, Timestamp::compose(2_500, 0), &BTreeSet::new());
         apply(&mut state, 2_500, pass.command().expect("a placement"));
