@@ -24,4 +24,5 @@ mod security;
 mod slurm;
 mod tso;
 mod watch;
+mod web;
 mod worker;
