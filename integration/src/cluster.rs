@@ -330,6 +330,11 @@ impl Cluster {
         }
     }
 
+    /// Process id of node `index` while it runs.
+    pub fn pid(&self, index: usize) -> Option<u32> {
+        self.nodes[index].child.as_ref().map(Child::id)
+    }
+
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }

@@ -1,0 +1,268 @@
+//! Scale benchmark: a 3-coordinator loopback cluster filled with N jobs through the batch RPC
+//! (no worker: they all wait), then finished by a bulk cancel, so that compaction moves them to
+//! the on-disk history. Reports batch throughput, coordinator RSS as the jobs arrive and after
+//! they left memory, `corral jobs --limit 50` with N pending, submit latency at 1k/s offered while
+//! snapshots are built (with N pending, and with the N jobs in the history), and how long a
+//! follower stopped for E entries takes to catch up after its restart.
+//!
+//! Run: `cargo build --release -p corral-cli && CORRAL_BIN=target/release/corral cargo bench -p
+//! corral-integration --bench scale`. `CORRAL_SCALE_JOBS` (default 100000), `CORRAL_SCALE_ENTRIES`
+//! (entries the stopped follower misses, default 20000), `CORRAL_SCALE_SECS` (length of the
+//! latency phases, default 20). Phases the binary does not support (an older build) are skipped.
+
+use corral_client::{Client, ClientConfig};
+use corral_integration::cluster::{Cluster, ClusterOptions};
+use corral_types::JobSpec;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn client(endpoints: &str) -> Client {
+    Client::new(ClientConfig::new(endpoints.split(',').map(String::from).collect())).expect("client")
+}
+
+fn spec() -> JobSpec {
+    JobSpec { gpus: 1, ..corral_integration::trivial_job("scale") }
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn rid() -> String {
+    format!("scale-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Resident set of a process, MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+fn rss_all(cluster: &Cluster) -> Vec<f64> {
+    (0..cluster.nodes.len()).filter_map(|i| cluster.pid(i)).map(rss_mib).collect()
+}
+
+fn fmt_rss(rss: &[f64]) -> String {
+    rss.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join("/")
+}
+
+fn status(cluster: &Cluster, index: usize) -> serde_json::Value {
+    cluster.status(index).unwrap_or_default()
+}
+
+/// Submits `total` jobs in batches of 1000 from 4 callers; prints RSS at every tenth.
+async fn fill(cluster: &Cluster, total: u64) -> f64 {
+    let endpoints = cluster.endpoints();
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let callers: Vec<_> = (0..4)
+        .map(|_| {
+            let client = client(&endpoints);
+            let done = done.clone();
+            tokio::spawn(async move {
+                loop {
+                    let claimed = done.fetch_add(1000, Ordering::Relaxed);
+                    if claimed >= total {
+                        return;
+                    }
+                    let n = (total - claimed).min(1000) as usize;
+                    let jobs: Vec<(String, JobSpec)> = (0..n).map(|_| (rid(), spec())).collect();
+                    let results = client.submit_batch(&jobs).await.expect("batch");
+                    assert!(results.iter().all(|r| r.is_ok()), "a batch job was refused");
+                }
+            })
+        })
+        .collect();
+    let mut next_report = total / 10;
+    while !callers.iter().all(|c| c.is_finished()) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = done.load(Ordering::Relaxed).min(total);
+        if now >= next_report {
+            println!("  {now:>8} jobs in {:>6.1?}: coordinator RSS {} MiB", started.elapsed(), fmt_rss(&rss_all(cluster)));
+            next_report += total / 10;
+        }
+    }
+    for c in callers {
+        c.await.expect("caller");
+    }
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+/// One submit every millisecond for `secs`; returns sorted latencies and how many snapshots the
+/// leader built meanwhile.
+async fn open_loop(cluster: &Cluster, secs: u64) -> (Vec<Duration>, u64) {
+    let endpoints = cluster.endpoints();
+    let leader = cluster.leader();
+    let snap_before = status(cluster, leader)["snapshot_index"].as_u64().unwrap_or(0);
+    let clients: Vec<Client> = (0..8).map(|_| client(&endpoints)).collect();
+    let mut ticker = tokio::time::interval(Duration::from_millis(1));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = Vec::new();
+    for i in 0..1000 * secs {
+        ticker.tick().await;
+        let client = clients[i as usize % clients.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            let t = Instant::now();
+            client.submit_with_id(&rid(), &spec()).await.map(|_| t.elapsed())
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        if let Ok(l) = t.await.expect("task") {
+            lat.push(l);
+        }
+    }
+    lat.sort();
+    let snap_after = status(cluster, leader)["snapshot_index"].as_u64().unwrap_or(0);
+    let per = cluster_snapshot_every();
+    (lat, (snap_after.saturating_sub(snap_before) + per - 1) / per)
+}
+
+fn cluster_snapshot_every() -> u64 {
+    5_000
+}
+
+fn report_latency(what: &str, lat: &[Duration], snapshots: u64) {
+    println!(
+        "{what}: {} ok, p50 {:.2?} p99 {:.2?} max {:.2?} ({snapshots} snapshots built meanwhile)",
+        lat.len(),
+        percentile(lat, 0.5),
+        percentile(lat, 0.99),
+        lat.last().copied().unwrap_or_default()
+    );
+}
+
+/// Median wall time of a CLI command (5 runs).
+fn cli_median(cluster: &Cluster, args: &[&str]) -> Option<Duration> {
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let out = std::process::Command::new(corral_integration::corral_bin())
+            .args(["--endpoint", &cluster.endpoints()])
+            .args(args)
+            .output()
+            .expect("corral");
+        if !out.status.success() {
+            println!("  corral {args:?} not supported: {}", String::from_utf8_lossy(&out.stderr).trim());
+            return None;
+        }
+        times.push(t.elapsed());
+    }
+    times.sort();
+    Some(times[2])
+}
+
+fn main() {
+    let jobs = env("CORRAL_SCALE_JOBS", 100_000);
+    let entries = env("CORRAL_SCALE_ENTRIES", 20_000);
+    let secs = env("CORRAL_SCALE_SECS", 20);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let options = ClusterOptions {
+        snapshot_every: cluster_snapshot_every(),
+        keep_logs_after_snapshot: 1_000,
+        extra_config: "\n[history]\narchive-after = \"5s\"\ncompact-every = \"1s\"\n".into(),
+        ..ClusterOptions::default()
+    };
+    let mut cluster = Cluster::start(3, options);
+    cluster.init_and_join_all();
+    let leader = cluster.leader();
+    println!("3 coordinators on loopback, {jobs} jobs, binary {}", corral_integration::corral_bin().display());
+    println!("empty cluster: coordinator RSS {} MiB", fmt_rss(&rss_all(&cluster)));
+
+    let rate = rt.block_on(fill(&cluster, jobs));
+    println!("batch submit: {rate:.0} jobs/s (4 callers x 1000-job batches, durable)");
+    println!("with {jobs} pending: coordinator RSS {} MiB", fmt_rss(&rss_all(&cluster)));
+    if let Some(t) = cli_median(&cluster, &["jobs", "--limit", "50"]) {
+        println!("corral jobs --limit 50 with {jobs} pending: median {t:.2?} (whole CLI process)");
+    }
+    if let Some(t) = cli_median(&cluster, &["cluster", "status"]) {
+        println!("corral cluster status with {jobs} pending: median {t:.2?}");
+    }
+    let (lat, snaps) = rt.block_on(open_loop(&cluster, secs));
+    report_latency(&format!("submit at 1k/s for {secs}s with {jobs} pending"), &lat, snaps);
+
+    // Finish every job at once; compaction then moves them to the history.
+    let t = Instant::now();
+    let cancelled = rt.block_on(client(&cluster.endpoints()).cancel_jobs(Default::default()));
+    match cancelled {
+        Ok(ids) => {
+            println!("bulk cancel of {} jobs: {:.1?}", ids.len(), t.elapsed());
+            let deadline = Instant::now() + Duration::from_secs(300);
+            loop {
+                let hot = status(&cluster, leader)["jobs_in_memory"].as_u64();
+                if hot.is_some_and(|n| n < 1000) || Instant::now() > deadline {
+                    println!("compaction: {:?} jobs left in memory after {:.1?}", hot, t.elapsed());
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            std::thread::sleep(Duration::from_secs(5));
+            println!("with {jobs} jobs in the history: coordinator RSS {} MiB", fmt_rss(&rss_all(&cluster)));
+            let (lat, snaps) = rt.block_on(open_loop(&cluster, secs));
+            report_latency(&format!("submit at 1k/s for {secs}s with {jobs} jobs in the history"), &lat, snaps);
+            println!("after that: coordinator RSS {} MiB", fmt_rss(&rss_all(&cluster)));
+        }
+        Err(e) => println!("bulk cancel not supported: {e}"),
+    }
+
+    // A follower misses `entries` entries (single submits, each its own entry), then restarts.
+    let leader = cluster.leader();
+    let follower = (leader + 1) % 3;
+    cluster.stop(follower);
+    let first = status(&cluster, leader)["last_log_index"].as_u64().unwrap_or(0);
+    let endpoints = cluster.endpoints();
+    rt.block_on(async {
+        let c = client(&endpoints);
+        loop {
+            let last = status(&cluster, leader)["last_log_index"].as_u64().unwrap_or(0);
+            if last >= first + entries {
+                break;
+            }
+            let batch: Vec<_> = (0..200).map(|_| c.clone()).collect();
+            let tasks: Vec<_> = batch
+                .into_iter()
+                .map(|c| tokio::spawn(async move { c.submit_with_id(&rid(), &spec()).await.map(|_| ()) }))
+                .collect();
+            for t in tasks {
+                let _ = t.await;
+            }
+        }
+    });
+    let target = status(&cluster, leader)["last_log_index"].as_u64().unwrap_or(0);
+    let t = Instant::now();
+    cluster.restart(follower);
+    loop {
+        let applied = status(&cluster, follower)["applied_index"].as_u64().unwrap_or(0);
+        if applied >= target {
+            println!(
+                "follower stopped for {} entries caught up {:.1?} after its restart (snapshot {:?})",
+                target - first,
+                t.elapsed(),
+                status(&cluster, follower)["snapshot_index"].as_u64()
+            );
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(300) {
+            println!("follower did not catch up within 300s (applied {applied} of {target})");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("end: coordinator RSS {} MiB", fmt_rss(&rss_all(&cluster)));
+}
