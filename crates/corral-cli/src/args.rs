@@ -325,7 +325,12 @@ pub enum ClusterCommand {
         node_id: u64,
     },
     /// Members, leader, term, commit and applied index as the coordinator at --endpoint sees them.
-    Status,
+    Status {
+        /// Also print the digest of its state machine (equal on coordinators that applied the
+        /// same log prefix; costly on a large state: it encodes all of it).
+        #[arg(long)]
+        digest: bool,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -658,10 +658,16 @@ impl Client {
 
     /// The view of the first configured endpoint (not forwarded).
     pub async fn cluster_status(&self) -> Result<pb::ClusterStatus, ClientError> {
+        self.cluster_status_with(false).await
+    }
+
+    /// The view of the first configured endpoint; with `digest`, also the digest of its state
+    /// machine (costly on a large state: it encodes all of it).
+    pub async fn cluster_status_with(&self, digest: bool) -> Result<pb::ClusterStatus, ClientError> {
         let only = self.single(0)?;
         let reply = only
             .with_retry(|ch| {
-                let req = self.authorize(pb::ClusterStatusRequest {});
+                let req = self.authorize(pb::ClusterStatusRequest { digest });
                 async move { Self::admin(ch).status(req).await }
             })
             .await?;
