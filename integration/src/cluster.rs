@@ -25,6 +25,8 @@ pub struct ClusterOptions {
     pub sign_joins: bool,
     /// `raft.election-timeout-min` and `-max` in milliseconds.
     pub election_timeout_ms: (u64, u64),
+    /// TOML appended to every node's config (e.g. a `[limits]` section).
+    pub extra_config: String,
 }
 
 impl Default for ClusterOptions {
@@ -38,6 +40,7 @@ impl Default for ClusterOptions {
             tls: None,
             sign_joins: false,
             election_timeout_ms: (150, 300),
+            extra_config: String::new(),
         }
     }
 }
@@ -115,6 +118,7 @@ impl Cluster {
             // Namespaced hosts are off loopback: plaintext must be asked for.
             text = format!("insecure = true\n{text}");
         }
+        text.push_str(&self.options.extra_config);
         std::fs::write(&config, text).expect("write config");
         let log = self.dir.path().join(format!("coordinator-{slot}.log"));
         self.nodes.push(CoordinatorProc { node_id: id, addr, config, child: None, log });

@@ -213,6 +213,8 @@ impl Corral for Api {
             jobs.push((job.request_id.clone(), spec));
         }
         let proposed = {
+            // Waiting for a pipeline slot counts against the bound on queued submits.
+            let admitted = self.coord.inner.submit_queue.admit(jobs.len())?;
             let _slot = self
                 .coord
                 .inner
@@ -220,6 +222,7 @@ impl Corral for Api {
                 .acquire()
                 .await
                 .map_err(|_| Status::unavailable("coordinator is shutting down"))?;
+            drop(admitted);
             self.coord.hold_while_followers_lag().await;
             self.coord.propose(Command::SubmitJobs { jobs }).await?
         };

@@ -39,6 +39,24 @@ pub struct CoordinatorFile {
     pub insecure: bool,
     #[serde(default)]
     pub auth: AuthSection,
+    #[serde(default)]
+    pub limits: LimitsSection,
+}
+
+/// The `[limits]` section: backpressure on clients.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct LimitsSection {
+    /// Most jobs waiting on the leader to be proposed through Raft (single submits and
+    /// batches); past it submits are refused with RESOURCE_EXHAUSTED and a retry-after, which
+    /// corral's client honours (default 100000).
+    pub max_queued_submits: usize,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        LimitsSection { max_queued_submits: crate::group_commit::DEFAULT_MAX_QUEUED_SUBMITS }
+    }
 }
 
 /// The `[tls]` section: the files every daemon has (`ca`, `cert`, `key`) and, on coordinators
@@ -215,6 +233,7 @@ impl CoordinatorFile {
             tls: None,
             insecure: false,
             auth: AuthSection::default(),
+            limits: LimitsSection::default(),
         }
     }
 
@@ -268,6 +287,9 @@ impl CoordinatorFile {
             return Err("raft.snapshot-every: must be greater than 0".into());
         }
         self.scheduler.lease()?;
+        if self.limits.max_queued_submits == 0 {
+            return Err("limits.max-queued-submits: must be greater than 0".into());
+        }
         if let Some(tls) = &self.tls {
             tls.files().validate()?;
             if tls.ca_key.as_ref().is_some_and(|k| k.as_os_str().is_empty()) {
@@ -346,7 +368,14 @@ impl Coordinator {
             RaftNode::open(&raft_config).await.with_context(|| format!("cannot open {}", file.data_dir.display()))?;
         let (node_ttl, fence_after) = file.scheduler.lease().map_err(anyhow::Error::msg)?;
         let advertise_addr = file.advertise.clone().unwrap_or_else(|| bound.to_string());
-        let config = CoordinatorConfig { node_ttl, fence_after, advertise_addr, security, ..Default::default() };
+        let config = CoordinatorConfig {
+            node_ttl,
+            fence_after,
+            advertise_addr,
+            security,
+            max_queued_submits: file.limits.max_queued_submits,
+            ..Default::default()
+        };
         Ok(Coordinator::new(node, config))
     }
 }
@@ -402,6 +431,10 @@ mod tests {
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[auth]\nadmin-token-sha256 = \"abc\"\n",
                 "auth.admin-token-sha256",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[limits]\nmax-queued-submits = 0\n",
+                "limits.max-queued-submits: must be greater than 0",
             ),
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[tls]\nca = \"a\"\ncert = \"c\"\nkey = \"k\"\nca-key = \"\"\n",

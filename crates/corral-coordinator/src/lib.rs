@@ -22,8 +22,9 @@ mod scheduler;
 mod tso;
 
 pub use auth::{token_sha256, SecurityConfig};
-pub use config::{AuthSection, CoordinatorFile, RaftSection, SchedulerSection, TlsSection};
+pub use config::{AuthSection, CoordinatorFile, LimitsSection, RaftSection, SchedulerSection, TlsSection};
 pub use error::CoordError;
+pub use group_commit::{DEFAULT_MAX_QUEUED_SUBMITS, GROUP_COMMIT_DELAY_FAILPOINT};
 pub use tso::{CLOCK_SKEW_FAILPOINT, MAX_COUNT as MAX_TIMESTAMPS_PER_CALL};
 
 use tso::{Allocation, Tso};
@@ -63,6 +64,9 @@ pub struct CoordinatorConfig {
     pub leader_lease: Duration,
     /// TLS, tokens and the audit log; the default serves plaintext and lets everyone in.
     pub security: SecurityConfig,
+    /// Most jobs waiting to be proposed (queued submits and batches waiting for the Raft
+    /// pipeline); further submits are refused with RESOURCE_EXHAUSTED and a retry-after.
+    pub max_queued_submits: usize,
 }
 
 impl Default for CoordinatorConfig {
@@ -74,6 +78,7 @@ impl Default for CoordinatorConfig {
             advertise_addr: String::new(),
             leader_lease: Duration::from_millis(150),
             security: SecurityConfig::default(),
+            max_queued_submits: group_commit::DEFAULT_MAX_QUEUED_SUBMITS,
         }
     }
 }
@@ -94,6 +99,8 @@ struct Inner {
     /// at once; further callers wait here instead of piling megabytes of entries onto the
     /// followers (which then miss heartbeats and call elections).
     batch_slots: tokio::sync::Semaphore,
+    /// The bound on jobs waiting to be proposed, shared by `Submit` and `SubmitBatch`.
+    submit_queue: Arc<group_commit::SubmitQueue>,
     tso: Tso,
     liveness: Liveness,
     /// Scheduler counters and pass latency, exported while this node leads.
@@ -109,6 +116,7 @@ impl Coordinator {
                 pending_reasons: std::sync::Mutex::default(),
                 submits: std::sync::OnceLock::new(),
                 batch_slots: tokio::sync::Semaphore::new(BATCHES_IN_FLIGHT),
+                submit_queue: group_commit::SubmitQueue::new(config.max_queued_submits),
                 tso: Tso::default(),
                 liveness: Liveness::default(),
                 scheduler_metrics: metrics::SchedulerMetrics::default(),
@@ -318,7 +326,7 @@ impl Coordinator {
     /// resolves; the leader's scheduling loop runs alongside.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
         let scheduler = tokio::spawn(scheduler::run(self.clone()));
-        let (submits, group_task) = group_commit::GroupCommit::start(self.clone());
+        let (submits, group_task) = group_commit::GroupCommit::start(self.clone(), self.inner.submit_queue.clone());
         let _ = self.inner.submits.set(submits);
         let security = &self.inner.config.security;
         let incoming = corral_security::audited_incoming(listener, security.server_tls.clone(), security.audit.clone());

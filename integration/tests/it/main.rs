@@ -2,6 +2,7 @@
 //! through the CLI, as users and operators do. `prometheus_config` checks the monitoring files
 //! of cluster-configs/ (Prometheus rules and their tests, the Grafana dashboard) with promtool.
 
+mod backpressure;
 mod bad_input;
 mod billing;
 mod boundaries;
