@@ -1,14 +1,15 @@
 //! Typed corral gRPC client: endpoint failover, leader redirects, and retries that reuse the
 //! same request id so a retried submit never creates a second job. Submits refused by a full
 //! submit queue (RESOURCE_EXHAUSTED with `retry-after-ms`) are retried after that long, with
-//! jitter, within `ClientConfig::overload_retry_for`.
+//! jitter, within `ClientConfig::overload_retry_for`. Listings come one page at a time
+//! (`*_page`) or followed to the end.
 
 use corral_proto::v1::cluster_admin_client::ClusterAdminClient;
 use corral_proto::v1::corral_client::CorralClient as RawCorral;
 use corral_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use corral_proto::v1::{self as pb};
 use corral_proto::{LEADER_ADDR_METADATA, RETRY_AFTER_METADATA};
-use corral_types::{Job, JobRef, JobSpec, Segment};
+use corral_types::{Job, JobRef, JobSpec, JobState, Segment, Timestamp};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -131,6 +132,45 @@ fn jittered(wait: Duration) -> Duration {
     let wait = wait.min(MAX_OVERLOAD_WAIT);
     let random = (uuid::Uuid::new_v4().as_u128() % 1000) as u32;
     wait + wait / 2 * random / 1000
+}
+
+/// Which jobs a listing returns (`Client::list_jobs_page`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobQuery {
+    /// Every state (finished jobs too) when `states` is empty.
+    pub all: bool,
+    pub tenant: Option<String>,
+    /// Only these states; empty: pending and running (every state with `all`).
+    pub states: Vec<JobState>,
+    /// Only jobs named exactly this.
+    pub name: Option<String>,
+    /// Only jobs whose name starts with this.
+    pub name_prefix: Option<String>,
+    /// Submitted at or after this.
+    pub submitted_since: Option<Timestamp>,
+    /// Submitted before this.
+    pub submitted_until: Option<Timestamp>,
+}
+
+/// Which billing segments a listing returns (`Client::segments_page`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SegmentQuery {
+    pub tenant: Option<String>,
+    /// Only segments of these jobs; empty: any job.
+    pub job_ids: Vec<u64>,
+    /// Segments that end at or after this.
+    pub since: Option<Timestamp>,
+    /// Segments that start before this.
+    pub until: Option<Timestamp>,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// Where the next page starts; `None`: this was the last one. A page may be shorter than
+    /// asked for (even empty) and still have a next one.
+    pub next_page_token: Option<String>,
 }
 
 fn retryable(status: &Status) -> bool {
@@ -394,7 +434,7 @@ impl Client {
         Ok(corral_types::Timestamp(reply.into_inner().first))
     }
 
-    /// Billing segments, filtered by tenant, job and TSO time range.
+    /// Billing segments, filtered by tenant, job and TSO time range: every page.
     pub async fn segments(
         &self,
         tenant: Option<String>,
@@ -402,18 +442,51 @@ impl Client {
         since: Option<corral_types::Timestamp>,
         until: Option<corral_types::Timestamp>,
     ) -> Result<Vec<Segment>, ClientError> {
+        let query = SegmentQuery { tenant, job_ids: job_id.into_iter().collect(), since, until };
+        self.all_segments(&query).await
+    }
+
+    /// Every segment `query` selects, oldest first (follows the pages).
+    pub async fn all_segments(&self, query: &SegmentQuery) -> Result<Vec<Segment>, ClientError> {
+        let mut segments = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = self.segments_page(query, &token, 0).await?;
+            segments.extend(page.items);
+            match page.next_page_token {
+                Some(next) => token = next,
+                None => return Ok(segments),
+            }
+        }
+    }
+
+    /// One page of the segments `query` selects, oldest first, starting at `page_token`
+    /// (empty: the first); `limit` 0 is the server's default page.
+    pub async fn segments_page(
+        &self,
+        query: &SegmentQuery,
+        page_token: &str,
+        limit: u32,
+    ) -> Result<Page<Segment>, ClientError> {
         let reply = self
             .with_retry(|ch| {
                 let req = self.authorize(pb::ListSegmentsRequest {
-                    tenant: tenant.clone(),
-                    since: since.map(|t| t.0),
-                    until: until.map(|t| t.0),
-                    job_id,
+                    tenant: query.tenant.clone(),
+                    since: query.since.map(|t| t.0),
+                    until: query.until.map(|t| t.0),
+                    job_id: None,
+                    page_token: page_token.to_string(),
+                    limit,
+                    job_ids: query.job_ids.clone(),
                 });
                 async move { Self::corral(ch).list_segments(req).await }
             })
-            .await?;
-        Ok(reply.into_inner().segments.into_iter().map(Segment::from).collect())
+            .await?
+            .into_inner();
+        Ok(Page {
+            items: reply.segments.into_iter().map(Segment::from).collect(),
+            next_page_token: Some(reply.next_page_token).filter(|t| !t.is_empty()),
+        })
     }
 
     pub async fn get_job(&self, job_id: u64) -> Result<Job, ClientError> {
@@ -431,14 +504,53 @@ impl Client {
         Ok(reply.into_inner().try_into()?)
     }
 
+    /// Pending and running jobs (every job with `all`), of `tenant` if given: every page.
     pub async fn list_jobs(&self, all: bool, tenant: Option<String>) -> Result<Vec<Job>, ClientError> {
+        self.all_jobs(&JobQuery { all, tenant, ..Default::default() }).await
+    }
+
+    /// Every job `query` selects, in job id order (follows the pages).
+    pub async fn all_jobs(&self, query: &JobQuery) -> Result<Vec<Job>, ClientError> {
+        let mut jobs = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = self.list_jobs_page(query, &token, 0).await?;
+            jobs.extend(page.items);
+            match page.next_page_token {
+                Some(next) => token = next,
+                None => return Ok(jobs),
+            }
+        }
+    }
+
+    /// One page of the jobs `query` selects, in job id order, starting at `page_token` (empty:
+    /// the first); `limit` 0 is the server's default page.
+    pub async fn list_jobs_page(
+        &self,
+        query: &JobQuery,
+        page_token: &str,
+        limit: u32,
+    ) -> Result<Page<Job>, ClientError> {
+        let states: Vec<i32> = query.states.iter().map(|s| pb::JobState::from(*s) as i32).collect();
         let reply = self
             .with_retry(|ch| {
-                let req = self.authorize(pb::ListJobsRequest { all, tenant: tenant.clone() });
+                let req = self.authorize(pb::ListJobsRequest {
+                    all: query.all,
+                    tenant: query.tenant.clone(),
+                    page_token: page_token.to_string(),
+                    limit,
+                    states: states.clone(),
+                    name: query.name.clone(),
+                    name_prefix: query.name_prefix.clone(),
+                    submitted_since: query.submitted_since.map(|t| t.0),
+                    submitted_until: query.submitted_until.map(|t| t.0),
+                });
                 async move { Self::corral(ch).list_jobs(req).await }
             })
-            .await?;
-        reply.into_inner().jobs.into_iter().map(|j| Job::try_from(j).map_err(Into::into)).collect()
+            .await?
+            .into_inner();
+        let items = reply.jobs.into_iter().map(Job::try_from).collect::<Result<Vec<_>, _>>()?;
+        Ok(Page { items, next_page_token: Some(reply.next_page_token).filter(|t| !t.is_empty()) })
     }
 
     pub async fn cancel(&self, job_id: u64) -> Result<Job, ClientError> {

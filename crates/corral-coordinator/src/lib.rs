@@ -15,6 +15,7 @@ mod gateway;
 mod group_commit;
 mod join;
 mod leader_writes;
+mod listing;
 mod liveness;
 mod metrics;
 pub mod policy;
