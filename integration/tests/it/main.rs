@@ -16,6 +16,7 @@ mod join;
 mod lifecycle;
 mod metrics;
 mod nodes;
+mod paging;
 mod policy;
 mod prometheus_config;
 mod security;
