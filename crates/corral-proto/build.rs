@@ -1,5 +1,6 @@
 //! Generates the gRPC and protobuf code of the wire protocol (corral.proto, raft.proto) from
-//! ../../proto with the vendored protoc. state.proto, the persisted format, is corral-raft's.
+//! ../../proto with the vendored protoc, and their file descriptor set (server reflection).
+//! state.proto, the persisted format, is corral-raft's.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
@@ -9,6 +10,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());
     }
-    tonic_prost_build::configure().btree_map(".").compile_protos(&files, &[dir])?;
+    let descriptors = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("corral_descriptor.bin");
+    tonic_prost_build::configure()
+        .btree_map(".")
+        .file_descriptor_set_path(descriptors)
+        .compile_protos(&files, &[dir])?;
     Ok(())
 }

@@ -25,8 +25,12 @@ pub struct ClusterOptions {
     pub sign_joins: bool,
     /// `raft.election-timeout-min` and `-max` in milliseconds.
     pub election_timeout_ms: (u64, u64),
-    /// TOML appended to every node's config (e.g. a `[limits]` section).
+    /// More TOML appended to every node's config (e.g. a `[history]` section).
     pub extra_config: String,
+    /// `raft.watch-history`: job changes kept for watch resumes (absent: the default).
+    pub watch_history: Option<u64>,
+    /// The body of an `[auth]` section (e.g. `require-tokens = true`).
+    pub auth: Option<String>,
 }
 
 impl Default for ClusterOptions {
@@ -41,6 +45,8 @@ impl Default for ClusterOptions {
             sign_joins: false,
             election_timeout_ms: (150, 300),
             extra_config: String::new(),
+            watch_history: None,
+            auth: None,
         }
     }
 }
@@ -105,6 +111,12 @@ impl Cluster {
             self.options.node_ttl
         );
         let mut text = text;
+        if let Some(n) = self.options.watch_history {
+            text = text.replace("\n\n[scheduler]", &format!("\nwatch-history = {n}\n\n[scheduler]"));
+        }
+        if let Some(auth) = &self.options.auth {
+            text.push_str(&format!("\n[auth]\n{auth}\n"));
+        }
         if let Some(certs) = &self.options.tls {
             let n = slot + 1;
             text.push_str(&format!(

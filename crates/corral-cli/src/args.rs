@@ -68,8 +68,8 @@ pub enum Command {
     Jobs(JobsArgs),
     /// The queue: pending and running jobs, with why pending jobs wait.
     Queue(JobsArgs),
-    /// Cancel a job (kills its whole process tree if it runs).
-    Cancel(JobArg),
+    /// Cancel a job (kills its whole process tree if it runs), or with --all every matching job.
+    Cancel(CancelArgs),
     /// Keep a pending job (an array: and its pending tasks) from starting, until released.
     Hold(JobArg),
     /// Let a held job start.
@@ -507,6 +507,26 @@ pub struct RunArgs {
     /// The program and its arguments, after `--`.
     #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// Job id (`12`), or a task of a job array (`12_7`).
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    pub job: Option<corral_types::JobRef>,
+    /// Cancel every pending and running job that matches --tenant, --state and --name (a
+    /// tenant token: only its own), like `scancel -u`.
+    #[arg(long)]
+    pub all: bool,
+    /// With --all: only this tenant's jobs.
+    #[arg(long, requires = "all")]
+    pub tenant: Option<String>,
+    /// With --all: only jobs in this state (pending or running; repeat for both).
+    #[arg(long, requires = "all", value_parser = ["pending", "running"])]
+    pub state: Vec<String>,
+    /// With --all: only jobs with exactly this name.
+    #[arg(long, requires = "all")]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Args)]

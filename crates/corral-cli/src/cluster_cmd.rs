@@ -21,6 +21,7 @@ fn status_json(s: &pb::ClusterStatus) -> serde_json::Value {
         // Computed only with --digest.
         "state_digest": (s.state_digest != 0).then(|| format!("{:016x}", s.state_digest)),
         "initialized": s.initialized,
+        "jobs_in_memory": s.jobs_in_memory,
         "members": s.members.iter().map(|m| json!({"node_id": m.node_id, "addr": m.addr, "role": m.role})).collect::<Vec<_>>(),
     })
 }
@@ -47,6 +48,7 @@ fn print_status(global: &GlobalArgs, s: &pb::ClusterStatus) -> anyhow::Result<()
     if s.state_digest != 0 {
         println!("digest:      {:016x}", s.state_digest);
     }
+    println!("jobs:        {} in memory (older finished jobs are in the history)", s.jobs_in_memory);
     let rows: Vec<Vec<String>> = s
         .members
         .iter()

@@ -1,7 +1,8 @@
 //! User commands: submit, sbatch, run, show, wait, jobs/queue, cancel, logs, nodes.
 
 use crate::args::{
-    GlobalArgs, JobArg, JobsArgs, LogsArgs, OutputFormat, PageArgs, RunArgs, SbatchArgs, SubmitArgs, WaitArgs,
+    CancelArgs, GlobalArgs, JobArg, JobsArgs, LogsArgs, OutputFormat, PageArgs, RunArgs, SbatchArgs, SubmitArgs,
+    WaitArgs,
 };
 use crate::{billing, jobspec, output, paging, sbatch};
 use anyhow::{bail, Context};
@@ -314,14 +315,23 @@ pub async fn jobs(global: &GlobalArgs, args: JobsArgs, queue_only: bool) -> anyh
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn cancel(global: &GlobalArgs, args: JobArg) -> anyhow::Result<ExitCode> {
-    let job = client(global)?.cancel_ref(args.job).await?;
+pub async fn cancel(global: &GlobalArgs, args: CancelArgs) -> anyhow::Result<ExitCode> {
+    let Some(job_ref) = args.job else {
+        let request = corral_proto::v1::CancelJobsRequest { tenant: args.tenant, states: args.state, name: args.name };
+        let ids = client(global)?.cancel_jobs(request).await?;
+        match global.output {
+            OutputFormat::Json => print_json(&serde_json::json!({ "cancelled": ids.len(), "job_ids": ids }))?,
+            OutputFormat::Table => println!("{} jobs cancelled (running ones are being stopped)", ids.len()),
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let job = client(global)?.cancel_ref(job_ref).await?;
     // A task not created yet is answered with its array.
-    let not_created = args.job.task.is_some() && job.is_array();
+    let not_created = job_ref.task.is_some() && job.is_array();
     let id = job.display_id();
     match global.output {
         OutputFormat::Json => print_json(&output::job_json(&job))?,
-        OutputFormat::Table if not_created => println!("task {} cancelled: it will not start", args.job),
+        OutputFormat::Table if not_created => println!("task {job_ref} cancelled: it will not start"),
         OutputFormat::Table if job.state == JobState::Cancelled => println!("job {id} cancelled"),
         OutputFormat::Table if job.state.is_terminal() => {
             println!("job {id} already ended ({}): nothing to cancel", job.state)

@@ -582,6 +582,18 @@ impl Client {
         Ok(reply.into_inner().try_into()?)
     }
 
+    /// Cancels every live job matching `request` (tenant, states, name); returns their ids.
+    /// Safe to retry: jobs already cancelled are not counted again.
+    pub async fn cancel_jobs(&self, request: pb::CancelJobsRequest) -> Result<Vec<u64>, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(request.clone());
+                async move { Self::corral(ch).cancel_jobs(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner().job_ids)
+    }
+
     /// The job now and at each change until it ends, from the leader (one stream; it ends
     /// early when the leadership changes).
     pub async fn watch_job(&self, job_id: u64) -> Result<tonic::Streaming<pb::Job>, ClientError> {
@@ -589,6 +601,23 @@ impl Client {
             .with_retry(|ch| {
                 let req = self.authorize(pb::WatchJobRequest { job_id });
                 async move { Self::corral(ch).watch_job(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// The jobs `request` selects, then each change of one (`Corral.WatchJobs`), from the leader.
+    /// The stream ends when the leadership changes: call again with `from_revision` set to the
+    /// last `resume_revision` received to get every change since. A revision the leader no
+    /// longer remembers is refused with `OutOfRange` (list the jobs again).
+    pub async fn watch_jobs(
+        &self,
+        request: pb::WatchJobsRequest,
+    ) -> Result<tonic::Streaming<pb::JobEvent>, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(request.clone());
+                async move { Self::corral(ch).watch_jobs(req).await }
             })
             .await?;
         Ok(reply.into_inner())

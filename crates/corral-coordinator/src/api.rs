@@ -19,6 +19,9 @@ pub(crate) fn server(coord: Coordinator) -> CorralServer<Api> {
         .max_encoding_message_size(corral_proto::MAX_MESSAGE_BYTES)
 }
 
+/// Jobs one `CancelJobs` command cancels at most.
+const CANCEL_CHUNK: usize = 10_000;
+
 pub(crate) struct Api {
     coord: Coordinator,
 }
@@ -27,9 +30,22 @@ impl Api {
     /// The job `job_id`, or task `array_index` of array `job_id`.
     fn resolve(&self, job_id: u64, array_index: Option<u32>) -> Result<Target, CoordError> {
         let Some(index) = array_index else { return self.job(job_id).map(Target::Job) };
-        let data = self.coord.inner.node.state.read();
-        let array =
-            data.state.jobs.get(&job_id).ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))?;
+        let store = &self.coord.inner.node.state;
+        let data = store.read();
+        let Some(array) = data.state.jobs.get(&job_id) else {
+            drop(data);
+            // An array that ended long ago: it and its tasks are in the history.
+            let array =
+                store.archived_job(job_id).ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))?;
+            if array.spec.array.is_none() {
+                return Err(CoordError::InvalidArgument(format!(
+                    "job {job_id} is not an array: write {job_id}, not {job_id}_{index}"
+                )));
+            }
+            return store.archived_task(job_id, index).map(Target::Job).ok_or_else(|| {
+                CoordError::NotFound(format!("array {job_id} ended without a task {index} (or it left the history)"))
+            });
+        };
         let Some(spec) = &array.spec.array else {
             return Err(CoordError::InvalidArgument(format!(
                 "job {job_id} is not an array: write {job_id}, not {job_id}_{index}"
@@ -50,9 +66,9 @@ impl Api {
         Ok(Target::Uncreated { array: array.clone(), index })
     }
 
+    /// Job `job_id`, from the hot state or else the history of finished jobs.
     fn job(&self, job_id: u64) -> Result<Job, CoordError> {
-        let data = self.coord.inner.node.state.read();
-        data.state.jobs.get(&job_id).cloned().ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))
+        self.coord.find_job(job_id).ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))
     }
 
     /// The spec as `who` may submit it: a tenant submits only as itself (an empty tenant becomes
@@ -154,7 +170,7 @@ const MAX_BATCH: usize = 10_000;
 
 /// A job as the API returns it: a pending job without a reason of its own shows why the
 /// leader's last scheduling pass left it waiting.
-fn job_reply(job: &Job, pending_reasons: &std::collections::BTreeMap<u64, String>) -> pb::Job {
+pub(crate) fn job_reply(job: &Job, pending_reasons: &std::collections::BTreeMap<u64, String>) -> pb::Job {
     let mut reply = pb::Job::from(job);
     if job.state == corral_types::JobState::Pending && reply.reason.is_none() {
         reply.reason = pending_reasons.get(&job.id).cloned();
@@ -175,6 +191,7 @@ fn token_info(t: &corral_core::TokenRecord) -> pb::TokenInfo {
 
 type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
 type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
+type JobEventStream = Pin<Box<dyn Stream<Item = Result<pb::JobEvent, Status>> + Send>>;
 
 /// A watched job is sent again at least this often while it waits, so that the reason of the
 /// leader's latest scheduling pass reaches the watcher.
@@ -192,10 +209,9 @@ fn watch_job(coord: Coordinator, job_id: u64, term: u64) -> tokio::sync::mpsc::R
                 return;
             }
             let reply = {
-                let data = coord.inner.node.state.read();
-                let Some(job) = data.state.jobs.get(&job_id) else { return };
+                let Some(job) = coord.find_job(job_id) else { return };
                 let reasons = coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
-                (job_reply(job, &reasons), job.state.is_terminal())
+                (job_reply(&job, &reasons), job.state.is_terminal())
             };
             let (reply, terminal) = reply;
             if last.as_ref() != Some(&reply) {
@@ -220,6 +236,7 @@ impl Corral for Api {
         let who = self.coord.principal(&request, "submit")?;
         let spec = request.get_ref().spec.clone().ok_or_else(|| Status::invalid_argument("missing job spec"))?;
         let spec = self.own_spec(&request, &who, spec.try_into()?)?;
+        let spec = self.coord.settle_archived_dependencies(spec)?;
         let req = request.into_inner();
         // Fail fast on what the state machine would refuse anyway; apply() checks again.
         self.coord.inner.node.state.read().state.check_submit(&spec).map_err(CoordError::from)?;
@@ -246,6 +263,7 @@ impl Corral for Api {
                 .clone()
                 .ok_or_else(|| Status::invalid_argument(format!("job {i} of the batch has no spec")))?;
             let spec = self.own_spec(&request, &who, spec.try_into()?)?;
+            let spec = self.coord.settle_archived_dependencies(spec)?;
             jobs.push((job.request_id.clone(), spec));
         }
         let proposed = {
@@ -306,8 +324,16 @@ impl Corral for Api {
         let after = listing::job_token(&req.page_token)?;
         let (filter, limit) = job_filter(req)?;
         let (jobs, next_page_token) = {
-            let data = self.coord.inner.node.state.read();
-            listing::list_jobs(&data.state, &filter, after, listing::page_size(limit))
+            let store = &self.coord.inner.node.state;
+            // The history is read under the state lock: a job moving there is seen once.
+            let data = store.read();
+            listing::list_jobs(
+                &data.state,
+                |from| store.archived_jobs_from(from),
+                &filter,
+                after,
+                listing::page_size(limit),
+            )
         };
         let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
         let jobs = jobs.iter().map(|j| job_reply(j, &reasons)).collect();
@@ -330,6 +356,10 @@ impl Corral for Api {
         };
         let job_id = job.id;
         self.coord.require_owner(&request, "cancel", "cancel", &who, &job)?;
+        if job.state.is_terminal() {
+            // Nothing to stop (and a job in the history is no longer in the state machine).
+            return Ok(Response::new((&job).into()));
+        }
         if who.is_admin() && self.coord.security().auth_enabled() {
             self.coord.audit_admin(&request, "cancel", &who, format!("job {job_id} of tenant {}", job.spec.tenant));
         }
@@ -349,6 +379,20 @@ impl Corral for Api {
         self.coord.require_owner(&request, "watch", "watch", &who, &job)?;
         let term = self.coord.leading_term().ok_or_else(|| self.coord.not_leader())?;
         let rx = watch_job(self.coord.clone(), job_id, term);
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    type WatchJobsStream = JobEventStream;
+
+    async fn watch_jobs(&self, request: Request<pb::WatchJobsRequest>) -> Result<Response<JobEventStream>, Status> {
+        self.coord.linearizable().await?;
+        let who = self.coord.principal(&request, "watch jobs")?;
+        self.own_tenant_filter(&request, "watch jobs", &who, request.get_ref().tenant.as_deref())?;
+        let req = request.get_ref();
+        let tenant = req.tenant.clone().or_else(|| who.tenant().map(String::from));
+        let filter = crate::watch::JobFilter::of(req, tenant)?;
+        let term = self.coord.leading_term().ok_or_else(|| self.coord.not_leader())?;
+        let rx = self.coord.watch_jobs(filter, req.from_revision, term)?;
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
@@ -420,10 +464,10 @@ impl Corral for Api {
             since: req.since.map(Timestamp),
             until: req.until.map(Timestamp),
         };
-        let (segments, next_page_token) = {
-            let data = self.coord.inner.node.state.read();
-            listing::list_segments(&data.state, &filter, after, listing::page_size(req.limit))
-        };
+        // Every segment is in the store (the hot state keeps recent ones only).
+        let segments = self.coord.inner.node.state.segments_from(after.map_or(0, |a| a.saturating_add(1)));
+        let (segments, next_page_token) =
+            listing::list_segments(segments, &filter, after, listing::page_size(req.limit));
         let segments = segments.iter().map(pb::Segment::from).collect();
         Ok(Response::new(pb::ListSegmentsResponse { segments, next_page_token }))
     }
@@ -592,6 +636,13 @@ impl Corral for Api {
             }
         };
         self.coord.require_owner(&request, action, action, &who, &job)?;
+        if job.state.is_terminal() && !self.coord.inner.node.state.read().state.jobs.contains_key(&job.id) {
+            return Err(Status::failed_precondition(format!(
+                "job {} ended ({}) and is in the history: it can no longer be changed",
+                job.display_id(),
+                job.state
+            )));
+        }
         let command = match action {
             "hold" => Command::HoldJob { job_id: job.id, hold: true },
             "release" => Command::HoldJob { job_id: job.id, hold: false },
@@ -625,6 +676,56 @@ impl Corral for Api {
         };
         let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
         Ok(Response::new(job_reply(&job, &reasons)))
+    }
+
+    async fn cancel_jobs(
+        &self,
+        request: Request<pb::CancelJobsRequest>,
+    ) -> Result<Response<pb::CancelJobsResponse>, Status> {
+        self.coord.linearizable().await?;
+        let who = self.coord.principal(&request, "cancel")?;
+        self.own_tenant_filter(&request, "cancel", &who, request.get_ref().tenant.as_deref())?;
+        let mut req = request.get_ref().clone();
+        if req.tenant.is_none() {
+            req.tenant = who.tenant().map(String::from);
+        }
+        let (mut pending, mut running) = (req.states.is_empty(), req.states.is_empty());
+        for state in &req.states {
+            match state.as_str() {
+                "pending" => pending = true,
+                "running" => running = true,
+                other => {
+                    return Err(Status::invalid_argument(format!(
+                        "cannot cancel jobs in state '{other}': pending or running"
+                    )))
+                }
+            }
+        }
+        let ids: Vec<u64> = {
+            let data = self.coord.inner.node.state.read();
+            data.state
+                .live_jobs()
+                .filter(|j| req.tenant.as_ref().is_none_or(|t| *t == j.spec.tenant))
+                .filter(|j| req.name.as_ref().is_none_or(|n| *n == j.spec.name))
+                .filter(|j| (pending && j.state == JobState::Pending) || (running && j.state == JobState::Running))
+                .filter(|j| !j.cancel_requested)
+                .map(|j| j.id)
+                .collect()
+        };
+        if who.is_admin() && self.coord.security().auth_enabled() {
+            let scope = req.tenant.as_deref().map_or("every tenant".to_string(), |t| format!("tenant {t}"));
+            self.coord.audit_admin(&request, "cancel", &who, format!("{} jobs of {scope}", ids.len()));
+        }
+        // In bounded commands: each is one log entry of at most CANCEL_CHUNK jobs.
+        let mut job_ids = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(CANCEL_CHUNK) {
+            let command = Command::CancelJobs { job_ids: chunk.to_vec(), reason: "cancelled by user".into() };
+            match self.coord.propose(command).await? {
+                Outcome::JobsCancelled(done) => job_ids.extend(done),
+                other => return Err(Status::internal(format!("unexpected outcome of cancel: {other:?}"))),
+            }
+        }
+        Ok(Response::new(pb::CancelJobsResponse { job_ids }))
     }
 
     async fn set_node_mode(

@@ -4,7 +4,8 @@
 //! Roles per service (default deny: a service not listed here is not served):
 //! Raft: coordinator. Cluster admin: coordinator, admin (join tokens: admin only). Worker
 //! gateway: worker. User API: client (with a tenant or admin token), admin (the certificate
-//! alone makes it admin). The one exception is the join service (`join.rs`): no role, since a
+//! alone makes it admin). Health and reflection: every role (any certificate of the cluster
+//! CA; a certificate-less joining worker is refused). The one exception is the join service (`join.rs`): no role, since a
 //! joining worker has no certificate yet; it answers only a valid, unused join token.
 //! Without TLS and without `require_tokens` (`corral dev` on loopback) every caller is admin.
 //! Every denial and every admin action is written to the audit log.
@@ -47,6 +48,8 @@ pub(crate) enum Service {
     ClusterAdmin,
     Gateway,
     Api,
+    /// grpc.health.v1 and server reflection.
+    Standard,
 }
 
 impl Service {
@@ -56,6 +59,7 @@ impl Service {
             Service::ClusterAdmin => "cluster admin",
             Service::Gateway => "worker gateway",
             Service::Api => "user API",
+            Service::Standard => "health and reflection",
         }
     }
 
@@ -65,6 +69,7 @@ impl Service {
             Service::ClusterAdmin => &[Role::Coordinator, Role::Admin],
             Service::Gateway => &[Role::Worker],
             Service::Api => &[Role::Client, Role::Admin],
+            Service::Standard => &[Role::Coordinator, Role::Worker, Role::Client, Role::Admin],
         }
     }
 

@@ -55,6 +55,7 @@ impl Coordinator {
             members,
             state_digest: if digest { node.state.digest() } else { 0 },
             initialized: status.initialized,
+            jobs_in_memory: node.state.read().state.jobs.len() as u64,
         }
     }
 

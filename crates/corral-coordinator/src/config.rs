@@ -40,6 +40,8 @@ pub struct CoordinatorFile {
     #[serde(default)]
     pub auth: AuthSection,
     #[serde(default)]
+    pub history: HistorySection,
+    #[serde(default)]
     pub limits: LimitsSection,
 }
 
@@ -56,6 +58,81 @@ pub struct LimitsSection {
 impl Default for LimitsSection {
     fn default() -> Self {
         LimitsSection { max_queued_submits: crate::group_commit::DEFAULT_MAX_QUEUED_SUBMITS }
+    }
+}
+
+/// A retention: a duration with a unit, or "forever".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention(pub Option<ConfigDuration>);
+
+impl<'de> Deserialize<'de> for Retention {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.trim() == "forever" {
+            return Ok(Retention(None));
+        }
+        text.parse::<ConfigDuration>()
+            .map(|v| Retention(Some(v)))
+            .map_err(|e| serde::de::Error::custom(format!("{e} (or \"forever\")")))
+    }
+}
+
+/// The `[history]` section: what stays in memory and how long finished jobs and billing
+/// segments are kept on disk. Every coordinator should have the same values: the leader's
+/// apply.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct HistorySection {
+    /// Finished jobs stay in memory this long, then move to the on-disk history, e.g. "10m".
+    pub archive_after: ConfigDuration,
+    /// A retried submit with the same request id within this window returns the first job.
+    pub request_id_window: ConfigDuration,
+    /// Finished jobs are deleted from the history this long after their submit ("forever").
+    pub job_retention: Retention,
+    /// Billing segments are deleted this long after they ended (default "forever").
+    pub segment_retention: Retention,
+    /// How often the leader compacts, e.g. "30s".
+    pub compact_every: ConfigDuration,
+}
+
+impl Default for HistorySection {
+    fn default() -> Self {
+        let d = crate::HistoryConfig::default();
+        let cd = |d: std::time::Duration| ConfigDuration::from_millis(d.as_millis() as u64);
+        HistorySection {
+            archive_after: cd(d.archive_after),
+            request_id_window: cd(d.request_id_window),
+            job_retention: Retention(d.job_retention.map(cd)),
+            segment_retention: Retention(d.segment_retention.map(cd)),
+            compact_every: cd(d.compact_every),
+        }
+    }
+}
+
+impl HistorySection {
+    /// The checked values.
+    pub fn config(&self) -> Result<crate::HistoryConfig, String> {
+        let compact_every = self.compact_every.get();
+        if compact_every < std::time::Duration::from_millis(100) {
+            return Err(format!("history.compact-every: {} is shorter than 100ms", self.compact_every));
+        }
+        if self.request_id_window.get() < std::time::Duration::from_secs(60) {
+            return Err(format!(
+                "history.request-id-window: {} is shorter than 1m: a client's retries must find their first submit",
+                self.request_id_window
+            ));
+        }
+        let config = crate::HistoryConfig {
+            archive_after: self.archive_after.get(),
+            request_id_window: self.request_id_window.get(),
+            job_retention: self.job_retention.0.map(ConfigDuration::get),
+            segment_retention: self.segment_retention.0.map(ConfigDuration::get),
+            compact_every,
+        };
+        if config.job_retention.is_some_and(|r| r < config.archive_after) {
+            return Err("history.job-retention: must be at least history.archive-after".into());
+        }
+        Ok(config)
     }
 }
 
@@ -111,6 +188,9 @@ pub struct RaftSection {
     pub snapshot_every: u64,
     /// Entries kept below a snapshot for lagging followers.
     pub keep_logs_after_snapshot: u64,
+    /// Job changes kept in memory for `WatchJobs` clients that resume from a revision; an
+    /// older revision is refused (the client lists again).
+    pub watch_history: usize,
     /// Earlier spellings in integer milliseconds, read for one release with a warning.
     heartbeat_interval_ms: Option<u64>,
     election_timeout_min_ms: Option<u64>,
@@ -126,6 +206,7 @@ impl Default for RaftSection {
             election_timeout_max: None,
             snapshot_every: d.snapshot_every,
             keep_logs_after_snapshot: d.keep_logs_after_snapshot,
+            watch_history: d.watch_history,
             heartbeat_interval_ms: None,
             election_timeout_min_ms: None,
             election_timeout_max_ms: None,
@@ -233,6 +314,7 @@ impl CoordinatorFile {
             tls: None,
             insecure: false,
             auth: AuthSection::default(),
+            history: HistorySection::default(),
             limits: LimitsSection::default(),
         }
     }
@@ -286,10 +368,14 @@ impl CoordinatorFile {
         if r.snapshot_every == 0 {
             return Err("raft.snapshot-every: must be greater than 0".into());
         }
+        if r.watch_history == 0 {
+            return Err("raft.watch-history: must be greater than 0 (job changes kept for watch resumes)".into());
+        }
         self.scheduler.lease()?;
         if self.limits.max_queued_submits == 0 {
             return Err("limits.max-queued-submits: must be greater than 0".into());
         }
+        self.history.config()?;
         if let Some(tls) = &self.tls {
             tls.files().validate()?;
             if tls.ca_key.as_ref().is_some_and(|k| k.as_os_str().is_empty()) {
@@ -362,17 +448,20 @@ impl Coordinator {
             election_timeout_max_ms: file.raft.election_timeout_max().get().as_millis() as u64,
             snapshot_every: file.raft.snapshot_every,
             keep_logs_after_snapshot: file.raft.keep_logs_after_snapshot,
+            watch_history: file.raft.watch_history,
             client_tls: tls.as_ref().map(|(_, client)| client.clone()),
         };
         let node =
             RaftNode::open(&raft_config).await.with_context(|| format!("cannot open {}", file.data_dir.display()))?;
         let (node_ttl, fence_after) = file.scheduler.lease().map_err(anyhow::Error::msg)?;
         let advertise_addr = file.advertise.clone().unwrap_or_else(|| bound.to_string());
+        let history = file.history.config().map_err(anyhow::Error::msg)?;
         let config = CoordinatorConfig {
             node_ttl,
             fence_after,
             advertise_addr,
             security,
+            history,
             max_queued_submits: file.limits.max_queued_submits,
             ..Default::default()
         };

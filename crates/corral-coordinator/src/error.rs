@@ -21,6 +21,9 @@ pub enum CoordError {
     /// The leader's queue of submits is full: the client retries after `retry_after`.
     #[error("the leader's submit queue is full ({queued} jobs waiting, at most {capacity}): retry after {}ms", .retry_after.as_millis())]
     Overloaded { queued: usize, capacity: usize, retry_after: Duration },
+    /// A watch resumed from a revision this coordinator no longer remembers.
+    #[error("{0}")]
+    OutOfRange(String),
 }
 
 fn leader_hint(id: &Option<u64>, addr: &Option<String>) -> String {
@@ -75,6 +78,7 @@ impl From<CoordError> for tonic::Status {
                 }
                 status
             }
+            CoordError::OutOfRange(_) => Status::out_of_range(message),
         }
     }
 }

@@ -7,12 +7,14 @@
 mod api;
 mod auth;
 mod cluster;
+mod compaction;
 mod config;
 mod desired;
 mod error;
 mod failpoints;
 mod gateway;
 mod group_commit;
+mod grpc_health;
 mod join;
 mod leader_writes;
 mod listing;
@@ -21,16 +23,20 @@ mod metrics;
 pub mod policy;
 mod scheduler;
 mod tso;
+mod watch;
 
 pub use auth::{token_sha256, SecurityConfig};
-pub use config::{AuthSection, CoordinatorFile, LimitsSection, RaftSection, SchedulerSection, TlsSection};
+pub use compaction::HistoryConfig;
+pub use config::{
+    AuthSection, CoordinatorFile, HistorySection, LimitsSection, RaftSection, Retention, SchedulerSection, TlsSection,
+};
 pub use error::CoordError;
 pub use group_commit::{DEFAULT_MAX_QUEUED_SUBMITS, GROUP_COMMIT_DELAY_FAILPOINT};
 pub use tso::{CLOCK_SKEW_FAILPOINT, MAX_COUNT as MAX_TIMESTAMPS_PER_CALL};
 
 use tso::{Allocation, Tso};
 
-use corral_core::{Command, Outcome, Request};
+use corral_core::{ApplyError, Command, Outcome, Request};
 use corral_raft::RaftNode;
 use corral_types::Timestamp;
 use liveness::Liveness;
@@ -65,6 +71,8 @@ pub struct CoordinatorConfig {
     pub leader_lease: Duration,
     /// TLS, tokens and the audit log; the default serves plaintext and lets everyone in.
     pub security: SecurityConfig,
+    /// What stays in memory, and for how long the history is kept.
+    pub history: HistoryConfig,
     /// Most jobs waiting to be proposed (queued submits and batches waiting for the Raft
     /// pipeline); further submits are refused with RESOURCE_EXHAUSTED and a retry-after.
     pub max_queued_submits: usize,
@@ -79,6 +87,7 @@ impl Default for CoordinatorConfig {
             advertise_addr: String::new(),
             leader_lease: Duration::from_millis(150),
             security: SecurityConfig::default(),
+            history: HistoryConfig::default(),
             max_queued_submits: group_commit::DEFAULT_MAX_QUEUED_SUBMITS,
         }
     }
@@ -193,7 +202,7 @@ impl Coordinator {
     }
 
     /// The current term if this node leads and a quorum acknowledged it within the lease.
-    fn leader_term_within_lease(&self) -> Result<u64, CoordError> {
+    pub(crate) fn leader_term_within_lease(&self) -> Result<u64, CoordError> {
         let leadership = self.inner.node.leadership();
         if leadership.leader != Some(self.inner.node.id) {
             return Err(self.not_leader());
@@ -318,6 +327,62 @@ impl Coordinator {
         }
     }
 
+    /// Job `job_id` from the hot state, or else from the history of finished jobs.
+    pub(crate) fn find_job(&self, job_id: u64) -> Option<corral_types::Job> {
+        let store = &self.inner.node.state;
+        let hot = store.read().state.jobs.get(&job_id).cloned();
+        hot.or_else(|| store.archived_job(job_id))
+    }
+
+    /// Judges the dependencies of `spec` on jobs that already left the hot state (they ended
+    /// long ago, their outcome is final): met ones are dropped from the spec, one that can never
+    /// be met (or names another tenant's job) refuses the submit. Dependencies on other jobs are
+    /// left to apply.
+    pub(crate) fn settle_archived_dependencies(
+        &self,
+        mut spec: corral_types::JobSpec,
+    ) -> Result<corral_types::JobSpec, CoordError> {
+        use corral_types::{DependencyKind, JobState};
+        if spec.sched.dependencies.is_empty() {
+            return Ok(spec);
+        }
+        let store = &self.inner.node.state;
+        let mut kept = Vec::with_capacity(spec.sched.dependencies.len());
+        for dep in std::mem::take(&mut spec.sched.dependencies) {
+            if store.read().state.jobs.contains_key(&dep.job_id) {
+                kept.push(dep);
+                continue;
+            }
+            let Some(target) = store.archived_job(dep.job_id) else {
+                kept.push(dep);
+                continue;
+            };
+            if target.spec.tenant != spec.tenant {
+                return Err(CoordError::Rejected(ApplyError::InvalidDependency(format!(
+                    "job {} belongs to another tenant",
+                    target.display_id()
+                ))));
+            }
+            let ok = target.state == JobState::Succeeded;
+            let never = match dep.kind {
+                DependencyKind::AfterAny => None,
+                DependencyKind::AfterOk if ok => None,
+                DependencyKind::AfterOk => Some(format!("job {} ended {}", target.display_id(), target.state)),
+                DependencyKind::AfterNotOk if ok => Some(format!("job {} succeeded", target.display_id())),
+                DependencyKind::AfterNotOk => None,
+            };
+            if let Some(why) = never {
+                return Err(CoordError::Rejected(ApplyError::InvalidDependency(format!(
+                    "{}:{} can never be met: {why}",
+                    dep.kind.as_str(),
+                    dep.job_id
+                ))));
+            }
+        }
+        spec.sched.dependencies = kept;
+        Ok(spec)
+    }
+
     /// True if this node currently believes it leads the cluster.
     pub fn is_leader(&self) -> bool {
         self.leading_term().is_some()
@@ -327,6 +392,7 @@ impl Coordinator {
     /// resolves; the leader's scheduling loop runs alongside.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
         let scheduler = tokio::spawn(scheduler::run(self.clone()));
+        let compactor = tokio::spawn(compaction::run(self.clone()));
         let (submits, group_task) = group_commit::GroupCommit::start(self.clone(), self.inner.submit_queue.clone());
         let _ = self.inner.submits.set(submits);
         let security = &self.inner.config.security;
@@ -337,6 +403,9 @@ impl Coordinator {
         };
         use tonic::service::interceptor::InterceptedService;
         let raft = self.inner.node.grpc_service();
+        let (reporter, health) = tonic_health::server::health_reporter();
+        let health_task = tokio::spawn(grpc_health::report(self.clone(), reporter));
+        let (reflection, reflection_alpha) = grpc_health::reflection()?;
         let result = tonic::transport::Server::builder()
             .add_service(InterceptedService::new(raft, guard(auth::Service::Raft)))
             .add_service(InterceptedService::new(
@@ -348,10 +417,16 @@ impl Coordinator {
             // The one service without a role check: a joining worker has no certificate yet. It
             // answers nothing but a valid, unused join token (see `join.rs`).
             .add_service(join::server(self.clone()))
+            // Health and reflection: any certificate of the cluster CA, whatever its role.
+            .add_service(InterceptedService::new(health, guard(auth::Service::Standard)))
+            .add_service(InterceptedService::new(reflection, guard(auth::Service::Standard)))
+            .add_service(InterceptedService::new(reflection_alpha, guard(auth::Service::Standard)))
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         scheduler.abort();
+        compactor.abort();
         group_task.abort();
+        health_task.abort();
         result.map_err(Into::into)
     }
 }

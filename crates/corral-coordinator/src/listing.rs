@@ -1,10 +1,10 @@
 //! Paged listings of jobs and billing segments: the one place that walks the state for
 //! `ListJobs` and `ListSegments`, from a page token, with the filters the API offers.
 //!
-//! Jobs come in ascending job id order and segments in ascending segment id order; a page
-//! token names the last id a page looked at (`v1:job:<id>`, `v1:segment:<id>`), so the next
-//! page starts right after it — a source kept elsewhere (finished jobs on disk) can be merged
-//! in by id. Invariant: a page walks the map from its token and stops as soon as it is full
+//! Jobs come in ascending job id order — the hot state's merged by id with the on-disk
+//! history's, which is read only when the filter asks for a finished state — and segments in
+//! ascending segment id order, from the store; a page token names the last id a page looked
+//! at (`v1:job:<id>`, `v1:segment:<id>`), so the next page starts right after it. Invariant: a page walks the map from its token and stops as soon as it is full
 //! (its count, or about `PAGE_BYTES` of jobs: big specs make shorter pages, far below the
 //! gRPC message limit), or after `SCAN_BUDGET` entries (then it may be short, even empty, and
 //! still name a next page): a page of 50 among 100k jobs neither clones nor encodes the
@@ -13,6 +13,7 @@
 use crate::CoordError;
 use corral_core::State;
 use corral_types::{Job, JobId, JobState, Segment, Timestamp};
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::ops::Bound;
 
@@ -92,6 +93,11 @@ impl JobFilter {
         .collect()
     }
 
+    /// Whether a finished job can match (only then is the history read).
+    pub(crate) fn wants_finished(&self) -> bool {
+        self.states.iter().any(|s| s.is_terminal())
+    }
+
     pub(crate) fn matches(&self, job: &Job) -> bool {
         let state_ok = if self.states.is_empty() { !job.state.is_terminal() } else { self.states.contains(&job.state) };
         let name_ok = match &self.name {
@@ -155,50 +161,80 @@ pub(crate) fn segment_token(token: &str) -> Result<Option<u64>, CoordError> {
 /// Walks `entries` (ascending ids after the token), keeping what `keep` accepts, until `limit`
 /// are kept, they weigh `PAGE_BYTES` (by `bytes`), or `SCAN_BUDGET` were looked at. Returns the
 /// kept entries and the last id looked at when more entries follow it.
-fn page<'a, T: 'a>(
-    entries: impl Iterator<Item = (&'a u64, &'a T)>,
+fn page<E>(
+    entries: impl Iterator<Item = (u64, E)>,
     limit: usize,
-    keep: impl Fn(&T) -> bool,
-    bytes: impl Fn(&T) -> usize,
-) -> (Vec<&'a T>, Option<u64>) {
+    keep: impl Fn(&E) -> bool,
+    bytes: impl Fn(&E) -> usize,
+) -> (Vec<E>, Option<u64>) {
     let mut entries = entries.peekable();
     let mut kept = Vec::new();
     let (mut scanned, mut weight) = (0, 0);
     while let Some((id, entry)) = entries.next() {
         scanned += 1;
-        if keep(entry) {
+        if keep(&entry) {
+            weight += bytes(&entry);
             kept.push(entry);
-            weight += bytes(entry);
         }
         if kept.len() >= limit || weight >= PAGE_BYTES || scanned >= SCAN_BUDGET {
-            return (kept, entries.peek().is_some().then_some(*id));
+            return (kept, entries.peek().is_some().then_some(id));
         }
     }
     (kept, None)
 }
 
-/// One page of the jobs `filter` selects, in ascending job id order, after job `after`; at
-/// most `limit` (already capped, see [`page_size`]). Returns the jobs and the token of the
-/// next page, if any.
-pub(crate) fn list_jobs(state: &State, filter: &JobFilter, after: Option<JobId>, limit: usize) -> (Vec<Job>, String) {
-    let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-    let range = state.jobs.range((start, Bound::Unbounded));
-    let (jobs, last) = page(range, limit.max(1), |j| filter.matches(j), job_bytes);
-    (jobs.into_iter().cloned().collect(), last.map(|id| format!("{JOB_TOKEN}{id}")).unwrap_or_default())
+/// Two ascending job sources merged by id; a job in both (moving to the history while it is
+/// read) comes once, from the hot state.
+fn merge_by_id<'a>(
+    hot: impl Iterator<Item = &'a Job>,
+    archived: impl Iterator<Item = Job>,
+) -> impl Iterator<Item = (u64, Cow<'a, Job>)> {
+    let (mut hot, mut archived) = (hot.peekable(), archived.peekable());
+    std::iter::from_fn(move || {
+        let next = match (hot.peek(), archived.peek()) {
+            (Some(h), Some(a)) if a.id < h.id => archived.next().map(Cow::Owned),
+            (Some(h), Some(a)) if a.id == h.id => {
+                archived.next();
+                hot.next().map(Cow::Borrowed)
+            }
+            (Some(_), _) => hot.next().map(Cow::Borrowed),
+            (None, _) => archived.next().map(Cow::Owned),
+        };
+        next.map(|job| (job.id, job))
+    })
 }
 
-/// One page of the segments `filter` selects, in ascending segment id order, after segment
-/// `after`; at most `limit`. Returns the segments and the token of the next page, if any.
-pub(crate) fn list_segments(
+/// One page of the jobs `filter` selects, in ascending job id order, after job `after`; at
+/// most `limit` (already capped, see [`page_size`]). `archived(from)` reads the history's jobs
+/// from id `from` on, in id order; it is called only when the filter can match a finished
+/// job. Returns the jobs and the token of the next page, if any.
+pub(crate) fn list_jobs<I: Iterator<Item = Job>>(
     state: &State,
+    archived: impl FnOnce(JobId) -> I,
+    filter: &JobFilter,
+    after: Option<JobId>,
+    limit: usize,
+) -> (Vec<Job>, String) {
+    let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+    let hot = state.jobs.range((start, Bound::Unbounded)).map(|(_, j)| j);
+    let history = filter.wants_finished().then(|| archived(after.map_or(0, |a| a.saturating_add(1))));
+    let merged = merge_by_id(hot, history.into_iter().flatten());
+    let (jobs, last) = page(merged, limit.max(1), |j| filter.matches(j), |j| job_bytes(j));
+    (jobs.into_iter().map(Cow::into_owned).collect(), last.map(|id| format!("{JOB_TOKEN}{id}")).unwrap_or_default())
+}
+
+/// One page of the segments `filter` selects from `segments` (the store's, in ascending id
+/// order, from just after `after`); at most `limit`. Returns the segments and the token of
+/// the next page, if any.
+pub(crate) fn list_segments(
+    segments: impl Iterator<Item = Segment>,
     filter: &SegmentFilter,
     after: Option<u64>,
     limit: usize,
 ) -> (Vec<Segment>, String) {
-    let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-    let range = state.ledger.range((start, Bound::Unbounded));
-    let (segments, last) = page(range, limit.max(1), |g| filter.matches(g), segment_bytes);
-    (segments.into_iter().cloned().collect(), last.map(|id| format!("{SEGMENT_TOKEN}{id}")).unwrap_or_default())
+    let entries = segments.filter(|g| after.is_none_or(|a| g.id > a)).map(|g| (g.id, g));
+    let (segments, last) = page(entries, limit.max(1), |g| filter.matches(g), segment_bytes);
+    (segments, last.map(|id| format!("{SEGMENT_TOKEN}{id}")).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -230,11 +266,22 @@ mod tests {
         )
     }
 
+    /// A history that must not be read.
+    fn no_history(_: JobId) -> std::iter::Empty<Job> {
+        std::iter::empty()
+    }
+
     /// Follows every page; returns the ids and the number of pages.
     fn all_pages(state: &State, filter: &JobFilter, limit: usize) -> (Vec<JobId>, usize) {
+        all_pages_with(state, &[], filter, limit)
+    }
+
+    /// Follows every page of the hot state and `history`.
+    fn all_pages_with(state: &State, history: &[Job], filter: &JobFilter, limit: usize) -> (Vec<JobId>, usize) {
         let (mut ids, mut pages, mut token) = (Vec::new(), 0, String::new());
         loop {
-            let (jobs, next) = list_jobs(state, filter, job_token(&token).expect("token"), limit);
+            let archived = |from: JobId| history.iter().filter(move |j| j.id >= from).cloned();
+            let (jobs, next) = list_jobs(state, archived, filter, job_token(&token).expect("token"), limit);
             pages += 1;
             ids.extend(jobs.iter().map(|j| j.id));
             if next.is_empty() {
@@ -258,7 +305,7 @@ mod tests {
     #[test]
     fn a_page_starts_after_its_token_and_stops_when_full() {
         let state = state_of((1..=100).map(|id| job(id, "a", "x", JobState::Pending)).collect());
-        let (jobs, next) = list_jobs(&state, &JobFilter::default(), Some(40), 5);
+        let (jobs, next) = list_jobs(&state, no_history, &JobFilter::default(), Some(40), 5);
         assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![41, 42, 43, 44, 45]);
         assert_eq!(next, "v1:job:45");
     }
@@ -298,16 +345,45 @@ mod tests {
     }
 
     #[test]
+    fn finished_jobs_of_the_history_merge_in_by_id_and_only_when_asked_for() {
+        // Hot: live 2, 4, 5 and finished 6 (moving to the history: it is in both).
+        let state = state_of(vec![
+            job(2, "a", "x", JobState::Pending),
+            job(4, "a", "x", JobState::Running),
+            job(5, "a", "x", JobState::Pending),
+            job(6, "a", "x", JobState::Failed),
+        ]);
+        let history = vec![
+            job(1, "a", "x", JobState::Succeeded),
+            job(3, "a", "x", JobState::Cancelled),
+            job(6, "a", "x", JobState::Failed),
+            job(7, "b", "x", JobState::Succeeded),
+        ];
+        let all = JobFilter { states: JobFilter::all_states(), ..Default::default() };
+        for limit in [1, 2, 3, 100] {
+            assert_eq!(all_pages_with(&state, &history, &all, limit).0, vec![1, 2, 3, 4, 5, 6, 7], "limit {limit}");
+        }
+        let finished = JobFilter { states: [JobState::Succeeded].into_iter().collect(), ..Default::default() };
+        assert_eq!(all_pages_with(&state, &history, &finished, 1).0, vec![1, 7]);
+        let tenant_b = JobFilter { tenant: Some("b".into()), ..all.clone() };
+        assert_eq!(all_pages_with(&state, &history, &tenant_b, 10).0, vec![7]);
+        // Live jobs never read the history.
+        let must_not_read = |_: JobId| -> std::iter::Empty<Job> { panic!("the history was read for live jobs") };
+        let (jobs, next) = list_jobs(&state, must_not_read, &JobFilter::default(), None, 10);
+        assert_eq!((jobs.iter().map(|j| j.id).collect::<Vec<_>>(), next), (vec![2, 4, 5], String::new()));
+    }
+
+    #[test]
     fn a_sparse_filter_ends_a_page_short_after_the_scan_budget() {
         let mut jobs: Vec<Job> =
             (1..=(SCAN_BUDGET as u64 + 10)).map(|id| job(id, "a", "x", JobState::Pending)).collect();
         jobs.last_mut().expect("a job").spec.tenant = "b".into();
         let state = state_of(jobs);
         let filter = JobFilter { tenant: Some("b".into()), ..Default::default() };
-        let (first, next) = list_jobs(&state, &filter, None, 10);
+        let (first, next) = list_jobs(&state, no_history, &filter, None, 10);
         assert!(first.is_empty(), "the budget ends the page before the match");
         assert_eq!(next, format!("v1:job:{SCAN_BUDGET}"));
-        let (second, next) = list_jobs(&state, &filter, job_token(&next).expect("token"), 10);
+        let (second, next) = list_jobs(&state, no_history, &filter, job_token(&next).expect("token"), 10);
         assert_eq!(second.iter().map(|j| j.id).collect::<Vec<_>>(), vec![SCAN_BUDGET as u64 + 10]);
         assert!(next.is_empty());
     }
@@ -320,7 +396,7 @@ mod tests {
             j
         };
         let state = state_of((1..=20).map(big).collect());
-        let (jobs, next) = list_jobs(&state, &JobFilter::default(), None, MAX_PAGE);
+        let (jobs, next) = list_jobs(&state, no_history, &JobFilter::default(), None, MAX_PAGE);
         assert_eq!(jobs.len(), 8, "8 MiB of 1 MiB scripts");
         assert_eq!(next, "v1:job:8");
         assert_eq!(all_pages(&state, &JobFilter::default(), MAX_PAGE).0, (1..=20).collect::<Vec<_>>());
@@ -375,7 +451,8 @@ mod tests {
         let collect = |filter: &SegmentFilter| {
             let (mut ids, mut token) = (Vec::new(), String::new());
             loop {
-                let (page, next) = list_segments(&state, filter, segment_token(&token).expect("token"), 2);
+                let after = segment_token(&token).expect("token");
+                let (page, next) = list_segments(state.ledger.values().cloned(), filter, after, 2);
                 ids.extend(page.iter().map(|g| g.id));
                 if next.is_empty() {
                     return ids;

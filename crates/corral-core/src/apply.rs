@@ -6,6 +6,7 @@
 //! against the priority and reclaim rules.
 
 use crate::gang;
+use crate::history::{CompactCutoffs, RequestRecord};
 use crate::ledger::{billed_ms, RunLength};
 use crate::policy::format_secs;
 use crate::quota::{self, QuotaNumbers};
@@ -40,6 +41,12 @@ pub struct Touched {
     pub segments: BTreeSet<u64>,
     /// A new policy version was recorded (the history changed).
     pub policy: bool,
+    /// Jobs that left the hot state for the history (`Command::Compact`).
+    pub archived: Vec<Job>,
+    /// Request ids that expired.
+    pub expired_request_ids: Vec<String>,
+    /// Retention to apply to the history (the last compaction's cutoffs).
+    pub history_cutoffs: Option<CompactCutoffs>,
 }
 
 impl Touched {
@@ -49,6 +56,11 @@ impl Touched {
         self.nodes.extend(other.nodes);
         self.segments.extend(other.segments);
         self.policy |= other.policy;
+        // A job archived and then changed again in one batch cannot happen: only terminal jobs
+        // of the hot state are archived, and nothing changes a job that left it.
+        self.archived.extend(other.archived);
+        self.expired_request_ids.extend(other.expired_request_ids);
+        self.history_cutoffs = other.history_cutoffs.or(self.history_cutoffs);
     }
 }
 
@@ -69,6 +81,7 @@ impl State {
             | Command::CancelArrayTask { array: job_id, .. } => {
                 touched.jobs.insert(*job_id);
             }
+            Command::CancelJobs { job_ids, .. } => touched.jobs.extend(job_ids.iter().copied()),
             Command::Schedule { placements, preemptions } => {
                 touched.jobs.extend(placements.iter().map(|p| p.job_id));
                 touched.jobs.extend(preemptions.iter().map(|p| p.job_id));
@@ -91,7 +104,8 @@ impl State {
             | Command::CreateToken { .. }
             | Command::RevokeToken { .. }
             | Command::CreateJoinToken { .. }
-            | Command::ConsumeJoinToken { .. } => {}
+            | Command::ConsumeJoinToken { .. }
+            | Command::Compact(_) => {}
             Command::ApplyPolicy { .. } => {
                 // Running runs may get a price break, stranded jobs are cancelled.
                 touched.jobs.extend(self.index.live.iter().copied());
@@ -103,6 +117,10 @@ impl State {
         touched.segments.extend(segments_before..self.next_segment_id);
         touched.policy = self.policy_version != version_before;
         touched.jobs.extend(std::mem::take(&mut self.followed));
+        let archive = std::mem::take(&mut self.archive);
+        touched.archived = archive.jobs;
+        touched.expired_request_ids = archive.expired_request_ids;
+        touched.history_cutoffs = archive.cutoffs;
         match &response {
             Ok(Outcome::JobSubmitted { job_id, duplicate: false }) => {
                 touched.jobs.insert(*job_id);
@@ -122,6 +140,7 @@ impl State {
     pub fn apply(&mut self, request: &Request) -> Response {
         let response = self.apply_inner(request);
         self.followed.clear();
+        self.archive = Default::default();
         response
     }
 
@@ -160,6 +179,16 @@ impl State {
                 self.job_finished(ts, *job_id, *epoch, node, report)
             }
             Command::CancelJob { job_id, reason } => self.cancel(ts, *job_id, reason),
+            Command::CancelJobs { job_ids, reason } => {
+                let mut cancelled = Vec::new();
+                for id in job_ids {
+                    let live = self.jobs.get(id).is_some_and(|j| !j.state.is_terminal() && !j.cancel_requested);
+                    if live && self.cancel(ts, *id, reason).is_ok() {
+                        cancelled.push(*id);
+                    }
+                }
+                Ok(Outcome::JobsCancelled(cancelled))
+            }
             Command::RegisterNode { spec } => Ok(self.register_node(ts, spec)),
             Command::SetNodeState { node, state, reason } => self.set_node_state(ts, node, *state, reason),
             Command::Configure(config) => self.configure(config),
@@ -197,6 +226,7 @@ impl State {
             Command::ConsumeJoinToken { sha256, node, public_key_sha256 } => {
                 self.consume_join_token(ts, sha256, node, public_key_sha256)
             }
+            Command::Compact(cutoffs) => self.compact(ts, cutoffs),
         }
     }
 
@@ -289,8 +319,8 @@ impl State {
         request_id: &str,
         spec: &JobSpec,
     ) -> Result<(JobId, bool), ApplyError> {
-        if let Some(&job_id) = self.request_ids.get(request_id) {
-            return Ok((job_id, true));
+        if let Some(record) = self.request_ids.get(request_id) {
+            return Ok((record.job_id, true));
         }
         let spec = self.check_submit(spec)?;
         if let Some(max) = self.config.tenant_policy(&spec.tenant).and_then(|p| p.max_pending_jobs) {
@@ -311,7 +341,7 @@ impl State {
         let job =
             Job { reason, held, waiting_on, array_progress, ..Job::pending(id, spec, request_id.to_string(), ts) };
         if !request_id.is_empty() {
-            self.request_ids.insert(request_id.to_string(), id);
+            self.request_ids.insert(request_id.to_string(), RequestRecord { job_id: id, at: ts });
         }
         let array = job.is_array();
         self.jobs.insert(id, job);

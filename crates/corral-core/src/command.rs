@@ -1,5 +1,6 @@
 //! Commands carried by the Raft log and the state machine's responses.
 
+use crate::history::{CompactCutoffs, Compacted};
 use crate::ClusterConfig;
 use corral_types::{
     Job, JobExitReport, JobId, JobSpec, JobSpecError, NodeGpus, NodeMode, NodeSpec, NodeState, SliceAssignment,
@@ -192,6 +193,15 @@ pub enum Command {
     },
     /// Uses a join token for `node`, whose public key hashes to `public_key_sha256`; refused
     /// when the token is unknown, expired (at the request's timestamp) or used by another.
+    /// Cancels many jobs at once (`corral cancel --all`): each as `CancelJob` would; unknown or
+    /// ended ones are skipped.
+    CancelJobs {
+        job_ids: Vec<JobId>,
+        reason: String,
+    },
+    /// Moves finished jobs and ended segments out of the hot state, expires request ids and
+    /// sets the history's retention (`history.rs`); proposed by the leader periodically.
+    Compact(CompactCutoffs),
     ConsumeJoinToken {
         sha256: String,
         node: String,
@@ -246,6 +256,10 @@ pub enum Outcome {
     JoinTokenCreated {
         token_id: u64,
     },
+    /// The jobs a `CancelJobs` cancelled or asked to stop.
+    JobsCancelled(Vec<JobId>),
+    /// What a `Compact` moved out of the hot state.
+    Compacted(Compacted),
     /// A join token admitted a worker (`duplicate`: the same worker and key asked again).
     JoinTokenConsumed {
         token_id: u64,

@@ -1,6 +1,7 @@
 //! The replicated state held by every coordinator, with derived indexes (free capacity, quota use)
 //! that make apply() and the scheduling pass independent of the number of queued jobs.
 
+use crate::history::{Archive, RequestRecord};
 use crate::join_tokens::JoinTokenRecord;
 use crate::policy::PolicyRecord;
 use crate::resources::{gang_shape, job_milli_gpus, GpuLoad, SliceReq};
@@ -23,8 +24,9 @@ pub struct CoordinatorRecord {
 pub struct State {
     pub jobs: BTreeMap<JobId, Job>,
     pub nodes: BTreeMap<String, NodeStatus>,
-    /// Client request id -> job: makes submit idempotent across retries and leader changes.
-    pub request_ids: BTreeMap<String, JobId>,
+    /// Client request id -> job: makes submit idempotent across retries and leader changes,
+    /// for the request-id window (`Command::Compact` expires older ones).
+    pub request_ids: BTreeMap<String, RequestRecord>,
     pub next_job_id: JobId,
     /// Next allocation / node registration epoch.
     pub next_epoch: u64,
@@ -35,8 +37,16 @@ pub struct State {
     pub coordinators: BTreeMap<u64, CoordinatorRecord>,
     /// Persisted upper bound (physical milliseconds) of timestamps any leader may have issued.
     pub tso_window_end_ms: u64,
-    /// The billing ledger, by segment id.
+    /// The hot part of the billing ledger, by segment id: segments with an id of at least
+    /// `segments_archived_below` (older ones are only in the store's history).
     pub ledger: BTreeMap<u64, Segment>,
+    /// Segments with a smaller id left the hot ledger. Persist with the scalar state.
+    #[serde(default)]
+    pub segments_archived_below: u64,
+    /// Billing totals per tenant of the segments that left the hot ledger. Persist with the
+    /// scalar state.
+    #[serde(default)]
+    pub archived_billed: BTreeMap<String, BilledTotal>,
     pub next_segment_id: u64,
     /// Fair-share usage history, charged when runs end. Replicated: persist it with the scalar
     /// state (set it after `from_parts`).
@@ -71,6 +81,9 @@ pub struct State {
     /// Jobs changed by those consequences, for `apply_tracked`; empty between commands.
     #[serde(skip)]
     pub(crate) followed: BTreeSet<JobId>,
+    /// What the last `Compact` took out, for `apply_tracked`; empty between commands.
+    #[serde(skip)]
+    pub(crate) archive: Archive,
 }
 
 /// Billing totals of one tenant.
@@ -80,6 +93,14 @@ pub struct BilledTotal {
     pub cost_micros: u64,
     /// Sum of duration (ms) x GPU-equivalents (milli) of the segments.
     pub gpu_milli_ms: u128,
+}
+
+impl BilledTotal {
+    /// Adds one segment.
+    pub fn add(&mut self, segment: &Segment) {
+        self.cost_micros = self.cost_micros.saturating_add(segment.cost_micros);
+        self.gpu_milli_ms += u128::from(segment.duration_ms()) * u128::from(segment.gpu_milli);
+    }
 }
 
 /// Load of one node: the running jobs with a part on it and what they hold.
@@ -234,6 +255,8 @@ impl Default for State {
             coordinators: BTreeMap::new(),
             tso_window_end_ms: 0,
             ledger: BTreeMap::new(),
+            segments_archived_below: 0,
+            archived_billed: BTreeMap::new(),
             next_segment_id: 1,
             usage: UsageLedger::default(),
             tokens: BTreeMap::new(),
@@ -245,6 +268,7 @@ impl Default for State {
             index: Index::default(),
             follow_ups: Vec::new(),
             followed: BTreeSet::new(),
+            archive: Archive::default(),
         }
     }
 }
@@ -321,6 +345,14 @@ impl Index {
                 (true, false) => count_down(&mut self.array_live, &task.array),
                 _ => {}
             }
+        }
+    }
+
+    /// Forgets a terminal job that leaves the hot state (`Command::Compact`).
+    pub(crate) fn forget(&mut self, job: &Job) {
+        debug_assert!(job.state.is_terminal());
+        if let Some(task) = job.array_task {
+            self.array_tasks.remove(&(task.array, task.index));
         }
     }
 
@@ -413,7 +445,7 @@ impl State {
     pub fn from_parts(
         jobs: BTreeMap<JobId, Job>,
         nodes: BTreeMap<String, NodeStatus>,
-        request_ids: BTreeMap<String, JobId>,
+        request_ids: BTreeMap<String, RequestRecord>,
         next_job_id: JobId,
         next_epoch: u64,
         last_ts: Timestamp,
@@ -433,6 +465,8 @@ impl State {
             coordinators,
             tso_window_end_ms,
             ledger: BTreeMap::new(),
+            segments_archived_below: 0,
+            archived_billed: BTreeMap::new(),
             next_segment_id: 1,
             usage: UsageLedger::default(),
             tokens: BTreeMap::new(),
@@ -444,6 +478,7 @@ impl State {
             index,
             follow_ups: Vec::new(),
             followed: BTreeSet::new(),
+            archive: Archive::default(),
         }
     }
 
@@ -531,11 +566,9 @@ impl State {
 
     /// What the billing ledger holds per tenant: total cost and GPU time of its segments.
     pub fn billed_by_tenant(&self) -> BTreeMap<String, BilledTotal> {
-        let mut billed: BTreeMap<String, BilledTotal> = BTreeMap::new();
+        let mut billed = self.archived_billed.clone();
         for segment in self.ledger.values() {
-            let entry = billed.entry(segment.tenant.clone()).or_default();
-            entry.cost_micros = entry.cost_micros.saturating_add(segment.cost_micros);
-            entry.gpu_milli_ms += u128::from(segment.duration_ms()) * u128::from(segment.gpu_milli);
+            billed.entry(segment.tenant.clone()).or_default().add(segment);
         }
         billed
     }

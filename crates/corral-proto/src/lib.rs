@@ -31,6 +31,9 @@ pub mod raft {
     tonic::include_proto!("corral.raft.v1");
 }
 
+/// The encoded file descriptor set of corral.proto and raft.proto, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("corral_descriptor");
+
 /// Largest gRPC message between coordinators (Raft: batches of entries, snapshot chunks) and
 /// between coordinators and workers (heartbeat replies list every job placed on a node).
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;

@@ -8,8 +8,9 @@
 //! persisted messages: the wire protocol (corral-proto) has its own.
 
 use corral_core::{
-    ClusterConfig, Command, CoordinatorRecord, JobUpdate, JoinTokenRecord, JoinTokenUse, Placement, PolicyRecord,
-    Preemption, PriorityClass, Request, SchedulerConfig, State, TenantPolicy, TokenRecord, UsageLedger,
+    BilledTotal, ClusterConfig, Command, CompactCutoffs, CoordinatorRecord, JobUpdate, JoinTokenRecord, JoinTokenUse,
+    Placement, PolicyRecord, Preemption, PriorityClass, Request, RequestRecord, SchedulerConfig, State, TenantPolicy,
+    TokenRecord, UsageLedger,
 };
 use corral_types::{
     Allocation, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuDevice, GpuSlice, Job,
@@ -819,6 +820,15 @@ fn command_to_pb(r: &Request) -> pb::Command {
             node: node.clone(),
             public_key_sha256: public_key_sha256.clone(),
         }),
+        Command::CancelJobs { job_ids, reason } => {
+            Kind::CancelJobs(pb::CancelJobs { job_ids: job_ids.clone(), reason: reason.clone() })
+        }
+        Command::Compact(c) => Kind::Compact(pb::Compact {
+            archive_before: c.archive_before.0,
+            request_ids_before: c.request_ids_before.0,
+            jobs_before: c.jobs_before.map(|t| t.0),
+            segments_before: c.segments_before.map(|t| t.0),
+        }),
     };
     pb::Command { format_version: FORMAT_VERSION, ts: r.ts.0, kind: Some(kind) }
 }
@@ -901,6 +911,13 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
         Kind::ConsumeJoinToken(c) => {
             Command::ConsumeJoinToken { sha256: c.sha256, node: c.node, public_key_sha256: c.public_key_sha256 }
         }
+        Kind::CancelJobs(c) => Command::CancelJobs { job_ids: c.job_ids, reason: c.reason },
+        Kind::Compact(c) => Command::Compact(CompactCutoffs {
+            archive_before: Timestamp(c.archive_before),
+            request_ids_before: Timestamp(c.request_ids_before),
+            jobs_before: c.jobs_before.map(Timestamp),
+            segments_before: c.segments_before.map(Timestamp),
+        }),
     };
     Ok(Request { ts: Timestamp(c.ts), command })
 }
@@ -922,7 +939,91 @@ pub fn command_from_bytes(bytes: &[u8]) -> Result<Request, CodecError> {
     command_from_pb(pb::Command::decode(bytes)?)
 }
 
-/// Encodes the whole state machine for a snapshot.
+/// Field numbers of `StateSnapshot` whose records a snapshot streams after the hot state.
+const SNAPSHOT_SEGMENTS_FIELD: u32 = 12;
+const SNAPSHOT_ARCHIVED_JOBS_FIELD: u32 = 52;
+
+/// Appends one history record (an encoded job, see [`job_to_bytes`]) to a snapshot begun with
+/// [`snapshot_to_bytes`]: the result is still one `StateSnapshot` message.
+pub fn snapshot_append_archived_job(snapshot: &mut Vec<u8>, job: &[u8]) {
+    append_field(snapshot, SNAPSHOT_ARCHIVED_JOBS_FIELD, job);
+}
+
+/// Appends one segment of the history (see [`segment_to_bytes`]) to a snapshot.
+pub fn snapshot_append_segment(snapshot: &mut Vec<u8>, segment: &[u8]) {
+    append_field(snapshot, SNAPSHOT_SEGMENTS_FIELD, segment);
+}
+
+fn append_field(buf: &mut Vec<u8>, field: u32, bytes: &[u8]) {
+    prost::encoding::encode_key(field, prost::encoding::WireType::LengthDelimited, buf);
+    prost::encoding::encode_varint(bytes.len() as u64, buf);
+    buf.extend_from_slice(bytes);
+}
+
+/// A decoded snapshot: the hot state (its ledger holds the hot segments) and the records of the
+/// history, still encoded.
+pub struct SnapshotContents<'a> {
+    pub state: State,
+    /// Every segment (hot and archived), encoded as [`segment_to_bytes`] writes them.
+    pub segments: Vec<&'a [u8]>,
+    /// The archived jobs, encoded as [`job_to_bytes`] writes them.
+    pub archived_jobs: Vec<&'a [u8]>,
+}
+
+/// Decodes a snapshot without decoding its history records: the top-level fields that carry
+/// them are set aside, the rest is one `StateSnapshot`.
+pub fn snapshot_contents(bytes: &[u8]) -> Result<SnapshotContents<'_>, CodecError> {
+    use prost::encoding::{decode_key, decode_varint, WireType};
+    let truncated = || CodecError::Invalid { field: "snapshot", value: "a truncated field".into() };
+    let (mut segments, mut archived_jobs, mut rest) = (Vec::new(), Vec::new(), Vec::new());
+    let mut buf = bytes;
+    while !buf.is_empty() {
+        let start = bytes.len() - buf.len();
+        let (field, wire) = decode_key(&mut buf)?;
+        let record = match wire {
+            WireType::Varint => {
+                decode_varint(&mut buf)?;
+                None
+            }
+            WireType::LengthDelimited => {
+                let len = usize::try_from(decode_varint(&mut buf)?)
+                    .ok()
+                    .filter(|l| *l <= buf.len())
+                    .ok_or_else(|| truncated())?;
+                let (record, tail) = buf.split_at(len);
+                buf = tail;
+                Some(record)
+            }
+            WireType::SixtyFourBit | WireType::ThirtyTwoBit => {
+                let n = if wire == WireType::SixtyFourBit { 8 } else { 4 };
+                if buf.len() < n {
+                    return Err(truncated());
+                }
+                buf = &buf[n..];
+                None
+            }
+            WireType::StartGroup | WireType::EndGroup => {
+                return Err(CodecError::Invalid { field: "snapshot", value: "a group field".into() });
+            }
+        };
+        let end = bytes.len() - buf.len();
+        match (field, record) {
+            (SNAPSHOT_SEGMENTS_FIELD, Some(r)) => segments.push(r),
+            (SNAPSHOT_ARCHIVED_JOBS_FIELD, Some(r)) => archived_jobs.push(r),
+            _ => rest.extend_from_slice(&bytes[start..end]),
+        }
+    }
+    let mut state = state_from_snapshot_pb(pb::StateSnapshot::decode(rest.as_slice())?)?;
+    for record in &segments {
+        let segment = segment_from_bytes(record)?;
+        if segment.id >= state.segments_archived_below {
+            state.ledger.insert(segment.id, segment);
+        }
+    }
+    Ok(SnapshotContents { state, segments, archived_jobs })
+}
+
+/// Encodes the hot state for a snapshot (the history is appended by the store).
 pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
     pb::StateSnapshot {
         format_version: FORMAT_VERSION,
@@ -931,7 +1032,7 @@ pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
         request_ids: s
             .request_ids
             .iter()
-            .map(|(r, j)| pb::RequestIdEntry { request_id: r.clone(), job_id: *j })
+            .map(|(r, j)| pb::RequestIdEntry { request_id: r.clone(), job_id: j.job_id, at: j.at.0 })
             .collect(),
         next_job_id: s.next_job_id,
         next_epoch: s.next_epoch,
@@ -948,8 +1049,33 @@ pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
         policy_history: policy_history_to_pb(s),
         join_tokens: join_tokens_to_pb(s),
         next_join_token_id: s.next_join_token_id,
+        segments_archived_below: s.segments_archived_below,
+        archived_billed: billed_to_pb(&s.archived_billed),
+        archived_jobs: Vec::new(),
     }
     .encode_to_vec()
+}
+
+fn billed_to_pb(billed: &BTreeMap<String, BilledTotal>) -> Vec<pb::BilledTotal> {
+    billed
+        .iter()
+        .map(|(tenant, t)| pb::BilledTotal {
+            tenant: tenant.clone(),
+            cost_micros: t.cost_micros,
+            gpu_milli_ms_high: (t.gpu_milli_ms >> 64) as u64,
+            gpu_milli_ms_low: t.gpu_milli_ms as u64,
+        })
+        .collect()
+}
+
+fn billed_from_pb(records: Vec<pb::BilledTotal>) -> BTreeMap<String, BilledTotal> {
+    records
+        .into_iter()
+        .map(|t| {
+            let gpu_milli_ms = (u128::from(t.gpu_milli_ms_high) << 64) | u128::from(t.gpu_milli_ms_low);
+            (t.tenant, BilledTotal { cost_micros: t.cost_micros, gpu_milli_ms })
+        })
+        .collect()
 }
 
 fn policy_history_to_pb(s: &State) -> Vec<pb::PolicyRecord> {
@@ -1006,9 +1132,13 @@ fn coordinators_from_pb(records: Vec<pb::CoordinatorRecord>) -> BTreeMap<u64, Co
     records.into_iter().map(|r| (r.node_id, CoordinatorRecord { addr: r.addr, removed: r.removed })).collect()
 }
 
-/// Decodes a snapshot written by [`snapshot_to_bytes`].
+/// Decodes the hot state of a snapshot (see [`snapshot_contents`] for its history too).
 pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, CodecError> {
-    let s = pb::StateSnapshot::decode(bytes)?;
+    Ok(snapshot_contents(bytes)?.state)
+}
+
+/// The state of a snapshot message whose segments and archived jobs were set aside.
+fn state_from_snapshot_pb(s: pb::StateSnapshot) -> Result<State, CodecError> {
     check_version(s.format_version)?;
     let jobs =
         s.jobs.into_iter().map(|j| Job::try_from(j).map(|j| (j.id, j))).collect::<Result<BTreeMap<_, _>, _>>()?;
@@ -1020,7 +1150,10 @@ pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, CodecError> {
     let mut state = State::from_parts(
         jobs,
         nodes,
-        s.request_ids.into_iter().map(|e| (e.request_id, e.job_id)).collect(),
+        s.request_ids
+            .into_iter()
+            .map(|e| (e.request_id, RequestRecord { job_id: e.job_id, at: Timestamp(e.at) }))
+            .collect(),
         s.next_job_id,
         s.next_epoch,
         Timestamp(s.last_ts),
@@ -1029,8 +1162,9 @@ pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, CodecError> {
         s.tso_window_end_ms,
     );
     state.usage = usage_from_pb(s.usage);
-    state.ledger = s.segments.into_iter().map(|g| (g.id, segment_from_pb(g))).collect();
     state.next_segment_id = s.next_segment_id.max(1);
+    state.segments_archived_below = s.segments_archived_below;
+    state.archived_billed = billed_from_pb(s.archived_billed);
     state.tokens = tokens_from_pb(s.tokens);
     state.next_token_id = s.next_token_id.max(1);
     state.policy_version = s.policy_version;
@@ -1151,6 +1285,10 @@ pub struct StateMeta {
     /// Join tokens: set `State::join_tokens` to them after `State::from_parts`.
     pub join_tokens: BTreeMap<u64, JoinTokenRecord>,
     pub next_join_token_id: u64,
+    /// Set `State::segments_archived_below` to it (load segments from there).
+    pub segments_archived_below: u64,
+    /// Set `State::archived_billed` to it.
+    pub archived_billed: BTreeMap<String, BilledTotal>,
 }
 
 /// Encodes the scalar part of the state.
@@ -1170,6 +1308,8 @@ pub fn meta_to_bytes(s: &State) -> Vec<u8> {
         policy_version: s.policy_version,
         join_tokens: join_tokens_to_pb(s),
         next_join_token_id: s.next_join_token_id,
+        segments_archived_below: s.segments_archived_below,
+        archived_billed: billed_to_pb(&s.archived_billed),
         ..Default::default()
     }
     .encode_to_vec()
@@ -1193,6 +1333,8 @@ pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, CodecError> {
         policy_version: s.policy_version,
         join_tokens: join_tokens_from_pb(s.join_tokens),
         next_join_token_id: s.next_join_token_id,
+        segments_archived_below: s.segments_archived_below,
+        archived_billed: billed_from_pb(s.archived_billed),
     })
 }
 
@@ -1283,6 +1425,13 @@ mod tests {
                 admin: true,
             },
             Command::CancelArrayTask { array: 4, index: 7, reason: "r".into() },
+            Command::CancelJobs { job_ids: vec![1, 2], reason: "bulk".into() },
+            Command::Compact(CompactCutoffs {
+                archive_before: Timestamp(3),
+                request_ids_before: Timestamp(2),
+                jobs_before: Some(Timestamp(1)),
+                segments_before: None,
+            }),
         ];
         let mut state = State::default();
         for (i, command) in commands.into_iter().enumerate() {

@@ -6,6 +6,7 @@
 //! [`RaftNode`] (propose, linearizable reads, membership, status, shutdown) and read the applied
 //! state through [`StateMachineData`]; no openraft type crosses this boundary.
 
+mod change_log;
 pub mod codec;
 pub mod fuzz;
 pub mod log_store;
@@ -14,6 +15,7 @@ mod node;
 mod state_machine;
 mod types;
 
+pub use change_log::{ChangeLog, Compacted, DEFAULT_CHANGE_LOG_CAPACITY};
 pub use node::{Leadership, Member, RaftError, RaftNode, RaftNodeConfig, RaftStatus, Role};
 pub use state_machine::{StateMachineData, StateMachineStore};
 pub use types::{NodeId, RaftRequest, TypeConfig};

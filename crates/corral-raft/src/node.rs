@@ -27,6 +27,8 @@ pub struct RaftNodeConfig {
     pub snapshot_every: u64,
     /// Keep this many entries in the log below the snapshot for lagging followers.
     pub keep_logs_after_snapshot: u64,
+    /// Job changes remembered for `WatchJobs` clients that resume from a revision.
+    pub watch_history: usize,
     /// TLS towards peers (our coordinator certificate, the cluster CA); `None`: plaintext.
     pub client_tls: Option<tonic::transport::ClientTlsConfig>,
 }
@@ -41,6 +43,7 @@ impl RaftNodeConfig {
             election_timeout_max_ms: 300,
             snapshot_every: 20_000,
             keep_logs_after_snapshot: 1_000,
+            watch_history: crate::DEFAULT_CHANGE_LOG_CAPACITY,
             client_tls: None,
         }
     }
@@ -179,6 +182,7 @@ impl RaftNode {
         let state =
             wait_for_lock(&config.data_dir.join("sm"), LOCK_PATIENCE, || StateMachineStore::open(&config.data_dir))
                 .await?;
+        state.changes().set_capacity(config.watch_history);
         let network = GrpcNetworkFactory { tls: config.client_tls.clone() };
         let raft = Raft::new(config.node_id, Arc::new(raft_config), network, log_store.clone(), state.clone()).await?;
         Ok(RaftNode { id: config.node_id, raft, state, log: log_store, progress: Arc::default() })

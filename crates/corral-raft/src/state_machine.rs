@@ -1,14 +1,22 @@
 //! The replicated state machine: `corral_core::State` in memory, persisted in sled, with fsynced
-//! snapshot files.
+//! snapshot files, and the on-disk history of finished jobs and billed segments.
+//!
+//! The history lives in the same sled tree: `h/<job id>` holds each job a `Compact` took out of
+//! the hot state, `t/<array><index>` finds an archived array task, and `l/<segment id>` holds
+//! every segment (the hot state keeps only recent ones). Retention deletes from the front of
+//! `h/` and `l/` by a pure predicate on each record (ids grow with submit and end time), so
+//! every replica deletes the same records.
 //!
 //! Invariant: sled is written in one atomic batch (one tree, prefixed keys) per applied batch of
 //! entries, including the last applied log id, so a reopened sled is a consistent prefix of the
 //! log; whatever sled lost is re-applied from the log. A snapshot file newer than sled wins on open, because the log
 //! before it may already be purged.
 
+use crate::change_log::ChangeLog;
 use crate::codec;
 use crate::types::{LogId, NodeId, StoredMembership, TypeConfig};
-use corral_core::{Outcome, State, Touched};
+use corral_core::{CompactCutoffs, Outcome, RequestRecord, State, Touched};
+use corral_types::{Job, JobId, Segment, Timestamp};
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError};
 use std::io::{Cursor, Write};
@@ -58,6 +66,8 @@ const NODE: &[u8] = b"n/";
 const REQUEST: &[u8] = b"r/";
 const SEGMENT: &[u8] = b"l/";
 const POLICY: &[u8] = b"p/";
+const HISTORY: &[u8] = b"h/";
+const TASK: &[u8] = b"t/";
 
 fn key(prefix: &[u8], rest: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(prefix.len() + rest.len());
@@ -73,6 +83,8 @@ struct Shared {
     /// Serializes writes of the snapshot file (a build and an install may race).
     snapshot_file: std::sync::Mutex<()>,
     applied_tx: watch::Sender<u64>,
+    /// Which jobs each applied entry changed, for `WatchJobs` resumes (locked inside `data`'s lock).
+    changes: std::sync::Mutex<ChangeLog>,
 }
 
 /// Cheap to clone handle on the state machine; the coordinator reads through it.
@@ -106,12 +118,13 @@ impl StateMachineStore {
         if let Some((meta, bytes)) = read_snapshot_file(&snapshot_dir)? {
             if meta.last_log_id > data.last_applied {
                 tracing::info!(snapshot = %meta.snapshot_id, "state machine store is older than the snapshot: loading the snapshot");
+                let contents = codec::snapshot_contents(&bytes)?;
                 data = StateMachineData {
-                    state: codec::snapshot_from_bytes(&bytes)?,
+                    state: contents.state.clone(),
                     last_applied: meta.last_log_id,
                     membership: meta.last_membership.clone(),
                 };
-                rewrite_sled(&trees, &data)?;
+                rewrite_sled(&trees, &data, &contents)?;
             }
         }
         let applied = data.last_applied.map(|l| l.index).unwrap_or(0);
@@ -122,6 +135,7 @@ impl StateMachineStore {
             snapshot_dir,
             snapshot_file: std::sync::Mutex::new(()),
             applied_tx,
+            changes: std::sync::Mutex::new(ChangeLog::new(crate::change_log::DEFAULT_CHANGE_LOG_CAPACITY, applied)),
         };
         Ok(StateMachineStore { shared: Arc::new(shared) })
     }
@@ -131,15 +145,82 @@ impl StateMachineStore {
         self.shared.data.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// FNV-1a of the encoded state: equal on every node that applied the same log prefix.
+    /// FNV-1a of the encoded state and its history: equal on every node that applied the same
+    /// log prefix. Encodes everything: for tests and `cluster status --digest`, not a hot path.
     pub fn digest(&self) -> u64 {
-        let bytes = codec::snapshot_to_bytes(&self.read().state);
+        let (bytes, _) = self.snapshot_bytes().unwrap_or_default();
         bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+    }
+
+    /// The snapshot of the state as of now: the hot state is cloned under the read lock (it
+    /// holds live and recently finished jobs only) and encoded after the lock is released; the
+    /// history is appended from the store, as of the clone: archived jobs not in the clone's
+    /// hot state, segments below its hot ledger.
+    fn snapshot_bytes(&self) -> std::io::Result<(Vec<u8>, (Option<LogId>, StoredMembership))> {
+        let (state, applied) = {
+            let data = self.read();
+            (data.state.clone(), (data.last_applied, data.membership.clone()))
+        };
+        let mut bytes = codec::snapshot_to_bytes(&state);
+        let tree = &self.shared.trees.tree;
+        let scan_err = |e: sled::Error| std::io::Error::other(format!("sled scan failed: {e}"));
+        for kv in tree.scan_prefix(HISTORY) {
+            let (k, v) = kv.map_err(scan_err)?;
+            let id = k[HISTORY.len()..].try_into().map(u64::from_be_bytes).unwrap_or(u64::MAX);
+            if id < state.next_job_id && !state.jobs.contains_key(&id) {
+                codec::snapshot_append_archived_job(&mut bytes, &v);
+            }
+        }
+        for kv in
+            tree.range(key(SEGMENT, &0u64.to_be_bytes())..key(SEGMENT, &state.segments_archived_below.to_be_bytes()))
+        {
+            let (_, v) = kv.map_err(scan_err)?;
+            codec::snapshot_append_segment(&mut bytes, &v);
+        }
+        Ok((bytes, applied))
+    }
+
+    /// A job of the history (finished and moved out of the hot state), if kept.
+    pub fn archived_job(&self, id: JobId) -> Option<Job> {
+        let bytes = self.shared.trees.tree.get(key(HISTORY, &id.to_be_bytes())).ok()??;
+        codec::job_from_bytes(&bytes).ok()
+    }
+
+    /// Task `index` of job array `array` from the history, if kept.
+    pub fn archived_task(&self, array: JobId, index: u32) -> Option<Job> {
+        let id = self.shared.trees.tree.get(task_key(array, index)).ok()??;
+        self.archived_job(u64::from_be_bytes(id.as_ref().try_into().ok()?))
+    }
+
+    /// Jobs of the history with an id of at least `from`, in id order (lazily read).
+    pub fn archived_jobs_from(&self, from: JobId) -> impl Iterator<Item = Job> + '_ {
+        self.shared
+            .trees
+            .tree
+            .range(key(HISTORY, &from.to_be_bytes())..prefix_end(HISTORY))
+            .filter_map(|kv| kv.ok())
+            .filter_map(|(_, v)| codec::job_from_bytes(&v).ok())
+    }
+
+    /// Billing segments (hot and archived) with an id of at least `from`, in id order.
+    pub fn segments_from(&self, from: u64) -> impl Iterator<Item = Segment> + '_ {
+        self.shared
+            .trees
+            .tree
+            .range(key(SEGMENT, &from.to_be_bytes())..prefix_end(SEGMENT))
+            .filter_map(|kv| kv.ok())
+            .filter_map(|(_, v)| codec::segment_from_bytes(&v).ok())
     }
 
     /// Index of the last applied entry, updated after every applied batch.
     pub fn subscribe_applied(&self) -> watch::Receiver<u64> {
         self.shared.applied_tx.subscribe()
+    }
+
+    /// Which jobs the last applied entries changed. Take it after [`Self::read`] (same order as
+    /// apply) to see both at one revision.
+    pub fn changes(&self) -> std::sync::MutexGuard<'_, ChangeLog> {
+        self.shared.changes.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -172,8 +253,8 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
     for kv in t.tree.scan_prefix(REQUEST) {
         let (k, v) = kv?;
         let k = &k[REQUEST.len()..];
-        let id: [u8; 8] = v.as_ref().try_into().map_err(|_| anyhow::anyhow!("corrupt request id entry"))?;
-        request_ids.insert(String::from_utf8_lossy(k).into_owned(), u64::from_be_bytes(id));
+        let record = request_record_from_bytes(&v).ok_or_else(|| anyhow::anyhow!("corrupt request id entry"))?;
+        request_ids.insert(String::from_utf8_lossy(k).into_owned(), record);
     }
     let mut state = State::from_parts(
         jobs,
@@ -197,7 +278,9 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
     }
     state.join_tokens = meta.join_tokens;
     state.next_join_token_id = meta.next_join_token_id;
-    for kv in t.tree.scan_prefix(SEGMENT) {
+    state.segments_archived_below = meta.segments_archived_below;
+    state.archived_billed = meta.archived_billed;
+    for kv in t.tree.range(key(SEGMENT, &meta.segments_archived_below.to_be_bytes())..prefix_end(SEGMENT)) {
         let (_, v) = kv?;
         let segment = codec::segment_from_bytes(&v)?;
         state.ledger.insert(segment.id, segment);
@@ -205,17 +288,107 @@ fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
     Ok(StateMachineData { state, last_applied, membership })
 }
 
-/// Replaces everything in sled with `data` and flushes.
-fn rewrite_sled(t: &Trees, data: &StateMachineData) -> anyhow::Result<()> {
+/// The first key after every key that starts with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    end
+}
+
+fn request_record_to_bytes(r: &RequestRecord) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&r.job_id.to_be_bytes());
+    bytes[8..].copy_from_slice(&r.at.0.to_be_bytes());
+    bytes
+}
+
+/// A request id entry: the job id, then the submit's timestamp (absent in entries written
+/// before request ids expired: they expire at the next compaction).
+fn request_record_from_bytes(v: &[u8]) -> Option<RequestRecord> {
+    let job_id = u64::from_be_bytes(v.get(..8)?.try_into().ok()?);
+    let at = match v.get(8..) {
+        Some([]) => 0,
+        Some(rest) => u64::from_be_bytes(rest.try_into().ok()?),
+        None => return None,
+    };
+    Some(RequestRecord { job_id, at: Timestamp(at) })
+}
+
+fn task_key(array: u64, index: u32) -> Vec<u8> {
+    let mut rest = array.to_be_bytes().to_vec();
+    rest.extend_from_slice(&index.to_be_bytes());
+    key(TASK, &rest)
+}
+
+/// Replaces everything in sled with `data` and the history of `contents` (a snapshot), and
+/// flushes.
+fn rewrite_sled(t: &Trees, data: &StateMachineData, contents: &codec::SnapshotContents<'_>) -> anyhow::Result<()> {
     t.tree.clear()?;
+    // The history first, in bounded batches; the hot state and `last_applied` last, so a crash
+    // in between leaves a store that the snapshot replaces again on the next open.
+    for chunk in contents.archived_jobs.chunks(10_000) {
+        let mut batch = sled::Batch::default();
+        for bytes in chunk {
+            let job = codec::job_from_bytes(bytes)?;
+            if let Some(task) = job.array_task {
+                batch.insert(task_key(task.array, task.index), &job.id.to_be_bytes());
+            }
+            batch.insert(key(HISTORY, &job.id.to_be_bytes()), *bytes);
+        }
+        t.tree.apply_batch(batch)?;
+    }
+    for chunk in contents.segments.chunks(10_000) {
+        let mut batch = sled::Batch::default();
+        for bytes in chunk {
+            let segment = codec::segment_from_bytes(bytes)?;
+            batch.insert(key(SEGMENT, &segment.id.to_be_bytes()), *bytes);
+        }
+        t.tree.apply_batch(batch)?;
+    }
     let all = Touched {
         jobs: data.state.jobs.keys().copied().collect(),
         nodes: data.state.nodes.keys().cloned().collect(),
-        segments: data.state.ledger.keys().copied().collect(),
         policy: true,
+        ..Touched::default()
     };
     persist(t, data, &all)?;
+    for (request_id, record) in &data.state.request_ids {
+        t.tree.insert(key(REQUEST, request_id.as_bytes()), &request_record_to_bytes(record))?;
+    }
     t.db.flush()?;
+    Ok(())
+}
+
+/// Deletes the history records past the retention of `cutoffs`: archived jobs submitted before
+/// `jobs_before` (and their task keys), segments that ended before `segments_before`.
+fn expire_history(t: &Trees, cutoffs: &CompactCutoffs, batch: &mut sled::Batch) -> Result<(), std::io::Error> {
+    let scan_err = |e: sled::Error| std::io::Error::other(format!("sled scan failed: {e}"));
+    let decode_err = |e: codec::CodecError| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string());
+    if let Some(before) = cutoffs.jobs_before {
+        for kv in t.tree.scan_prefix(HISTORY) {
+            let (k, v) = kv.map_err(scan_err)?;
+            let job = codec::job_from_bytes(&v).map_err(decode_err)?;
+            if job.submitted_at >= before {
+                break;
+            }
+            if let Some(task) = job.array_task {
+                batch.remove(task_key(task.array, task.index));
+            }
+            batch.remove(k);
+        }
+    }
+    if let Some(before) = cutoffs.segments_before {
+        for kv in t.tree.scan_prefix(SEGMENT) {
+            let (k, v) = kv.map_err(scan_err)?;
+            let segment = codec::segment_from_bytes(&v).map_err(decode_err)?;
+            if segment.end >= before {
+                break;
+            }
+            batch.remove(k);
+        }
+    }
     Ok(())
 }
 
@@ -227,12 +400,26 @@ fn persist(t: &Trees, data: &StateMachineData, touched: &Touched) -> Result<(), 
         match state.jobs.get(id) {
             Some(job) => {
                 batch.insert(key(JOB, &id.to_be_bytes()), codec::job_to_bytes(job));
-                if !job.request_id.is_empty() {
-                    batch.insert(key(REQUEST, job.request_id.as_bytes()), &id.to_be_bytes());
+                if let Some(record) = state.request_ids.get(&job.request_id).filter(|r| r.job_id == *id) {
+                    batch.insert(key(REQUEST, job.request_id.as_bytes()), &request_record_to_bytes(record));
                 }
             }
             None => batch.remove(key(JOB, &id.to_be_bytes())),
         }
+    }
+    for job in &touched.archived {
+        let id = job.id.to_be_bytes();
+        batch.remove(key(JOB, &id));
+        batch.insert(key(HISTORY, &id), codec::job_to_bytes(job));
+        if let Some(task) = job.array_task {
+            batch.insert(task_key(task.array, task.index), &id);
+        }
+    }
+    for request_id in &touched.expired_request_ids {
+        batch.remove(key(REQUEST, request_id.as_bytes()));
+    }
+    if let Some(cutoffs) = &touched.history_cutoffs {
+        expire_history(t, cutoffs, &mut batch)?;
     }
     for name in &touched.nodes {
         match state.nodes.get(name) {
@@ -360,6 +547,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     EntryPayload::Blank => Ok(Outcome::Done),
                     EntryPayload::Normal(request) => {
                         let (response, t) = data.state.apply_tracked(&request.0);
+                        self.changes().record(entry.log_id.index, t.jobs.iter().copied());
                         touched.merge(t);
                         response
                     }
@@ -391,7 +579,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<NodeId>> {
         let bytes = snapshot.into_inner();
-        let state = codec::snapshot_from_bytes(&bytes)
+        let contents = codec::snapshot_contents(&bytes)
             .map_err(|e| StorageError::from(StorageIOError::<NodeId>::read_snapshot(Some(meta.signature()), &e)))?;
         let shared = Arc::clone(&self.shared);
         let (meta_copy, written_bytes) = (meta.clone(), bytes.clone());
@@ -403,9 +591,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         .map_err(|e| StorageError::from(StorageIOError::<NodeId>::write_snapshot(Some(meta.signature()), &e)))?;
         let applied = {
             let mut data = self.shared.data.write().unwrap_or_else(|p| p.into_inner());
-            *data =
-                StateMachineData { state, last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
-            rewrite_sled(&self.shared.trees, &data).map_err(|e| io_err(std::io::Error::other(e.to_string())))?;
+            *data = StateMachineData {
+                state: contents.state.clone(),
+                last_applied: meta.last_log_id,
+                membership: meta.last_membership.clone(),
+            };
+            rewrite_sled(&self.shared.trees, &data, &contents)
+                .map_err(|e| io_err(std::io::Error::other(e.to_string())))?;
+            self.changes().reset(data.applied_index());
             data.last_applied.map(|l| l.index).unwrap_or(0)
         };
         self.shared.applied_tx.send_replace(applied);
@@ -421,10 +614,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        let (bytes, last_applied, membership) = {
-            let data = self.read();
-            (codec::snapshot_to_bytes(&data.state), data.last_applied, data.membership.clone())
-        };
+        let store = self.clone();
+        let (bytes, (last_applied, membership)) = tokio::task::spawn_blocking(move || store.snapshot_bytes())
+            .await
+            .map_err(|e| io_err(std::io::Error::other(e.to_string())))?
+            .map_err(|e| StorageError::from(StorageIOError::<NodeId>::read_state_machine(&e)))?;
         let snapshot_id = match last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id.term, l.leader_id.node_id, l.index),
             None => "empty".to_string(),
@@ -497,6 +691,86 @@ mod tests {
         let loaded = load_from_sled(&trees).expect("load");
         let versions: Vec<u64> = loaded.state.policy_history.iter().map(|r| r.version).collect();
         assert_eq!(versions, vec![2, 3]);
+    }
+
+    /// Ends every job of `state` (cancelled while pending) and compacts: all of them move to the
+    /// history. Returns what the compaction touched.
+    fn cancel_all_and_compact(data: &mut StateMachineData, trees: &Trees, ms: u64) -> Touched {
+        let ids: Vec<u64> = data.state.jobs.keys().copied().collect();
+        let at = |ms: u64| Timestamp::compose(ms, 0);
+        for id in ids {
+            let request = Request { ts: at(ms), command: Command::CancelJob { job_id: id, reason: "test".into() } };
+            let (response, touched) = data.state.apply_tracked(&request);
+            response.expect("cancel");
+            persist(trees, data, &touched).expect("persist");
+        }
+        let cutoffs = CompactCutoffs {
+            archive_before: at(ms + 1),
+            request_ids_before: at(ms + 1),
+            jobs_before: None,
+            segments_before: None,
+        };
+        let (response, touched) =
+            data.state.apply_tracked(&Request { ts: at(ms + 2), command: Command::Compact(cutoffs) });
+        response.expect("compact");
+        persist(trees, data, &touched).expect("persist");
+        touched
+    }
+
+    /// Archived jobs leave the hot state and its sled records for the history; a reopen loads
+    /// only the hot state; a snapshot carries the history to a new store, where the same jobs
+    /// can be read; both stores have the same digest; retention deletes the oldest records.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn compacted_jobs_move_to_the_history_and_travel_in_snapshots() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = StateMachineStore::open(dir.path()).expect("open");
+        {
+            let mut data = store.shared.data.write().unwrap();
+            let state = state_with(50);
+            data.state = state;
+            let all = Touched { jobs: data.state.jobs.keys().copied().collect(), ..Touched::default() };
+            persist(&store.shared.trees, &data, &all).expect("persist");
+            let touched = cancel_all_and_compact(&mut data, &store.shared.trees, 100);
+            assert_eq!(touched.archived.len(), 50);
+            assert!(data.state.jobs.is_empty() && data.state.request_ids.is_empty());
+            data.last_applied = Some(LogId::new(CommittedLeaderId::new(1, 1), 7));
+            persist(&store.shared.trees, &data, &Touched::default()).expect("persist");
+        }
+        let job = store.archived_job(3).expect("job 3 is in the history");
+        assert_eq!((job.id, job.state), (3, corral_types::JobState::Cancelled));
+        assert_eq!(store.archived_jobs_from(48).map(|j| j.id).collect::<Vec<_>>(), vec![48, 49, 50]);
+        let loaded = load_from_sled(&store.shared.trees).expect("load");
+        assert!(loaded.state.jobs.is_empty(), "archived jobs are not loaded into memory");
+        assert!(loaded.state.request_ids.is_empty(), "expired request ids are gone from the store");
+
+        // A snapshot carries the history to another store.
+        let mut builder = store.clone();
+        let snapshot = builder.build_snapshot().await.expect("build");
+        let other_dir = tempfile::tempdir().expect("tempdir");
+        let mut other = StateMachineStore::open(other_dir.path()).expect("open");
+        other.install_snapshot(&snapshot.meta, snapshot.snapshot).await.expect("install");
+        assert_eq!(other.archived_job(50).map(|j| j.id), Some(50));
+        assert_eq!(other.archived_jobs_from(0).count(), 50);
+        assert_eq!(other.digest(), store.digest());
+        drop(other);
+        let reopened = StateMachineStore::open(other_dir.path()).expect("reopen");
+        assert_eq!(reopened.archived_jobs_from(0).count(), 50, "the history survives a reopen");
+
+        // Retention: jobs submitted before the cutoff (all of them, at 2 ns) are deleted.
+        {
+            let mut data = store.shared.data.write().unwrap();
+            let cutoffs = CompactCutoffs {
+                archive_before: Timestamp::compose(200, 0),
+                request_ids_before: Timestamp::compose(200, 0),
+                jobs_before: Some(Timestamp(3)),
+                segments_before: Some(Timestamp(3)),
+            };
+            let request = Request { ts: Timestamp::compose(300, 0), command: Command::Compact(cutoffs) };
+            let (response, touched) = data.state.apply_tracked(&request);
+            response.expect("compact");
+            persist(&store.shared.trees, &data, &touched).expect("persist");
+        }
+        assert_eq!(store.archived_jobs_from(0).count(), 0, "every archived job was submitted before the cutoff");
     }
 
     fn meta(index: u64) -> SnapshotMetaT {

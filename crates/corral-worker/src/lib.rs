@@ -11,6 +11,7 @@ pub mod executor;
 pub mod fence;
 mod gang;
 pub mod gpu;
+mod grpc_health;
 pub mod health;
 pub mod hygiene;
 pub mod join;

@@ -188,6 +188,8 @@ impl Runtime {
                 self.handle(event);
             }
             self.converge();
+            let leased = self.local.standing == Standing::Leased;
+            self.shared.serving.send_if_modified(|serving| std::mem::replace(serving, leased) != leased);
         }
         self.shutdown().await;
         Ok(())

@@ -67,6 +67,8 @@ pub(crate) struct WorkerShared {
     pub(crate) last_readings: Mutex<Vec<GpuReading>>,
     /// When a leader last answered a heartbeat.
     pub(crate) last_heartbeat_ok: Mutex<Option<Instant>>,
+    /// Registered and leased by a leader: what the health service reports.
+    pub(crate) serving: tokio::sync::watch::Sender<bool>,
     started: Instant,
 }
 
@@ -323,6 +325,7 @@ impl Worker {
                 heartbeat_sent: Notify::new(),
                 last_readings: Mutex::new(Vec::new()),
                 last_heartbeat_ok: Mutex::new(None),
+                serving: tokio::sync::watch::Sender::new(false),
                 started: Instant::now(),
             }),
         }
@@ -375,16 +378,25 @@ impl Worker {
         let audit = Arc::new(corral_security::AuditLog::in_dir(&self.shared.config.data_dir));
         let tls = self.shared.config.agent_tls.clone();
         let guard = crate::agent::guard(tls.is_some(), audit.clone());
+        let standard = crate::grpc_health::guard(tls.is_some(), audit.clone());
         let incoming = corral_security::audited_incoming(agent_listener, tls, audit);
+        let (reporter, health) = tonic_health::server::health_reporter();
+        let health_task = tokio::spawn(crate::grpc_health::report(self.shared.serving.subscribe(), reporter));
+        let (reflection, reflection_alpha) = crate::grpc_health::reflection()?;
+        use tonic::service::interceptor::InterceptedService;
+        let check = move |request| standard.check(request);
         let agent = tonic::transport::Server::builder()
-            .add_service(tonic::service::interceptor::InterceptedService::new(
-                crate::agent::server(self.shared.clone()),
-                move |request| guard.check(request),
-            ))
+            .add_service(InterceptedService::new(crate::agent::server(self.shared.clone()), move |request| {
+                guard.check(request)
+            }))
+            .add_service(InterceptedService::new(health, check.clone()))
+            .add_service(InterceptedService::new(reflection, check.clone()))
+            .add_service(InterceptedService::new(reflection_alpha, check))
             .serve_with_incoming(incoming);
         let agent = tokio::spawn(agent);
         let result = crate::runtime::Runtime::new(self.shared.clone()).run(shutdown).await;
         agent.abort();
+        health_task.abort();
         let shared = Arc::clone(&self.shared);
         let _ = tokio::task::spawn_blocking(move || shared.mps.shutdown()).await;
         result

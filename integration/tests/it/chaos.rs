@@ -4,7 +4,7 @@
 //! leader, a follower and a worker, partitions, small job arrays, `corral requeue` of running
 //! jobs, and operators' actions: drains of a worker with a
 //! short deadline (its jobs are stopped and requeued) and price changes (running runs are billed
-//! in pieces). Every job appends what it sees to a file the test owns; after healing, the test
+//! in pieces). Finished jobs move to the on-disk history after 3 s. Every job appends what it sees to a file the test owns; after healing, the test
 //! checks the lifecycle invariants against those lines, the replicated state and the billing
 //! ledger.
 //!
@@ -102,7 +102,9 @@ impl Pool {
     fn start() -> Pool {
         let hosts = Arc::new(NetHosts::create(5));
         let node_ttl = format!("{}s", TTL.as_secs());
-        let options = ClusterOptions { hosts: Some(hosts.clone()), node_ttl, ..Default::default() };
+        // Finished jobs leave memory for the history within seconds, under the faults too.
+        let extra_config = "\n[history]\narchive-after = \"3s\"\ncompact-every = \"500ms\"\n".to_string();
+        let options = ClusterOptions { hosts: Some(hosts.clone()), node_ttl, extra_config, ..Default::default() };
         let cluster = Cluster::start(3, options);
         cluster.init_and_join_all();
         let dir = tempfile::tempdir().expect("tempdir");

@@ -143,3 +143,50 @@ fn dependencies_hold_release_and_cancelling_tasks() {
     let bad = pool.corral(&["show", "12_x"]);
     assert!(one_line_stderr(&bad).contains("invalid job '12_x'"), "{}", one_line_stderr(&bad));
 }
+
+/// `corral cancel --all` with filters cancels exactly the matching live jobs (pending ones at
+/// once, running ones after their processes die) and leaves the others; bad combinations of
+/// flags are refused before anything is cancelled.
+#[test]
+fn cancel_all_cancels_exactly_the_matching_jobs() {
+    let pool = DevPool::start(&["--gpus", "1"]);
+    let (client, rt) = client(&pool);
+    // One GPU each on a one-GPU pool: the first runs, the others wait.
+    let named =
+        |name: &str, tenant: &str| JobSpec { name: name.into(), tenant: tenant.into(), gpus: 1, ..sh("sleep 300") };
+    let running = submit(&rt, &client, &named("a", "default"));
+    pool.wait_for(running, "running", |j| j["state"] == "running");
+    let pending_a: Vec<u64> = (0..2).map(|_| submit(&rt, &client, &named("a", "default"))).collect();
+    let other = submit(&rt, &client, &named("b", "default"));
+    let team = submit(&rt, &client, &named("a", "team-a"));
+
+    let done = pool.json(&["cancel", "--all", "--name", "a", "--state", "pending", "--tenant", "default"]);
+    let mut ids: Vec<u64> = done["job_ids"].as_array().expect("ids").iter().filter_map(|v| v.as_u64()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, pending_a, "{done}");
+    assert_eq!(pool.show(running)["state"], "running");
+    assert_eq!(pool.show(other)["state"], "pending");
+    assert_eq!(pool.show(team)["state"], "pending");
+
+    for bad in [
+        vec!["cancel", "--all", "12"],
+        vec!["cancel", "--tenant", "default"],
+        vec!["cancel", "--all", "--state", "succeeded"],
+        vec!["cancel"],
+    ] {
+        let out = pool.corral(&bad);
+        assert!(!out.status.success(), "{bad:?} was accepted");
+        assert!(!one_line_stderr(&out).is_empty(), "{bad:?} says why");
+    }
+    assert_eq!(pool.show(other)["state"], "pending", "a refused command cancels nothing");
+
+    let text = pool.ok(&["cancel", "--all", "--tenant", "team-a"]);
+    assert!(text.contains("1 jobs cancelled"), "{text}");
+    assert_eq!(pool.show(team)["state"], "cancelled");
+    let rest = pool.json(&["cancel", "--all"]);
+    assert_eq!(rest["cancelled"], 2, "the running job and the last pending one: {rest}");
+    pool.wait_for(running, "cancelled", |j| j["state"] == "cancelled");
+    assert_eq!(pool.show(other)["state"], "cancelled");
+    let again = pool.json(&["cancel", "--all"]);
+    assert_eq!(again["cancelled"], 0, "nothing left: {again}");
+}

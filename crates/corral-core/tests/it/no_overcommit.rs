@@ -1,10 +1,11 @@
 //! Property: whatever sequence of submits (arrays, dependencies, held jobs among them),
 //! scheduling passes, exits, preemptions, node losses, drains and cordons, policy changes, job
-//! control (hold, release, requeue, update, cancels of tasks) and deliberately wrong proposals
-//! goes through apply(), no GPU, MIG or MPS slice, node CPU/memory or quota is ever
+//! control (hold, release, requeue, update, cancels of tasks), compactions that move finished
+//! jobs to the history, and deliberately wrong proposals goes through apply(), no GPU, MIG or MPS slice, node CPU/memory or quota is ever
 //! over-committed, no job starts before its dependencies are met, no array runs more tasks than
 //! its throttle, a run is billed once (in contiguous pieces across price changes), the derived
-//! indexes match a rebuild, and passes are deterministic.
+//! indexes match a rebuild, passes are deterministic, and only terminal jobs (an array with all
+//! its tasks) leave the hot state, never one a live job still waits on.
 
 use corral_core::{
     job_milli_gpus, schedule, ClusterConfig, Command, JobUpdate, Placement, Preemption, Request, State, TenantPolicy,
@@ -56,6 +57,10 @@ enum Op {
         time: Option<u64>,
         class: Option<usize>,
         admin: bool,
+    },
+    /// Compact with cutoffs this many seconds back (the request-id window twice as long).
+    Compact {
+        back_secs: u64,
     },
     CancelAny {
         pick: usize,
@@ -130,6 +135,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (prop_oneof![Just(890_000u64), Just(1_780_000u64)], 1..4u32)
             .prop_map(|(price, weight)| Op::Policy { price, weight }),
         4 => Just(Op::Schedule),
+        2 => (0..300u64).prop_map(|back_secs| Op::Compact { back_secs }),
         3 => (any::<usize>(), -1..2i32).prop_map(|(pick, code)| Op::Finish { pick, code }),
         2 => any::<usize>().prop_map(|pick| Op::ExitPreempted { pick }),
         2 => (any::<usize>(), any::<bool>(), 0..7200u64)
@@ -224,6 +230,8 @@ struct Sim {
     secs: u64,
     seq: u64,
     submitted: u64,
+    /// Jobs compactions moved out of the hot state (what the store keeps as history).
+    archive: BTreeMap<JobId, corral_types::Job>,
 }
 
 impl Sim {
@@ -231,7 +239,11 @@ impl Sim {
         self.seq += 1;
         let ts = Timestamp::compose(self.secs * 1000, self.seq);
         // Refusals are fine (that is the point of the wrong proposals); panics are not.
-        let _ = self.state.apply(&Request { ts, command });
+        let (_, touched) = self.state.apply_tracked(&Request { ts, command });
+        for job in touched.archived {
+            assert!(job.state.is_terminal(), "job {} left the hot state unfinished", job.id);
+            assert!(self.archive.insert(job.id, job).is_none(), "a job was archived twice");
+        }
     }
 
     fn pick(&self, state: JobState, pick: usize, filter: impl Fn(&corral_types::Job) -> bool) -> Option<JobId> {
@@ -321,6 +333,16 @@ impl Sim {
                 c.gpu_prices.insert("RTX 5090".into(), *price);
                 c.tenant_policies.get_mut("team-a").unwrap().fair_share_weight = *weight;
                 self.apply(Command::ApplyPolicy { config: c, by: "prop".into(), force: false });
+            }
+            Op::Compact { back_secs } => {
+                let at = |back: u64| Timestamp::compose(self.secs.saturating_sub(back) * 1000, 0);
+                let cutoffs = corral_core::CompactCutoffs {
+                    archive_before: at(*back_secs),
+                    request_ids_before: at(back_secs * 2),
+                    jobs_before: None,
+                    segments_before: None,
+                };
+                self.apply(Command::Compact(cutoffs));
             }
             Op::Schedule => {
                 let now = Timestamp::compose(self.secs * 1000, self.seq);
@@ -431,8 +453,20 @@ impl Sim {
     }
 }
 
-/// Checks every capacity and quota invariant from the public state alone.
-fn check_invariants(state: &State) {
+/// Checks every capacity and quota invariant from the public state and the archived jobs.
+fn check_invariants(state: &State, archive: &BTreeMap<JobId, corral_types::Job>) {
+    let find = |id: &JobId| state.jobs.get(id).or_else(|| archive.get(id)).expect("a job is hot or archived");
+    for id in archive.keys() {
+        assert!(!state.jobs.contains_key(id), "job {id} is both hot and archived");
+    }
+    for waiter in state.jobs.values() {
+        for target in &waiter.waiting_on {
+            assert!(!archive.contains_key(target), "job {} waits on archived job {target}", waiter.id);
+        }
+        if let Some(task) = waiter.array_task {
+            assert!(!archive.contains_key(&task.array), "task {} is hot, its array archived", waiter.id);
+        }
+    }
     let config = &state.config;
     let mut holders: BTreeMap<(String, u32), Vec<JobId>> = BTreeMap::new();
     let mut node_use: BTreeMap<String, (u64, u64)> = BTreeMap::new();
@@ -555,7 +589,7 @@ fn check_invariants(state: &State) {
             );
         }
         assert!(segment.end >= segment.start, "segment {} ends before it starts", segment.id);
-        let placed = state.jobs[&segment.job_id].submitted_at;
+        let placed = find(&segment.job_id).submitted_at;
         assert!(
             segment.duration_ms() <= segment.end.millis_since(placed) + corral_core::TSO_LEAD_ALLOWANCE_MS,
             "segment {} bills {} ms, longer than the job existed",
@@ -571,7 +605,7 @@ fn check_invariants(state: &State) {
     for job in state.jobs.values().filter(|j| !j.is_array() && (j.state == JobState::Running || j.started_at.is_some()))
     {
         for dep in &job.spec.sched.dependencies {
-            let target = &state.jobs[&dep.job_id];
+            let target = find(&dep.job_id);
             let ok = target.state == JobState::Succeeded;
             let met = match dep.kind {
                 DependencyKind::AfterOk => ok,
@@ -616,17 +650,19 @@ proptest! {
 
     #[test]
     fn nothing_is_ever_over_committed(ops in proptest::collection::vec(op(), 1..60)) {
-        let mut sim = Sim { state: State::default(), secs: 1, seq: 0, submitted: 0 };
+        let mut sim = Sim { state: State::default(), secs: 1, seq: 0, submitted: 0, archive: BTreeMap::new() };
         sim.apply(Command::Configure(config()));
         for i in 0..3 {
             sim.apply(Command::RegisterNode { spec: node_spec(i) });
         }
-        let mut twin = Sim { state: sim.state.clone(), secs: sim.secs, seq: sim.seq, submitted: 0 };
+        let mut twin =
+            Sim { state: sim.state.clone(), secs: sim.secs, seq: sim.seq, submitted: 0, archive: BTreeMap::new() };
         for op in &ops {
             sim.step(op);
             twin.step(op);
-            check_invariants(&sim.state);
+            check_invariants(&sim.state, &sim.archive);
         }
         prop_assert_eq!(&sim.state, &twin.state, "replicas applying the same commands agree");
+        prop_assert_eq!(&sim.archive, &twin.archive, "replicas archive the same jobs");
     }
 }

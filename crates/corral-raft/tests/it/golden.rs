@@ -8,8 +8,8 @@
 //! `CORRAL_WRITE_GOLDEN=1` is set (for a new record kind); an existing file is never rewritten.
 
 use corral_core::{
-    ClusterConfig, Command, CoordinatorRecord, Placement, Preemption, PriorityClass, Request, SchedulerConfig, State,
-    TenantPolicy, TokenRecord, UsageLedger,
+    ClusterConfig, Command, CoordinatorRecord, Placement, Preemption, PriorityClass, Request, RequestRecord,
+    SchedulerConfig, State, TenantPolicy, TokenRecord, UsageLedger,
 };
 use corral_raft::codec::{
     command_from_bytes, command_to_bytes, job_from_bytes, job_to_bytes, meta_from_bytes, meta_to_bytes,
@@ -398,7 +398,11 @@ fn full_config() -> ClusterConfig {
 fn full_state() -> State {
     let jobs = [full_job(), mig_job(), pending_job(), mps_job()].into_iter().map(|j| (j.id, j)).collect();
     let nodes = [full_node(), down_node()].into_iter().map(|n| (n.spec.name.clone(), n)).collect();
-    let request_ids = [42, 43, 44, 45].into_iter().map(|id| (format!("req-{id}"), id)).collect();
+    // Written before request ids carried their submit time: `at` decodes as 0.
+    let request_ids = [42, 43, 44, 45]
+        .into_iter()
+        .map(|id| (format!("req-{id}"), RequestRecord { job_id: id, at: Timestamp::ZERO }))
+        .collect();
     let coordinators = [
         (1, CoordinatorRecord { addr: "10.0.0.1:7070".into(), removed: false }),
         (2, CoordinatorRecord { addr: "10.0.0.2:7070".into(), removed: true }),
@@ -563,6 +567,8 @@ fn the_scalar_meta_keeps_its_bytes() {
         policy_version: 0,
         join_tokens: state.join_tokens.clone(),
         next_join_token_id: state.next_join_token_id,
+        segments_archived_below: 0,
+        archived_billed: BTreeMap::new(),
     };
     let bytes = golden("meta", || meta_to_bytes(&state));
     assert_eq!(meta_from_bytes(&bytes).expect("golden meta decodes"), meta, "golden meta decodes to another value");

@@ -1,0 +1,211 @@
+//! `WatchJobs` against real processes: the first list and live changes, a resume that gets
+//! exactly the jobs changed since a revision, refused revisions (forgotten by a restart or
+//! evicted from a small watch history, and ahead of the cluster), and tenants who see only
+//! their own jobs.
+
+use corral_client::{Client, ClientConfig};
+use corral_integration::cluster::{Cluster, ClusterOptions};
+use corral_integration::{corral_bin, trivial_job, DevPool};
+use corral_proto::v1 as pb;
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+use tonic::Code;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+fn client(addr: &str, token: Option<&str>) -> Client {
+    let mut config = ClientConfig::new(vec![addr.to_string()]);
+    config.token = token.map(String::from);
+    config.retry_for = Duration::from_secs(20);
+    Client::new(config).expect("client")
+}
+
+/// What a stream delivered: (revision, job id, state) per job event, and the last resume point.
+#[derive(Debug, Default)]
+struct Seen {
+    events: Vec<(u64, u64, i32)>,
+    resume: Option<u64>,
+}
+
+impl Seen {
+    fn jobs(&self) -> BTreeSet<u64> {
+        self.events.iter().map(|(_, id, _)| *id).collect()
+    }
+}
+
+/// Reads `stream` until `done` holds (checked after every event), within a minute.
+async fn read_until(
+    stream: &mut tonic::Streaming<pb::JobEvent>,
+    seen: &mut Seen,
+    done: impl Fn(&pb::JobEvent, &Seen) -> bool,
+) {
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(60), stream.message()).await;
+        let event = match next {
+            Ok(Ok(Some(event))) => event,
+            other => panic!("watch ended or stalled before the expected event: {other:?}; so far {seen:?}"),
+        };
+        if let Some(job) = &event.job {
+            if let Some((last, ..)) = seen.events.last() {
+                assert!(event.revision >= *last, "revisions went back: {event:?} after {seen:?}");
+            }
+            seen.events.push((event.revision, job.id, job.state));
+        }
+        if let Some(resume) = event.resume_revision {
+            seen.resume = Some(resume);
+        }
+        if done(&event, seen) {
+            return;
+        }
+    }
+}
+
+fn is_progress(event: &pb::JobEvent) -> bool {
+    event.job.is_none()
+}
+
+fn succeeded(id: u64) -> impl Fn(&pb::JobEvent, &Seen) -> bool {
+    move |event, _| event.job.as_ref().is_some_and(|j| j.id == id && j.state == pb::JobState::Succeeded as i32)
+}
+
+#[test]
+fn watch_sends_jobs_and_changes_resumes_from_a_revision_and_refuses_forgotten_ones() {
+    let mut pool = DevPool::start(&["--gpus", "1"]);
+    let dir = pool.take_dir().expect("dir");
+    let rt = runtime();
+    let c = client(&pool.addr, None);
+    let first = rt.block_on(c.submit(&trivial_job("first"))).expect("submit").job_id;
+    rt.block_on(c.wait_job(first, |_| {})).expect("first ends");
+
+    rt.block_on(async {
+        // The current jobs, a progress event, then the changes of a new job up to its end.
+        let mut stream = c.watch_jobs(pb::WatchJobsRequest::default()).await.expect("watch");
+        let mut seen = Seen::default();
+        read_until(&mut stream, &mut seen, |e, _| is_progress(e)).await;
+        assert_eq!(seen.jobs(), BTreeSet::from([first]), "{seen:?}");
+        let listed_at = seen.resume.expect("a resume point after the first list");
+        let second = c.submit(&trivial_job("second")).await.expect("submit").job_id;
+        read_until(&mut stream, &mut seen, succeeded(second)).await;
+        let states: Vec<i32> = seen.events.iter().filter(|(_, id, _)| *id == second).map(|e| e.2).collect();
+        assert_eq!(states.first(), Some(&(pb::JobState::Pending as i32)), "{seen:?}");
+        assert!(seen.events.iter().all(|(r, id, _)| *id == second || *r == listed_at), "{seen:?}");
+        let after_second = seen.resume.expect("resume point");
+
+        // A third job changes after that point; a resume sends it alone (once, as it is now),
+        // not the first two, which did not change since.
+        let third = c.submit(&trivial_job("third")).await.expect("submit").job_id;
+        c.wait_job(third, |_| {}).await.expect("third ends");
+        let resumed = pb::WatchJobsRequest { from_revision: Some(after_second), ..Default::default() };
+        let mut stream = c.watch_jobs(resumed).await.expect("resume");
+        let mut again = Seen::default();
+        read_until(&mut stream, &mut again, |e, _| is_progress(e)).await;
+        assert_eq!(again.events.len(), 1, "{again:?}");
+        assert_eq!(again.events[0].1, third);
+        assert_eq!(again.events[0].2, pb::JobState::Succeeded as i32);
+        assert!(again.events[0].0 > after_second, "{again:?}");
+
+        // Filters: by id and by state.
+        let by_id = pb::WatchJobsRequest { job_ids: vec![second], ..Default::default() };
+        let mut stream = c.watch_jobs(by_id).await.expect("watch by id");
+        let mut only = Seen::default();
+        read_until(&mut stream, &mut only, |e, _| is_progress(e)).await;
+        assert_eq!(only.jobs(), BTreeSet::from([second]));
+        let running = pb::WatchJobsRequest { states: vec![pb::JobState::Running as i32], ..Default::default() };
+        let mut stream = c.watch_jobs(running).await.expect("watch running");
+        let mut none = Seen::default();
+        read_until(&mut stream, &mut none, |e, _| is_progress(e)).await;
+        assert!(none.events.is_empty(), "{none:?}");
+
+        // A revision the cluster has not reached is refused.
+        let ahead = pb::WatchJobsRequest { from_revision: Some(u64::MAX / 2), ..Default::default() };
+        let err = c.watch_jobs(ahead).await.expect_err("a revision from the future");
+        assert_eq!(err.code(), Some(Code::InvalidArgument), "{err}");
+        assert!(err.to_string().contains("ahead of this cluster"), "{err}");
+        after_second
+    });
+
+    // A restarted coordinator remembers changes from its restart on only: an older revision is
+    // refused with the oldest one it can resume from, and the advice to list again.
+    pool.stop();
+    let pool = DevPool::start_in(&dir.path().join("data"), &["--gpus", "1"]);
+    let c = client(&pool.addr, None);
+    let old = pb::WatchJobsRequest { from_revision: Some(1), ..Default::default() };
+    let err = rt.block_on(c.watch_jobs(old)).expect_err("a forgotten revision");
+    assert_eq!(err.code(), Some(Code::OutOfRange), "{err}");
+    let message = err.to_string();
+    assert!(message.contains("revision 1 is too old") && message.contains("list the jobs again"), "{message}");
+    let oldest: u64 = message
+        .split("resume from revision ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no oldest revision named in: {message}"));
+    let from_oldest = pb::WatchJobsRequest { from_revision: Some(oldest), ..Default::default() };
+    let mut stream = rt.block_on(c.watch_jobs(from_oldest)).expect("the oldest revision named is accepted");
+    rt.block_on(read_until(&mut stream, &mut Seen::default(), |e, _| is_progress(e)));
+}
+
+#[test]
+fn tenants_watch_only_their_jobs_and_a_small_history_refuses_evicted_revisions() {
+    let admin = "admin-secret-for-watch-test";
+    let options = ClusterOptions {
+        watch_history: Some(2),
+        auth: Some(format!(
+            "require-tokens = true\nadmin-token-sha256 = \"{}\"",
+            corral_coordinator::token_sha256(admin)
+        )),
+        ..Default::default()
+    };
+    let cluster = Cluster::start(1, options);
+    let addr = cluster.nodes[0].addr.clone();
+    let cli = |args: &[&str]| {
+        let out = Command::new(corral_bin()).args(["--endpoint", &addr, "--token", admin]).args(args).output();
+        let out = out.expect("corral");
+        assert!(out.status.success(), "corral {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    cli(&["cluster", "init"]);
+    let team_a = cli(&["token", "create", "--tenant", "team-a"]);
+    let team_b = cli(&["token", "create", "--tenant", "team-b"]);
+    let rt = runtime();
+    let (a, b) = (client(&addr, Some(&team_a)), client(&addr, Some(&team_b)));
+    let spec = |tenant: &str| corral_types::JobSpec { tenant: tenant.into(), ..trivial_job("sleepy") };
+    // No worker: the jobs stay pending.
+    let job_a = rt.block_on(a.submit(&spec("team-a"))).expect("submit a").job_id;
+    let job_b = rt.block_on(b.submit(&spec("team-b"))).expect("submit b").job_id;
+
+    rt.block_on(async {
+        // team-a's watch lists and follows team-a's jobs only, even when it names team-b's job.
+        let mut stream = a.watch_jobs(pb::WatchJobsRequest::default()).await.expect("watch a");
+        let mut seen = Seen::default();
+        read_until(&mut stream, &mut seen, |e, _| is_progress(e)).await;
+        assert_eq!(seen.jobs(), BTreeSet::from([job_a]), "{seen:?}");
+        b.cancel(job_b).await.expect("cancel b");
+        let job_a2 = a.submit(&spec("team-a")).await.expect("submit a2").job_id;
+        read_until(&mut stream, &mut seen, |e, _| e.job.as_ref().is_some_and(|j| j.id == job_a2)).await;
+        assert!(!seen.jobs().contains(&job_b), "team-a saw team-b's job: {seen:?}");
+        let named = pb::WatchJobsRequest { job_ids: vec![job_b], ..Default::default() };
+        let mut stream = a.watch_jobs(named).await.expect("watch by id");
+        let mut none = Seen::default();
+        read_until(&mut stream, &mut none, |e, _| is_progress(e)).await;
+        assert!(none.events.is_empty(), "team-a saw team-b's job by id: {none:?}");
+        let other = pb::WatchJobsRequest { tenant: Some("team-b".into()), ..Default::default() };
+        let err = a.watch_jobs(other).await.expect_err("team-a watching team-b");
+        assert_eq!(err.code(), Some(Code::PermissionDenied), "{err}");
+        assert!(err.to_string().contains("tenant team-a cannot see tenant team-b"), "{err}");
+
+        // The history keeps two job changes: after three more, a resume from before them is
+        // refused, naming the oldest revision it still serves.
+        let before = seen.resume.expect("resume point");
+        for _ in 0..3 {
+            a.submit(&spec("team-a")).await.expect("submit");
+        }
+        let old = pb::WatchJobsRequest { from_revision: Some(before), ..Default::default() };
+        let err = a.watch_jobs(old).await.expect_err("an evicted revision");
+        assert_eq!(err.code(), Some(Code::OutOfRange), "{err}");
+        assert!(err.to_string().contains(&format!("revision {before} is too old")), "{err}");
+    });
+}

@@ -1,0 +1,246 @@
+"""The Python client against real coordinators: jobs end to end, errors, nodes, billing,
+watches and their resumption, tenants and tokens."""
+
+import threading
+
+import pytest
+
+from corral_client import (
+    Client,
+    CorralError,
+    InvalidJob,
+    Job,
+    JobEvent,
+    Node,
+    NotFound,
+    PermissionDenied,
+    RevisionTooOld,
+    Segment,
+    Unauthenticated,
+    Unavailable,
+)
+from corral_client.errors import DeadlineExceeded, error_for
+
+import grpc
+
+from conftest import free_port
+
+
+@pytest.fixture
+def client(dev):
+    with Client(dev.addr) as c:
+        yield c
+
+
+def test_a_job_runs_and_its_output_and_exit_are_read(client):
+    job = client.submit(["sh", "-c", "echo hello from corral; echo to stderr >&2"], gpus=1, name="hello")
+    assert isinstance(job, Job)
+    assert job.name == "hello" and job.tenant == "default" and job.gpus == 1
+    done = client.wait(job, timeout=120)
+    assert done.state == "succeeded" and done.exit_code == 0 and done.done
+    assert done.node and len(done.gpu_indices) == 1
+    lines = list(client.logs(done))
+    assert "hello from corral" in lines and "to stderr" in lines
+
+
+def test_following_logs_reads_until_the_job_ends(client):
+    job = client.submit("echo first; sleep 1; echo second")
+    assert list(client.logs(job, follow=True)) == ["first", "second"]
+    assert client.job(job).done
+
+
+def test_a_failing_job_reports_its_exit_code(client):
+    done = client.wait(client.submit("exit 3", time="1m"), timeout=120)
+    assert done.state == "failed" and done.exit_code == 3
+    assert done.time_limit_secs == 60
+
+
+def test_jobs_lists_and_cancel_stops(client):
+    job = client.submit(["sleep", "300"], priority="normal")
+    assert job.id in [j.id for j in client.jobs()]
+    client.cancel(job.id)
+    done = client.wait(job, timeout=120)
+    assert done.state == "cancelled"
+    assert job.id not in [j.id for j in client.jobs()]
+    assert job.id in [j.id for j in client.jobs(all=True, states=["cancelled"])]
+    assert all(j.state == "cancelled" for j in client.jobs(states=["cancelled"]))
+
+
+def test_wait_gives_up_after_its_timeout(client):
+    job = client.submit(["sleep", "300"])
+    with pytest.raises(DeadlineExceeded) as e:
+        client.wait(job, timeout=0.5)
+    assert isinstance(e.value, TimeoutError) and str(job.id) in str(e.value)
+    client.cancel(job)
+
+
+def test_unknown_jobs_are_not_found(client):
+    with pytest.raises(NotFound) as e:
+        client.job(987654)
+    assert "987654" in str(e.value)
+    with pytest.raises(NotFound):
+        client.cancel(987654)
+    with pytest.raises(NotFound):
+        client.wait(987654, timeout=10)
+
+
+def test_invalid_jobs_are_refused_with_the_servers_reason(client):
+    with pytest.raises(InvalidJob) as e:
+        client.submit(["true"], gpus=1000)
+    assert "gpu" in str(e.value).lower()
+    with pytest.raises(InvalidJob) as e:
+        client.submit(["true"], priority="no-such-class")
+    assert "no-such-class" in str(e.value)
+    with pytest.raises(InvalidJob):
+        client.submit([])
+    with pytest.raises(InvalidJob):
+        client.submit(["true"], time="soon")
+    with pytest.raises(InvalidJob):
+        client.submit(["true"], memory="lots")
+    with pytest.raises(ValueError):
+        Client("no-port-here")
+
+
+def test_an_unreachable_cluster_is_unavailable():
+    with Client(f"127.0.0.1:{free_port()}", retry_for=0.5) as c:
+        with pytest.raises(Unavailable) as e:
+            c.jobs()
+    assert isinstance(e.value, CorralError)
+
+
+def test_calls_to_a_dead_endpoint_fail_over_to_a_live_one(dev):
+    with Client([f"127.0.0.1:{free_port()}", dev.addr]) as c:
+        assert isinstance(c.jobs(), list)
+
+
+def test_calls_to_a_follower_are_redirected_to_the_leader(cluster3):
+    import json
+
+    statuses = {addr: json.loads(cluster3.cli(i, "cluster", "status")) for i, addr in enumerate(cluster3.addrs)}
+    leader = next(a for a, s in statuses.items() if s.get("state") == "leader")
+    follower = next(a for a in cluster3.addrs if a != leader)
+    with Client(follower) as c:
+        job = c.submit(["true"], name="through-a-follower")
+        assert c._preferred == leader
+        assert [j.id for j in c.jobs()] == [job.id]
+
+
+def test_every_status_code_maps_to_an_exception():
+    for code in grpc.StatusCode:
+        if code == grpc.StatusCode.OK:
+            continue
+        e = error_for(code, "the server's words")
+        assert isinstance(e, CorralError) and type(e) is not CorralError, code
+        assert str(e) == "the server's words" and e.code == code
+
+
+def test_nodes_show_the_pools_gpus(client):
+    nodes = client.nodes()
+    assert len(nodes) == 1 and isinstance(nodes[0], Node)
+    node = nodes[0]
+    assert node.state == "up" and len(node.gpus) == 2
+    assert node.gpus[0].model == "RTX 5090" and node.gpus[0].memory_mib == 32 * 1024
+
+
+def test_billing_has_a_segment_per_gpu_run(client):
+    job = client.wait(client.submit(["true"], gpus=1), timeout=120)
+    segments = client.billing(tenant="default")
+    mine = [s for s in segments if s.job_id == job.id]
+    assert len(mine) == 1 and isinstance(mine[0], Segment)
+    assert mine[0].gpus == 1 and mine[0].tenant == "default" and mine[0].end_state == "succeeded"
+    assert client.billing(job=job) == mine
+    assert client.billing(tenant="default", since=mine[0].end + 1) == [s for s in segments if s.end > mine[0].end]
+
+
+def take(events, predicate, limit=1000):
+    """Events from a watch until one satisfies predicate (that one included)."""
+    seen = []
+    for event in events:
+        seen.append(event)
+        if predicate(event) or len(seen) >= limit:
+            return seen
+    return seen
+
+
+def test_watch_sends_each_change_until_the_end(client):
+    events = client.watch(states=None)
+    job = client.submit(["true"])
+    seen = take(events, lambda e: e.job.id == job.id and e.job.done)
+    assert all(isinstance(e, JobEvent) for e in seen)
+    states = [e.job.state for e in seen if e.job.id == job.id]
+    assert states[0] == "pending" and states[-1] == "succeeded"
+    revisions = [e.revision for e in seen if e.job.id == job.id]
+    assert revisions == sorted(revisions)
+    events.close()
+
+
+def test_watch_from_a_revision_sends_only_what_changed_since(client):
+    first = client.wait(client.submit(["true"]), timeout=120)
+    events = client.watch(jobs=[first.id])
+    [event] = take(events, lambda e: True)
+    events.close()
+    second = client.wait(client.submit(["true"]), timeout=120)
+    resumed = client.watch(from_revision=event.revision)
+    seen = take(resumed, lambda e: e.job.id == second.id and e.job.done)
+    resumed.close()
+    assert first.id not in [e.job.id for e in seen]
+
+
+def test_a_dropped_watch_resumes_without_missing_a_change(dev):
+    c = Client(dev.addr)
+    events = c.watch()
+    job = c.submit(["sleep", "1"])
+    take(events, lambda e: e.job.id == job.id)
+    old = c._channels[dev.addr]
+    # Every channel closes under the watch: it reconnects and resumes from its last revision.
+    c.close()
+    later = Client(dev.addr).submit(["true"])
+    done = set()
+
+    def both_done(e):
+        if e.job.done:
+            done.add(e.job.id)
+        return {job.id, later.id} <= done
+
+    seen = take(events, both_done)
+    assert [e.job.state for e in seen if e.job.id == job.id][-1] == "succeeded"
+    # The new channel is the client's own again: the old one is gone.
+    assert c._channels and all(ch is not old for ch in c._channels.values())
+    events.close()
+    c.close()
+
+
+def test_a_forgotten_revision_is_refused(fresh_dev):
+    with Client(fresh_dev.addr) as c:
+        c.wait(c.submit(["true"]), timeout=120)
+    fresh_dev.restart()
+    with Client(fresh_dev.addr) as c:
+        with pytest.raises(RevisionTooOld) as e:
+            next(c.watch(from_revision=1))
+    assert "list the jobs again" in str(e.value)
+
+
+def test_a_tenant_sees_and_touches_only_its_own_jobs(secured):
+    a = Client(secured.addr, token=secured.team_a)
+    b = Client(secured.addr, token=secured.team_b)
+    job_a = a.submit(["sleep", "300"])
+    job_b = b.submit(["sleep", "300"])
+    assert job_a.tenant == "team-a"
+    with pytest.raises(PermissionDenied) as e:
+        a.job(job_b.id)
+    assert "team-a" in str(e.value)
+    with pytest.raises(PermissionDenied):
+        a.cancel(job_b)
+    with pytest.raises(PermissionDenied):
+        a.submit(["true"], tenant="team-b")
+    with pytest.raises(PermissionDenied):
+        a.jobs(tenant="team-b")
+    with pytest.raises(PermissionDenied):
+        next(a.watch(tenant="team-b"))
+    assert {j.id for j in a.jobs()} == {job_a.id}
+    with pytest.raises(Unauthenticated):
+        Client(secured.addr).jobs()
+    with pytest.raises(PermissionDenied):
+        Client(secured.addr, token="crl_not_a_token").jobs()
+    a.close()
+    b.close()
