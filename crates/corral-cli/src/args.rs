@@ -360,7 +360,7 @@ pub struct DevArgs {
     #[arg(long, default_value = "32GiB", value_parser = parse_size)]
     pub gpu_memory: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (loopback only): the coordinator's and
-    /// the worker's series on one listener.
+    /// the worker's series on one listener; the web view of the pool at http://ADDR/.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
     /// Cluster policy to start with (TOML; see cluster-configs/cluster.toml). Default: the dev

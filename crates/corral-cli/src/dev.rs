@@ -200,6 +200,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     if let Some(bound) = metrics {
         println!("corral dev metrics at http://{bound}/metrics");
+        println!("corral dev web view at http://{bound}/");
     }
     println!(
         "corral dev ready at {addr} ({} x {} simulated, data in {})",

@@ -1,13 +1,16 @@
 //! The `/metrics` HTTP listener of coordinators and workers: OpenMetrics text (prometheus-client)
-//! served by axum on its own listener, with every series computed at scrape time.
+//! served by axum on its own listener, with every series computed at scrape time. On a
+//! coordinator's listener every other path is the web view (`Coordinator::web`).
 
 use anyhow::Context;
-use axum::extract::State;
-use axum::http::header::CONTENT_TYPE;
-use axum::response::IntoResponse;
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, COOKIE};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use corral_coordinator::Coordinator;
+use corral_coordinator::{Coordinator, WebRequest};
 use corral_worker::WorkerMetrics;
 use prometheus_client::registry::Registry;
 use std::future::Future;
@@ -55,14 +58,56 @@ async fn metrics(State(sources): State<Arc<Vec<MetricsSource>>>) -> impl IntoRes
     ([(CONTENT_TYPE, OPENMETRICS)], render(&sources).await)
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown` resolves.
+/// Every path but `/metrics`: a coordinator's web view; 404 on a worker's listener.
+async fn web(
+    State(sources): State<Arc<Vec<MetricsSource>>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let coordinator = sources.iter().find_map(|s| match s {
+        MetricsSource::Coordinator(c) => Some(c),
+        MetricsSource::Worker(_) => None,
+    });
+    let Some(coordinator) = coordinator else {
+        return (StatusCode::NOT_FOUND, "not found: this listener serves /metrics only\n").into_response();
+    };
+    let header = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok()).map(String::from);
+    let request = WebRequest {
+        method: method.as_str().to_string(),
+        path: uri.path().to_string(),
+        authorization: header(AUTHORIZATION),
+        cookie: header(COOKIE),
+        body: body.to_vec(),
+        peer: peer.to_string(),
+        // This listener speaks plain HTTP (see README "Web view").
+        secure: false,
+    };
+    let answer = coordinator.web(request).await;
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, answer.body).into_response();
+    for (name, value) in answer.headers {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(HeaderName::from_static(name), value);
+        }
+    }
+    response
+}
+
+/// Serves `GET /metrics` on `listener` (and a coordinator's web view on the other paths) until
+/// `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
     sources: Vec<MetricsSource>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let app = Router::new().route("/metrics", get(metrics)).with_state(Arc::new(sources));
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("metrics listener failed")
+    let app = Router::new().route("/metrics", get(metrics)).fallback(web).with_state(Arc::new(sources));
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("metrics listener failed")
 }
 
 /// Binds `addr`, logs where metrics are served and serves them in the background until

@@ -13,29 +13,8 @@ fn now_ts() -> Timestamp {
     Timestamp::compose(ms, 0)
 }
 
-/// `YYYY-MM-DDTHH:MM:SS.mmmZ` for a TSO timestamp.
-pub fn format_utc(ts: Timestamp) -> String {
-    let ms = ts.physical_ms();
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Howard Hinnant's civil-from-days.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60,
-        ms % 1000
-    )
-}
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` for a TSO timestamp (shared with the coordinator's web view).
+pub use corral_types::format_utc;
 
 /// How long the job has run (or ran).
 pub fn elapsed(job: &Job) -> Option<Duration> {
@@ -506,13 +485,6 @@ pub fn nodes_table(nodes: &[pb::NodeView]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn utc_formatting() {
-        assert_eq!(format_utc(Timestamp::compose(0, 0)), "1970-01-01T00:00:00.000Z");
-        assert_eq!(format_utc(Timestamp::compose(1_796_299_512_345, 7)), "2026-12-03T12:05:12.345Z");
-        assert_eq!(format_utc(Timestamp::compose(951_782_400_000, 0)), "2000-02-29T00:00:00.000Z");
-    }
 
     #[test]
     fn indices_print_as_slurm_ranges() {

@@ -4,7 +4,6 @@ use crate::auth::Principal;
 use crate::{listing, policy, CoordError, Coordinator};
 use corral_core::{Command, Outcome};
 use corral_proto::v1::corral_server::{Corral, CorralServer};
-use corral_proto::v1::worker_agent_client::WorkerAgentClient;
 use corral_proto::v1::{self as pb};
 use corral_types::{Job, JobSpec, JobState, NodeMode, Timestamp};
 use std::pin::Pin;
@@ -112,10 +111,6 @@ impl Api {
             )),
             _ => Ok(()),
         }
-    }
-
-    fn node_address(&self, node: &str) -> Option<String> {
-        self.coord.inner.node.state.read().state.nodes.get(node).map(|n| n.spec.address.clone())
     }
 }
 
@@ -417,36 +412,10 @@ impl Corral for Api {
             let _ = tokio::time::timeout(WATCH_REFRESH, applied.changed()).await;
             job = self.job(req.job_id)?;
         }
-        let Some(allocation) = job.allocation else {
-            return Ok(Response::new(Box::pin(tokio_stream::empty())));
-        };
-        // The part's node: the rank is its index in the allocation.
-        let node = allocation.parts().nth(req.rank as usize).map(|(n, _)| n.to_string()).ok_or_else(|| {
-            Status::invalid_argument(format!("job {} has no rank {} in its current run", job.id, req.rank))
-        })?;
-        let address = self
-            .node_address(&node)
-            .ok_or_else(|| Status::not_found(format!("node {node} of job {} is not registered", job.id)))?;
-        let unreachable = |e: &dyn std::fmt::Display| {
-            Status::unavailable(format!(
-                "logs of job {} are on node {node} at {address}, which is unreachable: {e}",
-                job.id
-            ))
-        };
-        let client_tls = self.coord.security().client_tls.clone();
-        let scheme = if client_tls.is_some() { "https" } else { "http" };
-        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{address}"))
-            .map_err(|e| unreachable(&e))?
-            .connect_timeout(Duration::from_secs(5));
-        if let Some(tls) = client_tls {
-            endpoint = endpoint.tls_config(tls).map_err(|e| unreachable(&e))?;
+        match self.coord.open_worker_logs(&job, req).await? {
+            Some(upstream) => Ok(Response::new(Box::pin(upstream))),
+            None => Ok(Response::new(Box::pin(tokio_stream::empty()))),
         }
-        let channel = endpoint.connect().await.map_err(|e| unreachable(&e))?;
-        let mut client = WorkerAgentClient::new(channel)
-            .max_decoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
-            .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES);
-        let upstream = client.read_logs(req).await.map_err(|e| unreachable(&e.message()))?.into_inner();
-        Ok(Response::new(Box::pin(upstream)))
     }
 
     async fn list_segments(

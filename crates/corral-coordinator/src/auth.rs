@@ -170,13 +170,26 @@ impl Coordinator {
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty());
-        let Some(token) = token else {
-            return Err(self.deny(
-                request,
-                action,
+            .and_then(|v| v.strip_prefix("Bearer "));
+        self.principal_of_token(token, action, &describe_peer(request))
+    }
+
+    /// Whom a bearer token acts for (`None`: no token given), with auth on; `peer` describes the
+    /// caller in audit lines. Every refusal is audited. An unknown token on a follower is
+    /// `NotLeader`: the follower may not have applied a token the leader just issued.
+    pub(crate) fn principal_of_token(
+        &self,
+        token: Option<&str>,
+        action: &str,
+        peer: &str,
+    ) -> Result<Principal, Status> {
+        let security = self.security();
+        let deny = |principal: &str, status: Status| {
+            security.audit.record(AuditEvent::denied(action, peer.to_string(), principal, status.message()));
+            status
+        };
+        let Some(token) = token.map(str::trim).filter(|t| !t.is_empty()) else {
+            return Err(deny(
                 "-",
                 Status::unauthenticated("authentication required: pass --token or set CORRAL_TOKEN"),
             ));
@@ -192,12 +205,7 @@ impl Coordinator {
             if !self.is_leader() {
                 return Err(self.not_leader().into());
             }
-            return Err(self.deny(
-                request,
-                action,
-                "-",
-                Status::unauthenticated("invalid token: not issued by this cluster"),
-            ));
+            return Err(deny("-", Status::unauthenticated("invalid token: not issued by this cluster")));
         };
         let who = if record.admin {
             format!("admin token {}", record.id)
@@ -205,20 +213,10 @@ impl Coordinator {
             format!("tenant {} (token {})", record.tenant, record.id)
         };
         if record.revoked {
-            return Err(self.deny(
-                request,
-                action,
-                &who,
-                Status::unauthenticated(format!("token {} was revoked", record.id)),
-            ));
+            return Err(deny(&who, Status::unauthenticated(format!("token {} was revoked", record.id))));
         }
         if record.expires_at_ms.is_some_and(|at| at <= now_ms()) {
-            return Err(self.deny(
-                request,
-                action,
-                &who,
-                Status::unauthenticated(format!("token {} expired", record.id)),
-            ));
+            return Err(deny(&who, Status::unauthenticated(format!("token {} expired", record.id))));
         }
         Ok(if record.admin {
             Principal::Admin { name: format!("token {}", record.id) }

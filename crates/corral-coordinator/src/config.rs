@@ -25,7 +25,8 @@ pub struct CoordinatorFile {
     pub advertise: Option<String>,
     /// Holds the Raft log, state machine and snapshots.
     pub data_dir: PathBuf,
-    /// Address to serve Prometheus metrics on (`GET /metrics`); absent: no metrics listener.
+    /// Address to serve Prometheus metrics on (`GET /metrics`) and the web view (every other
+    /// path); absent: no such listener.
     pub metrics_addr: Option<String>,
     #[serde(default)]
     pub raft: RaftSection,

@@ -19,11 +19,15 @@ mod join;
 mod leader_writes;
 mod listing;
 mod liveness;
+mod log_proxy;
 mod metrics;
 pub mod policy;
 mod scheduler;
+#[cfg(test)]
+mod testing;
 mod tso;
 mod watch;
+mod web;
 
 pub use auth::{token_sha256, SecurityConfig};
 pub use compaction::HistoryConfig;
@@ -33,6 +37,7 @@ pub use config::{
 pub use error::CoordError;
 pub use group_commit::{DEFAULT_MAX_QUEUED_SUBMITS, GROUP_COMMIT_DELAY_FAILPOINT};
 pub use tso::{CLOCK_SKEW_FAILPOINT, MAX_COUNT as MAX_TIMESTAMPS_PER_CALL};
+pub use web::{WebRequest, WebResponse};
 
 use tso::{Allocation, Tso};
 
@@ -103,6 +108,8 @@ struct Inner {
     node: RaftNode,
     /// Why each pending job waits, from the leader's last scheduling pass.
     pending_reasons: std::sync::Mutex<std::collections::BTreeMap<u64, String>>,
+    /// The pending jobs of the leader's last scheduling pass, in the order it considered them.
+    pending_order: std::sync::Mutex<Vec<u64>>,
     /// Set once by `serve`: batches concurrent submits into one Raft entry.
     submits: std::sync::OnceLock<group_commit::GroupCommit>,
     /// Admission control of `SubmitBatch`: at most this many batch entries in the Raft pipeline
@@ -124,6 +131,7 @@ impl Coordinator {
             inner: Arc::new(Inner {
                 node,
                 pending_reasons: std::sync::Mutex::default(),
+                pending_order: std::sync::Mutex::default(),
                 submits: std::sync::OnceLock::new(),
                 batch_slots: tokio::sync::Semaphore::new(BATCHES_IN_FLIGHT),
                 submit_queue: group_commit::SubmitQueue::new(config.max_queued_submits),

@@ -268,18 +268,15 @@ impl Coordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use corral_core::{schedule, ClusterConfig, Command, Request};
-    use corral_types::{GpuDevice, GpuHealth, JobSpec, NodeSpec, Timestamp};
+    use crate::testing::{apply, dev_state_with_node};
+    use corral_core::{schedule, Command};
+    use corral_types::{GpuHealth, JobSpec, Timestamp};
     use std::time::Instant;
 
     fn encode(registry: &Registry) -> String {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, registry).expect("encode");
         text
-    }
-
-    fn apply(state: &mut State, ms: u64, command: Command) {
-        state.apply(&Request { ts: Timestamp::compose(ms, 0), command }).expect("applied");
     }
 
     fn spec(tenant: &str, gpus: u32) -> JobSpec {
@@ -307,25 +304,7 @@ mod tests {
     /// A dev-config state with node `n1` (two GPUs) and job 1 (team-a, 1 GPU) placed on it at
     /// 2.5 s, then job 2 (team-b, 2 GPUs) submitted at 3 s.
     fn one_running_one_pending() -> State {
-        let mut state = State::default();
-        apply(&mut state, 1_000, Command::Configure(ClusterConfig::dev_defaults()));
-        let gpu = |index| GpuDevice {
-            index,
-            uuid: format!("GPU-{index}"),
-            model: "RTX 5090".into(),
-            memory_mib: 32768,
-            ..Default::default()
-        };
-        let node = NodeSpec {
-            name: "n1".into(),
-            address: "127.0.0.1:1".into(),
-            gpus: vec![gpu(0), gpu(1)],
-            cpu_millis: 8000,
-            memory_bytes: 1 << 34,
-            labels: Vec::new(),
-            rendezvous_ports: None,
-        };
-        apply(&mut state, 1_000, Command::RegisterNode { spec: node });
+        let mut state = dev_state_with_node();
         apply(&mut state, 2_000, Command::SubmitJob { request_id: "a".into(), spec: spec("team-a", 1) });
         let pass = schedule(&state, Timestamp::compose(2_500, 0), &BTreeSet::new());
         apply(&mut state, 2_500, pass.command().expect("a placement"));

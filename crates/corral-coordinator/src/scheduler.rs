@@ -104,6 +104,9 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> Duration {
     {
         let mut reasons = coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
         *reasons = pass.pending.iter().map(|p| (p.job_id, p.reason.to_string())).collect();
+        // And their order, for the web view's queue page.
+        *coord.inner.pending_order.lock().unwrap_or_else(|p| p.into_inner()) =
+            pass.pending.iter().map(|p| p.job_id).collect();
     }
     let metrics = &coord.inner.scheduler_metrics;
     let Some(command) = pass.command() else {

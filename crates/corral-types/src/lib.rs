@@ -23,4 +23,4 @@ pub use parse::{
     describe_config_error, format_duration, format_size, parse_duration, parse_size, ConfigDuration, ConfigSize,
     ParseError,
 };
-pub use timestamp::Timestamp;
+pub use timestamp::{format_utc, Timestamp};

@@ -26,4 +26,5 @@ mod security;
 mod slurm;
 mod tso;
 mod watch;
+mod web;
 mod worker;

@@ -1,0 +1,60 @@
+//! The coordinator's proxy to worker agents' log streams: `ReadLogs` of the user API and the
+//! web view's log tail both open a job part's output through [`open_worker_logs`].
+
+use crate::Coordinator;
+use corral_proto::v1::worker_agent_client::WorkerAgentClient;
+use corral_proto::v1::{self as pb};
+use corral_types::Job;
+use std::time::Duration;
+use tonic::Status;
+
+/// How long connecting to a worker agent may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Coordinator {
+    /// Opens the output of part `req.rank` of `job` on the worker agent of that part's node.
+    /// `Ok(None)`: the job holds no allocation (never placed, or between runs), so no worker has
+    /// its output. A node that is no longer registered is `NotFound`; an agent that cannot be
+    /// reached is `Unavailable`, naming the node and its address.
+    pub(crate) async fn open_worker_logs(
+        &self,
+        job: &Job,
+        req: pb::ReadLogsRequest,
+    ) -> Result<Option<tonic::Streaming<pb::LogChunk>>, Status> {
+        let Some(allocation) = &job.allocation else { return Ok(None) };
+        // The part's node: the rank is its index in the allocation.
+        let node = allocation.parts().nth(req.rank as usize).map(|(n, _)| n.to_string()).ok_or_else(|| {
+            Status::invalid_argument(format!("job {} has no rank {} in its current run", job.id, req.rank))
+        })?;
+        let address = self
+            .inner
+            .node
+            .state
+            .read()
+            .state
+            .nodes
+            .get(&node)
+            .map(|n| n.spec.address.clone())
+            .ok_or_else(|| Status::not_found(format!("node {node} of job {} is not registered", job.id)))?;
+        let unreachable = |e: &dyn std::fmt::Display| {
+            Status::unavailable(format!(
+                "logs of job {} are on node {node} at {address}, which is unreachable: {e}",
+                job.id
+            ))
+        };
+        let client_tls = self.security().client_tls.clone();
+        let scheme = if client_tls.is_some() { "https" } else { "http" };
+        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(|e| unreachable(&e))?
+            .connect_timeout(CONNECT_TIMEOUT);
+        if let Some(tls) = client_tls {
+            endpoint = endpoint.tls_config(tls).map_err(|e| unreachable(&e))?;
+        }
+        let channel = endpoint.connect().await.map_err(|e| unreachable(&e))?;
+        let mut client = WorkerAgentClient::new(channel)
+            .max_decoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
+            .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES);
+        let upstream = client.read_logs(req).await.map_err(|e| unreachable(&e.message()))?.into_inner();
+        Ok(Some(upstream))
+    }
+}

@@ -1,0 +1,429 @@
+//! The web view: read-only HTML pages of the pool (`/`), the queue (`/queue`), one job
+//! (`/jobs/ID`, with the tail of its output) and the tenants (`/tenants`), served on the
+//! listener that serves `/metrics` (the binary hands every other path to [`Coordinator::web`]).
+//!
+//! Auth is the user API's: with TLS or `auth.require-tokens` every page needs a token, given as
+//! `Authorization: Bearer T` or, for browsers, the HttpOnly cookie the form at `/login` sets;
+//! without either (`corral dev`) the pages are open and everyone is admin. A tenant sees its
+//! own jobs only (see `pages.rs`).
+//!
+//! On a follower the pages show its replicated state (which may lag the leader by a little);
+//! GPU readings and why jobs wait live in the leader's memory, so a follower says so and names
+//! the leader rather than asking it (the leader's API refuses a coordinator's certificate).
+//!
+//! Boundary: this module only reads; it never proposes anything.
+
+mod html;
+mod pages;
+
+use crate::auth::Principal;
+use crate::Coordinator;
+use corral_proto::v1 as pb;
+use corral_types::{Job, JobState};
+use html::{escape, Frame};
+use pages::{LeaderMemory, LogTail};
+use std::time::Duration;
+use tokio_stream::StreamExt;
+
+/// One HTTP request to the web view, as the listener saw it.
+#[derive(Debug, Clone, Default)]
+pub struct WebRequest {
+    /// `GET`, `POST`, ...
+    pub method: String,
+    /// The path, without the query.
+    pub path: String,
+    /// The `Authorization` header.
+    pub authorization: Option<String>,
+    /// The `Cookie` header.
+    pub cookie: Option<String>,
+    /// The body (a form of `POST /login`).
+    pub body: Vec<u8>,
+    /// Who sent it (the peer address), for the audit log.
+    pub peer: String,
+    /// Served over TLS: the login cookie is marked `Secure`.
+    pub secure: bool,
+}
+
+/// The answer: status, headers and an HTML body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebResponse {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: String,
+}
+
+/// The cookie that carries a browser's token.
+const COOKIE: &str = "corral_token";
+/// The pool and queue pages reload themselves this often.
+const REFRESH_SECS: u32 = 5;
+/// How much of a job's output its page shows (the end of it).
+const LOG_TAIL_BYTES: usize = 64 * 1024;
+/// The longest a job page waits for its worker's log stream.
+const LOG_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// No script, no external asset: inline style and same-origin forms only.
+const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'";
+
+/// The pages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Route {
+    Pool,
+    Queue,
+    Tenants,
+    Job(JobRef),
+}
+
+/// `/jobs/12` or `/jobs/12_7` (task 7 of array 12).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct JobRef {
+    id: u64,
+    task: Option<u32>,
+}
+
+/// The page of a path, or the error response for it.
+fn route(path: &str) -> Result<Route, WebResponse> {
+    match path {
+        "/" => return Ok(Route::Pool),
+        "/queue" => return Ok(Route::Queue),
+        "/tenants" | "/usage" => return Ok(Route::Tenants),
+        _ => {}
+    }
+    let Some(id) = path.strip_prefix("/jobs/").filter(|id| !id.is_empty() && !id.contains('/')) else {
+        return Err(error_page(
+            404,
+            "Not found",
+            &format!("there is no page {path}: see the pool, queue or tenants pages"),
+        ));
+    };
+    let bad = || {
+        error_page(
+            400,
+            "Bad job id",
+            &format!("'{id}' is not a job id: use the number corral submit printed, e.g. /jobs/12 (or /jobs/12_7 for an array task)"),
+        )
+    };
+    let (job, task) = match id.split_once('_') {
+        Some((job, task)) => (job, Some(task.parse::<u32>().map_err(|_| bad())?)),
+        None => (id, None),
+    };
+    let id = job.parse::<u64>().map_err(|_| bad())?;
+    Ok(Route::Job(JobRef { id, task }))
+}
+
+fn response(status: u16, body: String) -> WebResponse {
+    WebResponse {
+        status,
+        headers: vec![
+            ("content-type", "text/html; charset=utf-8".into()),
+            ("cache-control", "no-store".into()),
+            ("content-security-policy", CSP.into()),
+            ("x-content-type-options", "nosniff".into()),
+            ("referrer-policy", "no-referrer".into()),
+        ],
+        body,
+    }
+}
+
+/// A page that says what went wrong, in one sentence.
+fn error_page(status: u16, title: &str, message: &str) -> WebResponse {
+    let frame = Frame { title, who: None, banner: None, refresh_secs: None };
+    let body = format!("<h1>{}</h1><p class=\"error\" id=\"error\">{}</p>", escape(title), escape(message));
+    response(status, html::page(&frame, &body))
+}
+
+/// The login form, with an error above it when a token was refused.
+fn login_page(status: u16, error: Option<&str>) -> WebResponse {
+    let frame = Frame { title: "Log in", who: None, banner: None, refresh_secs: None };
+    let mut body = String::from("<h1>Log in</h1>");
+    if let Some(error) = error {
+        body.push_str(&format!("<p class=\"error\" id=\"error\">{}</p>", escape(error)));
+    }
+    body.push_str(
+        "<p>This pool asks for a token, as the corral CLI does (<code>corral token create</code> makes one).</p>\
+         <form method=\"post\" action=\"/login\"><label>Token <input type=\"password\" name=\"token\" \
+         autocomplete=\"off\" size=\"70\"></label> <button>Log in</button></form>",
+    );
+    response(status, html::page(&frame, &body))
+}
+
+/// A redirect after a form (303: the browser follows with a GET).
+fn see_other(location: &str, cookie: String) -> WebResponse {
+    let mut r = response(303, String::new());
+    r.headers.push(("location", location.into()));
+    r.headers.push(("set-cookie", cookie));
+    r
+}
+
+/// The value of cookie `name` in a `Cookie` header.
+fn cookie_value<'a>(header: &'a str, name: &str) -> Option<&'a str> {
+    header.split(';').filter_map(|pair| pair.trim().split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| v)
+}
+
+/// The value of `key` in an `application/x-www-form-urlencoded` body.
+fn form_value(body: &[u8], key: &str) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    let raw = text.split('&').filter_map(|pair| pair.split_once('=')).find(|(k, _)| *k == key)?.1;
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+impl Coordinator {
+    /// Answers one request to the web view (any path but `/metrics`).
+    pub async fn web(&self, request: WebRequest) -> WebResponse {
+        let read = matches!(request.method.as_str(), "GET" | "HEAD");
+        match (request.method.as_str(), request.path.as_str()) {
+            (_, "/login") if read => {
+                if self.security().auth_enabled() {
+                    return login_page(200, None);
+                }
+                return error_page(200, "No login needed", "this pool has no tokens: every page is open");
+            }
+            ("POST", "/login") => return self.web_login(&request),
+            ("POST", "/logout") => {
+                let cookie = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
+                return see_other("/login", cookie);
+            }
+            _ if !read => {
+                let mut r = error_page(405, "Method not allowed", "these pages are read-only: use GET");
+                r.headers.push(("allow", "GET, HEAD".into()));
+                return r;
+            }
+            _ => {}
+        }
+        let route = match route(&request.path) {
+            Ok(route) => route,
+            Err(response) => return response,
+        };
+        let viewer = match self.web_viewer(&request) {
+            Ok(viewer) => viewer,
+            Err(response) => return response,
+        };
+        let who = self.security().auth_enabled().then(|| match &viewer {
+            Principal::Admin { .. } => "admin".to_string(),
+            Principal::Tenant { tenant, .. } => format!("tenant {tenant}"),
+        });
+        let banner = self.follower_banner();
+        let leads = banner.is_none();
+        let live = if leads { self.inner.liveness.snapshot() } else { Default::default() };
+        let reasons = if leads {
+            self.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        } else {
+            Default::default()
+        };
+        let order =
+            if leads { self.inner.pending_order.lock().unwrap_or_else(|p| p.into_inner()).clone() } else { Vec::new() };
+        let memory = LeaderMemory { pending_reasons: &reasons, pending_order: &order, live: &live };
+        let leader = leads.then_some(&memory);
+        let now_ms = now_ms();
+        let frame = |title, refresh_secs| Frame { title, who: who.as_deref(), banner: banner.as_deref(), refresh_secs };
+        let (title, body) = match route {
+            Route::Pool => {
+                let data = self.inner.node.state.read();
+                ("Pool", pages::pool(&data.state, leader, &viewer))
+            }
+            Route::Queue => {
+                let data = self.inner.node.state.read();
+                ("Queue", pages::queue(&data.state, leader, &viewer, now_ms))
+            }
+            Route::Tenants => {
+                let data = self.inner.node.state.read();
+                ("Tenants", pages::tenants(&data.state, &viewer))
+            }
+            Route::Job(job_ref) => {
+                let job = match self.web_job(job_ref) {
+                    Ok(job) => job,
+                    Err(response) => return response,
+                };
+                if !viewer.may_access(&job.spec.tenant) {
+                    let message = format!(
+                        "permission denied: tenant {} cannot see job {} (owned by another tenant)",
+                        viewer.tenant().unwrap_or_default(),
+                        job.id
+                    );
+                    self.security().audit.record(corral_security::AuditEvent::denied(
+                        "web view",
+                        format!("web {}", request.peer),
+                        viewer.describe(),
+                        message.as_str(),
+                    ));
+                    return error_page(403, "Permission denied", &message);
+                }
+                let log = self.log_tail(&job).await;
+                let refresh = (!job.state.is_terminal()).then_some(REFRESH_SECS);
+                let title = format!("Job {}", job.display_id());
+                let body = pages::job(&job, leader, &log, now_ms);
+                return response(200, html::page(&frame(&title, refresh), &body));
+            }
+        };
+        response(200, html::page(&frame(title, Some(REFRESH_SECS)), &body))
+    }
+
+    /// Whom a page request acts for, or the answer that refuses it (a login form for browsers).
+    fn web_viewer(&self, request: &WebRequest) -> Result<Principal, WebResponse> {
+        if !self.security().auth_enabled() {
+            return Ok(Principal::Admin { name: "auth disabled".into() });
+        }
+        let bearer = request.authorization.as_deref().and_then(|v| v.strip_prefix("Bearer "));
+        let token = bearer.or_else(|| request.cookie.as_deref().and_then(|c| cookie_value(c, COOKIE)));
+        match self.principal_of_token(token, "web view", &format!("web {}", request.peer)) {
+            Ok(principal) => Ok(principal),
+            // The refusal is audited; a browser that never logged in just gets the form.
+            Err(_) if token.is_none() => Err(login_page(401, None)),
+            Err(status) => Err(login_page(401, Some(status.message()))),
+        }
+    }
+
+    /// `POST /login`: checks the form's token and keeps it in an HttpOnly cookie.
+    fn web_login(&self, request: &WebRequest) -> WebResponse {
+        if !self.security().auth_enabled() {
+            return see_other("/", format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"));
+        }
+        let Some(token) = form_value(&request.body, "token").map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
+        else {
+            return login_page(400, Some("enter a token"));
+        };
+        if !token.bytes().all(|b| b.is_ascii_graphic() && b != b';' && b != b',') {
+            return login_page(400, Some("a token is one word of printable characters"));
+        }
+        match self.principal_of_token(Some(&token), "web login", &format!("web {}", request.peer)) {
+            Ok(_) => {
+                let secure = if request.secure { "; Secure" } else { "" };
+                see_other("/", format!("{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict{secure}"))
+            }
+            Err(status) => login_page(401, Some(status.message())),
+        }
+    }
+
+    /// The job a page names (from the hot state or the history), or its error page.
+    fn web_job(&self, job_ref: JobRef) -> Result<Job, WebResponse> {
+        let not_found = |what: String| error_page(404, "Job not found", &what);
+        let store = &self.inner.node.state;
+        let job = match job_ref.task {
+            None => self.find_job(job_ref.id),
+            Some(index) => {
+                let hot = store.read().state.array_task(job_ref.id, index);
+                match hot {
+                    Some(id) => self.find_job(id),
+                    None => store.archived_task(job_ref.id, index),
+                }
+                .ok_or_else(|| {
+                    not_found(format!(
+                        "there is no task {}_{index}: array {} has not created it (or is not an array)",
+                        job_ref.id, job_ref.id
+                    ))
+                })
+                .map(Some)?
+            }
+        };
+        job.ok_or_else(|| not_found(format!("there is no job {} in this pool", job_ref.id)))
+    }
+
+    /// The last part of the output of `job`'s first part, through the worker agent that has it.
+    async fn log_tail(&self, job: &Job) -> LogTail {
+        let request = pb::ReadLogsRequest { job_id: job.id, follow: false, rank: 0 };
+        let mut stream = match self.open_worker_logs(job, request).await {
+            Ok(Some(stream)) => stream,
+            Ok(None) if job.state == JobState::Pending => {
+                return LogTail::Unavailable("The job has not run yet: no output.".into())
+            }
+            Ok(None) => return LogTail::Unavailable("The job never ran on a node: no output.".into()),
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                return LogTail::Unavailable(format!(
+                    "{}: the node is gone, and the job's output with it.",
+                    status.message()
+                ))
+            }
+            Err(status) => return LogTail::Unavailable(status.message().to_string()),
+        };
+        let mut tail: Vec<u8> = Vec::new();
+        let mut truncated = false;
+        let read = async {
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                tail.extend_from_slice(&chunk.data);
+                if tail.len() > 2 * LOG_TAIL_BYTES {
+                    tail.drain(..tail.len() - LOG_TAIL_BYTES);
+                    truncated = true;
+                }
+            }
+            Ok::<(), tonic::Status>(())
+        };
+        let outcome = tokio::time::timeout(LOG_READ_TIMEOUT, read).await;
+        if let Ok(Err(status)) = outcome {
+            return LogTail::Unavailable(format!("cannot read the output of job {}: {}", job.id, status.message()));
+        }
+        if tail.len() > LOG_TAIL_BYTES {
+            tail.drain(..tail.len() - LOG_TAIL_BYTES);
+            truncated = true;
+        }
+        LogTail::Text { text: String::from_utf8_lossy(&tail).into_owned(), truncated }
+    }
+
+    /// On a follower: what its pages cannot show, and where the leader is.
+    fn follower_banner(&self) -> Option<String> {
+        if self.is_leader() {
+            return None;
+        }
+        let status = self.inner.node.status();
+        let leader = match (status.leader, status.leader_addr) {
+            (Some(id), Some(addr)) => format!("the leader is coordinator {id} at {addr}"),
+            (Some(id), None) => format!("the leader is coordinator {id}"),
+            _ => "no leader is known right now".to_string(),
+        };
+        Some(format!(
+            "This coordinator ({}) is a follower: these pages show its copy of the replicated state, which may \
+             lag the leader by a little. GPU readings and why jobs wait are kept by the leader only: open the web \
+             view on the leader's metrics-addr ({leader}).",
+            status.id
+        ))
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_map_to_pages_or_readable_errors() {
+        assert_eq!(route("/"), Ok(Route::Pool));
+        assert_eq!(route("/queue"), Ok(Route::Queue));
+        assert_eq!(route("/usage"), Ok(Route::Tenants));
+        assert_eq!(route("/jobs/12"), Ok(Route::Job(JobRef { id: 12, task: None })));
+        assert_eq!(route("/jobs/12_7"), Ok(Route::Job(JobRef { id: 12, task: Some(7) })));
+        for (path, status) in
+            [("/nope", 404), ("/jobs/", 404), ("/jobs/1/x", 404), ("/jobs/abc", 400), ("/jobs/1_x", 400)]
+        {
+            let answer = route(path).expect_err(path);
+            assert_eq!(answer.status, status, "{path}");
+            assert!(answer.body.contains("id=\"error\""), "{path}: {}", answer.body);
+        }
+        let answer = route("/jobs/<script>").expect_err("bad id");
+        assert!(answer.body.contains("&lt;script&gt;") && !answer.body.contains("<script>"), "{}", answer.body);
+    }
+
+    #[test]
+    fn tokens_come_from_cookies_and_forms() {
+        assert_eq!(cookie_value("a=1; corral_token=crl_x; b=2", COOKIE), Some("crl_x"));
+        assert_eq!(cookie_value("a=1", COOKIE), None);
+        assert_eq!(form_value(b"token=crl_ab%2Bc+d&x=1", "token").as_deref(), Some("crl_ab+c d"));
+        assert_eq!(form_value(b"token=%zz", "token"), None);
+        assert_eq!(form_value(b"other=1", "token"), None);
+    }
+}
