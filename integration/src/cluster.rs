@@ -262,7 +262,18 @@ impl Cluster {
 
     /// `cluster status` of node `index`, if it answers.
     pub fn status(&self, index: usize) -> Option<Value> {
-        let out = self.corral_at(index, &["--output", "json", "cluster", "status"]);
+        self.status_of(index, &[])
+    }
+
+    /// `cluster status` of node `index` with the digest of its state machine.
+    pub fn status_with_digest(&self, index: usize) -> Option<Value> {
+        self.status_of(index, &["--digest"])
+    }
+
+    fn status_of(&self, index: usize, extra: &[&str]) -> Option<Value> {
+        let mut args = vec!["--output", "json", "cluster", "status"];
+        args.extend(extra);
+        let out = self.corral_at(index, &args);
         out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
     }
 
@@ -299,8 +310,10 @@ impl Cluster {
     pub fn wait_converged(&self) -> String {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let statuses: Vec<Value> =
-                (0..self.nodes.len()).filter(|i| self.nodes[*i].is_running()).filter_map(|i| self.status(i)).collect();
+            let statuses: Vec<Value> = (0..self.nodes.len())
+                .filter(|i| self.nodes[*i].is_running())
+                .filter_map(|i| self.status_with_digest(i))
+                .collect();
             let running = self.nodes.iter().filter(|n| n.is_running()).count();
             if statuses.len() == running {
                 let applied: Vec<&Value> = statuses.iter().map(|s| &s["applied_index"]).collect();

@@ -296,13 +296,18 @@ class Client:
 
     def jobs(self, all=False, tenant=None, states=None):
         """Jobs, oldest first: unfinished ones, or every job with all=True; optionally of one
-        tenant and in the given states ('pending', 'running', ...)."""
-        wanted = {pb.JobState.Name(_state_enum(s))[len("JOB_STATE_"):].lower() for s in states or ()}
-        request = pb.ListJobsRequest(all=bool(all or (wanted and not wanted <= {"pending", "running"})))
+        tenant and in the given states ('pending', 'running', ...), filtered by the server.
+        Follows the listing's pages to the end."""
+        request = pb.ListJobsRequest(all=bool(all), states=[_state_enum(s) for s in states or ()])
         if tenant is not None:
             request.tenant = tenant
-        jobs = [job_from_pb(j, pb) for j in self._unary("ListJobs", request).jobs]
-        return [j for j in jobs if not wanted or j.state in wanted]
+        jobs = []
+        while True:
+            reply = self._unary("ListJobs", request)
+            jobs.extend(job_from_pb(j, pb) for j in reply.jobs)
+            if not reply.next_page_token:
+                return jobs
+            request.page_token = reply.next_page_token
 
     def cancel(self, job):
         """Cancels a job; returns it (a running job ends once its worker stopped it)."""
@@ -367,7 +372,7 @@ class Client:
 
     def billing(self, tenant=None, since=None, until=None, job=None):
         """Billing segments (one per priced run), oldest first; since/until: datetimes or TSO
-        timestamps."""
+        timestamps. Follows the listing's pages to the end."""
         request = pb.ListSegmentsRequest()
         if tenant is not None:
             request.tenant = tenant
@@ -377,7 +382,13 @@ class Client:
                 setattr(request, name, ts)
         if job is not None:
             request.job_id = _job_id(job)
-        return [segment_from_pb(s) for s in self._unary("ListSegments", request).segments]
+        segments = []
+        while True:
+            reply = self._unary("ListSegments", request)
+            segments.extend(segment_from_pb(s) for s in reply.segments)
+            if not reply.next_page_token:
+                return segments
+            request.page_token = reply.next_page_token
 
 
 class Watch:

@@ -222,6 +222,9 @@ pub struct BillingArgs {
     /// Report format (--output json also selects json).
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     pub format: ReportFormat,
+    /// With --limit N: a report of the first N segments (oldest first) only.
+    #[command(flatten)]
+    pub page: PageArgs,
 }
 
 #[derive(Debug, Args)]
@@ -229,9 +232,15 @@ pub struct HistoryArgs {
     /// Only this tenant.
     #[arg(long)]
     pub tenant: Option<String>,
-    /// Only jobs submitted after this: a date or an age (see `billing report --since`).
+    /// Only jobs submitted at or after this: a date, an age or a TSO timestamp (see `jobs
+    /// --since`).
     #[arg(long)]
     pub since: Option<String>,
+    /// Only jobs submitted before this (same forms as --since).
+    #[arg(long)]
+    pub until: Option<String>,
+    #[command(flatten)]
+    pub page: PageArgs,
 }
 
 #[derive(Debug, Args)]
@@ -325,7 +334,12 @@ pub enum ClusterCommand {
         node_id: u64,
     },
     /// Members, leader, term, commit and applied index as the coordinator at --endpoint sees them.
-    Status,
+    Status {
+        /// Also print the digest of its state machine (equal on coordinators that applied the
+        /// same log prefix; costly on a large state: it encodes all of it).
+        #[arg(long)]
+        digest: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -565,6 +579,35 @@ pub struct JobsArgs {
     /// Only jobs of this tenant.
     #[arg(long)]
     pub tenant: Option<String>,
+    /// Only jobs in these states, comma-separated: pending, running, succeeded, failed,
+    /// cancelled, preempted (finished states need no --all).
+    #[arg(long, value_delimiter = ',', value_parser = parse_job_state, value_name = "STATE")]
+    pub state: Vec<corral_types::JobState>,
+    /// Only jobs with exactly this name; end it with `*` for the jobs whose name starts with
+    /// the rest (`--name 'train-*'`).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Only jobs submitted at or after this: a date (2026-12-01, 2026-12-01T08:00:00Z), an age
+    /// (24h, 7d) or a TSO timestamp (as `corral ts` prints).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only jobs submitted before this (same forms as --since).
+    #[arg(long)]
+    pub until: Option<String>,
+    #[command(flatten)]
+    pub page: PageArgs,
+}
+
+/// Paging of a listing.
+#[derive(Debug, Args)]
+pub struct PageArgs {
+    /// Print at most N, in id order, and say on stderr (with --output json: in
+    /// "next_page_token") how to get the rest. Without it every page is printed.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: Option<u32>,
+    /// Start where an earlier listing with --limit stopped: the token it gave.
+    #[arg(long, value_name = "TOKEN")]
+    pub page_token: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -580,6 +623,12 @@ pub struct LogsArgs {
     /// Print the output of every part of a gang, each line prefixed with `[rank N] `.
     #[arg(long)]
     pub all_ranks: bool,
+}
+
+pub fn parse_job_state(s: &str) -> Result<corral_types::JobState, String> {
+    corral_types::JobState::parse(s.trim()).ok_or_else(|| {
+        format!("unknown job state '{s}': expected pending, running, succeeded, failed, cancelled or preempted")
+    })
 }
 
 pub fn parse_size(s: &str) -> Result<u64, String> {

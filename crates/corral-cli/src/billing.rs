@@ -1,9 +1,12 @@
-//! `corral billing report` and `corral history`: the billing ledger for people and scripts.
+//! `corral billing report` and `corral history`: the billing ledger for people and scripts,
+//! read page by page.
 
-use crate::args::{BillingArgs, GlobalArgs, HistoryArgs, OutputFormat, ReportFormat};
+use crate::args::{BillingArgs, GlobalArgs, HistoryArgs, OutputFormat, PageArgs, ReportFormat};
 use crate::commands::client;
-use crate::output::{self, format_utc};
+use crate::output::{self, format_utc, StreamTable};
+use crate::paging;
 use anyhow::bail;
+use corral_client::{JobQuery, SegmentQuery};
 use corral_types::{format_duration, parse_duration, Timestamp};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -24,16 +27,24 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// Parses `2026-12-01`, `2026-12-01T08:00[:00][Z]` (UTC) or an age such as `24h` (that long ago).
+/// Bare numbers at least this large are TSO timestamps (smaller ones are ages in minutes);
+/// every TSO timestamp since 1970-01-01T00:00:04Z is.
+const MIN_BARE_TSO: u64 = 1_000_000_000;
+
+/// Parses `2026-12-01`, `2026-12-01T08:00[:00][Z]` (UTC), an age such as `24h` (that long ago)
+/// or a TSO timestamp (as `corral ts` prints).
 pub fn parse_time(input: &str) -> anyhow::Result<Timestamp> {
     let s = input.trim();
+    if let Some(tso) = s.parse::<u64>().ok().filter(|n| *n >= MIN_BARE_TSO) {
+        return Ok(Timestamp(tso));
+    }
     if let Ok(age) = parse_duration(s) {
         let now = SystemTime::now().duration_since(UNIX_EPOCH)?.saturating_sub(age);
         return Ok(Timestamp::compose(now.as_millis() as u64, 0));
     }
     let invalid = || {
         anyhow::anyhow!(
-            "invalid time '{input}': expected a date such as 2026-12-01 or 2026-12-01T08:00:00Z, or an age such as 24h"
+            "invalid time '{input}': expected a date such as 2026-12-01 or 2026-12-01T08:00:00Z, an age such as 24h, or a TSO timestamp"
         )
     };
     let s = s.trim_end_matches('Z');
@@ -51,6 +62,18 @@ pub fn parse_time(input: &str) -> anyhow::Result<Timestamp> {
     Ok(Timestamp::compose(secs as u64 * 1000, 0))
 }
 
+/// `--since` and `--until`, parsed and checked.
+pub fn time_range(since: Option<&str>, until: Option<&str>) -> anyhow::Result<(Option<Timestamp>, Option<Timestamp>)> {
+    let since = since.map(parse_time).transpose()?;
+    let until = until.map(parse_time).transpose()?;
+    if let (Some(s), Some(u)) = (since, until) {
+        if s >= u {
+            bail!("--since must be before --until");
+        }
+    }
+    Ok((since, until))
+}
+
 #[derive(Default)]
 struct Row {
     segments: u64,
@@ -59,14 +82,23 @@ struct Row {
 }
 
 pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<ExitCode> {
-    let since = args.since.as_deref().map(parse_time).transpose()?;
-    let until = args.until.as_deref().map(parse_time).transpose()?;
-    if let (Some(s), Some(u)) = (since, until) {
-        if s >= u {
-            bail!("--since must be before --until");
-        }
-    }
-    let segments = client(global)?.segments(args.tenant.clone(), args.job, since, until).await?;
+    let (since, until) = time_range(args.since.as_deref(), args.until.as_deref())?;
+    let query = SegmentQuery { tenant: args.tenant.clone(), job_ids: args.job.into_iter().collect(), since, until };
+    let client = client(global)?;
+    let mut segments = Vec::new();
+    let next = paging::follow(
+        args.page.page_token.clone(),
+        args.page.limit,
+        |token, limit| {
+            let (client, query) = (&client, &query);
+            async move { client.segments_page(query, &token, limit).await }
+        },
+        |page| {
+            segments.extend(page);
+            Ok(())
+        },
+    )
+    .await?;
     let mut rows: BTreeMap<(String, String), Row> = BTreeMap::new();
     for g in &segments {
         let row = rows.entry((g.tenant.clone(), g.priority_class.clone())).or_default();
@@ -94,6 +126,9 @@ pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<Ex
             let mut doc = doc;
             if args.job.is_some() {
                 doc["segments"] = segments.iter().map(segment_json).collect();
+            }
+            if args.page.limit.is_some() {
+                doc["next_page_token"] = json!(next);
             }
             println!("{}", serde_json::to_string_pretty(&doc)?);
         }
@@ -146,6 +181,9 @@ pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<Ex
             }
         }
     }
+    if let (Some(next), false) = (&next, format == ReportFormat::Json) {
+        paging::more_hint("segments", next);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -168,62 +206,112 @@ fn segment_json(g: &corral_types::Segment) -> serde_json::Value {
     })
 }
 
+const HISTORY_HEADER: &[&str] = &["JOB", "NAME", "TENANT", "GPUS", "START", "END", "ELAPSED", "STATE", "COST"];
+
 pub async fn history(global: &GlobalArgs, args: HistoryArgs) -> anyhow::Result<ExitCode> {
-    let since = args.since.as_deref().map(parse_time).transpose()?;
+    let (submitted_since, submitted_until) = time_range(args.since.as_deref(), args.until.as_deref())?;
+    let query =
+        JobQuery { all: true, tenant: args.tenant.clone(), submitted_since, submitted_until, ..Default::default() };
     let client = client(global)?;
-    let mut jobs = client.list_jobs(true, args.tenant.clone()).await?;
-    if let Some(since) = since {
-        jobs.retain(|j| j.submitted_at >= since);
-    }
-    let segments = client.segments(args.tenant, None, None, None).await?;
+    let fetch = |token: String, limit: u32| {
+        let (client, query) = (&client, &query);
+        async move { client.list_jobs_page(query, &token, limit).await }
+    };
+    let json = global.output == OutputFormat::Json;
+    let PageArgs { limit, page_token } = args.page;
     let mut cost: BTreeMap<u64, u64> = BTreeMap::new();
-    for g in &segments {
-        *cost.entry(g.job_id).or_default() += g.cost_micros;
-    }
-    if global.output == OutputFormat::Json {
-        let doc: Vec<_> = jobs
-            .iter()
-            .map(|j| {
-                json!({
-                    "id": j.id,
-                    "name": j.spec.name,
-                    "tenant": j.spec.tenant,
-                    "priority": j.spec.priority_class,
-                    "gpus": output::resources(j),
-                    "state": j.state.as_str(),
-                    "start": j.started_at.map(format_utc),
-                    "end": j.finished_at.map(format_utc),
-                    "elapsed_secs": output::elapsed(j).map(|d| d.as_secs_f64()),
-                    "cost": money(cost.get(&j.id).copied().unwrap_or(0)),
-                    "cost_micros": cost.get(&j.id).copied().unwrap_or(0),
-                    "attempts": j.attempts,
-                })
+    let add_costs = |cost: &mut BTreeMap<u64, u64>, segments: Vec<corral_types::Segment>| {
+        for g in segments {
+            *cost.entry(g.job_id).or_default() += g.cost_micros;
+        }
+    };
+    let (jobs, next) = match limit {
+        // One page: then the costs of its jobs only.
+        Some(_) => {
+            let mut jobs = Vec::new();
+            let next = paging::follow(page_token, limit, fetch, |page| {
+                jobs.extend(page);
+                Ok(())
             })
-            .collect();
+            .await?;
+            if !jobs.is_empty() {
+                let segments = SegmentQuery {
+                    tenant: args.tenant.clone(),
+                    job_ids: jobs.iter().map(|j| j.id).collect(),
+                    ..Default::default()
+                };
+                add_costs(&mut cost, client.all_segments(&segments).await?);
+            }
+            (jobs, next)
+        }
+        // Everything: the costs first, then the jobs, printed page by page as they arrive.
+        None => {
+            let segments = SegmentQuery { tenant: args.tenant.clone(), ..Default::default() };
+            add_costs(&mut cost, client.all_segments(&segments).await?);
+            let mut jobs = Vec::new();
+            let mut table = StreamTable::new(HISTORY_HEADER);
+            paging::follow(page_token, None, fetch, |page| {
+                if json {
+                    jobs.extend(page);
+                } else {
+                    table.print(&page.iter().map(|j| history_row(j, &cost)).collect::<Vec<_>>());
+                }
+                Ok(())
+            })
+            .await?;
+            if !json {
+                table.finish();
+                return Ok(ExitCode::SUCCESS);
+            }
+            (jobs, None)
+        }
+    };
+    if json {
+        let doc: Vec<_> = jobs.iter().map(|j| history_json(j, &cost)).collect();
+        let doc = match limit {
+            Some(_) => json!({ "jobs": doc, "next_page_token": next }),
+            None => serde_json::Value::Array(doc),
+        };
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let rows: Vec<Vec<String>> = jobs
-        .iter()
-        .map(|j| {
-            vec![
-                j.id.to_string(),
-                j.spec.name.clone(),
-                j.spec.tenant.clone(),
-                output::resources(j),
-                j.started_at.map(format_utc).unwrap_or_else(|| "-".into()),
-                j.finished_at.map(format_utc).unwrap_or_else(|| "-".into()),
-                output::elapsed(j).map(format_duration).unwrap_or_else(|| format_duration(Duration::ZERO)),
-                j.state.to_string(),
-                money(cost.get(&j.id).copied().unwrap_or(0)),
-            ]
-        })
-        .collect();
-    println!(
-        "{}",
-        output::table(&["JOB", "NAME", "TENANT", "GPUS", "START", "END", "ELAPSED", "STATE", "COST"], &rows)
-    );
+    let rows: Vec<Vec<String>> = jobs.iter().map(|j| history_row(j, &cost)).collect();
+    println!("{}", output::table(HISTORY_HEADER, &rows));
+    if let Some(next) = next {
+        paging::more_hint("jobs", &next);
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+fn history_json(j: &corral_types::Job, cost: &BTreeMap<u64, u64>) -> serde_json::Value {
+    json!({
+        "id": j.id,
+        "name": j.spec.name,
+        "tenant": j.spec.tenant,
+        "priority": j.spec.priority_class,
+        "gpus": output::resources(j),
+        "state": j.state.as_str(),
+        "start": j.started_at.map(format_utc),
+        "end": j.finished_at.map(format_utc),
+        "elapsed_secs": output::elapsed(j).map(|d| d.as_secs_f64()),
+        "cost": money(cost.get(&j.id).copied().unwrap_or(0)),
+        "cost_micros": cost.get(&j.id).copied().unwrap_or(0),
+        "attempts": j.attempts,
+    })
+}
+
+fn history_row(j: &corral_types::Job, cost: &BTreeMap<u64, u64>) -> Vec<String> {
+    vec![
+        j.id.to_string(),
+        j.spec.name.clone(),
+        j.spec.tenant.clone(),
+        output::resources(j),
+        j.started_at.map(format_utc).unwrap_or_else(|| "-".into()),
+        j.finished_at.map(format_utc).unwrap_or_else(|| "-".into()),
+        output::elapsed(j).map(format_duration).unwrap_or_else(|| format_duration(Duration::ZERO)),
+        j.state.to_string(),
+        money(cost.get(&j.id).copied().unwrap_or(0)),
+    ]
 }
 
 #[cfg(test)]
@@ -247,5 +335,10 @@ mod tests {
         for bad in ["yesterday", "2026-13-01", "2026-12-01T25:00", "2026-12"] {
             assert!(parse_time(bad).is_err(), "{bad}");
         }
+        // A TSO timestamp as `corral ts` prints it; a small bare number stays an age in minutes.
+        let tso = Timestamp::compose(1_796_299_512_000, 7);
+        assert_eq!(parse_time(&tso.0.to_string()).unwrap(), tso);
+        let ten_minutes_ago = parse_time("10").unwrap().physical_ms();
+        assert!(now - ten_minutes_ago >= 600_000 && now - ten_minutes_ago < 660_000);
     }
 }

@@ -18,7 +18,8 @@ fn status_json(s: &pb::ClusterStatus) -> serde_json::Value {
         "applied_index": s.applied_index,
         "snapshot_index": s.snapshot_index,
         "purged_index": s.purged_index,
-        "state_digest": format!("{:016x}", s.state_digest),
+        // Computed only with --digest.
+        "state_digest": (s.state_digest != 0).then(|| format!("{:016x}", s.state_digest)),
         "initialized": s.initialized,
         "jobs_in_memory": s.jobs_in_memory,
         "members": s.members.iter().map(|m| json!({"node_id": m.node_id, "addr": m.addr, "role": m.role})).collect::<Vec<_>>(),
@@ -44,7 +45,9 @@ fn print_status(global: &GlobalArgs, s: &pb::ClusterStatus) -> anyhow::Result<()
         opt(s.applied_index)
     );
     println!("snapshot:    {} (purged up to {})", opt(s.snapshot_index), opt(s.purged_index));
-    println!("digest:      {:016x}", s.state_digest);
+    if s.state_digest != 0 {
+        println!("digest:      {:016x}", s.state_digest);
+    }
     println!("jobs:        {} in memory (older finished jobs are in the history)", s.jobs_in_memory);
     let rows: Vec<Vec<String>> = s
         .members
@@ -68,7 +71,7 @@ pub async fn run(global: &GlobalArgs, command: ClusterCommand) -> anyhow::Result
         }
         ClusterCommand::Join { addr } => client.cluster_join(&addr).await?,
         ClusterCommand::Leave { node_id } => client.cluster_leave(node_id).await?,
-        ClusterCommand::Status => client.cluster_status().await?,
+        ClusterCommand::Status { digest } => client.cluster_status_with(digest).await?,
     };
     print_status(global, &status)?;
     Ok(ExitCode::SUCCESS)

@@ -1,11 +1,12 @@
 //! User commands: submit, sbatch, run, show, wait, jobs/queue, cancel, logs, nodes.
 
 use crate::args::{
-    CancelArgs, GlobalArgs, JobArg, JobsArgs, LogsArgs, OutputFormat, RunArgs, SbatchArgs, SubmitArgs, WaitArgs,
+    CancelArgs, GlobalArgs, JobArg, JobsArgs, LogsArgs, OutputFormat, PageArgs, RunArgs, SbatchArgs, SubmitArgs,
+    WaitArgs,
 };
-use crate::{jobspec, output, sbatch};
+use crate::{billing, jobspec, output, paging, sbatch};
 use anyhow::{bail, Context};
-use corral_client::{Client, ClientConfig};
+use corral_client::{Client, ClientConfig, JobQuery};
 use corral_proto::v1::LogStream;
 use corral_types::{JobSpec, JobState};
 use std::io::{IsTerminal, Write};
@@ -254,14 +255,62 @@ pub async fn wait(global: &GlobalArgs, args: WaitArgs) -> anyhow::Result<ExitCod
     Ok(if job.state == JobState::Succeeded { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
-pub async fn jobs(global: &GlobalArgs, args: JobsArgs, queue_only: bool) -> anyhow::Result<ExitCode> {
-    let mut jobs = client(global)?.list_jobs(args.all && !queue_only, args.tenant).await?;
-    if queue_only {
-        jobs.retain(|j| !j.state.is_terminal());
+/// The server-side filter of `corral jobs` / `corral queue`.
+fn job_query(args: &JobsArgs, queue_only: bool) -> anyhow::Result<JobQuery> {
+    if queue_only && args.state.iter().any(|s| s.is_terminal()) {
+        bail!("the queue holds pending and running jobs only: list finished ones with `corral jobs --state ...`");
     }
+    let (name, name_prefix) = match args.name.as_deref().map(|n| n.strip_suffix('*').ok_or(n)) {
+        None => (None, None),
+        Some(Ok(prefix)) => (None, Some(prefix.to_string())),
+        Some(Err(name)) => (Some(name.to_string()), None),
+    };
+    let (submitted_since, submitted_until) = billing::time_range(args.since.as_deref(), args.until.as_deref())?;
+    Ok(JobQuery {
+        all: args.all && !queue_only,
+        tenant: args.tenant.clone(),
+        states: args.state.clone(),
+        name,
+        name_prefix,
+        submitted_since,
+        submitted_until,
+    })
+}
+
+pub async fn jobs(global: &GlobalArgs, args: JobsArgs, queue_only: bool) -> anyhow::Result<ExitCode> {
+    let query = job_query(&args, queue_only)?;
+    let client = client(global)?;
+    let fetch = |token: String, limit: u32| {
+        let (client, query) = (&client, &query);
+        async move { client.list_jobs_page(query, &token, limit).await }
+    };
+    let PageArgs { limit, page_token } = args.page;
     match global.output {
-        OutputFormat::Json => print_json(&serde_json::Value::Array(jobs.iter().map(output::job_json).collect()))?,
-        OutputFormat::Table => println!("{}", output::jobs_table(&jobs)),
+        OutputFormat::Json => {
+            let mut jobs = Vec::new();
+            let next = paging::follow(page_token, limit, fetch, |page| {
+                jobs.extend(page.iter().map(output::job_json));
+                Ok(())
+            })
+            .await?;
+            // Without --limit the document stays the array it always was.
+            match limit {
+                Some(_) => print_json(&serde_json::json!({ "jobs": jobs, "next_page_token": next }))?,
+                None => print_json(&serde_json::Value::Array(jobs))?,
+            }
+        }
+        OutputFormat::Table => {
+            let mut table = output::JobsTableStream::default();
+            let next = paging::follow(page_token, limit, fetch, |page| {
+                table.push(page);
+                Ok(())
+            })
+            .await?;
+            table.finish();
+            if let Some(next) = next {
+                paging::more_hint("jobs", &next);
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -13,6 +13,7 @@ mod logs;
 mod metrics_http;
 mod node_cmd;
 mod output;
+mod paging;
 mod sbatch;
 mod security_cmd;
 mod top;

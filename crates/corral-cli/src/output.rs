@@ -1,8 +1,10 @@
-//! Human tables and JSON documents for jobs and nodes.
+//! Human tables and JSON documents for jobs and nodes; tables printed page by page as a
+//! paged listing arrives (`StreamTable`, `JobsTableStream`).
 
 use corral_proto::v1 as pb;
 use corral_types::{format_duration, format_size, Job, JobState, Timestamp};
 use serde_json::{json, Value};
+use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Wall-clock now as a TSO-comparable timestamp (display only).
@@ -118,29 +120,86 @@ pub fn part_status(alloc: &corral_types::Allocation, node: &str) -> String {
 
 /// Renders rows as left-aligned columns.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let widths = column_widths(header, rows);
+    let mut out = table_line(header, &widths);
+    for row in rows {
+        out.push('\n');
+        out.push_str(&table_line(row, &widths));
+    }
+    out
+}
+
+/// The width of each column: its widest cell, header included.
+fn column_widths(header: &[&str], rows: &[Vec<String>]) -> Vec<usize> {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (i, cell) in row.iter().enumerate() {
             widths[i] = widths[i].max(cell.chars().count());
         }
     }
-    let line = |cells: Vec<&str>| {
-        let mut out = String::new();
-        for (i, cell) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                out.push_str(cell);
-            } else {
-                out.push_str(&format!("{cell:<w$}  ", w = widths[i]));
-            }
+    widths
+}
+
+/// One line of a table; a cell wider than its column pushes the rest right.
+fn table_line<S: AsRef<str>>(cells: &[S], widths: &[usize]) -> String {
+    let mut out = String::new();
+    for (i, cell) in cells.iter().enumerate() {
+        if i + 1 == cells.len() {
+            out.push_str(cell.as_ref());
+        } else {
+            out.push_str(&format!("{:<w$}  ", cell.as_ref(), w = widths.get(i).copied().unwrap_or(0)));
         }
-        out.trim_end().to_string()
-    };
-    let mut out = line(header.to_vec());
-    for row in rows {
-        out.push('\n');
-        out.push_str(&line(row.iter().map(String::as_str).collect()));
     }
-    out
+    out.trim_end().to_string()
+}
+
+/// A table printed as its rows arrive (one listing page at a time): the header and the
+/// column widths come from the first rows; later rows keep those widths.
+pub struct StreamTable {
+    header: &'static [&'static str],
+    widths: Option<Vec<usize>>,
+}
+
+impl StreamTable {
+    pub fn new(header: &'static [&'static str]) -> Self {
+        StreamTable { header, widths: None }
+    }
+
+    /// Prints `rows` (the header first, the first time there are any).
+    pub fn print(&mut self, rows: &[Vec<String>]) {
+        for line in self.lines(rows) {
+            println!("{line}");
+        }
+    }
+
+    /// Ends the table: a table without rows still prints its header.
+    pub fn finish(self) {
+        for line in self.finish_lines() {
+            println!("{line}");
+        }
+    }
+
+    /// The lines that print `rows`.
+    fn lines(&mut self, rows: &[Vec<String>]) -> Vec<String> {
+        if rows.is_empty() {
+            return Vec::new();
+        }
+        let mut lines = Vec::new();
+        let widths = self.widths.get_or_insert_with(|| {
+            let widths = column_widths(self.header, rows);
+            lines.push(table_line(self.header, &widths));
+            widths
+        });
+        lines.extend(rows.iter().map(|row| table_line(row, widths)));
+        lines
+    }
+
+    fn finish_lines(self) -> Vec<String> {
+        match self.widths {
+            Some(_) => Vec::new(),
+            None => vec![table(self.header, &[])],
+        }
+    }
 }
 
 /// Indices as Slurm writes them: `1-3,7,9-12`.
@@ -182,12 +241,95 @@ fn pending_indices(array: &Job, jobs: &[Job]) -> Vec<u32> {
     indices
 }
 
+const JOBS_HEADER: &[&str] = &["ID", "NAME", "TENANT", "PRIORITY", "STATE", "GPUS", "NODE", "ELAPSED", "REASON"];
+
 /// The job table; the pending tasks of an array collapse into one row (`12_[5-999]`).
 pub fn jobs_table(jobs: &[Job]) -> String {
-    let arrays: std::collections::BTreeSet<u64> = jobs.iter().filter(|j| j.is_array()).map(|j| j.id).collect();
-    let rows: Vec<Vec<String>> = jobs
-        .iter()
-        .filter_map(|j| {
+    let arrays: BTreeSet<u64> = jobs.iter().filter(|j| j.is_array()).map(|j| j.id).collect();
+    let rows: Vec<Vec<String>> = job_rows(jobs, &arrays).into_iter().map(|(_, row)| row).collect();
+    table(JOBS_HEADER, &rows)
+}
+
+/// The job table printed page by page. The pending tasks of an array collapse into its row,
+/// so the row of an unfinished array waits (and the rows after it) until every unfinished
+/// task it counts has arrived, or the listing ends.
+#[derive(Default)]
+pub struct JobsTableStream {
+    table: Option<StreamTable>,
+    /// Jobs not printed yet, in listing order.
+    held: Vec<Job>,
+    /// Every array seen: its pending tasks never get rows of their own.
+    arrays: BTreeSet<u64>,
+    /// Unfinished arrays -> how many of their unfinished tasks have not arrived yet.
+    missing: std::collections::BTreeMap<u64, u64>,
+}
+
+impl JobsTableStream {
+    /// Takes one page of the listing and prints what can be printed already.
+    pub fn push(&mut self, page: Vec<Job>) {
+        for line in self.accept(page) {
+            println!("{line}");
+        }
+    }
+
+    /// Prints what is held, and the header if nothing was printed.
+    pub fn finish(self) {
+        for line in self.finish_lines() {
+            println!("{line}");
+        }
+    }
+
+    /// Takes one page; returns the lines that can be printed already.
+    fn accept(&mut self, page: Vec<Job>) -> Vec<String> {
+        for job in page {
+            if job.is_array() {
+                self.arrays.insert(job.id);
+                if let (false, Some(p)) = (job.state.is_terminal(), &job.array_progress) {
+                    let unfinished = u64::from(p.created.saturating_sub(p.succeeded).saturating_sub(p.unsuccessful));
+                    if unfinished > 0 {
+                        self.missing.insert(job.id, unfinished);
+                    }
+                }
+            }
+            if let Some(task) = job.array_task.filter(|_| !job.state.is_terminal()) {
+                if let Some(left) = self.missing.get_mut(&task.array) {
+                    *left -= 1;
+                    if *left == 0 {
+                        self.missing.remove(&task.array);
+                    }
+                }
+            }
+            self.held.push(job);
+        }
+        let ready = self.held.iter().position(|j| self.missing.contains_key(&j.id)).unwrap_or(self.held.len());
+        self.release(ready)
+    }
+
+    fn finish_lines(mut self) -> Vec<String> {
+        let mut lines = self.release(self.held.len());
+        lines.extend(self.table.take().unwrap_or_else(|| StreamTable::new(JOBS_HEADER)).finish_lines());
+        lines
+    }
+
+    /// The lines of the first `count` held jobs, which are no longer held.
+    fn release(&mut self, count: usize) -> Vec<String> {
+        if count == 0 {
+            return Vec::new();
+        }
+        // Rows from all that is held: an array's pending tasks held after it still collapse.
+        let rows: Vec<Vec<String>> =
+            job_rows(&self.held, &self.arrays).into_iter().filter(|(i, _)| *i < count).map(|(_, row)| row).collect();
+        self.held.drain(..count);
+        self.table.get_or_insert_with(|| StreamTable::new(JOBS_HEADER)).lines(&rows)
+    }
+}
+
+/// The rows of `jobs` with the index of the job each stands for; pending tasks of the arrays
+/// in `arrays` collapse into their array's row.
+fn job_rows(jobs: &[Job], arrays: &BTreeSet<u64>) -> Vec<(usize, Vec<String>)> {
+    jobs.iter()
+        .enumerate()
+        .filter_map(|(i, j)| {
             let collapsed = j.state == JobState::Pending && j.array_task.is_some_and(|t| arrays.contains(&t.array));
             if collapsed {
                 return None;
@@ -204,7 +346,7 @@ pub fn jobs_table(jobs: &[Job]) -> String {
                 j.display_id()
             };
             let state = if j.is_array() && !j.state.is_terminal() { JobState::Pending } else { j.state };
-            Some(vec![
+            let row = vec![
                 id,
                 j.spec.name.clone(),
                 j.spec.tenant.clone(),
@@ -215,10 +357,10 @@ pub fn jobs_table(jobs: &[Job]) -> String {
                 // An array's own row stands for its waiting tasks: no run time of its own.
                 if j.is_array() { "-".into() } else { elapsed(j).map(format_duration).unwrap_or_else(|| "-".into()) },
                 reason(j),
-            ])
+            ];
+            Some((i, row))
         })
-        .collect();
-    table(&["ID", "NAME", "TENANT", "PRIORITY", "STATE", "GPUS", "NODE", "ELAPSED", "REASON"], &rows)
+        .collect()
 }
 
 pub fn job_details(job: &Job) -> String {
@@ -349,6 +491,55 @@ mod tests {
         assert_eq!(index_ranges(&[1, 2, 3, 7, 9, 10, 11, 12]), "1-3,7,9-12");
         assert_eq!(index_ranges(&[5]), "5");
         assert_eq!(index_ranges(&[]), "");
+    }
+
+    fn pending(id: u64, name: &str) -> Job {
+        let spec = corral_types::JobSpec { name: name.into(), tenant: "t".into(), ..Default::default() };
+        Job::pending(id, spec, format!("r{id}"), Timestamp(id))
+    }
+
+    fn task(id: u64, array: u64, index: u32) -> Job {
+        let mut job = pending(id, "arr");
+        job.spec.array = Some(corral_types::ArraySpec {
+            ranges: vec![corral_types::ArrayRange { first: 0, last: 3, step: 1 }],
+            max_running: None,
+        });
+        job.array_task = Some(corral_types::ArrayTask { array, index });
+        job
+    }
+
+    #[test]
+    fn streamed_pages_print_as_they_come_under_one_header() {
+        let mut stream = JobsTableStream::default();
+        let first = stream.accept(vec![pending(1, "a"), pending(2, "b")]);
+        assert_eq!(first.len(), 3, "header and two rows at once: {first:?}");
+        assert!(first[0].starts_with("ID"));
+        let second = stream.accept(vec![pending(3, "a-much-longer-name")]);
+        assert_eq!(second.len(), 1, "no second header: {second:?}");
+        // The first page's column widths hold: the long name starts under NAME.
+        assert_eq!(second[0].find("a-much-longer-name"), first[0].find("NAME"), "{first:?} {second:?}");
+        assert!(stream.finish_lines().is_empty());
+        assert_eq!(JobsTableStream::default().finish_lines().len(), 1, "an empty listing prints its header");
+    }
+
+    #[test]
+    fn an_array_row_waits_for_its_pending_tasks_from_later_pages() {
+        let mut array = task(1, 0, 0);
+        array.array_task = None;
+        array.array_progress = Some(corral_types::ArrayProgress { created: 2, ..Default::default() });
+        let mut stream = JobsTableStream::default();
+        // The array's first task comes with it, the second one a page later.
+        assert!(stream.accept(vec![array, pending(2, "plain"), task(3, 1, 0)]).is_empty());
+        let lines = stream.accept(vec![task(4, 1, 1), pending(5, "after")]);
+        let ids: Vec<&str> = lines.iter().skip(1).map(|l| l.split_whitespace().next().unwrap_or_default()).collect();
+        assert_eq!(ids, vec!["1_[0-3]", "2", "5"], "{lines:?}");
+        // Without its tasks ever arriving (a filter left them out), the end of the listing prints it.
+        let mut array = task(1, 0, 0);
+        array.array_task = None;
+        array.array_progress = Some(corral_types::ArrayProgress { created: 2, ..Default::default() });
+        let mut stream = JobsTableStream::default();
+        assert!(stream.accept(vec![array]).is_empty());
+        assert_eq!(stream.finish_lines().len(), 2);
     }
 
     #[test]

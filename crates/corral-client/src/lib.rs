@@ -1,12 +1,15 @@
 //! Typed corral gRPC client: endpoint failover, leader redirects, and retries that reuse the
-//! same request id so a retried submit never creates a second job.
+//! same request id so a retried submit never creates a second job. Submits refused by a full
+//! submit queue (RESOURCE_EXHAUSTED with `retry-after-ms`) are retried after that long, with
+//! jitter, within `ClientConfig::overload_retry_for`. Listings come one page at a time
+//! (`*_page`) or followed to the end.
 
 use corral_proto::v1::cluster_admin_client::ClusterAdminClient;
 use corral_proto::v1::corral_client::CorralClient as RawCorral;
 use corral_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use corral_proto::v1::{self as pb};
-use corral_proto::LEADER_ADDR_METADATA;
-use corral_types::{Job, JobRef, JobSpec, Segment};
+use corral_proto::{LEADER_ADDR_METADATA, RETRY_AFTER_METADATA};
+use corral_types::{Job, JobRef, JobSpec, JobState, Segment, Timestamp};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -24,6 +27,8 @@ pub enum ClientError {
     InvalidEndpoint(String),
     #[error("{0}")]
     Protocol(String),
+    #[error("gave up after {}s: the cluster stayed overloaded ({message}); submit again later", .waited.as_secs())]
+    Overloaded { waited: Duration, message: String },
 }
 
 impl ClientError {
@@ -31,6 +36,7 @@ impl ClientError {
     pub fn code(&self) -> Option<Code> {
         match self {
             ClientError::Status(s) => Some(s.code()),
+            ClientError::Overloaded { .. } => Some(Code::ResourceExhausted),
             _ => None,
         }
     }
@@ -59,6 +65,9 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// Total time spent retrying an unavailable cluster before giving up.
     pub retry_for: Duration,
+    /// Total time a submit keeps waiting out a full submit queue (RESOURCE_EXHAUSTED with a
+    /// retry-after) before giving up.
+    pub overload_retry_for: Duration,
 }
 
 impl ClientConfig {
@@ -71,6 +80,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(5),
             retry_for: Duration::from_secs(5),
+            overload_retry_for: Duration::from_secs(60),
         }
     }
 }
@@ -101,6 +111,66 @@ fn tls_refusal(status: &Status) -> Option<String> {
         source = s.source();
     }
     corral_security::describe_tls_error(&chain)
+}
+
+/// The longest single wait after a full submit queue's refusal, whatever it asks.
+const MAX_OVERLOAD_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a refusal of a full submit queue asks to wait; `None` for any other error (a
+/// tenant's pending-job quota is RESOURCE_EXHAUSTED too, but nothing a retry fixes soon).
+fn retry_after(status: &Status) -> Option<Duration> {
+    if status.code() != Code::ResourceExhausted {
+        return None;
+    }
+    let ms: u64 = status.metadata().get(RETRY_AFTER_METADATA)?.to_str().ok()?.parse().ok()?;
+    Some(Duration::from_millis(ms))
+}
+
+/// `wait`, capped at MAX_OVERLOAD_WAIT, plus up to half of it at random, so that refused
+/// clients do not all come back at the same instant.
+fn jittered(wait: Duration) -> Duration {
+    let wait = wait.min(MAX_OVERLOAD_WAIT);
+    let random = (uuid::Uuid::new_v4().as_u128() % 1000) as u32;
+    wait + wait / 2 * random / 1000
+}
+
+/// Which jobs a listing returns (`Client::list_jobs_page`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobQuery {
+    /// Every state (finished jobs too) when `states` is empty.
+    pub all: bool,
+    pub tenant: Option<String>,
+    /// Only these states; empty: pending and running (every state with `all`).
+    pub states: Vec<JobState>,
+    /// Only jobs named exactly this.
+    pub name: Option<String>,
+    /// Only jobs whose name starts with this.
+    pub name_prefix: Option<String>,
+    /// Submitted at or after this.
+    pub submitted_since: Option<Timestamp>,
+    /// Submitted before this.
+    pub submitted_until: Option<Timestamp>,
+}
+
+/// Which billing segments a listing returns (`Client::segments_page`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SegmentQuery {
+    pub tenant: Option<String>,
+    /// Only segments of these jobs; empty: any job.
+    pub job_ids: Vec<u64>,
+    /// Segments that end at or after this.
+    pub since: Option<Timestamp>,
+    /// Segments that start before this.
+    pub until: Option<Timestamp>,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// Where the next page starts; `None`: this was the last one. A page may be shorter than
+    /// asked for (even empty) and still have a next one.
+    pub next_page_token: Option<String>,
 }
 
 fn retryable(status: &Status) -> bool {
@@ -255,6 +325,33 @@ impl Client {
         }
     }
 
+    /// Runs `call` (a submit, safe to repeat: same request ids) again while the leader refuses
+    /// it for a full submit queue, after the wait it asks for (capped, with jitter), for up to
+    /// `overload_retry_for`.
+    async fn with_overload_retry<T, F, Fut>(&self, call: F) -> Result<T, ClientError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        let started = Instant::now();
+        loop {
+            let status = match call().await {
+                Err(ClientError::Status(status)) => status,
+                other => return other,
+            };
+            let Some(wait) = retry_after(&status) else { return Err(ClientError::Status(status)) };
+            let wait = jittered(wait);
+            if started.elapsed() + wait > self.config.overload_retry_for {
+                return Err(ClientError::Overloaded {
+                    waited: started.elapsed(),
+                    message: status.message().to_string(),
+                });
+            }
+            tracing::debug!(wait_ms = wait.as_millis() as u64, "submit queue full: retrying");
+            tokio::time::sleep(wait).await;
+        }
+    }
+
     fn authorize<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         if let Some(token) = &self.config.token {
@@ -281,9 +378,11 @@ impl Client {
     pub async fn submit_with_id(&self, request_id: &str, spec: &JobSpec) -> Result<Submitted, ClientError> {
         let msg = pb::SubmitRequest { request_id: request_id.to_string(), spec: Some(spec.into()) };
         let reply = self
-            .with_retry(|ch| {
-                let req = self.authorize(msg.clone());
-                async move { Self::corral(ch).submit(req).await }
+            .with_overload_retry(|| {
+                self.with_retry(|ch| {
+                    let req = self.authorize(msg.clone());
+                    async move { Self::corral(ch).submit(req).await }
+                })
             })
             .await?
             .into_inner();
@@ -303,9 +402,11 @@ impl Client {
                 .collect(),
         };
         let reply = self
-            .with_retry(|ch| {
-                let req = self.authorize(msg.clone());
-                async move { Self::corral(ch).submit_batch(req).await }
+            .with_overload_retry(|| {
+                self.with_retry(|ch| {
+                    let req = self.authorize(msg.clone());
+                    async move { Self::corral(ch).submit_batch(req).await }
+                })
             })
             .await?
             .into_inner();
@@ -333,7 +434,7 @@ impl Client {
         Ok(corral_types::Timestamp(reply.into_inner().first))
     }
 
-    /// Billing segments, filtered by tenant, job and TSO time range.
+    /// Billing segments, filtered by tenant, job and TSO time range: every page.
     pub async fn segments(
         &self,
         tenant: Option<String>,
@@ -341,18 +442,51 @@ impl Client {
         since: Option<corral_types::Timestamp>,
         until: Option<corral_types::Timestamp>,
     ) -> Result<Vec<Segment>, ClientError> {
+        let query = SegmentQuery { tenant, job_ids: job_id.into_iter().collect(), since, until };
+        self.all_segments(&query).await
+    }
+
+    /// Every segment `query` selects, oldest first (follows the pages).
+    pub async fn all_segments(&self, query: &SegmentQuery) -> Result<Vec<Segment>, ClientError> {
+        let mut segments = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = self.segments_page(query, &token, 0).await?;
+            segments.extend(page.items);
+            match page.next_page_token {
+                Some(next) => token = next,
+                None => return Ok(segments),
+            }
+        }
+    }
+
+    /// One page of the segments `query` selects, oldest first, starting at `page_token`
+    /// (empty: the first); `limit` 0 is the server's default page.
+    pub async fn segments_page(
+        &self,
+        query: &SegmentQuery,
+        page_token: &str,
+        limit: u32,
+    ) -> Result<Page<Segment>, ClientError> {
         let reply = self
             .with_retry(|ch| {
                 let req = self.authorize(pb::ListSegmentsRequest {
-                    tenant: tenant.clone(),
-                    since: since.map(|t| t.0),
-                    until: until.map(|t| t.0),
-                    job_id,
+                    tenant: query.tenant.clone(),
+                    since: query.since.map(|t| t.0),
+                    until: query.until.map(|t| t.0),
+                    job_id: None,
+                    page_token: page_token.to_string(),
+                    limit,
+                    job_ids: query.job_ids.clone(),
                 });
                 async move { Self::corral(ch).list_segments(req).await }
             })
-            .await?;
-        Ok(reply.into_inner().segments.into_iter().map(Segment::from).collect())
+            .await?
+            .into_inner();
+        Ok(Page {
+            items: reply.segments.into_iter().map(Segment::from).collect(),
+            next_page_token: Some(reply.next_page_token).filter(|t| !t.is_empty()),
+        })
     }
 
     pub async fn get_job(&self, job_id: u64) -> Result<Job, ClientError> {
@@ -370,14 +504,53 @@ impl Client {
         Ok(reply.into_inner().try_into()?)
     }
 
+    /// Pending and running jobs (every job with `all`), of `tenant` if given: every page.
     pub async fn list_jobs(&self, all: bool, tenant: Option<String>) -> Result<Vec<Job>, ClientError> {
+        self.all_jobs(&JobQuery { all, tenant, ..Default::default() }).await
+    }
+
+    /// Every job `query` selects, in job id order (follows the pages).
+    pub async fn all_jobs(&self, query: &JobQuery) -> Result<Vec<Job>, ClientError> {
+        let mut jobs = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = self.list_jobs_page(query, &token, 0).await?;
+            jobs.extend(page.items);
+            match page.next_page_token {
+                Some(next) => token = next,
+                None => return Ok(jobs),
+            }
+        }
+    }
+
+    /// One page of the jobs `query` selects, in job id order, starting at `page_token` (empty:
+    /// the first); `limit` 0 is the server's default page.
+    pub async fn list_jobs_page(
+        &self,
+        query: &JobQuery,
+        page_token: &str,
+        limit: u32,
+    ) -> Result<Page<Job>, ClientError> {
+        let states: Vec<i32> = query.states.iter().map(|s| pb::JobState::from(*s) as i32).collect();
         let reply = self
             .with_retry(|ch| {
-                let req = self.authorize(pb::ListJobsRequest { all, tenant: tenant.clone() });
+                let req = self.authorize(pb::ListJobsRequest {
+                    all: query.all,
+                    tenant: query.tenant.clone(),
+                    page_token: page_token.to_string(),
+                    limit,
+                    states: states.clone(),
+                    name: query.name.clone(),
+                    name_prefix: query.name_prefix.clone(),
+                    submitted_since: query.submitted_since.map(|t| t.0),
+                    submitted_until: query.submitted_until.map(|t| t.0),
+                });
                 async move { Self::corral(ch).list_jobs(req).await }
             })
-            .await?;
-        reply.into_inner().jobs.into_iter().map(|j| Job::try_from(j).map_err(Into::into)).collect()
+            .await?
+            .into_inner();
+        let items = reply.jobs.into_iter().map(Job::try_from).collect::<Result<Vec<_>, _>>()?;
+        Ok(Page { items, next_page_token: Some(reply.next_page_token).filter(|t| !t.is_empty()) })
     }
 
     pub async fn cancel(&self, job_id: u64) -> Result<Job, ClientError> {
@@ -687,10 +860,16 @@ impl Client {
 
     /// The view of the first configured endpoint (not forwarded).
     pub async fn cluster_status(&self) -> Result<pb::ClusterStatus, ClientError> {
+        self.cluster_status_with(false).await
+    }
+
+    /// The view of the first configured endpoint; with `digest`, also the digest of its state
+    /// machine (costly on a large state: it encodes all of it).
+    pub async fn cluster_status_with(&self, digest: bool) -> Result<pb::ClusterStatus, ClientError> {
         let only = self.single(0)?;
         let reply = only
             .with_retry(|ch| {
-                let req = self.authorize(pb::ClusterStatusRequest {});
+                let req = self.authorize(pb::ClusterStatusRequest { digest });
                 async move { Self::admin(ch).status(req).await }
             })
             .await?;
@@ -844,5 +1023,62 @@ impl GatewayClient {
             })
             .await?;
         Ok(reply.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_full_queue_with_a_retry_after_is_waited_out() {
+        let mut full = Status::resource_exhausted("the leader's submit queue is full");
+        full.metadata_mut().insert(RETRY_AFTER_METADATA, "250".parse().expect("metadata"));
+        assert_eq!(retry_after(&full), Some(Duration::from_millis(250)));
+        let quota = Status::resource_exhausted("tenant a has 10 pending jobs");
+        assert_eq!(retry_after(&quota), None, "a quota refusal is final");
+        let mut other = Status::unavailable("x");
+        other.metadata_mut().insert(RETRY_AFTER_METADATA, "250".parse().expect("metadata"));
+        assert_eq!(retry_after(&other), None);
+    }
+
+    #[test]
+    fn waits_are_capped_and_jittered_upwards() {
+        for _ in 0..100 {
+            let wait = jittered(Duration::from_millis(200));
+            assert!(wait >= Duration::from_millis(200) && wait <= Duration::from_millis(300), "{wait:?}");
+            let long = jittered(Duration::from_secs(60));
+            assert!(long >= MAX_OVERLOAD_WAIT && long <= MAX_OVERLOAD_WAIT * 3 / 2, "{long:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_submit_refused_for_a_full_queue_is_retried_until_it_lands_or_the_patience_ends() {
+        let mut config = ClientConfig::new(vec!["127.0.0.1:1".into()]);
+        config.overload_retry_for = Duration::from_secs(2);
+        let client = Client::new(config).expect("client");
+        let refusal = || {
+            let mut s = Status::resource_exhausted("the leader's submit queue is full");
+            s.metadata_mut().insert(RETRY_AFTER_METADATA, "10".parse().expect("metadata"));
+            ClientError::Status(s)
+        };
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let landed = client
+            .with_overload_retry(|| {
+                let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let result = if n < 3 { Err(refusal()) } else { Ok(n) };
+                async move { result }
+            })
+            .await
+            .expect("lands on the fourth call");
+        assert_eq!(landed, 3);
+        let given_up = client.with_overload_retry(|| async { Err::<(), _>(refusal()) }).await.expect_err("gives up");
+        assert!(matches!(given_up, ClientError::Overloaded { .. }), "{given_up:?}");
+        assert!(given_up.to_string().contains("overloaded"), "{given_up}");
+        let final_error = client
+            .with_overload_retry(|| async { Err::<(), _>(ClientError::Status(Status::invalid_argument("bad"))) })
+            .await
+            .expect_err("not retried");
+        assert_eq!(final_error.code(), Some(Code::InvalidArgument));
     }
 }

@@ -1,7 +1,7 @@
 //! The user-facing `Corral` gRPC service: submit, show, list, cancel, logs, nodes.
 
 use crate::auth::Principal;
-use crate::{policy, CoordError, Coordinator};
+use crate::{listing, policy, CoordError, Coordinator};
 use corral_core::{Command, Outcome};
 use corral_proto::v1::corral_server::{Corral, CorralServer};
 use corral_proto::v1::{self as pb};
@@ -124,6 +124,42 @@ enum Target {
     },
 }
 
+/// The filter of a `ListJobs` request, and its limit.
+fn job_filter(req: pb::ListJobsRequest) -> Result<(listing::JobFilter, u32), CoordError> {
+    let mut states = std::collections::BTreeSet::new();
+    for state in &req.states {
+        let state = match pb::JobState::try_from(*state) {
+            Ok(pb::JobState::Pending) => JobState::Pending,
+            Ok(pb::JobState::Running) => JobState::Running,
+            Ok(pb::JobState::Succeeded) => JobState::Succeeded,
+            Ok(pb::JobState::Failed) => JobState::Failed,
+            Ok(pb::JobState::Cancelled) => JobState::Cancelled,
+            Ok(pb::JobState::Preempted) => JobState::Preempted,
+            _ => return Err(CoordError::InvalidArgument(format!("unknown job state {state} in the filter"))),
+        };
+        states.insert(state);
+    }
+    if states.is_empty() && req.all {
+        states = listing::JobFilter::all_states();
+    }
+    let name = match (req.name, req.name_prefix) {
+        (Some(_), Some(_)) => {
+            return Err(CoordError::InvalidArgument("give a name or a name prefix, not both".into()));
+        }
+        (Some(name), None) => listing::NameMatch::Exact(name),
+        (None, Some(prefix)) => listing::NameMatch::Prefix(prefix),
+        (None, None) => listing::NameMatch::Any,
+    };
+    let filter = listing::JobFilter {
+        states,
+        tenant: req.tenant,
+        name,
+        submitted_since: req.submitted_since.map(Timestamp),
+        submitted_until: req.submitted_until.map(Timestamp),
+    };
+    Ok((filter, req.limit))
+}
+
 /// Most jobs one `SubmitBatch` call may carry.
 const MAX_BATCH: usize = 10_000;
 
@@ -226,6 +262,8 @@ impl Corral for Api {
             jobs.push((job.request_id.clone(), spec));
         }
         let proposed = {
+            // Waiting for a pipeline slot counts against the bound on queued submits.
+            let admitted = self.coord.inner.submit_queue.admit(jobs.len())?;
             let _slot = self
                 .coord
                 .inner
@@ -233,6 +271,7 @@ impl Corral for Api {
                 .acquire()
                 .await
                 .map_err(|_| Status::unavailable("coordinator is shutting down"))?;
+            drop(admitted);
             self.coord.hold_while_followers_lag().await;
             self.coord.propose(Command::SubmitJobs { jobs }).await?
         };
@@ -277,21 +316,23 @@ impl Corral for Api {
         if req.tenant.is_none() {
             req.tenant = who.tenant().map(String::from);
         }
-        let data = self.coord.inner.node.state.read();
-        let tenant_ok = |j: &Job| req.tenant.as_ref().is_none_or(|t| *t == j.spec.tenant);
-        let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
-        let with_reason = |j: &Job| job_reply(j, &reasons);
-        let jobs: Vec<pb::Job> = if req.all {
-            let mut jobs: Vec<pb::Job> = data.state.jobs.values().filter(|j| tenant_ok(j)).map(with_reason).collect();
-            jobs.extend(
-                self.coord.inner.node.state.archived_jobs_from(0).filter(|j| tenant_ok(j)).map(|j| with_reason(&j)),
-            );
-            jobs.sort_unstable_by_key(|j| j.id);
-            jobs
-        } else {
-            data.state.live_jobs().filter(|j| tenant_ok(j)).map(with_reason).collect()
+        let after = listing::job_token(&req.page_token)?;
+        let (filter, limit) = job_filter(req)?;
+        let (jobs, next_page_token) = {
+            let store = &self.coord.inner.node.state;
+            // The history is read under the state lock: a job moving there is seen once.
+            let data = store.read();
+            listing::list_jobs(
+                &data.state,
+                |from| store.archived_jobs_from(from),
+                &filter,
+                after,
+                listing::page_size(limit),
+            )
         };
-        Ok(Response::new(pb::ListJobsResponse { jobs }))
+        let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
+        let jobs = jobs.iter().map(|j| job_reply(j, &reasons)).collect();
+        Ok(Response::new(pb::ListJobsResponse { jobs, next_page_token }))
     }
 
     async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::Job>, Status> {
@@ -384,24 +425,20 @@ impl Corral for Api {
         self.coord.linearizable().await?;
         let who = self.coord.principal(&request, "billing")?;
         self.own_tenant_filter(&request, "billing", &who, request.get_ref().tenant.as_deref())?;
-        let mut req = request.into_inner();
-        if req.tenant.is_none() {
-            req.tenant = who.tenant().map(String::from);
-        }
+        let req = request.into_inner();
+        let after = listing::segment_token(&req.page_token)?;
+        let filter = listing::SegmentFilter {
+            tenant: req.tenant.or_else(|| who.tenant().map(String::from)),
+            job_ids: req.job_ids.into_iter().chain(req.job_id).collect(),
+            since: req.since.map(Timestamp),
+            until: req.until.map(Timestamp),
+        };
         // Every segment is in the store (the hot state keeps recent ones only).
-        let segments = self
-            .coord
-            .inner
-            .node
-            .state
-            .segments_from(0)
-            .filter(|g| req.tenant.as_ref().is_none_or(|t| *t == g.tenant))
-            .filter(|g| req.job_id.is_none_or(|j| j == g.job_id))
-            .filter(|g| req.since.is_none_or(|s| g.end.0 >= s))
-            .filter(|g| req.until.is_none_or(|u| g.start.0 < u))
-            .map(|g| pb::Segment::from(&g))
-            .collect();
-        Ok(Response::new(pb::ListSegmentsResponse { segments }))
+        let segments = self.coord.inner.node.state.segments_from(after.map_or(0, |a| a.saturating_add(1)));
+        let (segments, next_page_token) =
+            listing::list_segments(segments, &filter, after, listing::page_size(req.limit));
+        let segments = segments.iter().map(pb::Segment::from).collect();
+        Ok(Response::new(pb::ListSegmentsResponse { segments, next_page_token }))
     }
 
     async fn get_timestamps(

@@ -22,13 +22,14 @@ pub(crate) struct Admin {
 
 impl Admin {
     async fn status(&self) -> pb::ClusterStatus {
-        self.coord.cluster_status().await
+        self.coord.cluster_status(false).await
     }
 }
 
 impl Coordinator {
-    /// This node's view of the cluster.
-    pub async fn cluster_status(&self) -> pb::ClusterStatus {
+    /// This node's view of the cluster; with `digest`, also the digest of its state machine
+    /// (which encodes the whole state: only on request).
+    pub async fn cluster_status(&self, digest: bool) -> pb::ClusterStatus {
         let node = &self.inner.node;
         let status = node.status();
         let members = status
@@ -52,7 +53,7 @@ impl Coordinator {
             snapshot_index: status.snapshot_index,
             purged_index: status.purged_index,
             members,
-            state_digest: node.state.digest(),
+            state_digest: if digest { node.state.digest() } else { 0 },
             initialized: status.initialized,
             jobs_in_memory: node.state.read().state.jobs.len() as u64,
         }
@@ -147,8 +148,8 @@ impl ClusterAdmin for Admin {
         Ok(Response::new(self.status().await))
     }
 
-    async fn status(&self, _: Request<pb::ClusterStatusRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
-        Ok(Response::new(self.status().await))
+    async fn status(&self, request: Request<pb::ClusterStatusRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
+        Ok(Response::new(self.coord.cluster_status(request.get_ref().digest).await))
     }
 
     async fn create_join_token(

@@ -42,6 +42,24 @@ pub struct CoordinatorFile {
     pub auth: AuthSection,
     #[serde(default)]
     pub history: HistorySection,
+    #[serde(default)]
+    pub limits: LimitsSection,
+}
+
+/// The `[limits]` section: backpressure on clients.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct LimitsSection {
+    /// Most jobs waiting on the leader to be proposed through Raft (single submits and
+    /// batches); past it submits are refused with RESOURCE_EXHAUSTED and a retry-after, which
+    /// corral's client honours (default 100000).
+    pub max_queued_submits: usize,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        LimitsSection { max_queued_submits: crate::group_commit::DEFAULT_MAX_QUEUED_SUBMITS }
+    }
 }
 
 /// A retention: a duration with a unit, or "forever".
@@ -298,6 +316,7 @@ impl CoordinatorFile {
             insecure: false,
             auth: AuthSection::default(),
             history: HistorySection::default(),
+            limits: LimitsSection::default(),
         }
     }
 
@@ -354,6 +373,9 @@ impl CoordinatorFile {
             return Err("raft.watch-history: must be greater than 0 (job changes kept for watch resumes)".into());
         }
         self.scheduler.lease()?;
+        if self.limits.max_queued_submits == 0 {
+            return Err("limits.max-queued-submits: must be greater than 0".into());
+        }
         self.history.config()?;
         if let Some(tls) = &self.tls {
             tls.files().validate()?;
@@ -435,8 +457,15 @@ impl Coordinator {
         let (node_ttl, fence_after) = file.scheduler.lease().map_err(anyhow::Error::msg)?;
         let advertise_addr = file.advertise.clone().unwrap_or_else(|| bound.to_string());
         let history = file.history.config().map_err(anyhow::Error::msg)?;
-        let config =
-            CoordinatorConfig { node_ttl, fence_after, advertise_addr, security, history, ..Default::default() };
+        let config = CoordinatorConfig {
+            node_ttl,
+            fence_after,
+            advertise_addr,
+            security,
+            history,
+            max_queued_submits: file.limits.max_queued_submits,
+            ..Default::default()
+        };
         Ok(Coordinator::new(node, config))
     }
 }
@@ -492,6 +521,10 @@ mod tests {
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[auth]\nadmin-token-sha256 = \"abc\"\n",
                 "auth.admin-token-sha256",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[limits]\nmax-queued-submits = 0\n",
+                "limits.max-queued-submits: must be greater than 0",
             ),
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[tls]\nca = \"a\"\ncert = \"c\"\nkey = \"k\"\nca-key = \"\"\n",

@@ -1,7 +1,8 @@
 //! Coordinator errors and their one mapping to gRPC status codes.
 
 use corral_core::ApplyError;
-use corral_proto::LEADER_ADDR_METADATA;
+use corral_proto::{LEADER_ADDR_METADATA, RETRY_AFTER_METADATA};
+use std::time::Duration;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CoordError {
@@ -17,6 +18,9 @@ pub enum CoordError {
     NotFound(String),
     #[error("{0}")]
     Unavailable(String),
+    /// The leader's queue of submits is full: the client retries after `retry_after`.
+    #[error("the leader's submit queue is full ({queued} jobs waiting, at most {capacity}): retry after {}ms", .retry_after.as_millis())]
+    Overloaded { queued: usize, capacity: usize, retry_after: Duration },
     /// A watch resumed from a revision this coordinator no longer remembers.
     #[error("{0}")]
     OutOfRange(String),
@@ -66,7 +70,32 @@ impl From<CoordError> for tonic::Status {
                 status
             }
             CoordError::Raft(_) | CoordError::Unavailable(_) => Status::unavailable(message),
+            CoordError::Overloaded { retry_after, .. } => {
+                let mut status = Status::resource_exhausted(message);
+                let ms = retry_after.as_millis().max(1).to_string();
+                if let Ok(value) = ms.parse() {
+                    status.metadata_mut().insert(RETRY_AFTER_METADATA, value);
+                }
+                status
+            }
             CoordError::OutOfRange(_) => Status::out_of_range(message),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_submit_queue_is_resource_exhausted_with_a_retry_after() {
+        let e = CoordError::Overloaded { queued: 10, capacity: 10, retry_after: Duration::from_millis(250) };
+        let status = tonic::Status::from(e);
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(status.metadata().get(RETRY_AFTER_METADATA).and_then(|v| v.to_str().ok()), Some("250"));
+        assert!(status.message().contains("retry after 250ms"), "{}", status.message());
+        // A quota refusal is RESOURCE_EXHAUSTED too, but nothing to retry soon: no retry-after.
+        let quota = CoordError::Rejected(ApplyError::TooManyPendingJobs { tenant: "a".into(), pending: 1 });
+        assert!(tonic::Status::from(quota).metadata().get(RETRY_AFTER_METADATA).is_none());
     }
 }

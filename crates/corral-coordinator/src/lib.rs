@@ -17,6 +17,7 @@ mod group_commit;
 mod grpc_health;
 mod join;
 mod leader_writes;
+mod listing;
 mod liveness;
 mod log_proxy;
 mod metrics;
@@ -30,8 +31,11 @@ mod web;
 
 pub use auth::{token_sha256, SecurityConfig};
 pub use compaction::HistoryConfig;
-pub use config::{AuthSection, CoordinatorFile, HistorySection, RaftSection, Retention, SchedulerSection, TlsSection};
+pub use config::{
+    AuthSection, CoordinatorFile, HistorySection, LimitsSection, RaftSection, Retention, SchedulerSection, TlsSection,
+};
 pub use error::CoordError;
+pub use group_commit::{DEFAULT_MAX_QUEUED_SUBMITS, GROUP_COMMIT_DELAY_FAILPOINT};
 pub use tso::{CLOCK_SKEW_FAILPOINT, MAX_COUNT as MAX_TIMESTAMPS_PER_CALL};
 pub use web::{WebRequest, WebResponse};
 
@@ -74,6 +78,9 @@ pub struct CoordinatorConfig {
     pub security: SecurityConfig,
     /// What stays in memory, and for how long the history is kept.
     pub history: HistoryConfig,
+    /// Most jobs waiting to be proposed (queued submits and batches waiting for the Raft
+    /// pipeline); further submits are refused with RESOURCE_EXHAUSTED and a retry-after.
+    pub max_queued_submits: usize,
 }
 
 impl Default for CoordinatorConfig {
@@ -86,6 +93,7 @@ impl Default for CoordinatorConfig {
             leader_lease: Duration::from_millis(150),
             security: SecurityConfig::default(),
             history: HistoryConfig::default(),
+            max_queued_submits: group_commit::DEFAULT_MAX_QUEUED_SUBMITS,
         }
     }
 }
@@ -108,6 +116,8 @@ struct Inner {
     /// at once; further callers wait here instead of piling megabytes of entries onto the
     /// followers (which then miss heartbeats and call elections).
     batch_slots: tokio::sync::Semaphore,
+    /// The bound on jobs waiting to be proposed, shared by `Submit` and `SubmitBatch`.
+    submit_queue: Arc<group_commit::SubmitQueue>,
     tso: Tso,
     liveness: Liveness,
     /// Scheduler counters and pass latency, exported while this node leads.
@@ -124,6 +134,7 @@ impl Coordinator {
                 pending_order: std::sync::Mutex::default(),
                 submits: std::sync::OnceLock::new(),
                 batch_slots: tokio::sync::Semaphore::new(BATCHES_IN_FLIGHT),
+                submit_queue: group_commit::SubmitQueue::new(config.max_queued_submits),
                 tso: Tso::default(),
                 liveness: Liveness::default(),
                 scheduler_metrics: metrics::SchedulerMetrics::default(),
@@ -390,7 +401,7 @@ impl Coordinator {
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
         let scheduler = tokio::spawn(scheduler::run(self.clone()));
         let compactor = tokio::spawn(compaction::run(self.clone()));
-        let (submits, group_task) = group_commit::GroupCommit::start(self.clone());
+        let (submits, group_task) = group_commit::GroupCommit::start(self.clone(), self.inner.submit_queue.clone());
         let _ = self.inner.submits.set(submits);
         let security = &self.inner.config.security;
         let incoming = corral_security::audited_incoming(listener, security.server_tls.clone(), security.audit.clone());

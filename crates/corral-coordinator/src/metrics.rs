@@ -245,6 +245,18 @@ impl Coordinator {
             "Duration of a scheduling pass, including its Raft proposal",
             sched.pass_duration.clone(),
         );
+        let queue = &self.inner.submit_queue;
+        gauge(
+            registry,
+            "corral_submit_queue_jobs",
+            "Jobs waiting on this leader to be proposed (bounded by limits.max-queued-submits)",
+            i64::try_from(queue.queued()).unwrap_or(i64::MAX),
+        );
+        registry.register(
+            "corral_submits_refused",
+            "Jobs refused with RESOURCE_EXHAUSTED because the submit queue was full",
+            queue.refused.clone(),
+        );
         let live = self.inner.liveness.snapshot();
         let reasons = self.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let data = self.inner.node.state.read();

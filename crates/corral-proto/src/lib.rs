@@ -15,6 +15,10 @@ pub use wire::ProtoError;
 /// can redirect.
 pub const LEADER_ADDR_METADATA: &str = "corral-leader-addr";
 
+/// Metadata key of a RESOURCE_EXHAUSTED refusal of a full submit queue: how many milliseconds
+/// the client should wait before it retries (with the same request ids).
+pub const RETRY_AFTER_METADATA: &str = "retry-after-ms";
+
 /// Generated code of package `corral.v1` (user API, worker protocol, cluster admin).
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]

@@ -2,6 +2,7 @@
 //! through the CLI, as users and operators do. `prometheus_config` checks the monitoring files
 //! of cluster-configs/ (Prometheus rules and their tests, the Grafana dashboard) with promtool.
 
+mod backpressure;
 mod bad_input;
 mod billing;
 mod boundaries;
@@ -17,6 +18,7 @@ mod join;
 mod lifecycle;
 mod metrics;
 mod nodes;
+mod paging;
 mod policy;
 mod prometheus_config;
 mod python;
