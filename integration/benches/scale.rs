@@ -94,7 +94,11 @@ async fn fill(cluster: &Cluster, total: u64) -> f64 {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let now = done.load(Ordering::Relaxed).min(total);
         if now >= next_report {
-            println!("  {now:>8} jobs in {:>6.1?}: coordinator RSS {} MiB", started.elapsed(), fmt_rss(&rss_all(cluster)));
+            println!(
+                "  {now:>8} jobs in {:>6.1?}: coordinator RSS {} MiB",
+                started.elapsed(),
+                fmt_rss(&rss_all(cluster))
+            );
             next_report += total / 10;
         }
     }
@@ -131,7 +135,7 @@ async fn open_loop(cluster: &Cluster, secs: u64) -> (Vec<Duration>, u64) {
     lat.sort();
     let snap_after = status(cluster, leader)["snapshot_index"].as_u64().unwrap_or(0);
     let per = cluster_snapshot_every();
-    (lat, (snap_after.saturating_sub(snap_before) + per - 1) / per)
+    (lat, snap_after.saturating_sub(snap_before).div_ceil(per))
 }
 
 fn cluster_snapshot_every() -> u64 {

@@ -986,10 +986,8 @@ pub fn snapshot_contents(bytes: &[u8]) -> Result<SnapshotContents<'_>, CodecErro
                 None
             }
             WireType::LengthDelimited => {
-                let len = usize::try_from(decode_varint(&mut buf)?)
-                    .ok()
-                    .filter(|l| *l <= buf.len())
-                    .ok_or_else(|| truncated())?;
+                let len =
+                    usize::try_from(decode_varint(&mut buf)?).ok().filter(|l| *l <= buf.len()).ok_or_else(truncated)?;
                 let (record, tail) = buf.split_at(len);
                 buf = tail;
                 Some(record)

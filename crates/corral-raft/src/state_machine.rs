@@ -156,7 +156,7 @@ impl StateMachineStore {
     /// holds live and recently finished jobs only) and encoded after the lock is released; the
     /// history is appended from the store, as of the clone: archived jobs not in the clone's
     /// hot state, segments below its hot ledger.
-    fn snapshot_bytes(&self) -> std::io::Result<(Vec<u8>, (Option<LogId>, StoredMembership))> {
+    fn snapshot_bytes(&self) -> std::io::Result<(Vec<u8>, AppliedAt)> {
         let (state, applied) = {
             let data = self.read();
             (data.state.clone(), (data.last_applied, data.membership.clone()))
@@ -453,6 +453,9 @@ fn persist(t: &Trees, data: &StateMachineData, touched: &Touched) -> Result<(), 
 }
 
 type SnapshotMetaT = SnapshotMeta<NodeId, openraft::BasicNode>;
+
+/// The last applied log id and membership a snapshot stands at.
+type AppliedAt = (Option<LogId>, StoredMembership);
 
 /// Snapshot file: u64 BE length of the JSON meta, the meta, then the protobuf state.
 ///
