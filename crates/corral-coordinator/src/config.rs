@@ -527,6 +527,18 @@ mod tests {
                 "limits.max-queued-submits: must be greater than 0",
             ),
             (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[history]\njob-retention = \"soon\"\n",
+                "history.job-retention",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[history]\nrequest-id-window = \"5s\"\n",
+                "history.request-id-window: 5s is shorter than 1m",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[history]\narchive-after = \"1h\"\njob-retention = \"10m\"\n",
+                "history.job-retention: must be at least history.archive-after",
+            ),
+            (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[tls]\nca = \"a\"\ncert = \"c\"\nkey = \"k\"\nca-key = \"\"\n",
                 "tls.ca-key: must not be empty",
             ),

@@ -28,6 +28,9 @@ const META_RAFT_APPLIED: &[u8] = b"m/raft/last_applied";
 const META_RAFT_MEMBERSHIP: &[u8] = b"m/raft/membership";
 const META_STATE: &[u8] = b"m/state";
 const SNAPSHOT_FILE: &str = "current.snap";
+/// sled's page cache (its default is 1 GiB): the hot state is in memory already, and the
+/// history is read page by page, so a small cache keeps a coordinator's memory bounded.
+const SLED_CACHE_BYTES: u64 = 128 << 20;
 
 /// What the state machine holds in memory.
 #[derive(Debug, Default)]
@@ -112,7 +115,7 @@ impl StateMachineStore {
         std::fs::create_dir_all(&snapshot_dir)?;
         // sled flushes in the background (every 500 ms by default); durability still comes from
         // the Raft log and fsynced snapshots, whatever sled lost is re-applied on open.
-        let db = sled::Config::new().path(dir.join("sm")).open()?;
+        let db = sled::Config::new().path(dir.join("sm")).cache_capacity(SLED_CACHE_BYTES).open()?;
         let trees = Trees { tree: db.open_tree("state")?, db };
         let mut data = load_from_sled(&trees)?;
         if let Some((meta, bytes)) = read_snapshot_file(&snapshot_dir)? {
