@@ -13,6 +13,11 @@
 //! cutoffs of a command are clamped to its own timestamp (a proposal cannot archive the future).
 
 use crate::{Outcome, Response, State};
+
+/// Most jobs (tasks of an array included) and segments one compaction moves: a backlog (a
+/// bulk cancel of a million jobs) leaves over several commands, each one a bounded apply and
+/// store batch. Candidates go in id order, so every replica moves the same ones.
+pub const MAX_ARCHIVED_PER_COMPACTION: usize = 20_000;
 use corral_types::{Job, JobId, Timestamp};
 use serde::{Deserialize, Serialize};
 
@@ -73,6 +78,9 @@ impl State {
             self.jobs.values().filter(|job| job.array_task.is_none() && ended_before(job)).map(|job| job.id).collect();
         let mut moved = Vec::new();
         for id in candidates {
+            if moved.len() >= MAX_ARCHIVED_PER_COMPACTION {
+                break;
+            }
             let tasks: Vec<JobId> = if self.jobs[&id].is_array() {
                 self.index.array_tasks.range((id, 0)..=(id, u32::MAX)).map(|(_, task)| *task).collect()
             } else {
@@ -95,7 +103,7 @@ impl State {
         moved.sort_unstable_by_key(|j| j.id);
         let mut archived_segments = 0;
         while let Some(entry) = self.ledger.first_entry() {
-            if entry.get().end >= before {
+            if entry.get().end >= before || archived_segments >= MAX_ARCHIVED_PER_COMPACTION as u64 {
                 break;
             }
             let segment = entry.remove();
@@ -185,6 +193,24 @@ mod tests {
         // A retry of an expired request id is a new job.
         let (response, _) = apply(&mut s, 6_001, Command::SubmitJob { request_id: "r3".into(), spec: spec(1) });
         assert!(matches!(response, Ok(Outcome::JobSubmitted { job_id: 4, duplicate: false })));
+    }
+
+    /// A backlog leaves over several compactions, the lowest ids first.
+    #[test]
+    fn one_compaction_moves_a_bounded_number_of_jobs() {
+        let mut s = cluster();
+        let n = super::MAX_ARCHIVED_PER_COMPACTION + 5;
+        let jobs = (0..n).map(|i| (format!("r{i}"), spec(1))).collect();
+        apply(&mut s, 10, Command::SubmitJobs { jobs }).0.expect("submit");
+        let job_ids: Vec<u64> = s.jobs.keys().copied().collect();
+        let (response, _) = apply(&mut s, 20, Command::CancelJobs { job_ids, reason: "bulk".into() });
+        assert!(matches!(response, Ok(Outcome::JobsCancelled(ids)) if ids.len() == n));
+        let (_, first) = compact(&mut s, 1_000, 500);
+        assert_eq!(first.archived.len(), super::MAX_ARCHIVED_PER_COMPACTION);
+        assert_eq!(first.archived.first().map(|j| j.id), Some(1));
+        let (_, second) = compact(&mut s, 1_001, 500);
+        assert_eq!(second.archived.iter().map(|j| j.id).collect::<Vec<_>>(), (20_001..=20_005).collect::<Vec<_>>());
+        assert!(s.jobs.is_empty());
     }
 
     /// The cutoff of a proposal is clamped to the command's timestamp.
