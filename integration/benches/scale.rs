@@ -8,7 +8,8 @@
 //! Run: `cargo build --release -p corral-cli && CORRAL_BIN=target/release/corral cargo bench -p
 //! corral-integration --bench scale`. `CORRAL_SCALE_JOBS` (default 100000), `CORRAL_SCALE_ENTRIES`
 //! (entries the stopped follower misses, default 20000), `CORRAL_SCALE_SECS` (length of the
-//! latency phases, default 20). Phases the binary does not support (an older build) are skipped.
+//! latency phases, default 20). Phases the binary does not support (an older build) are skipped;
+//! `CORRAL_SCALE_NO_HISTORY=1` leaves out the `[history]` config section older builds refuse.
 
 use corral_client::{Client, ClientConfig};
 use corral_integration::cluster::{Cluster, ClusterOptions};
@@ -69,22 +70,24 @@ fn status(cluster: &Cluster, index: usize) -> serde_json::Value {
 /// Submits `total` jobs in batches of 1000 from 4 callers; prints RSS at every tenth.
 async fn fill(cluster: &Cluster, total: u64) -> f64 {
     let endpoints = cluster.endpoints();
+    let claimed = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let callers: Vec<_> = (0..4)
         .map(|_| {
             let client = client(&endpoints);
-            let done = done.clone();
+            let (claimed, done) = (claimed.clone(), done.clone());
             tokio::spawn(async move {
                 loop {
-                    let claimed = done.fetch_add(1000, Ordering::Relaxed);
-                    if claimed >= total {
+                    let first = claimed.fetch_add(1000, Ordering::Relaxed);
+                    if first >= total {
                         return;
                     }
-                    let n = (total - claimed).min(1000) as usize;
+                    let n = (total - first).min(1000) as usize;
                     let jobs: Vec<(String, JobSpec)> = (0..n).map(|_| (rid(), spec())).collect();
                     let results = client.submit_batch(&jobs).await.expect("batch");
                     assert!(results.iter().all(|r| r.is_ok()), "a batch job was refused");
+                    done.fetch_add(n as u64, Ordering::Relaxed);
                 }
             })
         })
@@ -180,7 +183,12 @@ fn main() {
     let options = ClusterOptions {
         snapshot_every: cluster_snapshot_every(),
         keep_logs_after_snapshot: 1_000,
-        extra_config: "\n[history]\narchive-after = \"5s\"\ncompact-every = \"1s\"\n".into(),
+        // Builds from before the history have no [history] section: CORRAL_SCALE_NO_HISTORY=1.
+        extra_config: if std::env::var_os("CORRAL_SCALE_NO_HISTORY").is_some() {
+            String::new()
+        } else {
+            "\n[history]\narchive-after = \"5s\"\ncompact-every = \"1s\"\n".into()
+        },
         ..ClusterOptions::default()
     };
     let mut cluster = Cluster::start(3, options);
@@ -238,10 +246,16 @@ fn main() {
             if last >= first + entries {
                 break;
             }
-            let batch: Vec<_> = (0..200).map(|_| c.clone()).collect();
-            let tasks: Vec<_> = batch
-                .into_iter()
-                .map(|c| tokio::spawn(async move { c.submit_with_id(&rid(), &spec()).await.map(|_| ()) }))
+            // 8 callers, 250 submits each back to back: mostly one entry per submit.
+            let tasks: Vec<_> = (0..8)
+                .map(|_| {
+                    let c = c.clone();
+                    tokio::spawn(async move {
+                        for _ in 0..250 {
+                            let _ = c.submit_with_id(&rid(), &spec()).await;
+                        }
+                    })
+                })
                 .collect();
             for t in tasks {
                 let _ = t.await;
