@@ -172,7 +172,9 @@ impl RaftNode {
         let mut log_config = raft_log::Config::new(log_dir.display());
         // Small chunks: purged log space is reclaimed per closed chunk.
         log_config.wal.chunk_max_size = Some(64 << 20);
-        log_config.log_cache_capacity = Some(256 << 20);
+        // Recent entries stay in memory for followers that lag a little; one that lags far reads
+        // from disk or gets a snapshot. Bounded so a coordinator's memory stays flat.
+        log_config.log_cache_capacity = Some(64 << 20);
         // openraft 0.9 keeps one log write in flight: waiting for more writes to batch into one
         // fsync only adds latency. Batching happens above, in the coordinator's group commit.
         log_config.wal.flush_batch_wait = Some(Duration::ZERO);
