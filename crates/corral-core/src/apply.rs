@@ -342,6 +342,7 @@ impl State {
             Job { reason, held, waiting_on, array_progress, ..Job::pending(id, spec, request_id.to_string(), ts) };
         if !request_id.is_empty() {
             self.request_ids.insert(request_id.to_string(), RequestRecord { job_id: id, at: ts });
+            self.request_order.insert((ts, request_id.to_string()));
         }
         let array = job.is_array();
         self.jobs.insert(id, job);

@@ -111,14 +111,16 @@ impl State {
             archived_segments += 1;
         }
         self.segments_archived_below = self.ledger.keys().next().copied().unwrap_or(self.next_segment_id);
+        // Oldest first: the work is what expires, not what is kept.
         let mut expired = Vec::new();
-        self.request_ids.retain(|request_id, record| {
-            let keep = record.at >= cutoffs.request_ids_before;
-            if !keep {
-                expired.push(request_id.clone());
+        while let Some(first) = self.request_order.first() {
+            if first.0 >= cutoffs.request_ids_before {
+                break;
             }
-            keep
-        });
+            let Some((_, request_id)) = self.request_order.pop_first() else { break };
+            self.request_ids.remove(&request_id);
+            expired.push(request_id);
+        }
         let outcome = Compacted {
             archived_jobs: moved.len() as u64,
             archived_segments,

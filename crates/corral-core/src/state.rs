@@ -84,6 +84,9 @@ pub struct State {
     /// What the last `Compact` took out, for `apply_tracked`; empty between commands.
     #[serde(skip)]
     pub(crate) archive: Archive,
+    /// `request_ids` in the order they expire (submit time, then id). Derived.
+    #[serde(skip)]
+    pub(crate) request_order: BTreeSet<(Timestamp, String)>,
 }
 
 /// Billing totals of one tenant.
@@ -269,8 +272,13 @@ impl Default for State {
             follow_ups: Vec::new(),
             followed: BTreeSet::new(),
             archive: Archive::default(),
+            request_order: BTreeSet::new(),
         }
     }
+}
+
+fn request_order(request_ids: &BTreeMap<String, RequestRecord>) -> BTreeSet<(Timestamp, String)> {
+    request_ids.iter().map(|(id, r)| (r.at, id.clone())).collect()
 }
 
 fn count_down<K: Ord>(counts: &mut BTreeMap<K, u32>, key: &K) {
@@ -454,6 +462,7 @@ impl State {
         tso_window_end_ms: u64,
     ) -> Self {
         let index = Index::rebuild(&jobs, &nodes);
+        let request_order = request_order(&request_ids);
         State {
             jobs,
             nodes,
@@ -479,12 +488,14 @@ impl State {
             follow_ups: Vec::new(),
             followed: BTreeSet::new(),
             archive: Archive::default(),
+            request_order,
         }
     }
 
     /// Rebuilds the derived indexes (after changing `jobs` by hand, e.g. a serde decode).
     pub fn rebuild_indexes(&mut self) {
         self.index = Index::rebuild(&self.jobs, &self.nodes);
+        self.request_order = request_order(&self.request_ids);
     }
 
     pub(crate) fn set_job_state_index(&mut self, job_id: JobId, state: JobState) {
