@@ -74,8 +74,11 @@ impl State {
         let before = cutoffs.archive_before;
         let ended_before = |job: &Job| job.state.is_terminal() && job.finished_at.unwrap_or(job.submitted_at) < before;
         // Tasks leave with their array; an array leaves once it ended and each of its tasks did.
-        let candidates: Vec<JobId> =
-            self.jobs.values().filter(|job| job.array_task.is_none() && ended_before(job)).map(|job| job.id).collect();
+        let candidates: Vec<JobId> = (self.index.ended.iter())
+            .filter_map(|id| self.jobs.get(id))
+            .filter(|job| job.array_task.is_none() && ended_before(job))
+            .map(|job| job.id)
+            .collect();
         let mut moved = Vec::new();
         for id in candidates {
             if moved.len() >= MAX_ARCHIVED_PER_COMPACTION {

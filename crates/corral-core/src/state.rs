@@ -171,6 +171,8 @@ pub(crate) struct Index {
     pub pending_by_tenant: BTreeMap<String, u32>,
     /// Pending jobs kept out of the queue: held, or waiting on dependencies.
     pub blocked: BTreeSet<JobId>,
+    /// Jobs of the hot state that ended: what a compaction looks at.
+    pub ended: BTreeSet<JobId>,
     /// Job -> pending jobs waiting for it to end.
     pub dependents: BTreeMap<JobId, BTreeSet<JobId>>,
     /// (array, index) -> the task's job id, for every task created.
@@ -343,8 +345,10 @@ impl Index {
         let live = !state.is_terminal();
         if live {
             self.live.insert(id);
+            self.ended.remove(&id);
         } else {
             self.live.remove(&id);
+            self.ended.insert(id);
         }
         if let Some(task) = job.array_task {
             self.array_tasks.insert((task.array, task.index), id);
@@ -359,6 +363,7 @@ impl Index {
     /// Forgets a terminal job that leaves the hot state (`Command::Compact`).
     pub(crate) fn forget(&mut self, job: &Job) {
         debug_assert!(job.state.is_terminal());
+        self.ended.remove(&job.id);
         if let Some(task) = job.array_task {
             self.array_tasks.remove(&(task.array, task.index));
         }
