@@ -86,7 +86,20 @@ async fn fill(cluster: &Cluster, total: u64, progress: bool) -> f64 {
                     }
                     let n = (total - first).min(1000) as usize;
                     let jobs: Vec<(String, JobSpec)> = (0..n).map(|_| (rid(), spec())).collect();
-                    let results = client.submit_batch(&jobs).await.expect("batch");
+                    // A leader change on this loaded machine can outlast the client's retries:
+                    // retry the same request ids (a duplicate is answered with its first job).
+                    let mut tries = 0;
+                    let results = loop {
+                        match client.submit_batch(&jobs).await {
+                            Ok(results) => break results,
+                            Err(e) if tries < 10 => {
+                                tries += 1;
+                                eprintln!("  batch failed ({e}); retrying");
+                                tokio::time::sleep(Duration::from_secs(1)).await;
+                            }
+                            Err(e) => panic!("batch: {e}"),
+                        }
+                    };
                     assert!(results.iter().all(|r| r.is_ok()), "a batch job was refused");
                     done.fetch_add(n as u64, Ordering::Relaxed);
                 }
