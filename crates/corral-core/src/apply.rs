@@ -17,7 +17,7 @@ use crate::{
 };
 use corral_types::{
     format_size, Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobState, NodeMode, NodeSpec, NodeState,
-    NodeStatus, PartEnd, PreemptionNotice, SliceAssignment, Timestamp, DRAIN_PREEMPTOR,
+    NodeStatus, PartEnd, PreemptionNotice, Segment, SliceAssignment, Timestamp, DRAIN_PREEMPTOR,
 };
 use std::collections::BTreeSet;
 
@@ -43,6 +43,9 @@ pub struct Touched {
     pub policy: bool,
     /// Jobs that left the hot state for the history (`Command::Compact`).
     pub archived: Vec<Job>,
+    /// Segments that left the hot ledger: the store writes those created in the same batch
+    /// (their id is in `segments`), which are no longer in the state when it persists.
+    pub archived_segments: Vec<Segment>,
     /// Request ids that expired.
     pub expired_request_ids: Vec<String>,
     /// Retention to apply to the history (the last compaction's cutoffs).
@@ -59,6 +62,7 @@ impl Touched {
         // A job archived and then changed again in one batch cannot happen: only terminal jobs
         // of the hot state are archived, and nothing changes a job that left it.
         self.archived.extend(other.archived);
+        self.archived_segments.extend(other.archived_segments);
         self.expired_request_ids.extend(other.expired_request_ids);
         self.history_cutoffs = other.history_cutoffs.or(self.history_cutoffs);
     }
@@ -119,6 +123,7 @@ impl State {
         touched.jobs.extend(std::mem::take(&mut self.followed));
         let archive = std::mem::take(&mut self.archive);
         touched.archived = archive.jobs;
+        touched.archived_segments = archive.segments;
         touched.expired_request_ids = archive.expired_request_ids;
         touched.history_cutoffs = archive.cutoffs;
         match &response {

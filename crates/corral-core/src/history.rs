@@ -18,7 +18,7 @@ use crate::{Outcome, Response, State};
 /// bulk cancel of a million jobs) leaves over several commands, each one a bounded apply and
 /// store batch. Candidates go in id order, so every replica moves the same ones.
 pub const MAX_ARCHIVED_PER_COMPACTION: usize = 20_000;
-use corral_types::{Job, JobId, Timestamp};
+use corral_types::{Job, JobId, Segment, Timestamp};
 use serde::{Deserialize, Serialize};
 
 /// Cutoffs of one compaction, computed by the leader from its configured delays.
@@ -54,6 +54,9 @@ pub struct RequestRecord {
 pub struct Archive {
     /// Jobs moved to the history (in id order).
     pub jobs: Vec<Job>,
+    /// Segments that left the hot ledger (the store has them unless they were written in the
+    /// same batch: a run that ended long before its report arrived).
+    pub segments: Vec<Segment>,
     /// Request ids that expired.
     pub expired_request_ids: Vec<String>,
     /// The cutoffs whose retention the store applies to its history.
@@ -104,15 +107,16 @@ impl State {
             }
         }
         moved.sort_unstable_by_key(|j| j.id);
-        let mut archived_segments = 0;
+        let mut segments = Vec::new();
         while let Some(entry) = self.ledger.first_entry() {
-            if entry.get().end >= before || archived_segments >= MAX_ARCHIVED_PER_COMPACTION as u64 {
+            if entry.get().end >= before || segments.len() >= MAX_ARCHIVED_PER_COMPACTION {
                 break;
             }
             let segment = entry.remove();
             self.archived_billed.entry(segment.tenant.clone()).or_default().add(&segment);
-            archived_segments += 1;
+            segments.push(segment);
         }
+        let archived_segments = segments.len() as u64;
         self.segments_archived_below = self.ledger.keys().next().copied().unwrap_or(self.next_segment_id);
         // Oldest first: the work is what expires, not what is kept.
         let mut expired = Vec::new();
@@ -129,7 +133,7 @@ impl State {
             archived_segments,
             expired_request_ids: expired.len() as u64,
         };
-        self.archive = Archive { jobs: moved, expired_request_ids: expired, cutoffs: Some(cutoffs) };
+        self.archive = Archive { jobs: moved, segments, expired_request_ids: expired, cutoffs: Some(cutoffs) };
         Ok(Outcome::Compacted(outcome))
     }
 }

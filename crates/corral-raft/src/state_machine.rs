@@ -450,6 +450,11 @@ fn persist(t: &Trees, data: &StateMachineData, touched: &Touched) -> Result<(), 
             batch.insert(key(SEGMENT, &id.to_be_bytes()), codec::segment_to_bytes(segment));
         }
     }
+    // A segment written and archived in one batch (a run reported long after it ended, then a
+    // compaction) is no longer in the hot ledger: write it from what the compaction took.
+    for segment in touched.archived_segments.iter().filter(|g| touched.segments.contains(&g.id)) {
+        batch.insert(key(SEGMENT, &segment.id.to_be_bytes()), codec::segment_to_bytes(segment));
+    }
     if touched.policy {
         // Rare (a policy apply): rewrite the kept history, dropping what fell out of it.
         let kept: std::collections::BTreeSet<u64> = state.policy_history.iter().map(|r| r.version).collect();
@@ -799,6 +804,70 @@ mod tests {
             persist(&store.shared.trees, &data, &touched).expect("persist");
         }
         assert_eq!(store.archived_jobs_from(0).count(), 0, "every archived job was submitted before the cutoff");
+    }
+
+    /// A run reported long after it ended, applied in the same batch as a compaction that
+    /// archives its segment at once: the segment still reaches the store.
+    #[test]
+    fn a_segment_archived_in_the_batch_that_wrote_it_is_stored() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = StateMachineStore::open(dir.path()).expect("open");
+        let at = |ms: u64| Timestamp::compose(ms, 0);
+        let mut data = store.shared.data.write().unwrap();
+        let gpu = corral_types::GpuDevice {
+            index: 0,
+            uuid: "GPU-0".into(),
+            model: "RTX 5090".into(),
+            memory_mib: 32768,
+            ..Default::default()
+        };
+        let node = corral_types::NodeSpec {
+            name: "n1".into(),
+            address: "127.0.0.1:1".into(),
+            gpus: vec![gpu],
+            cpu_millis: 16_000,
+            memory_bytes: 64 << 30,
+            labels: vec![],
+            rendezvous_ports: None,
+        };
+        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()], gpus: 1, ..Default::default() };
+        let setup = [
+            Command::Configure(ClusterConfig::dev_defaults()),
+            Command::RegisterNode { spec: node },
+            Command::SubmitJob { request_id: "r".into(), spec },
+            Command::PlaceJob { job_id: 1, node: "n1".into(), gpus: vec![0] },
+        ];
+        for (i, command) in setup.into_iter().enumerate() {
+            let (response, touched) = data.state.apply_tracked(&Request { ts: at(100 + i as u64), command });
+            response.expect("setup");
+            persist(&store.shared.trees, &data, &touched).expect("persist");
+        }
+        let epoch = data.state.jobs[&1].allocation.as_ref().expect("placed").epoch;
+        let (response, touched) =
+            data.state.apply_tracked(&Request { ts: at(200), command: Command::JobStarted { job_id: 1, epoch } });
+        response.expect("started");
+        persist(&store.shared.trees, &data, &touched).expect("persist");
+        // One batch: the exit stamped at 1 s, then a compaction at 10 s archiving before 5 s.
+        let report = corral_types::JobExitReport { exit_code: Some(0), run_time_ms: 700, ..Default::default() };
+        let finished = Command::JobFinished { job_id: 1, epoch, node: "n1".into(), report };
+        let (response, mut batch) = data.state.apply_tracked(&Request { ts: at(1_000), command: finished });
+        response.expect("finished");
+        let cutoffs = CompactCutoffs {
+            archive_before: at(5_000),
+            request_ids_before: at(0),
+            jobs_before: None,
+            segments_before: None,
+        };
+        let (response, compacted) =
+            data.state.apply_tracked(&Request { ts: at(10_000), command: Command::Compact(cutoffs) });
+        response.expect("compact");
+        batch.merge(compacted);
+        assert!(data.state.ledger.is_empty(), "the segment left the hot ledger in the batch that wrote it");
+        persist(&store.shared.trees, &data, &batch).expect("persist");
+        drop(data);
+        let stored: Vec<(u64, u64)> = store.segments_from(0).map(|g| (g.job_id, g.epoch)).collect();
+        assert_eq!(stored, vec![(1, epoch)], "the run is billed in the store");
+        assert_eq!(store.archived_job(1).map(|j| j.state), Some(corral_types::JobState::Succeeded));
     }
 
     fn meta(index: u64) -> SnapshotMetaT {
