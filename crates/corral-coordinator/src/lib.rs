@@ -350,7 +350,6 @@ impl Coordinator {
         &self,
         mut spec: corral_types::JobSpec,
     ) -> Result<corral_types::JobSpec, CoordError> {
-        use corral_types::{DependencyKind, JobState};
         if spec.sched.dependencies.is_empty() {
             return Ok(spec);
         }
@@ -371,15 +370,7 @@ impl Coordinator {
                     target.display_id()
                 ))));
             }
-            let ok = target.state == JobState::Succeeded;
-            let never = match dep.kind {
-                DependencyKind::AfterAny => None,
-                DependencyKind::AfterOk if ok => None,
-                DependencyKind::AfterOk => Some(format!("job {} ended {}", target.display_id(), target.state)),
-                DependencyKind::AfterNotOk if ok => Some(format!("job {} succeeded", target.display_id())),
-                DependencyKind::AfterNotOk => None,
-            };
-            if let Some(why) = never {
+            if let corral_core::DepStatus::Never(why) = corral_core::dep_status(dep.kind, &target) {
                 return Err(CoordError::Rejected(ApplyError::InvalidDependency(format!(
                     "{}:{} can never be met: {why}",
                     dep.kind.as_str(),

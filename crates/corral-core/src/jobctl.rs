@@ -20,13 +20,16 @@ pub const ARRAY_WINDOW: u32 = 1024;
 pub const MAX_SIGNALS: usize = 64;
 
 /// Where a dependency stands.
-enum DepStatus {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DepStatus {
     Met,
     Waiting,
     Never(String),
 }
 
-fn dep_status(kind: DependencyKind, target: &Job) -> DepStatus {
+/// Where a dependency of `kind` on `target` stands (the coordinator judges dependencies on jobs
+/// in the history with it too).
+pub fn dep_status(kind: DependencyKind, target: &Job) -> DepStatus {
     if !target.state.is_terminal() {
         return DepStatus::Waiting;
     }
