@@ -334,6 +334,15 @@ fn request_record_from_bytes(v: &[u8]) -> Option<RequestRecord> {
     Some(RequestRecord { job_id, at: Timestamp(at) })
 }
 
+/// Writes `job` (encoded as `bytes`) into the history, with its task key if it is an array task.
+fn put_archived(batch: &mut sled::Batch, job: &Job, bytes: &[u8]) {
+    let id = job.id.to_be_bytes();
+    batch.insert(key(HISTORY, &id), bytes);
+    if let Some(task) = job.array_task {
+        batch.insert(task_key(task.array, task.index), &id);
+    }
+}
+
 fn task_key(array: u64, index: u32) -> Vec<u8> {
     let mut rest = array.to_be_bytes().to_vec();
     rest.extend_from_slice(&index.to_be_bytes());
@@ -349,11 +358,7 @@ fn rewrite_sled(t: &Trees, data: &StateMachineData, contents: &codec::SnapshotCo
     for chunk in contents.archived_jobs.chunks(10_000) {
         let mut batch = sled::Batch::default();
         for bytes in chunk {
-            let job = codec::job_from_bytes(bytes)?;
-            if let Some(task) = job.array_task {
-                batch.insert(task_key(task.array, task.index), &job.id.to_be_bytes());
-            }
-            batch.insert(key(HISTORY, &job.id.to_be_bytes()), *bytes);
+            put_archived(&mut batch, &codec::job_from_bytes(bytes)?, bytes);
         }
         t.tree.apply_batch(batch)?;
     }
@@ -426,12 +431,8 @@ fn persist(t: &Trees, data: &StateMachineData, touched: &Touched) -> Result<(), 
         }
     }
     for job in &touched.archived {
-        let id = job.id.to_be_bytes();
-        batch.remove(key(JOB, &id));
-        batch.insert(key(HISTORY, &id), codec::job_to_bytes(job));
-        if let Some(task) = job.array_task {
-            batch.insert(task_key(task.array, task.index), &id);
-        }
+        batch.remove(key(JOB, &job.id.to_be_bytes()));
+        put_archived(&mut batch, job, &codec::job_to_bytes(job));
     }
     for request_id in &touched.expired_request_ids {
         batch.remove(key(REQUEST, request_id.as_bytes()));
