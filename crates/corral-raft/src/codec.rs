@@ -943,82 +943,112 @@ pub fn command_from_bytes(bytes: &[u8]) -> Result<Request, CodecError> {
 const SNAPSHOT_SEGMENTS_FIELD: u32 = 12;
 const SNAPSHOT_ARCHIVED_JOBS_FIELD: u32 = 52;
 
-/// Appends one history record (an encoded job, see [`job_to_bytes`]) to a snapshot begun with
-/// [`snapshot_to_bytes`]: the result is still one `StateSnapshot` message.
-pub fn snapshot_append_archived_job(snapshot: &mut Vec<u8>, job: &[u8]) {
-    append_field(snapshot, SNAPSHOT_ARCHIVED_JOBS_FIELD, job);
+/// Writes one record of the history after a snapshot begun with [`snapshot_to_bytes`]: the
+/// result is still one `StateSnapshot` message.
+pub fn write_snapshot_record(out: &mut impl std::io::Write, kind: HistoryRecord, record: &[u8]) -> std::io::Result<()> {
+    let field = match kind {
+        HistoryRecord::Segment => SNAPSHOT_SEGMENTS_FIELD,
+        HistoryRecord::ArchivedJob => SNAPSHOT_ARCHIVED_JOBS_FIELD,
+    };
+    let mut head = Vec::with_capacity(16);
+    prost::encoding::encode_key(field, prost::encoding::WireType::LengthDelimited, &mut head);
+    prost::encoding::encode_varint(record.len() as u64, &mut head);
+    out.write_all(&head)?;
+    out.write_all(record)
 }
 
-/// Appends one segment of the history (see [`segment_to_bytes`]) to a snapshot.
-pub fn snapshot_append_segment(snapshot: &mut Vec<u8>, segment: &[u8]) {
-    append_field(snapshot, SNAPSHOT_SEGMENTS_FIELD, segment);
+/// What a snapshot record of the history is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryRecord {
+    /// A billing segment (hot or archived), encoded as [`segment_to_bytes`] writes it.
+    Segment,
+    /// A job of the history, encoded as [`job_to_bytes`] writes it.
+    ArchivedJob,
 }
 
-fn append_field(buf: &mut Vec<u8>, field: u32, bytes: &[u8]) {
-    prost::encoding::encode_key(field, prost::encoding::WireType::LengthDelimited, buf);
-    prost::encoding::encode_varint(bytes.len() as u64, buf);
-    buf.extend_from_slice(bytes);
+/// A snapshot failed to read: its source failed, or its bytes do not decode.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotReadError {
+    #[error("reading the snapshot failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the snapshot does not decode: {0}")]
+    Codec(#[from] CodecError),
 }
 
-/// A decoded snapshot: the hot state (its ledger holds the hot segments) and the records of the
-/// history, still encoded.
-pub struct SnapshotContents<'a> {
-    pub state: State,
-    /// Every segment (hot and archived), encoded as [`segment_to_bytes`] writes them.
-    pub segments: Vec<&'a [u8]>,
-    /// The archived jobs, encoded as [`job_to_bytes`] writes them.
-    pub archived_jobs: Vec<&'a [u8]>,
-}
-
-/// Decodes a snapshot without decoding its history records: the top-level fields that carry
-/// them are set aside, the rest is one `StateSnapshot`.
-pub fn snapshot_contents(bytes: &[u8]) -> Result<SnapshotContents<'_>, CodecError> {
-    use prost::encoding::{decode_key, decode_varint, WireType};
-    let truncated = || CodecError::Invalid { field: "snapshot", value: "a truncated field".into() };
-    let (mut segments, mut archived_jobs, mut rest) = (Vec::new(), Vec::new(), Vec::new());
-    let mut buf = bytes;
-    while !buf.is_empty() {
-        let start = bytes.len() - buf.len();
-        let (field, wire) = decode_key(&mut buf)?;
-        let record = match wire {
+/// Reads a snapshot from `reader` in one pass, without holding its history in memory: every
+/// record of the history (every segment, hot ones included, and every archived job) goes to
+/// `on_record` as it is read, still encoded; the other top-level fields are the hot state,
+/// returned decoded with an empty ledger (the caller keeps the segments it needs).
+pub fn read_snapshot<R: std::io::Read, E>(
+    mut reader: R,
+    mut on_record: impl FnMut(HistoryRecord, Vec<u8>) -> Result<(), E>,
+) -> Result<State, E>
+where
+    E: From<SnapshotReadError>,
+{
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    use std::io::Read;
+    let invalid = |value: &str| SnapshotReadError::from(CodecError::Invalid { field: "snapshot", value: value.into() });
+    let mut rest = Vec::new();
+    while let Some(key) = read_varint(&mut reader)? {
+        let field = u32::try_from(key >> 3).ok().filter(|f| *f > 0).ok_or_else(|| invalid("a bad field key"))?;
+        let wire = WireType::try_from(key & 7).map_err(|_| invalid("a bad wire type"))?;
+        match wire {
             WireType::Varint => {
-                decode_varint(&mut buf)?;
-                None
+                let v = read_varint(&mut reader)?.ok_or_else(|| invalid("a truncated field"))?;
+                encode_key(field, wire, &mut rest);
+                encode_varint(v, &mut rest);
             }
             WireType::LengthDelimited => {
-                let len =
-                    usize::try_from(decode_varint(&mut buf)?).ok().filter(|l| *l <= buf.len()).ok_or_else(truncated)?;
-                let (record, tail) = buf.split_at(len);
-                buf = tail;
-                Some(record)
+                let len = read_varint(&mut reader)?.ok_or_else(|| invalid("a truncated field"))?;
+                // Read as it arrives, never allocated up front from a length that may be corrupt.
+                let mut record = Vec::new();
+                (&mut reader).take(len).read_to_end(&mut record).map_err(SnapshotReadError::from)?;
+                if record.len() as u64 != len {
+                    return Err(invalid("a truncated field").into());
+                }
+                match field {
+                    SNAPSHOT_SEGMENTS_FIELD => on_record(HistoryRecord::Segment, record)?,
+                    SNAPSHOT_ARCHIVED_JOBS_FIELD => on_record(HistoryRecord::ArchivedJob, record)?,
+                    _ => {
+                        encode_key(field, wire, &mut rest);
+                        encode_varint(len, &mut rest);
+                        rest.extend_from_slice(&record);
+                    }
+                }
             }
             WireType::SixtyFourBit | WireType::ThirtyTwoBit => {
+                let mut fixed = [0u8; 8];
                 let n = if wire == WireType::SixtyFourBit { 8 } else { 4 };
-                if buf.len() < n {
-                    return Err(truncated());
-                }
-                buf = &buf[n..];
-                None
+                reader.read_exact(&mut fixed[..n]).map_err(|_| invalid("a truncated field"))?;
+                encode_key(field, wire, &mut rest);
+                rest.extend_from_slice(&fixed[..n]);
             }
-            WireType::StartGroup | WireType::EndGroup => {
-                return Err(CodecError::Invalid { field: "snapshot", value: "a group field".into() });
-            }
-        };
-        let end = bytes.len() - buf.len();
-        match (field, record) {
-            (SNAPSHOT_SEGMENTS_FIELD, Some(r)) => segments.push(r),
-            (SNAPSHOT_ARCHIVED_JOBS_FIELD, Some(r)) => archived_jobs.push(r),
-            _ => rest.extend_from_slice(&bytes[start..end]),
+            WireType::StartGroup | WireType::EndGroup => return Err(invalid("a group field").into()),
         }
     }
-    let mut state = state_from_snapshot_pb(pb::StateSnapshot::decode(rest.as_slice())?)?;
-    for record in &segments {
-        let segment = segment_from_bytes(record)?;
-        if segment.id >= state.segments_archived_below {
-            state.ledger.insert(segment.id, segment);
+    let snapshot =
+        pb::StateSnapshot::decode(rest.as_slice()).map_err(CodecError::from).map_err(SnapshotReadError::from)?;
+    Ok(state_from_snapshot_pb(snapshot).map_err(SnapshotReadError::from)?)
+}
+
+/// A protobuf varint from `reader`; `None` at the end of the input before its first byte.
+fn read_varint(reader: &mut impl std::io::Read) -> Result<Option<u64>, SnapshotReadError> {
+    let mut value = 0u64;
+    for i in 0..10 {
+        let mut byte = [0u8; 1];
+        if reader.read(&mut byte)? == 0 {
+            if i == 0 {
+                return Ok(None);
+            }
+            return Err(CodecError::Invalid { field: "snapshot", value: "a truncated varint".into() }.into());
+        }
+        value |= u64::from(byte[0] & 0x7f) << (7 * i);
+        if byte[0] & 0x80 == 0 {
+            return Ok(Some(value));
         }
     }
-    Ok(SnapshotContents { state, segments, archived_jobs })
+    Err(CodecError::Invalid { field: "snapshot", value: "a varint longer than 10 bytes".into() }.into())
 }
 
 /// Encodes the hot state for a snapshot (the history is appended by the store).
@@ -1132,7 +1162,21 @@ fn coordinators_from_pb(records: Vec<pb::CoordinatorRecord>) -> BTreeMap<u64, Co
 
 /// Decodes the hot state of a snapshot (see [`snapshot_contents`] for its history too).
 pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, CodecError> {
-    Ok(snapshot_contents(bytes)?.state)
+    let mut segments = Vec::new();
+    let read = read_snapshot(bytes, |kind, record| {
+        if kind == HistoryRecord::Segment {
+            segments.push(segment_from_bytes(&record)?);
+        }
+        Ok::<(), SnapshotReadError>(())
+    });
+    let mut state = read.map_err(|e| match e {
+        SnapshotReadError::Codec(e) => e,
+        SnapshotReadError::Io(e) => CodecError::Invalid { field: "snapshot", value: e.to_string() },
+    })?;
+    for segment in segments.into_iter().filter(|g| g.id >= state.segments_archived_below) {
+        state.ledger.insert(segment.id, segment);
+    }
+    Ok(state)
 }
 
 /// The state of a snapshot message whose segments and archived jobs were set aside.

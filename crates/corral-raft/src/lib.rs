@@ -12,6 +12,7 @@ pub mod fuzz;
 pub mod log_store;
 mod network;
 mod node;
+mod snapshot_store;
 mod state_machine;
 mod types;
 

@@ -97,7 +97,13 @@ impl GrpcNetwork {
         Ok(client)
     }
 
-    async fn call<Req, Resp, E>(&mut self, kind: RpcKind, req: &Req, option: &RPCOption) -> Result<Resp, RpcErr<E>>
+    async fn call<Req, Resp, E>(
+        &mut self,
+        kind: RpcKind,
+        req: &Req,
+        chunk: Vec<u8>,
+        option: &RPCOption,
+    ) -> Result<Resp, RpcErr<E>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
@@ -105,7 +111,7 @@ impl GrpcNetwork {
     {
         let data = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let client = self.client().map_err(RPCError::Unreachable)?;
-        let result = send(client, self.target, kind, data, option.hard_ttl()).await;
+        let result = send(client, self.target, kind, RaftMessage { data, chunk }, option.hard_ttl()).await;
         if result.is_err() {
             // A broken channel is reconnected on the next call.
             self.client = None;
@@ -118,7 +124,7 @@ impl GrpcNetwork {
     async fn append(&mut self, rpc: AppendEntriesRequest<TypeConfig>, option: RPCOption) -> AppendResult {
         if rpc.entries.is_empty() {
             // A heartbeat: it never disturbs a transfer in flight.
-            return self.call(RpcKind::Append, &rpc, &option).await;
+            return self.call(RpcKind::Append, &rpc, Vec::new(), &option).await;
         }
         let last = rpc.entries.last().map(|e| e.log_id);
         let joinable =
@@ -131,10 +137,10 @@ impl GrpcNetwork {
             let client = self.client().map_err(RPCError::Unreachable)?;
             let (target, ttl) = (self.target, option.hard_ttl());
             // The request may take longer than openraft waits: it runs on its own.
-            let task =
-                tokio::spawn(
-                    async move { send(client, target, RpcKind::Append, data, ttl.max(APPEND_PATIENCE)).await },
-                );
+            let task = tokio::spawn(async move {
+                let msg = RaftMessage { data, chunk: Vec::new() };
+                send(client, target, RpcKind::Append, msg, ttl.max(APPEND_PATIENCE)).await
+            });
             self.in_flight = Some(InFlight { vote: rpc.vote, prev: rpc.prev_log_id, last: carried, task });
         }
         let in_flight = self.in_flight.as_mut().expect("set above");
@@ -189,19 +195,18 @@ fn bounded_append(
     Ok((serde_json::to_vec(&part)?, part.entries.last().map(|e| e.log_id)))
 }
 
-/// One Raft RPC: `data` (a serialized request) to `target`, its reply decoded.
+/// One Raft RPC: `msg` (a serialized request) to `target`, its reply decoded.
 async fn send<Resp, E>(
     mut client: RaftClient<Channel>,
     target: NodeId,
     kind: RpcKind,
-    data: Vec<u8>,
+    msg: RaftMessage,
     ttl: Duration,
 ) -> Result<Resp, RpcErr<E>>
 where
     Resp: DeserializeOwned,
     E: std::error::Error + DeserializeOwned,
 {
-    let msg = RaftMessage { data };
     let call = async {
         match kind {
             RpcKind::Append => client.append_entries(msg).await,
@@ -246,11 +251,13 @@ impl RaftNetwork<TypeConfig> for GrpcNetwork {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<InstallSnapshotError>> {
-        self.call(RpcKind::Snapshot, &rpc, &option).await
+        let mut rpc = rpc;
+        let chunk = std::mem::take(&mut rpc.data);
+        self.call(RpcKind::Snapshot, &rpc, chunk, &option).await
     }
 
     async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> Result<VoteResponse<NodeId>, RpcErr> {
-        self.call(RpcKind::Vote, &rpc, &option).await
+        self.call(RpcKind::Vote, &rpc, Vec::new(), &option).await
     }
 }
 
@@ -356,7 +363,7 @@ fn decode<T: DeserializeOwned>(msg: tonic::Request<RaftMessage>) -> Result<T, to
 
 fn encode<T: Serialize>(value: &T) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
     let data = serde_json::to_vec(value).map_err(|e| tonic::Status::internal(e.to_string()))?;
-    Ok(tonic::Response::new(RaftMessage { data }))
+    Ok(tonic::Response::new(RaftMessage { data, chunk: Vec::new() }))
 }
 
 #[tonic::async_trait]
@@ -389,9 +396,13 @@ impl RaftRpc for RaftGrpcService {
 
     async fn install_snapshot(
         &self,
-        request: tonic::Request<RaftMessage>,
+        mut request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-        let rpc: InstallSnapshotRequest<TypeConfig> = decode(request)?;
+        let chunk = std::mem::take(&mut request.get_mut().chunk);
+        let mut rpc: InstallSnapshotRequest<TypeConfig> = decode(request)?;
+        if rpc.data.is_empty() {
+            rpc.data = chunk;
+        }
         encode(&self.raft.install_snapshot(rpc).await)
     }
 }

@@ -163,7 +163,10 @@ impl RaftNode {
             election_timeout_max: config.election_timeout_max_ms,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
             max_in_snapshot_log_to_keep: config.keep_logs_after_snapshot,
-            snapshot_max_chunk_size: 1 << 20,
+            snapshot_max_chunk_size: 4 << 20,
+            // The last chunk's reply waits for the follower to install the snapshot, history
+            // included (the default, 200 ms, would time out and send it again from the start).
+            install_snapshot_timeout: 60_000,
             ..Default::default()
         }
         .validate()?;

@@ -9,30 +9,36 @@
 //!
 //! Invariant: sled is written in one atomic batch (one tree, prefixed keys) per applied batch of
 //! entries, including the last applied log id, so a reopened sled is a consistent prefix of the
-//! log; whatever sled lost is re-applied from the log. A snapshot file newer than sled wins on open, because the log
-//! before it may already be purged.
+//! log; whatever sled lost is re-applied from the log. A snapshot newer than sled wins on open,
+//! because the log before it may already be purged.
+//!
+//! A snapshot this store builds holds the hot state only: the history is already in sled, which
+//! is synced up to the snapshot's index before the snapshot is published. When a follower needs
+//! the snapshot, its body is written again with the history added (once per snapshot, into a
+//! file, read in chunks). A snapshot a follower receives carries the history and is installed
+//! into sled as it is read.
 
 use crate::change_log::ChangeLog;
-use crate::codec;
+use crate::codec::{self, HistoryRecord};
+use crate::snapshot_store::{Current, SnapshotDir, SnapshotFile, SnapshotMetaT, SyncedWriter};
 use crate::types::{LogId, NodeId, StoredMembership, TypeConfig};
 use corral_core::{CompactCutoffs, Outcome, RequestRecord, State, Touched};
 use corral_types::{Job, JobId, Segment, Timestamp};
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError};
-use std::io::{Cursor, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use tokio::sync::watch;
 
 const META_RAFT_APPLIED: &[u8] = b"m/raft/last_applied";
 const META_RAFT_MEMBERSHIP: &[u8] = b"m/raft/membership";
 const META_STATE: &[u8] = b"m/state";
-const SNAPSHOT_FILE: &str = "current.snap";
 /// sled's page cache (its default is 1 GiB): the hot state is in memory already, and the
 /// history is read page by page, so a small cache keeps a coordinator's memory bounded.
 const SLED_CACHE_BYTES: u64 = 128 << 20;
-/// A snapshot file is synced every this many bytes while it is written.
-const SNAPSHOT_SYNC_BYTES: usize = 8 << 20;
+/// Records of the history written to sled per batch when a snapshot is installed.
+const INSTALL_BATCH_RECORDS: usize = 10_000;
 
 /// Runs `f` on this thread at a lower CPU priority (nice 10), then restores it: a snapshot build
 /// yields the CPU to the threads that serve and replicate writes.
@@ -97,9 +103,7 @@ fn key(prefix: &[u8], rest: &[u8]) -> Vec<u8> {
 struct Shared {
     data: RwLock<StateMachineData>,
     trees: Trees,
-    snapshot_dir: PathBuf,
-    /// Serializes writes of the snapshot file (a build and an install may race).
-    snapshot_file: std::sync::Mutex<()>,
+    snapshots: SnapshotDir,
     applied_tx: watch::Sender<u64>,
     /// Which jobs each applied entry changed, for `WatchJobs` resumes (locked inside `data`'s lock).
     changes: std::sync::Mutex<ChangeLog>,
@@ -126,23 +130,27 @@ fn json_err(e: serde_json::Error) -> std::io::Error {
 impl StateMachineStore {
     /// Opens (or creates) the store under `dir` (`dir/sm` for sled, `dir/snapshots`).
     pub fn open(dir: &Path) -> anyhow::Result<Self> {
-        let snapshot_dir = dir.join("snapshots");
-        std::fs::create_dir_all(&snapshot_dir)?;
+        let snapshots = SnapshotDir::open(&dir.join("snapshots"))?;
         // sled flushes in the background (every 500 ms by default); durability still comes from
         // the Raft log and fsynced snapshots, whatever sled lost is re-applied on open.
         let db = sled::Config::new().path(dir.join("sm")).cache_capacity(SLED_CACHE_BYTES).open()?;
         let trees = Trees { tree: db.open_tree("state")?, db };
         let mut data = load_from_sled(&trees)?;
-        if let Some((meta, bytes)) = read_snapshot_file(&snapshot_dir)? {
-            if meta.last_log_id > data.last_applied {
-                tracing::info!(snapshot = %meta.snapshot_id, "state machine store is older than the snapshot: loading the snapshot");
-                let contents = codec::snapshot_contents(&bytes)?;
+        if let Some(current) = snapshots.current()? {
+            if current.meta.last_log_id > data.last_applied {
+                tracing::info!(snapshot = %current.meta.snapshot_id, "state machine store is older than the snapshot: loading the snapshot");
+                if current.history_in_store {
+                    // Not expected: the store is synced before such a snapshot is published.
+                    tracing::warn!(snapshot = %current.meta.snapshot_id, "the snapshot leaves its history to a store that is older than it: jobs archived since the store's last sync are missing from the history");
+                }
+                let body = std::fs::File::open(snapshots.path(&current.body))?;
+                let state = install_body(&trees, body, current.history_in_store)?;
                 data = StateMachineData {
-                    state: contents.state.clone(),
-                    last_applied: meta.last_log_id,
-                    membership: meta.last_membership.clone(),
+                    state,
+                    last_applied: current.meta.last_log_id,
+                    membership: current.meta.last_membership.clone(),
                 };
-                rewrite_sled(&trees, &data, &contents)?;
+                persist_hot(&trees, &data)?;
             }
         }
         let applied = data.last_applied.map(|l| l.index).unwrap_or(0);
@@ -150,8 +158,7 @@ impl StateMachineStore {
         let shared = Shared {
             data: RwLock::new(data),
             trees,
-            snapshot_dir,
-            snapshot_file: std::sync::Mutex::new(()),
+            snapshots,
             applied_tx,
             changes: std::sync::Mutex::new(ChangeLog::new(crate::change_log::DEFAULT_CHANGE_LOG_CAPACITY, applied)),
         };
@@ -164,38 +171,116 @@ impl StateMachineStore {
     }
 
     /// FNV-1a of the encoded state and its history: equal on every node that applied the same
-    /// log prefix. Encodes everything: for tests and `cluster status --digest`, not a hot path.
+    /// log prefix. Reads everything: for tests and `cluster status --digest`, not a hot path.
     pub fn digest(&self) -> u64 {
-        let (bytes, _) = self.snapshot_bytes().unwrap_or_default();
-        bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
-    }
-
-    /// The snapshot of the state as of now: the hot state is cloned under the read lock (it
-    /// holds live and recently finished jobs only) and encoded after the lock is released; the
-    /// history is appended from the store, as of the clone: archived jobs not in the clone's
-    /// hot state, segments below its hot ledger.
-    fn snapshot_bytes(&self) -> std::io::Result<(Vec<u8>, AppliedAt)> {
-        let (state, applied) = {
-            let data = self.read();
-            (data.state.clone(), (data.last_applied, data.membership.clone()))
-        };
-        let mut bytes = codec::snapshot_to_bytes(&state);
-        let tree = &self.shared.trees.tree;
-        let scan_err = |e: sled::Error| std::io::Error::other(format!("sled scan failed: {e}"));
-        for kv in tree.scan_prefix(HISTORY) {
-            let (k, v) = kv.map_err(scan_err)?;
-            let id = k[HISTORY.len()..].try_into().map(u64::from_be_bytes).unwrap_or(u64::MAX);
-            if id < state.next_job_id && !state.jobs.contains_key(&id) {
-                codec::snapshot_append_archived_job(&mut bytes, &v);
+        struct Fnv(u64);
+        impl Write for Fnv {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0 = buf.iter().fold(self.0, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3));
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
             }
         }
-        for kv in
-            tree.range(key(SEGMENT, &0u64.to_be_bytes())..key(SEGMENT, &state.segments_archived_below.to_be_bytes()))
-        {
-            let (_, v) = kv.map_err(scan_err)?;
-            codec::snapshot_append_segment(&mut bytes, &v);
+        let (state, _) = self.clone_hot();
+        let mut hash = Fnv(0xcbf2_9ce4_8422_2325);
+        let written = hash
+            .write_all(&codec::snapshot_to_bytes(&state))
+            .and_then(|()| write_history(&self.shared.trees.tree, &state, &mut hash));
+        written.map_or(0, |()| hash.0)
+    }
+
+    /// The hot state and where it stands, cloned under the read lock (the hot state holds live
+    /// and recently finished jobs only): encoding happens after the lock is released.
+    fn clone_hot(&self) -> (State, AppliedAt) {
+        let data = self.read();
+        (data.state.clone(), (data.last_applied, data.membership.clone()))
+    }
+
+    /// Builds a snapshot of the hot state and publishes it; its history is the store's.
+    fn build_hot_snapshot(&self) -> std::io::Result<(SnapshotMetaT, bool)> {
+        let (state, (last_applied, membership)) = self.clone_hot();
+        // Everything applied up to the clone reaches the disk before the snapshot names it.
+        self.shared.trees.db.flush().map_err(|e| std::io::Error::other(format!("sled flush failed: {e}")))?;
+        let bytes = codec::snapshot_to_bytes(&state);
+        drop(state);
+        let snapshot_id = match last_applied {
+            Some(l) => format!("{}-{}-{}", l.leader_id.term, l.leader_id.node_id, l.index),
+            None => "empty".to_string(),
+        };
+        let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
+        let snapshots = &self.shared.snapshots;
+        let tmp = snapshots.temp_path("build");
+        let written = (|| {
+            let mut out = SyncedWriter::create(&tmp)?;
+            out.write_all(&bytes)?;
+            out.finish()?;
+            snapshots.publish(&meta, &tmp, true)
+        })();
+        if !matches!(written, Ok(true)) {
+            let _ = std::fs::remove_file(&tmp);
         }
-        Ok((bytes, applied))
+        Ok((meta, written?))
+    }
+
+    /// The data of snapshot `current`, to send: its body, or for a snapshot whose history is in
+    /// the store, that body with the history added (made on first read, then kept).
+    fn snapshot_data(&self, current: &Current) -> std::io::Result<SnapshotFile> {
+        let snapshots = &self.shared.snapshots;
+        if !current.history_in_store {
+            return Ok(SnapshotFile::open(std::fs::File::open(snapshots.path(&current.body))?));
+        }
+        let send = snapshots.path(&SnapshotDir::send_name(&current.body));
+        match std::fs::File::open(&send) {
+            Ok(file) => return Ok(SnapshotFile::open(file)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        // Opened now: a newer snapshot may replace this body before the first read.
+        let hot = std::fs::File::open(snapshots.path(&current.body))?;
+        let (store, body) = (self.clone(), current.body.clone());
+        Ok(SnapshotFile::lazy(move || at_low_priority(|| store.make_send_body(hot, &body))))
+    }
+
+    /// Writes the body `body` (open as `hot`) with the history added, as `send-<body>`, and
+    /// opens it. Several followers share one.
+    fn make_send_body(&self, mut hot: std::fs::File, body: &str) -> std::io::Result<std::fs::File> {
+        let snapshots = &self.shared.snapshots;
+        let _guard = snapshots.send.lock().unwrap_or_else(|p| p.into_inner());
+        let path = snapshots.path(&SnapshotDir::send_name(body));
+        if let Ok(file) = std::fs::File::open(&path) {
+            return Ok(file);
+        }
+        let started = std::time::Instant::now();
+        let bytes = crate::snapshot_store::read_all(&mut hot)?;
+        let state = codec::snapshot_from_bytes(&bytes)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+        let tmp = snapshots.temp_path("send");
+        let written = (|| {
+            let mut out = SyncedWriter::create(&tmp)?;
+            out.write_all(&bytes)?;
+            write_history(&self.shared.trees.tree, &state, &mut out)?;
+            out.finish()?;
+            std::fs::rename(&tmp, &path)
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        let file = std::fs::File::open(&path)?;
+        if snapshots.current()?.is_none_or(|c| c.body != body) {
+            // A newer snapshot was published meanwhile: this one is sent once, not kept.
+            let _ = std::fs::remove_file(&path);
+        }
+        let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+        tracing::info!(
+            body,
+            bytes,
+            ms = started.elapsed().as_millis() as u64,
+            "wrote a snapshot with its history to send"
+        );
+        Ok(file)
     }
 
     /// A job of the history (finished and moved out of the hot state), if kept.
@@ -349,27 +434,59 @@ fn task_key(array: u64, index: u32) -> Vec<u8> {
     key(TASK, &rest)
 }
 
-/// Replaces everything in sled with `data` and the history of `contents` (a snapshot), and
-/// flushes.
-fn rewrite_sled(t: &Trees, data: &StateMachineData, contents: &codec::SnapshotContents<'_>) -> anyhow::Result<()> {
-    t.tree.clear()?;
-    // The history first, in bounded batches; the hot state and `last_applied` last, so a crash
-    // in between leaves a store that the snapshot replaces again on the next open.
-    for chunk in contents.archived_jobs.chunks(10_000) {
+/// Writes the history of a snapshot body read from `body` into sled, in bounded batches, and
+/// returns its hot state, with the hot ledger loaded from what was written. The store's hot
+/// records (jobs, nodes, request ids, policies, metadata) are removed first; so is its history,
+/// unless `keep_history` (a body without history, whose history is the store's). The caller
+/// writes the hot state with [`persist_hot`], after the history: a crash in between leaves a
+/// store without `last_applied`, which the snapshot replaces again on the next open.
+fn install_body(t: &Trees, body: std::fs::File, keep_history: bool) -> anyhow::Result<State> {
+    if keep_history {
         let mut batch = sled::Batch::default();
-        for bytes in chunk {
-            put_archived(&mut batch, &codec::job_from_bytes(bytes)?, bytes);
+        for prefix in [JOB, NODE, REQUEST, POLICY] {
+            for k in t.tree.scan_prefix(prefix).keys() {
+                batch.remove(k?);
+            }
+        }
+        for k in [META_STATE, META_RAFT_APPLIED, META_RAFT_MEMBERSHIP] {
+            batch.remove(k);
         }
         t.tree.apply_batch(batch)?;
+    } else {
+        t.tree.clear()?;
     }
-    for chunk in contents.segments.chunks(10_000) {
-        let mut batch = sled::Batch::default();
-        for bytes in chunk {
-            let segment = codec::segment_from_bytes(bytes)?;
-            batch.insert(key(SEGMENT, &segment.id.to_be_bytes()), *bytes);
+    let mut batch = sled::Batch::default();
+    let mut in_batch = 0usize;
+    let reader = std::io::BufReader::with_capacity(1 << 20, body);
+    let mut state = codec::read_snapshot(reader, |kind, record| -> anyhow::Result<()> {
+        match kind {
+            HistoryRecord::Segment => {
+                let segment = codec::segment_from_bytes(&record)?;
+                batch.insert(key(SEGMENT, &segment.id.to_be_bytes()), record);
+            }
+            HistoryRecord::ArchivedJob => {
+                let job = codec::job_from_bytes(&record)?;
+                put_archived(&mut batch, &job, &record);
+            }
         }
-        t.tree.apply_batch(batch)?;
+        in_batch += 1;
+        if in_batch == INSTALL_BATCH_RECORDS {
+            t.tree.apply_batch(std::mem::take(&mut batch))?;
+            in_batch = 0;
+        }
+        Ok(())
+    })?;
+    t.tree.apply_batch(batch)?;
+    for kv in t.tree.range(key(SEGMENT, &state.segments_archived_below.to_be_bytes())..prefix_end(SEGMENT)) {
+        let (_, v) = kv?;
+        let segment = codec::segment_from_bytes(&v)?;
+        state.ledger.insert(segment.id, segment);
     }
+    Ok(state)
+}
+
+/// Writes the whole hot state of `data` and `last_applied` (after [`install_body`]), and flushes.
+fn persist_hot(t: &Trees, data: &StateMachineData) -> anyhow::Result<()> {
     let all = Touched {
         jobs: data.state.jobs.keys().copied().collect(),
         nodes: data.state.nodes.keys().cloned().collect(),
@@ -381,6 +498,27 @@ fn rewrite_sled(t: &Trees, data: &StateMachineData, contents: &codec::SnapshotCo
         t.tree.insert(key(REQUEST, request_id.as_bytes()), &request_record_to_bytes(record))?;
     }
     t.db.flush()?;
+    Ok(())
+}
+
+/// Writes the history as of `hot` after its snapshot body: the archived jobs that are not in the
+/// hot state and were submitted before it, and the segments below its hot ledger. Jobs archived
+/// since are in `hot`; records retention deleted since are deleted again by the entries after
+/// the snapshot.
+fn write_history(tree: &sled::Tree, hot: &State, out: &mut impl Write) -> std::io::Result<()> {
+    let scan_err = |e: sled::Error| std::io::Error::other(format!("sled scan failed: {e}"));
+    for kv in tree.scan_prefix(HISTORY) {
+        let (k, v) = kv.map_err(scan_err)?;
+        let id = k[HISTORY.len()..].try_into().map(u64::from_be_bytes).unwrap_or(u64::MAX);
+        if id < hot.next_job_id && !hot.jobs.contains_key(&id) {
+            codec::write_snapshot_record(out, HistoryRecord::ArchivedJob, &v)?;
+        }
+    }
+    let below = key(SEGMENT, &hot.segments_archived_below.to_be_bytes());
+    for kv in tree.range(key(SEGMENT, &0u64.to_be_bytes())..below) {
+        let (_, v) = kv.map_err(scan_err)?;
+        codec::write_snapshot_record(out, HistoryRecord::Segment, &v)?;
+    }
     Ok(())
 }
 
@@ -476,83 +614,11 @@ fn persist(t: &Trees, data: &StateMachineData, touched: &Touched) -> Result<(), 
     t.tree.apply_batch(batch).map_err(|e| std::io::Error::other(format!("sled batch failed: {e}")))
 }
 
-type SnapshotMetaT = SnapshotMeta<NodeId, openraft::BasicNode>;
-
 /// The last applied log id and membership a snapshot stands at.
 type AppliedAt = (Option<LogId>, StoredMembership);
 
-/// Snapshot file: u64 BE length of the JSON meta, the meta, then the protobuf state.
-///
-/// Invariant: the file only moves forward. Writers (a snapshot build and an install can run at
-/// once) take `lock`, write their own temporary file, and replace the current file only if it
-/// is not newer than theirs; returns false when a newer snapshot was already there.
-fn write_snapshot_file(
-    dir: &Path,
-    lock: &std::sync::Mutex<()>,
-    meta: &SnapshotMetaT,
-    state: &[u8],
-) -> std::io::Result<bool> {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let meta_json = serde_json::to_vec(meta).map_err(json_err)?;
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!("{SNAPSHOT_FILE}.tmp-{}-{n}", std::process::id()));
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&(meta_json.len() as u64).to_be_bytes())?;
-        f.write_all(&meta_json)?;
-        // Synced as it is written: a snapshot of a large history never leaves hundreds of
-        // megabytes of dirty pages for the Raft log's next fsync to wait behind.
-        for chunk in state.chunks(SNAPSHOT_SYNC_BYTES) {
-            f.write_all(chunk)?;
-            f.sync_data()?;
-        }
-        f.sync_all()
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
-    let current = read_snapshot_meta(dir).ok().flatten();
-    if current.is_some_and(|c| c.last_log_id > meta.last_log_id) {
-        let _ = std::fs::remove_file(&tmp);
-        return Ok(false);
-    }
-    std::fs::rename(&tmp, dir.join(SNAPSHOT_FILE))?;
-    std::fs::File::open(dir)?.sync_all()?;
-    Ok(true)
-}
-
-/// The meta of the current snapshot file, without reading the state.
-fn read_snapshot_meta(dir: &Path) -> std::io::Result<Option<SnapshotMetaT>> {
-    use std::io::Read;
-    let mut file = match std::fs::File::open(dir.join(SNAPSHOT_FILE)) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let mut len = [0u8; 8];
-    file.read_exact(&mut len)?;
-    let len = usize::try_from(u64::from_be_bytes(len))
-        .ok()
-        .filter(|l| *l < 64 << 20)
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "corrupt snapshot file"))?;
-    let mut meta = vec![0u8; len];
-    file.read_exact(&mut meta)?;
-    serde_json::from_slice(&meta).map(Some).map_err(json_err)
-}
-
-fn read_snapshot_file(dir: &Path) -> std::io::Result<Option<(SnapshotMetaT, Vec<u8>)>> {
-    let bytes = match std::fs::read(dir.join(SNAPSHOT_FILE)) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let corrupt = || std::io::Error::new(std::io::ErrorKind::InvalidData, "corrupt snapshot file");
-    let len = u64::from_be_bytes(bytes.get(..8).ok_or_else(corrupt)?.try_into().map_err(|_| corrupt())?) as usize;
-    let meta_end = 8usize.checked_add(len).filter(|e| *e <= bytes.len()).ok_or_else(corrupt)?;
-    let meta: SnapshotMetaT = serde_json::from_slice(&bytes[8..meta_end]).map_err(json_err)?;
-    Ok(Some((meta, bytes[meta_end..].to_vec())))
+fn blocking_err(e: tokio::task::JoinError) -> StorageError<NodeId> {
+    io_err(std::io::Error::other(e.to_string()))
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
@@ -601,35 +667,54 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotFile>, StorageError<NodeId>> {
+        let path = self.shared.snapshots.temp_path("receive");
+        Ok(Box::new(
+            SnapshotFile::receiving(path)
+                .map_err(|e| StorageError::from(StorageIOError::<NodeId>::write_snapshot(None, &e)))?,
+        ))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMetaT,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        mut snapshot: Box<SnapshotFile>,
     ) -> Result<(), StorageError<NodeId>> {
-        let bytes = snapshot.into_inner();
-        let contents = codec::snapshot_contents(&bytes)
-            .map_err(|e| StorageError::from(StorageIOError::<NodeId>::read_snapshot(Some(meta.signature()), &e)))?;
-        let shared = Arc::clone(&self.shared);
-        let (meta_copy, written_bytes) = (meta.clone(), bytes.clone());
-        tokio::task::spawn_blocking(move || {
-            write_snapshot_file(&shared.snapshot_dir, &shared.snapshot_file, &meta_copy, &written_bytes)
+        let snapshot_err = |e: &dyn std::error::Error| {
+            StorageError::from(StorageIOError::<NodeId>::write_snapshot(Some(meta.signature()), &AnyErr(e.to_string())))
+        };
+        let path = snapshot.take_received().ok_or_else(|| snapshot_err(&AnyErr("not a received snapshot".into())))?;
+        drop(snapshot);
+        let (shared, meta_copy) = (Arc::clone(&self.shared), meta.clone());
+        // The received body becomes the current snapshot first, so a crash while sled is
+        // rewritten installs it again on open; then sled gets its history, outside the lock.
+        let state = tokio::task::spawn_blocking(move || -> anyhow::Result<State> {
+            let installed = (|| {
+                std::fs::File::open(&path)?.sync_all()?;
+                let body = std::fs::File::open(&path)?;
+                let published = shared.snapshots.publish(&meta_copy, &path, false)?;
+                anyhow::Ok((body, published))
+            })();
+            let (body, published) = match installed {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = std::fs::remove_file(&path);
+                    return Err(e);
+                }
+            };
+            if !published {
+                let _ = std::fs::remove_file(&path);
+            }
+            install_body(&shared.trees, body, false)
         })
         .await
-        .map_err(|e| io_err(std::io::Error::other(e.to_string())))?
-        .map_err(|e| StorageError::from(StorageIOError::<NodeId>::write_snapshot(Some(meta.signature()), &e)))?;
+        .map_err(blocking_err)?
+        .map_err(|e| snapshot_err(e.as_ref()))?;
         let applied = {
             let mut data = self.shared.data.write().unwrap_or_else(|p| p.into_inner());
-            *data = StateMachineData {
-                state: contents.state.clone(),
-                last_applied: meta.last_log_id,
-                membership: meta.last_membership.clone(),
-            };
-            rewrite_sled(&self.shared.trees, &data, &contents)
-                .map_err(|e| io_err(std::io::Error::other(e.to_string())))?;
+            *data =
+                StateMachineData { state, last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
+            persist_hot(&self.shared.trees, &data).map_err(|e| io_err(std::io::Error::other(e.to_string())))?;
             self.changes().reset(data.applied_index());
             data.last_applied.map(|l| l.index).unwrap_or(0)
         };
@@ -639,38 +724,55 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
-        let found = read_snapshot_file(&self.shared.snapshot_dir).map_err(read_err)?;
-        Ok(found.map(|(meta, bytes)| Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) }))
+        // A body can be replaced between reading CURRENT and opening it: read CURRENT again.
+        let mut last_err = None;
+        for _ in 0..3 {
+            let Some(current) = self.shared.snapshots.current().map_err(read_err)? else {
+                return Ok(None);
+            };
+            match self.snapshot_data(&current) {
+                Ok(data) => return Ok(Some(Snapshot { meta: current.meta, snapshot: Box::new(data) })),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => last_err = Some(e),
+                Err(e) => return Err(read_err(e)),
+            }
+        }
+        Err(read_err(last_err.unwrap_or_else(|| std::io::Error::other("no snapshot body"))))
     }
 }
+
+/// An error with a message only (for openraft's error wrappers, which want a `std::error::Error`).
+#[derive(Debug)]
+struct AnyErr(String);
+
+impl std::fmt::Display for AnyErr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for AnyErr {}
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let store = self.clone();
-        let (bytes, (last_applied, membership)) =
-            tokio::task::spawn_blocking(move || at_low_priority(|| store.snapshot_bytes()))
-                .await
-                .map_err(|e| io_err(std::io::Error::other(e.to_string())))?
-                .map_err(|e| StorageError::from(StorageIOError::<NodeId>::read_state_machine(&e)))?;
-        let snapshot_id = match last_applied {
-            Some(l) => format!("{}-{}-{}", l.leader_id.term, l.leader_id.node_id, l.index),
-            None => "empty".to_string(),
-        };
-        let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
-        let shared = Arc::clone(&self.shared);
-        let (meta, bytes, current) = tokio::task::spawn_blocking(move || {
-            at_low_priority(|| write_snapshot_file(&shared.snapshot_dir, &shared.snapshot_file, &meta, &bytes))
-                .map(|w| (meta, bytes, w))
-        })
-        .await
-        .map_err(|e| io_err(std::io::Error::other(e.to_string())))?
-        .map_err(|e| StorageError::from(StorageIOError::<NodeId>::write_snapshot(None, &e)))?;
-        if current {
-            tracing::info!(snapshot = %meta.snapshot_id, bytes = bytes.len(), "built snapshot");
-        } else {
+        let (meta, published) = tokio::task::spawn_blocking(move || at_low_priority(|| store.build_hot_snapshot()))
+            .await
+            .map_err(blocking_err)?
+            .map_err(|e| StorageError::from(StorageIOError::<NodeId>::write_snapshot(None, &e)))?;
+        if !published {
             tracing::info!(snapshot = %meta.snapshot_id, "built snapshot is older than the installed one: not kept");
+            return Ok(Snapshot {
+                meta,
+                snapshot: Box::new(SnapshotFile::failed("a newer snapshot replaced this one")),
+            });
         }
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
+        tracing::info!(snapshot = %meta.snapshot_id, "built snapshot");
+        // openraft keeps only the meta of a built snapshot; the data is what a send would read.
+        let data = match self.shared.snapshots.current() {
+            Ok(Some(c)) if c.meta.snapshot_id == meta.snapshot_id => self.snapshot_data(&c).map_err(read_err)?,
+            _ => SnapshotFile::failed("a newer snapshot replaced this one"),
+        };
+        Ok(Snapshot { meta, snapshot: Box::new(data) })
     }
 }
 
@@ -782,13 +884,35 @@ mod tests {
         let snapshot = builder.build_snapshot().await.expect("build");
         let other_dir = tempfile::tempdir().expect("tempdir");
         let mut other = StateMachineStore::open(other_dir.path()).expect("open");
-        other.install_snapshot(&snapshot.meta, snapshot.snapshot).await.expect("install");
+        let current = store.shared.snapshots.current().expect("CURRENT").expect("a snapshot");
+        assert!(current.history_in_store, "a built snapshot leaves the history to the store");
+        let hot_body = std::fs::metadata(dir.path().join("snapshots").join(&current.body)).expect("body").len();
+        send(snapshot, &mut other).await;
+        let sent = dir.path().join("snapshots").join(SnapshotDir::send_name(&current.body));
+        let sent_bytes = std::fs::read(&sent).expect("the body with its history is kept for the next follower");
+        assert!(sent_bytes.len() as u64 > hot_body, "the history is added to what is sent");
+        let mut again = store.clone();
+        let resent = again.get_current_snapshot().await.expect("get").expect("a snapshot");
+        let third_dir = tempfile::tempdir().expect("tempdir");
+        let mut third = StateMachineStore::open(third_dir.path()).expect("open");
+        send(resent, &mut third).await;
+        assert_eq!(std::fs::read(&sent).expect("sent"), sent_bytes, "a second follower gets the same bytes");
+        assert_eq!(third.archived_jobs_from(0).count(), 50);
         assert_eq!(other.archived_job(50).map(|j| j.id), Some(50));
         assert_eq!(other.archived_jobs_from(0).count(), 50);
         assert_eq!(other.digest(), store.digest());
         drop(other);
         let reopened = StateMachineStore::open(other_dir.path()).expect("reopen");
         assert_eq!(reopened.archived_jobs_from(0).count(), 50, "the history survives a reopen");
+        // A crash while sled was rewritten (here: sled emptied): the received snapshot, current
+        // since before the rewrite, is installed again on open.
+        reopened.shared.trees.tree.clear().expect("clear");
+        reopened.shared.trees.db.flush().expect("flush");
+        drop(reopened);
+        let reinstalled = StateMachineStore::open(other_dir.path()).expect("reopen");
+        assert_eq!(reinstalled.archived_jobs_from(0).count(), 50, "the history is installed again");
+        assert_eq!(reinstalled.digest(), store.digest());
+        drop(reinstalled);
 
         // Retention: jobs submitted before the cutoff (all of them, at 2 ns) are deleted.
         {
@@ -805,6 +929,27 @@ mod tests {
             persist(&store.shared.trees, &data, &touched).expect("persist");
         }
         assert_eq!(store.archived_jobs_from(0).count(), 0, "every archived job was submitted before the cutoff");
+    }
+
+    /// A snapshot file of the earlier single-file format (meta first, then the body) is
+    /// converted on open, and loaded when it is newer than the store.
+    #[test]
+    fn a_snapshot_file_of_the_earlier_format_is_converted_and_loaded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("snapshots")).expect("mkdir");
+        let meta = meta(42);
+        let meta_json = serde_json::to_vec(&meta).expect("json");
+        let mut legacy = (meta_json.len() as u64).to_be_bytes().to_vec();
+        legacy.extend_from_slice(&meta_json);
+        legacy.extend_from_slice(&codec::snapshot_to_bytes(&state_with(20)));
+        std::fs::write(dir.path().join("snapshots").join("current.snap"), legacy).expect("write");
+        let store = StateMachineStore::open(dir.path()).expect("open");
+        assert_eq!(store.read().applied_index(), 42);
+        assert_eq!(store.read().state.jobs.len(), 20);
+        let current = store.shared.snapshots.current().expect("CURRENT").expect("converted");
+        assert_eq!(current.meta.snapshot_id, "1-1-42");
+        assert!(!current.history_in_store);
+        assert!(!dir.path().join("snapshots").join("current.snap").exists());
     }
 
     /// A run reported long after it ended, applied in the same batch as a compaction that
@@ -871,6 +1016,35 @@ mod tests {
         assert_eq!(store.archived_job(1).map(|j| j.state), Some(corral_types::JobState::Succeeded));
     }
 
+    /// Sends `snapshot` to `to` as openraft does: read from the data in chunks, written into
+    /// data `to` made to receive it, then installed.
+    async fn send(snapshot: Snapshot<TypeConfig>, to: &mut StateMachineStore) {
+        use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+        let mut data = snapshot.snapshot;
+        let end = data.seek(std::io::SeekFrom::End(0)).await.expect("seek to the end");
+        let mut received = to.begin_receiving_snapshot().await.expect("begin receiving");
+        let mut offset = 0;
+        while offset < end {
+            data.seek(std::io::SeekFrom::Start(offset)).await.expect("seek");
+            let mut chunk = vec![0u8; 64 << 10];
+            let n = data.read(&mut chunk).await.expect("read a chunk");
+            assert!(n > 0, "the data ended at {offset} of {end}");
+            received.write_all(&chunk[..n]).await.expect("write a chunk");
+            offset += n as u64;
+        }
+        received.shutdown().await.expect("shutdown");
+        to.install_snapshot(&snapshot.meta, received).await.expect("install");
+    }
+
+    /// Data received with `bytes` in it, ready to install.
+    async fn received(store: &mut StateMachineStore, bytes: &[u8]) -> Box<SnapshotFile> {
+        use tokio::io::AsyncWriteExt;
+        let mut data = store.begin_receiving_snapshot().await.expect("begin receiving");
+        data.write_all(bytes).await.expect("write");
+        data.shutdown().await.expect("shutdown");
+        data
+    }
+
     fn meta(index: u64) -> SnapshotMetaT {
         SnapshotMeta {
             last_log_id: Some(LogId::new(CommittedLeaderId::new(1, 1), index)),
@@ -888,21 +1062,23 @@ mod tests {
         for round in 0..6 {
             let dir = tempfile::tempdir().expect("tempdir");
             let mut store = StateMachineStore::open(dir.path()).expect("open");
-            store.install_snapshot(&meta(10), Box::new(Cursor::new(older_bytes.clone()))).await.expect("install older");
+            let older = received(&mut store, &older_bytes).await;
+            store.install_snapshot(&meta(10), older).await.expect("install older");
             let (mut builder, mut installer) = (store.clone(), store.clone());
-            let newer_bytes = newer_bytes.clone();
+            let newer = received(&mut store, &newer_bytes).await;
             let build = tokio::spawn(async move { builder.build_snapshot().await.map(|_| ()) });
-            let install =
-                tokio::spawn(
-                    async move { installer.install_snapshot(&meta(20), Box::new(Cursor::new(newer_bytes))).await },
-                );
+            let install = tokio::spawn(async move { installer.install_snapshot(&meta(20), newer).await });
             let (built, installed) = (build.await.expect("build task"), install.await.expect("install task"));
             built.unwrap_or_else(|e| panic!("round {round}: build failed: {e}"));
             installed.unwrap_or_else(|e| panic!("round {round}: install failed: {e}"));
-            let (meta, bytes) = read_snapshot_file(&dir.path().join("snapshots"))
-                .unwrap_or_else(|e| panic!("round {round}: unreadable snapshot file: {e}"))
-                .expect("a snapshot file");
-            assert_eq!(meta.last_log_id.map(|l| l.index), Some(20), "round {round}: the snapshot went back");
+            let current = store
+                .shared
+                .snapshots
+                .current()
+                .unwrap_or_else(|e| panic!("round {round}: unreadable CURRENT: {e}"))
+                .expect("a current snapshot");
+            assert_eq!(current.meta.last_log_id.map(|l| l.index), Some(20), "round {round}: the snapshot went back");
+            let bytes = std::fs::read(dir.path().join("snapshots").join(&current.body)).expect("the current body");
             let state = codec::snapshot_from_bytes(&bytes)
                 .unwrap_or_else(|e| panic!("round {round}: corrupt snapshot state: {e}"));
             assert_eq!(state.jobs.len(), 30_001, "round {round}");
@@ -910,7 +1086,7 @@ mod tests {
                 .expect("dir")
                 .filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n != SNAPSHOT_FILE)
+                .filter(|n| n != "CURRENT" && *n != current.body)
                 .collect();
             assert!(leftovers.is_empty(), "round {round}: temporary files left: {leftovers:?}");
         }

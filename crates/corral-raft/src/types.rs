@@ -4,7 +4,6 @@ use crate::codec;
 use corral_core::Request;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
-use std::io::Cursor;
 
 openraft::declare_raft_types!(
     /// Raft types of the corral coordinator cluster.
@@ -14,7 +13,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = crate::snapshot_store::SnapshotFile,
         AsyncRuntime = openraft::TokioRuntime,
 );
 
