@@ -5,7 +5,7 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     std::env::set_var("PROTOC", protoc);
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let dir = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
     let files = ["corral.proto", "raft.proto"].map(|f| dir.join(f));
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());

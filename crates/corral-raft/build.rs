@@ -1,7 +1,7 @@
 //! Generates the persisted-state messages from ../../proto/state.proto with the vendored protoc.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let dir = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
     let file = dir.join("state.proto");
     println!("cargo:rerun-if-changed={}", file.display());
     prost_build::Config::new()
