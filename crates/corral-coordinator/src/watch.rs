@@ -186,7 +186,7 @@ impl Coordinator {
 /// The jobs of `changed` (job id -> revision of its latest change) that still exist and match,
 /// in revision order.
 fn changed_jobs(
-    jobs: &std::collections::BTreeMap<u64, Job>,
+    jobs: &corral_core::Jobs,
     changed: std::collections::BTreeMap<u64, u64>,
     filter: &JobFilter,
     reasons: &std::collections::BTreeMap<u64, String>,

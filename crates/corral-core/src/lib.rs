@@ -15,6 +15,7 @@ mod config;
 mod gang;
 mod history;
 mod jobctl;
+mod jobs;
 mod join_tokens;
 mod ledger;
 mod nodes;
@@ -31,6 +32,7 @@ pub use command::{ApplyError, Command, JobUpdate, Outcome, Placement, Preemption
 pub use config::{ClusterConfig, PriorityClass, SchedulerConfig, TenantPolicy, DEFAULT_GRACE_SECS};
 pub use history::{CompactCutoffs, Compacted, RequestRecord, MAX_ARCHIVED_PER_COMPACTION};
 pub use jobctl::{dep_status, DepStatus, ARRAY_WINDOW, MAX_SIGNALS};
+pub use jobs::Jobs;
 pub use join_tokens::{
     valid_node_name, JoinTokenRecord, JoinTokenUse, JOIN_TOKEN_RETENTION_MS, MAX_JOIN_TOKENS, MAX_JOIN_TOKEN_TTL_MS,
 };

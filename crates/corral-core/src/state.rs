@@ -2,6 +2,7 @@
 //! that make apply() and the scheduling pass independent of the number of queued jobs.
 
 use crate::history::{Archive, RequestRecord};
+use crate::jobs::Jobs;
 use crate::join_tokens::JoinTokenRecord;
 use crate::policy::PolicyRecord;
 use crate::resources::{gang_shape, job_milli_gpus, GpuLoad, SliceReq};
@@ -22,11 +23,12 @@ pub struct CoordinatorRecord {
 /// Everything the coordinators replicate. Only `apply()` changes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct State {
-    pub jobs: BTreeMap<JobId, Job>,
+    pub jobs: Jobs,
     pub nodes: BTreeMap<String, NodeStatus>,
     /// Client request id -> job: makes submit idempotent across retries and leader changes,
-    /// for the request-id window (`Command::Compact` expires older ones).
-    pub request_ids: BTreeMap<String, RequestRecord>,
+    /// for the request-id window (`Command::Compact` expires older ones). A persistent map: a
+    /// snapshot shares it instead of copying up to a day of ids under the state's lock.
+    pub request_ids: imbl::OrdMap<String, RequestRecord>,
     pub next_job_id: JobId,
     /// Next allocation / node registration epoch.
     pub next_epoch: u64,
@@ -250,9 +252,9 @@ impl Caps {
 impl Default for State {
     fn default() -> Self {
         State {
-            jobs: BTreeMap::new(),
+            jobs: Jobs::new(),
             nodes: BTreeMap::new(),
-            request_ids: BTreeMap::new(),
+            request_ids: imbl::OrdMap::new(),
             next_job_id: 1,
             next_epoch: 1,
             last_ts: Timestamp::ZERO,
@@ -279,7 +281,42 @@ impl Default for State {
     }
 }
 
-fn request_order(request_ids: &BTreeMap<String, RequestRecord>) -> BTreeSet<(Timestamp, String)> {
+impl State {
+    /// A copy of the replicated fields only, to encode (a snapshot, a digest) after a lock is
+    /// released: the derived indexes are left empty, so the copy must not be applied to. Jobs
+    /// are shared with this state, not copied (see [`Jobs`]).
+    pub fn replicated_copy(&self) -> State {
+        State {
+            jobs: self.jobs.clone(),
+            nodes: self.nodes.clone(),
+            request_ids: self.request_ids.clone(),
+            next_job_id: self.next_job_id,
+            next_epoch: self.next_epoch,
+            last_ts: self.last_ts,
+            config: self.config.clone(),
+            coordinators: self.coordinators.clone(),
+            tso_window_end_ms: self.tso_window_end_ms,
+            ledger: self.ledger.clone(),
+            segments_archived_below: self.segments_archived_below,
+            archived_billed: self.archived_billed.clone(),
+            next_segment_id: self.next_segment_id,
+            usage: self.usage.clone(),
+            tokens: self.tokens.clone(),
+            next_token_id: self.next_token_id,
+            policy_version: self.policy_version,
+            policy_history: self.policy_history.clone(),
+            join_tokens: self.join_tokens.clone(),
+            next_join_token_id: self.next_join_token_id,
+            index: Index::default(),
+            follow_ups: Vec::new(),
+            followed: BTreeSet::new(),
+            archive: Archive::default(),
+            request_order: BTreeSet::new(),
+        }
+    }
+}
+
+fn request_order(request_ids: &imbl::OrdMap<String, RequestRecord>) -> BTreeSet<(Timestamp, String)> {
     request_ids.iter().map(|(id, r)| (r.at, id.clone())).collect()
 }
 
@@ -439,7 +476,7 @@ impl Index {
         }
     }
 
-    fn rebuild(jobs: &BTreeMap<JobId, Job>, nodes: &BTreeMap<String, NodeStatus>) -> Index {
+    fn rebuild(jobs: &Jobs, nodes: &BTreeMap<String, NodeStatus>) -> Index {
         let mut index = Index { caps: Caps::of(nodes), ..Index::default() };
         for job in jobs.values() {
             index.set_state(job, job.state);
@@ -466,7 +503,9 @@ impl State {
         coordinators: BTreeMap<u64, CoordinatorRecord>,
         tso_window_end_ms: u64,
     ) -> Self {
+        let jobs = Jobs::from(jobs);
         let index = Index::rebuild(&jobs, &nodes);
+        let request_ids: imbl::OrdMap<String, RequestRecord> = request_ids.into_iter().collect();
         let request_order = request_order(&request_ids);
         State {
             jobs,
