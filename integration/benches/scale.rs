@@ -326,4 +326,15 @@ fn main() {
         std::thread::sleep(Duration::from_millis(100));
     }
     println!("end: coordinator RSS {} MiB", fmt_rss(&rss_all(&cluster)));
+    // What the snapshots cost on each coordinator, from their logs.
+    for i in 0..cluster.nodes.len() {
+        for line in cluster.log_of(i).lines().filter(|l| {
+            l.contains("snapshot of the hot state written")
+                || l.contains("with its history to send")
+                || l.contains("installed snapshot")
+                || l.contains("history written to the store")
+        }) {
+            println!("  coordinator {i}: {}", line.split_once("INFO").map_or(line, |(_, rest)| rest).trim());
+        }
+    }
 }

@@ -991,7 +991,10 @@ where
     let invalid = |value: &str| SnapshotReadError::from(CodecError::Invalid { field: "snapshot", value: value.into() });
     let mut rest = Vec::new();
     while let Some(key) = read_varint(&mut reader)? {
-        let field = u32::try_from(key >> 3).ok().filter(|f| *f > 0).ok_or_else(|| invalid("a bad field key"))?;
+        let field = u32::try_from(key >> 3)
+            .ok()
+            .filter(|f| (prost::encoding::MIN_TAG..=prost::encoding::MAX_TAG).contains(f))
+            .ok_or_else(|| invalid("a bad field key"))?;
         let wire = WireType::try_from(key & 7).map_err(|_| invalid("a bad wire type"))?;
         match wire {
             WireType::Varint => {

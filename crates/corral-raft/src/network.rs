@@ -256,6 +256,28 @@ impl RaftNetwork<TypeConfig> for GrpcNetwork {
         self.call(RpcKind::Snapshot, &rpc, chunk, &option).await
     }
 
+    /// Sends a snapshot in chunks, as openraft does, to a follower that accepts a connection:
+    /// the body it reads may first have to be written with the whole history, which is not
+    /// done each time a follower that is down is retried.
+    async fn full_snapshot(
+        &mut self,
+        vote: openraft::Vote<NodeId>,
+        snapshot: openraft::Snapshot<TypeConfig>,
+        cancel: impl std::future::Future<Output = openraft::error::ReplicationClosed> + openraft::OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<
+        openraft::raft::SnapshotResponse<NodeId>,
+        openraft::error::StreamingError<TypeConfig, openraft::error::Fatal<NodeId>>,
+    > {
+        use openraft::network::snapshot_transport::{Chunked, SnapshotTransport};
+        match tokio::time::timeout(Duration::from_millis(500), tokio::net::TcpStream::connect(&self.addr)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(Unreachable::new(&e).into()),
+            Err(elapsed) => return Err(Unreachable::new(&elapsed).into()),
+        }
+        Chunked::send_snapshot(self, vote, snapshot, cancel, option).await
+    }
+
     async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> Result<VoteResponse<NodeId>, RpcErr> {
         self.call(RpcKind::Vote, &rpc, Vec::new(), &option).await
     }

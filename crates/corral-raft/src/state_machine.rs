@@ -191,20 +191,25 @@ impl StateMachineStore {
         written.map_or(0, |()| hash.0)
     }
 
-    /// The hot state and where it stands, cloned under the read lock (the hot state holds live
-    /// and recently finished jobs only): encoding happens after the lock is released.
+    /// The hot state's replicated fields and where they stand, copied under the read lock (jobs
+    /// are shared, not copied; the derived indexes are left out): encoding happens after the
+    /// lock is released.
     fn clone_hot(&self) -> (State, AppliedAt) {
         let data = self.read();
-        (data.state.clone(), (data.last_applied, data.membership.clone()))
+        (data.state.replicated_copy(), (data.last_applied, data.membership.clone()))
     }
 
     /// Builds a snapshot of the hot state and publishes it; its history is the store's.
     fn build_hot_snapshot(&self) -> std::io::Result<(SnapshotMetaT, bool)> {
+        let started = std::time::Instant::now();
         let (state, (last_applied, membership)) = self.clone_hot();
+        let cloned = started.elapsed();
         // Everything applied up to the clone reaches the disk before the snapshot names it.
         self.shared.trees.db.flush().map_err(|e| std::io::Error::other(format!("sled flush failed: {e}")))?;
+        let flushed = started.elapsed();
         let bytes = codec::snapshot_to_bytes(&state);
         drop(state);
+        let encoded = started.elapsed();
         let snapshot_id = match last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id.term, l.leader_id.node_id, l.index),
             None => "empty".to_string(),
@@ -221,6 +226,16 @@ impl StateMachineStore {
         if !matches!(written, Ok(true)) {
             let _ = std::fs::remove_file(&tmp);
         }
+        let ms = |d: std::time::Duration| d.as_millis() as u64;
+        tracing::info!(
+            snapshot = %meta.snapshot_id,
+            bytes = bytes.len(),
+            clone_ms = ms(cloned),
+            flush_ms = ms(flushed - cloned),
+            encode_ms = ms(encoded - flushed),
+            write_ms = ms(started.elapsed() - encoded),
+            "snapshot of the hot state written"
+        );
         Ok((meta, written?))
     }
 
@@ -441,6 +456,7 @@ fn task_key(array: u64, index: u32) -> Vec<u8> {
 /// writes the hot state with [`persist_hot`], after the history: a crash in between leaves a
 /// store without `last_applied`, which the snapshot replaces again on the next open.
 fn install_body(t: &Trees, body: std::fs::File, keep_history: bool) -> anyhow::Result<State> {
+    let started = std::time::Instant::now();
     if keep_history {
         let mut batch = sled::Batch::default();
         for prefix in [JOB, NODE, REQUEST, POLICY] {
@@ -455,8 +471,9 @@ fn install_body(t: &Trees, body: std::fs::File, keep_history: bool) -> anyhow::R
     } else {
         t.tree.clear()?;
     }
+    let cleared = started.elapsed();
     let mut batch = sled::Batch::default();
-    let mut in_batch = 0usize;
+    let (mut in_batch, mut records) = (0usize, 0u64);
     let reader = std::io::BufReader::with_capacity(1 << 20, body);
     let mut state = codec::read_snapshot(reader, |kind, record| -> anyhow::Result<()> {
         match kind {
@@ -470,6 +487,7 @@ fn install_body(t: &Trees, body: std::fs::File, keep_history: bool) -> anyhow::R
             }
         }
         in_batch += 1;
+        records += 1;
         if in_batch == INSTALL_BATCH_RECORDS {
             t.tree.apply_batch(std::mem::take(&mut batch))?;
             in_batch = 0;
@@ -482,6 +500,13 @@ fn install_body(t: &Trees, body: std::fs::File, keep_history: bool) -> anyhow::R
         let segment = codec::segment_from_bytes(&v)?;
         state.ledger.insert(segment.id, segment);
     }
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
+    tracing::info!(
+        records,
+        clear_ms = ms(cleared),
+        history_ms = ms(started.elapsed() - cleared),
+        "snapshot history written to the store"
+    );
     Ok(state)
 }
 
@@ -494,9 +519,14 @@ fn persist_hot(t: &Trees, data: &StateMachineData) -> anyhow::Result<()> {
         ..Touched::default()
     };
     persist(t, data, &all)?;
-    for (request_id, record) in &data.state.request_ids {
-        t.tree.insert(key(REQUEST, request_id.as_bytes()), &request_record_to_bytes(record))?;
+    let mut batch = sled::Batch::default();
+    for (n, (request_id, record)) in data.state.request_ids.iter().enumerate() {
+        batch.insert(key(REQUEST, request_id.as_bytes()), &request_record_to_bytes(record));
+        if n % INSTALL_BATCH_RECORDS == INSTALL_BATCH_RECORDS - 1 {
+            t.tree.apply_batch(std::mem::take(&mut batch))?;
+        }
     }
+    t.tree.apply_batch(batch)?;
     t.db.flush()?;
     Ok(())
 }
@@ -688,7 +718,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let (shared, meta_copy) = (Arc::clone(&self.shared), meta.clone());
         // The received body becomes the current snapshot first, so a crash while sled is
         // rewritten installs it again on open; then sled gets its history, outside the lock.
-        let state = tokio::task::spawn_blocking(move || -> anyhow::Result<State> {
+        let started = std::time::Instant::now();
+        let state = tokio::task::spawn_blocking(move || -> anyhow::Result<(State, u64)> {
             let installed = (|| {
                 std::fs::File::open(&path)?.sync_all()?;
                 let body = std::fs::File::open(&path)?;
@@ -705,11 +736,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             if !published {
                 let _ = std::fs::remove_file(&path);
             }
-            install_body(&shared.trees, body, false)
+            let published_ms = started.elapsed().as_millis() as u64;
+            install_body(&shared.trees, body, false).map(|state| (state, published_ms))
         })
         .await
         .map_err(blocking_err)?
         .map_err(|e| snapshot_err(e.as_ref()))?;
+        let (state, published_ms) = state;
+        let written = started.elapsed();
         let applied = {
             let mut data = self.shared.data.write().unwrap_or_else(|p| p.into_inner());
             *data =
@@ -719,7 +753,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             data.last_applied.map(|l| l.index).unwrap_or(0)
         };
         self.shared.applied_tx.send_replace(applied);
-        tracing::info!(snapshot = %meta.snapshot_id, "installed snapshot");
+        let ms = |d: std::time::Duration| d.as_millis() as u64;
+        tracing::info!(
+            snapshot = %meta.snapshot_id,
+            ms = ms(started.elapsed()),
+            published_ms,
+            hot_ms = ms(started.elapsed() - written),
+            "installed snapshot"
+        );
         Ok(())
     }
 
