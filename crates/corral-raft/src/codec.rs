@@ -957,6 +957,57 @@ pub fn write_snapshot_record(out: &mut impl std::io::Write, kind: HistoryRecord,
     out.write_all(record)
 }
 
+/// What the history written after a snapshot's hot state depends on: its job ids, the next job
+/// id and where its hot ledger starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HotBounds {
+    /// The hot state's job ids, ascending.
+    pub job_ids: Vec<corral_types::JobId>,
+    pub next_job_id: corral_types::JobId,
+    pub segments_archived_below: u64,
+}
+
+impl HotBounds {
+    pub fn of(s: &State) -> HotBounds {
+        HotBounds {
+            job_ids: s.jobs.keys().copied().collect(),
+            next_job_id: s.next_job_id,
+            segments_archived_below: s.segments_archived_below,
+        }
+    }
+
+    /// Decoded from a snapshot of the hot state without the rest of it (request ids, jobs'
+    /// contents): prost skips the fields these messages do not name.
+    pub fn from_snapshot(bytes: &[u8]) -> Result<HotBounds, CodecError> {
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct JobIdOnly {
+            #[prost(uint64, tag = "1")]
+            id: u64,
+        }
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct Bounds {
+            #[prost(uint32, tag = "1")]
+            format_version: u32,
+            #[prost(message, repeated, tag = "2")]
+            jobs: Vec<JobIdOnly>,
+            #[prost(uint64, tag = "5")]
+            next_job_id: u64,
+            #[prost(uint64, tag = "50")]
+            segments_archived_below: u64,
+        }
+        let b = Bounds::decode(bytes)?;
+        check_version(b.format_version)?;
+        let mut job_ids: Vec<corral_types::JobId> = b.jobs.into_iter().map(|j| j.id).collect();
+        job_ids.sort_unstable();
+        Ok(HotBounds { job_ids, next_job_id: b.next_job_id, segments_archived_below: b.segments_archived_below })
+    }
+
+    /// Whether job `id` belongs in the history after this hot state: archived before it.
+    pub fn archived(&self, id: corral_types::JobId) -> bool {
+        id < self.next_job_id && self.job_ids.binary_search(&id).is_err()
+    }
+}
+
 /// What a snapshot record of the history is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HistoryRecord {
@@ -1056,15 +1107,18 @@ fn read_varint(reader: &mut impl std::io::Read) -> Result<Option<u64>, SnapshotR
 
 /// Encodes the hot state for a snapshot (the history is appended by the store).
 pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
-    pb::StateSnapshot {
+    // Three parts in field order, which is how prost would write the whole message: the fields
+    // before `request_ids`, the request ids written straight from the state (up to a day of them:
+    // no message per id is built), then the fields after them.
+    let mut buf = pb::StateSnapshot {
         format_version: FORMAT_VERSION,
         jobs: s.jobs.values().map(Into::into).collect(),
         nodes: s.nodes.values().map(node_status_to_pb).collect(),
-        request_ids: s
-            .request_ids
-            .iter()
-            .map(|(r, j)| pb::RequestIdEntry { request_id: r.clone(), job_id: j.job_id, at: j.at.0 })
-            .collect(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    encode_request_ids(s, &mut buf);
+    pb::StateSnapshot {
         next_job_id: s.next_job_id,
         next_epoch: s.next_epoch,
         last_ts: s.last_ts.0,
@@ -1082,9 +1136,45 @@ pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
         next_join_token_id: s.next_join_token_id,
         segments_archived_below: s.segments_archived_below,
         archived_billed: billed_to_pb(&s.archived_billed),
-        archived_jobs: Vec::new(),
+        ..Default::default()
     }
-    .encode_to_vec()
+    .encode(&mut buf)
+    .expect("a Vec grows as needed");
+    buf
+}
+
+/// Field 4 of `StateSnapshot`, one `RequestIdEntry` per request id, byte for byte as prost
+/// writes them (proto3: zero and empty fields are left out).
+fn encode_request_ids(s: &State, buf: &mut Vec<u8>) {
+    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
+    for (id, record) in s.request_ids.iter() {
+        let (job_id, at) = (record.job_id, record.at.0);
+        let mut len = 0;
+        if !id.is_empty() {
+            len += 1 + encoded_len_varint(id.len() as u64) + id.len();
+        }
+        if job_id != 0 {
+            len += 1 + encoded_len_varint(job_id);
+        }
+        if at != 0 {
+            len += 1 + encoded_len_varint(at);
+        }
+        encode_key(4, WireType::LengthDelimited, buf);
+        encode_varint(len as u64, buf);
+        if !id.is_empty() {
+            encode_key(1, WireType::LengthDelimited, buf);
+            encode_varint(id.len() as u64, buf);
+            buf.extend_from_slice(id.as_bytes());
+        }
+        if job_id != 0 {
+            encode_key(2, WireType::Varint, buf);
+            encode_varint(job_id, buf);
+        }
+        if at != 0 {
+            encode_key(3, WireType::Varint, buf);
+            encode_varint(at, buf);
+        }
+    }
 }
 
 fn billed_to_pb(billed: &BTreeMap<String, BilledTotal>) -> Vec<pb::BilledTotal> {
@@ -1419,6 +1509,19 @@ mod tests {
         let back = snapshot_from_bytes(&snapshot_to_bytes(&state)).unwrap();
         assert_eq!(back, state);
         assert_eq!(back.pending_jobs().count(), 1, "derived index rebuilt");
+        let bounds = HotBounds::from_snapshot(&snapshot_to_bytes(&state)).unwrap();
+        assert_eq!(bounds, HotBounds::of(&state), "the bounds decode without the rest");
+        assert!(!bounds.archived(1) && !bounds.archived(2), "a hot job and a job not yet submitted");
+        // Request ids are written without a message per id, byte for byte as prost would.
+        let request_ids = state
+            .request_ids
+            .iter()
+            .map(|(r, j)| pb::RequestIdEntry { request_id: r.clone(), job_id: j.job_id, at: j.at.0 })
+            .collect();
+        let whole = pb::StateSnapshot { request_ids, ..Default::default() };
+        let mut part = Vec::new();
+        encode_request_ids(&state, &mut part);
+        assert_eq!(part, whole.encode_to_vec());
     }
 
     #[test]

@@ -187,7 +187,7 @@ impl StateMachineStore {
         let mut hash = Fnv(0xcbf2_9ce4_8422_2325);
         let written = hash
             .write_all(&codec::snapshot_to_bytes(&state))
-            .and_then(|()| write_history(&self.shared.trees.tree, &state, &mut hash));
+            .and_then(|()| write_history(&self.shared.trees.tree, &codec::HotBounds::of(&state), &mut hash));
         written.map_or(0, |()| hash.0)
     }
 
@@ -269,13 +269,13 @@ impl StateMachineStore {
         }
         let started = std::time::Instant::now();
         let bytes = crate::snapshot_store::read_all(&mut hot)?;
-        let state = codec::snapshot_from_bytes(&bytes)
+        let bounds = codec::HotBounds::from_snapshot(&bytes)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
         let tmp = snapshots.temp_path("send");
         let written = (|| {
             let mut out = SyncedWriter::create(&tmp)?;
             out.write_all(&bytes)?;
-            write_history(&self.shared.trees.tree, &state, &mut out)?;
+            write_history(&self.shared.trees.tree, &bounds, &mut out)?;
             out.finish()?;
             std::fs::rename(&tmp, &path)
         })();
@@ -449,84 +449,166 @@ fn task_key(array: u64, index: u32) -> Vec<u8> {
     key(TASK, &rest)
 }
 
-/// Writes the history of a snapshot body read from `body` into sled, in bounded batches, and
-/// returns its hot state, with the hot ledger loaded from what was written. The store's hot
-/// records (jobs, nodes, request ids, policies, metadata) are removed first; so is its history,
-/// unless `keep_history` (a body without history, whose history is the store's). The caller
-/// writes the hot state with [`persist_hot`], after the history: a crash in between leaves a
-/// store without `last_applied`, which the snapshot replaces again on the next open.
+/// Writes into sled in batches of [`INSTALL_BATCH_RECORDS`] changes, flushing sled now and then
+/// so that a large install never holds more than a bounded amount of unwritten pages.
+struct BatchWriter<'a> {
+    t: &'a Trees,
+    batch: sled::Batch,
+    pending: usize,
+    since_flush: usize,
+    /// Records written or removed.
+    changed: u64,
+}
+
+impl<'a> BatchWriter<'a> {
+    const FLUSH_EVERY: usize = 200_000;
+
+    fn new(t: &'a Trees) -> Self {
+        BatchWriter { t, batch: sled::Batch::default(), pending: 0, since_flush: 0, changed: 0 }
+    }
+
+    fn insert(&mut self, k: Vec<u8>, v: &[u8]) -> anyhow::Result<()> {
+        self.batch.insert(k, v);
+        self.count()
+    }
+
+    fn remove(&mut self, k: impl Into<sled::IVec>) -> anyhow::Result<()> {
+        self.batch.remove(k);
+        self.count()
+    }
+
+    fn count(&mut self) -> anyhow::Result<()> {
+        self.pending += 1;
+        self.changed += 1;
+        if self.pending == INSTALL_BATCH_RECORDS {
+            self.apply()?;
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self) -> anyhow::Result<()> {
+        self.t.tree.apply_batch(std::mem::take(&mut self.batch))?;
+        self.since_flush += self.pending;
+        self.pending = 0;
+        if self.since_flush >= Self::FLUSH_EVERY {
+            self.t.db.flush()?;
+            self.since_flush = 0;
+        }
+        Ok(())
+    }
+}
+
+/// Writes `v` at `k` unless sled holds it already.
+fn put_if_changed(w: &mut BatchWriter<'_>, k: Vec<u8>, v: &[u8]) -> anyhow::Result<bool> {
+    if w.t.tree.get(&k)?.is_some_and(|old| old == v) {
+        return Ok(false);
+    }
+    w.insert(k, v)?;
+    Ok(true)
+}
+
+/// Removes every key under `prefix` whose rest `keep` refuses; `removed` sees each one first.
+fn remove_unless(
+    w: &mut BatchWriter<'_>,
+    prefix: &[u8],
+    mut keep: impl FnMut(&[u8]) -> bool,
+    mut removed: impl FnMut(&mut BatchWriter<'_>, &[u8]) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    for kv in w.t.tree.scan_prefix(prefix) {
+        let (k, v) = kv?;
+        if !keep(&k[prefix.len()..]) {
+            removed(w, &v)?;
+            w.remove(k)?;
+        }
+    }
+    Ok(())
+}
+
+fn id_of(rest: &[u8]) -> u64 {
+    rest.try_into().map(u64::from_be_bytes).unwrap_or(u64::MAX)
+}
+
+/// Makes sled's history that of a snapshot body read from `body` (unless `keep_history`: a body
+/// without history, whose history is the store's) and returns the body's hot state, with the
+/// hot ledger loaded from the store. Only records that differ are written and only those the
+/// body lacks are removed, in bounded batches: a follower that was briefly away rewrites little.
+/// `last_applied` and the scalar state are removed first, so a crash before [`persist_hot`]
+/// leaves a store that the snapshot (current since before this call) replaces again on open.
 fn install_body(t: &Trees, body: std::fs::File, keep_history: bool) -> anyhow::Result<State> {
     let started = std::time::Instant::now();
-    if keep_history {
-        let mut batch = sled::Batch::default();
-        for prefix in [JOB, NODE, REQUEST, POLICY] {
-            for k in t.tree.scan_prefix(prefix).keys() {
-                batch.remove(k?);
-            }
-        }
-        for k in [META_STATE, META_RAFT_APPLIED, META_RAFT_MEMBERSHIP] {
-            batch.remove(k);
-        }
-        t.tree.apply_batch(batch)?;
-    } else {
-        t.tree.clear()?;
+    let mut w = BatchWriter::new(t);
+    for k in [META_RAFT_APPLIED, META_RAFT_MEMBERSHIP, META_STATE] {
+        w.remove(k)?;
     }
-    let cleared = started.elapsed();
-    let mut batch = sled::Batch::default();
-    let (mut in_batch, mut records) = (0usize, 0u64);
+    for prefix in [NODE, POLICY] {
+        remove_unless(&mut w, prefix, |_| false, |_, _| Ok(()))?;
+    }
+    w.apply()?;
+    let (mut jobs, mut segments, mut records) = (Vec::new(), Vec::new(), 0u64);
     let reader = std::io::BufReader::with_capacity(1 << 20, body);
     let mut state = codec::read_snapshot(reader, |kind, record| -> anyhow::Result<()> {
+        records += 1;
         match kind {
             HistoryRecord::Segment => {
                 let segment = codec::segment_from_bytes(&record)?;
-                batch.insert(key(SEGMENT, &segment.id.to_be_bytes()), record);
+                segments.push(segment.id);
+                put_if_changed(&mut w, key(SEGMENT, &segment.id.to_be_bytes()), &record)?;
             }
-            HistoryRecord::ArchivedJob => {
+            HistoryRecord::ArchivedJob if !keep_history => {
                 let job = codec::job_from_bytes(&record)?;
-                put_archived(&mut batch, &job, &record);
+                jobs.push(job.id);
+                if put_if_changed(&mut w, key(HISTORY, &job.id.to_be_bytes()), &record)? {
+                    if let Some(task) = job.array_task {
+                        w.insert(task_key(task.array, task.index), &job.id.to_be_bytes())?;
+                    }
+                }
             }
-        }
-        in_batch += 1;
-        records += 1;
-        if in_batch == INSTALL_BATCH_RECORDS {
-            t.tree.apply_batch(std::mem::take(&mut batch))?;
-            in_batch = 0;
+            HistoryRecord::ArchivedJob => {}
         }
         Ok(())
     })?;
-    t.tree.apply_batch(batch)?;
+    if !keep_history {
+        // The body lists the history in id order, the hot segments before the archived ones.
+        jobs.sort_unstable();
+        segments.sort_unstable();
+        let unarchive = |w: &mut BatchWriter<'_>, v: &[u8]| -> anyhow::Result<()> {
+            if let Some(task) = codec::job_from_bytes(v)?.array_task {
+                w.remove(task_key(task.array, task.index))?;
+            }
+            Ok(())
+        };
+        remove_unless(&mut w, HISTORY, |rest| jobs.binary_search(&id_of(rest)).is_ok(), unarchive)?;
+        remove_unless(&mut w, SEGMENT, |rest| segments.binary_search(&id_of(rest)).is_ok(), |_, _| Ok(()))?;
+    }
+    w.apply()?;
     for kv in t.tree.range(key(SEGMENT, &state.segments_archived_below.to_be_bytes())..prefix_end(SEGMENT)) {
         let (_, v) = kv?;
         let segment = codec::segment_from_bytes(&v)?;
         state.ledger.insert(segment.id, segment);
     }
-    let ms = |d: std::time::Duration| d.as_millis() as u64;
-    tracing::info!(
-        records,
-        clear_ms = ms(cleared),
-        history_ms = ms(started.elapsed() - cleared),
-        "snapshot history written to the store"
-    );
+    let ms = started.elapsed().as_millis() as u64;
+    tracing::info!(records, changed = w.changed, ms, "snapshot history written to the store");
     Ok(state)
 }
 
-/// Writes the whole hot state of `data` and `last_applied` (after [`install_body`]), and flushes.
+/// Writes the whole hot state of `data` and `last_applied` (after [`install_body`]), only what
+/// differs from the store, and flushes.
 fn persist_hot(t: &Trees, data: &StateMachineData) -> anyhow::Result<()> {
-    let all = Touched {
-        jobs: data.state.jobs.keys().copied().collect(),
-        nodes: data.state.nodes.keys().cloned().collect(),
-        policy: true,
-        ..Touched::default()
-    };
-    persist(t, data, &all)?;
-    let mut batch = sled::Batch::default();
-    for (n, (request_id, record)) in data.state.request_ids.iter().enumerate() {
-        batch.insert(key(REQUEST, request_id.as_bytes()), &request_record_to_bytes(record));
-        if n % INSTALL_BATCH_RECORDS == INSTALL_BATCH_RECORDS - 1 {
-            t.tree.apply_batch(std::mem::take(&mut batch))?;
-        }
+    let state = &data.state;
+    let mut w = BatchWriter::new(t);
+    for (id, job) in state.jobs.iter() {
+        put_if_changed(&mut w, key(JOB, &id.to_be_bytes()), &codec::job_to_bytes(job))?;
     }
-    t.tree.apply_batch(batch)?;
+    remove_unless(&mut w, JOB, |rest| state.jobs.contains_key(&id_of(rest)), |_, _| Ok(()))?;
+    for (request_id, record) in state.request_ids.iter() {
+        put_if_changed(&mut w, key(REQUEST, request_id.as_bytes()), &request_record_to_bytes(record))?;
+    }
+    let known = |rest: &[u8]| std::str::from_utf8(rest).is_ok_and(|id| state.request_ids.contains_key(id));
+    remove_unless(&mut w, REQUEST, known, |_, _| Ok(()))?;
+    w.apply()?;
+    // Nodes, policies and the scalar state last: `last_applied` says the store is whole.
+    let rest = Touched { nodes: state.nodes.keys().cloned().collect(), policy: true, ..Touched::default() };
+    persist(t, data, &rest)?;
     t.db.flush()?;
     Ok(())
 }
@@ -535,12 +617,11 @@ fn persist_hot(t: &Trees, data: &StateMachineData) -> anyhow::Result<()> {
 /// hot state and were submitted before it, and the segments below its hot ledger. Jobs archived
 /// since are in `hot`; records retention deleted since are deleted again by the entries after
 /// the snapshot.
-fn write_history(tree: &sled::Tree, hot: &State, out: &mut impl Write) -> std::io::Result<()> {
+fn write_history(tree: &sled::Tree, hot: &codec::HotBounds, out: &mut impl Write) -> std::io::Result<()> {
     let scan_err = |e: sled::Error| std::io::Error::other(format!("sled scan failed: {e}"));
     for kv in tree.scan_prefix(HISTORY) {
         let (k, v) = kv.map_err(scan_err)?;
-        let id = k[HISTORY.len()..].try_into().map(u64::from_be_bytes).unwrap_or(u64::MAX);
-        if id < hot.next_job_id && !hot.jobs.contains_key(&id) {
+        if hot.archived(id_of(&k[HISTORY.len()..])) {
             codec::write_snapshot_record(out, HistoryRecord::ArchivedJob, &v)?;
         }
     }
@@ -970,6 +1051,19 @@ mod tests {
             persist(&store.shared.trees, &data, &touched).expect("persist");
         }
         assert_eq!(store.archived_jobs_from(0).count(), 0, "every archived job was submitted before the cutoff");
+
+        // A store that holds a history the snapshot no longer has: what the body lacks is removed.
+        {
+            let mut data = store.shared.data.write().unwrap();
+            data.last_applied = Some(LogId::new(CommittedLeaderId::new(1, 1), 9));
+            persist(&store.shared.trees, &data, &Touched::default()).expect("persist");
+        }
+        let snapshot = store.clone().build_snapshot().await.expect("build");
+        let mut behind = StateMachineStore::open(other_dir.path()).expect("reopen");
+        assert_eq!(behind.archived_jobs_from(0).count(), 50);
+        send(snapshot, &mut behind).await;
+        assert_eq!(behind.archived_jobs_from(0).count(), 0, "records the snapshot lacks are removed");
+        assert_eq!(behind.digest(), store.digest());
     }
 
     /// A snapshot file of the earlier single-file format (meta first, then the body) is
