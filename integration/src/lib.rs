@@ -38,7 +38,13 @@ pub fn tls_args(certs: &Path, name: &str) -> Vec<String> {
 /// Path of the `corral` binary: `$CORRAL_BIN`, else `target/<profile>/corral` next to the test binary.
 pub fn corral_bin() -> PathBuf {
     if let Ok(bin) = std::env::var("CORRAL_BIN") {
-        return PathBuf::from(bin);
+        // Cargo runs tests and benches in the package's directory: a relative path is taken
+        // from the workspace root, where the README's commands run.
+        let bin = PathBuf::from(bin);
+        if bin.is_relative() {
+            return Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(bin);
+        }
+        return bin;
     }
     let exe = std::env::current_exe().expect("test binary path");
     // target/<profile>/deps/<test> -> target/<profile>/corral
