@@ -23,9 +23,10 @@ const ONLY_IN: &[(&str, &[&str])] = &[
     ("oci-spec", &["corral-worker"]),
 ];
 
-/// Crates whose normal dependencies are limited to these (pure crates: no I/O, no runtime).
+/// Crates whose normal dependencies are limited to these (pure crates: no I/O, no runtime; imbl
+/// is persistent data structures only).
 const PURE: &[(&str, &[&str])] =
-    &[("corral-types", &["serde", "thiserror"]), ("corral-core", &["corral-types", "serde", "thiserror"])];
+    &[("corral-types", &["serde", "thiserror"]), ("corral-core", &["corral-types", "serde", "thiserror", "imbl"])];
 
 /// Workspace crates that must not reach these others through their normal dependencies, directly
 /// or through another member: the wire protocol and its client do not compile the scheduler.
