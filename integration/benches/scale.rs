@@ -8,7 +8,8 @@
 //! Run: `cargo build --release -p corral-cli && CORRAL_BIN=target/release/corral cargo bench -p
 //! corral-integration --bench scale`. `CORRAL_SCALE_JOBS` (default 100000), `CORRAL_SCALE_ENTRIES`
 //! (entries the stopped follower misses, default 20000), `CORRAL_SCALE_SECS` (length of the
-//! latency phases, default 20). Phases the binary does not support (an older build) are skipped;
+//! latency phases, default 20), `CORRAL_SCALE_REQUEST_ID_WINDOW` (default 24h). Phases the binary
+//! does not support (an older build) are skipped;
 //! `CORRAL_SCALE_NO_HISTORY=1` leaves out the `[history]` config section older builds refuse.
 
 use corral_client::{Client, ClientConfig};
@@ -214,7 +215,12 @@ fn main() {
         extra_config: if std::env::var_os("CORRAL_SCALE_NO_HISTORY").is_some() {
             String::new()
         } else {
-            "\n[history]\narchive-after = \"5s\"\ncompact-every = \"1s\"\n".into()
+            // CORRAL_SCALE_REQUEST_ID_WINDOW (default 24h, as a coordinator's): a short one
+            // shows what memory is left once request ids expire.
+            format!(
+                "\n[history]\narchive-after = \"5s\"\ncompact-every = \"1s\"\nrequest-id-window = \"{}\"\n",
+                std::env::var("CORRAL_SCALE_REQUEST_ID_WINDOW").unwrap_or_else(|_| "24h".into())
+            )
         },
         ..ClusterOptions::default()
     };
