@@ -1,7 +1,9 @@
 //! Raft RPCs over gRPC: the client side (`GrpcNetworkFactory`) and the server side (`RaftGrpcService`).
 //!
 //! openraft's request/response types travel as serde_json inside a `RaftMessage`; application
-//! commands inside entries are protobuf (see `RaftRequest`).
+//! commands inside entries are protobuf (see `RaftRequest`); a snapshot chunk travels raw in
+//! `RaftMessage.chunk`. A snapshot is sent only to a follower that accepts a TCP connection (the
+//! body it reads may first have to be written with the whole history).
 //!
 //! AppendEntries is bounded twice over, because openraft 0.9 bounds it by entry count only and
 //! gives each request one heartbeat interval (50 ms) to complete:
