@@ -1253,7 +1253,8 @@ fn coordinators_from_pb(records: Vec<pb::CoordinatorRecord>) -> BTreeMap<u64, Co
     records.into_iter().map(|r| (r.node_id, CoordinatorRecord { addr: r.addr, removed: r.removed })).collect()
 }
 
-/// Decodes the hot state of a snapshot (see [`snapshot_contents`] for its history too).
+/// Decodes the hot state of a snapshot, its hot segments in the ledger (see [`read_snapshot`] to
+/// read its history too).
 pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, CodecError> {
     let mut segments = Vec::new();
     let read = read_snapshot(bytes, |kind, record| {
