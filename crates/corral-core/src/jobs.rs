@@ -83,21 +83,6 @@ impl From<BTreeMap<JobId, Job>> for Jobs {
     }
 }
 
-impl Extend<(JobId, Job)> for Jobs {
-    fn extend<I: IntoIterator<Item = (JobId, Job)>>(&mut self, iter: I) {
-        self.0.extend(iter.into_iter().map(|(id, j)| (id, Arc::new(j))));
-    }
-}
-
-impl<'a> IntoIterator for &'a Jobs {
-    type Item = (&'a JobId, &'a Job);
-    type IntoIter = Box<dyn DoubleEndedIterator<Item = (&'a JobId, &'a Job)> + 'a>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        Box::new(self.iter())
-    }
-}
-
 impl Serialize for Jobs {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_map(self.iter())

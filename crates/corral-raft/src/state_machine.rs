@@ -791,10 +791,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         meta: &SnapshotMetaT,
         mut snapshot: Box<SnapshotFile>,
     ) -> Result<(), StorageError<NodeId>> {
-        let snapshot_err = |e: &dyn std::error::Error| {
-            StorageError::from(StorageIOError::<NodeId>::write_snapshot(Some(meta.signature()), &AnyErr(e.to_string())))
+        let snapshot_err = |why: String| {
+            StorageError::from(StorageIOError::<NodeId>::write_snapshot(
+                Some(meta.signature()),
+                &std::io::Error::other(why),
+            ))
         };
-        let path = snapshot.take_received().ok_or_else(|| snapshot_err(&AnyErr("not a received snapshot".into())))?;
+        let path = snapshot.take_received().ok_or_else(|| snapshot_err("not a received snapshot".into()))?;
         drop(snapshot);
         let (shared, meta_copy) = (Arc::clone(&self.shared), meta.clone());
         // The received body becomes the current snapshot first, so a crash while sled is
@@ -802,8 +805,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let started = std::time::Instant::now();
         let state = tokio::task::spawn_blocking(move || -> anyhow::Result<(State, u64)> {
             let installed = (|| {
-                std::fs::File::open(&path)?.sync_all()?;
                 let body = std::fs::File::open(&path)?;
+                body.sync_all()?;
                 let published = shared.snapshots.publish(&meta_copy, &path, false)?;
                 anyhow::Ok((body, published))
             })();
@@ -822,7 +825,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         })
         .await
         .map_err(blocking_err)?
-        .map_err(|e| snapshot_err(e.as_ref()))?;
+        .map_err(|e| snapshot_err(e.to_string()))?;
         let (state, published_ms) = state;
         let written = started.elapsed();
         let applied = {
@@ -861,18 +864,6 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Err(read_err(last_err.unwrap_or_else(|| std::io::Error::other("no snapshot body"))))
     }
 }
-
-/// An error with a message only (for openraft's error wrappers, which want a `std::error::Error`).
-#[derive(Debug)]
-struct AnyErr(String);
-
-impl std::fmt::Display for AnyErr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for AnyErr {}
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
