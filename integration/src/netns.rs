@@ -18,16 +18,30 @@ fn run(args: &[&str]) -> Result<(), String> {
 pub struct NetHosts {
     prefix: String,
     bridge: String,
+    /// Prefix of the veth names (an interface name has at most 15 bytes).
+    short: String,
     subnet: u8,
     count: usize,
 }
+
+/// Sets created by this process so far: tests run as threads of one process, and two sets
+/// alive at once must not share a name or a subnet (creating one tears down any of its name).
+static CREATED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl NetHosts {
     /// Creates `count` namespaces. Panics with the failing command if the host lacks support.
     pub fn create(count: usize) -> NetHosts {
         let pid = std::process::id();
-        let subnet = (pid % 250) as u8 + 1;
-        let hosts = NetHosts { prefix: format!("crl{pid}"), bridge: format!("crlbr{}", pid % 100_000), subnet, count };
+        let n = CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
+        let tag = format!("{}x{n}", pid % 100_000);
+        let subnet = ((pid + 37 * n) % 250) as u8 + 1;
+        let hosts = NetHosts {
+            prefix: format!("crl{pid}x{n}"),
+            bridge: format!("crlbr{tag}"),
+            short: format!("c{tag}"),
+            subnet,
+            count,
+        };
         hosts.teardown();
         hosts.setup().unwrap_or_else(|e| panic!("cannot create test network namespaces (needs root, iproute2): {e}"));
         hosts
@@ -40,8 +54,8 @@ impl NetHosts {
         run(&["ip", "link", "set", &self.bridge, "up"])?;
         for i in 1..=self.count {
             let ns = self.namespace(i);
-            let host_if = format!("{}h{i}", self.short());
-            let ns_if = format!("{}n{i}", self.short());
+            let host_if = format!("{}h{i}", self.short);
+            let ns_if = format!("{}n{i}", self.short);
             run(&["ip", "netns", "add", &ns])?;
             run(&["ip", "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if])?;
             run(&["ip", "link", "set", &host_if, "master", &self.bridge])?;
@@ -55,14 +69,10 @@ impl NetHosts {
         Ok(())
     }
 
-    fn short(&self) -> String {
-        format!("c{}", std::process::id() % 100_000)
-    }
-
     fn teardown(&self) {
         for i in 1..=self.count {
             let _ = run(&["ip", "netns", "del", &self.namespace(i)]);
-            let _ = run(&["ip", "link", "del", &format!("{}h{i}", self.short())]);
+            let _ = run(&["ip", "link", "del", &format!("{}h{i}", self.short)]);
         }
         let _ = run(&["ip", "link", "del", &self.bridge]);
     }
