@@ -169,32 +169,35 @@ impl GrpcNetwork {
 const APPEND_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The request serialized with as many entries as fit the budget (at least one), and the log
-/// id of the last one it carries.
+/// id of the last one it carries. Each entry is serialized once: its size decides whether it
+/// fits, and its bytes go into the request as they are.
 fn bounded_append(
     rpc: &AppendEntriesRequest<TypeConfig>,
 ) -> Result<(Vec<u8>, Option<openraft::LogId<NodeId>>), serde_json::Error> {
-    // Sized entry by entry: a request openraft built over hundreds of large entries is never
-    // serialized whole (that alone took seconds and hundreds of MiB).
+    /// `AppendEntriesRequest` as serde writes it, its entries already serialized.
+    #[derive(Serialize)]
+    struct Wire<'a> {
+        vote: &'a openraft::Vote<NodeId>,
+        prev_log_id: &'a Option<openraft::LogId<NodeId>>,
+        entries: Vec<Box<serde_json::value::RawValue>>,
+        leader_commit: &'a Option<openraft::LogId<NodeId>>,
+    }
     let mut size = 0;
-    let mut take = 0;
+    let mut entries = Vec::new();
     for entry in &rpc.entries {
-        size += serde_json::to_vec(entry)?.len() + 1;
-        if take > 0 && size > APPEND_BUDGET {
+        let raw = serde_json::value::to_raw_value(entry)?;
+        size += raw.get().len() + 1;
+        if !entries.is_empty() && size > APPEND_BUDGET {
             break;
         }
-        take += 1;
+        entries.push(raw);
     }
-    if take == rpc.entries.len() {
-        return Ok((serde_json::to_vec(rpc)?, rpc.entries.last().map(|e| e.log_id)));
+    let carried = entries.len().checked_sub(1).and_then(|last| rpc.entries.get(last)).map(|e| e.log_id);
+    if entries.len() < rpc.entries.len() {
+        tracing::debug!(entries = entries.len(), of = rpc.entries.len(), "append entries split by size");
     }
-    let part: AppendEntriesRequest<TypeConfig> = AppendEntriesRequest {
-        vote: rpc.vote,
-        prev_log_id: rpc.prev_log_id,
-        leader_commit: rpc.leader_commit,
-        entries: rpc.entries[..take].to_vec(),
-    };
-    tracing::debug!(entries = take, of = rpc.entries.len(), "append entries split by size");
-    Ok((serde_json::to_vec(&part)?, part.entries.last().map(|e| e.log_id)))
+    let wire = Wire { vote: &rpc.vote, prev_log_id: &rpc.prev_log_id, entries, leader_commit: &rpc.leader_commit };
+    Ok((serde_json::to_vec(&wire)?, carried))
 }
 
 /// One Raft RPC: `msg` (a serialized request) to `target`, its reply decoded.
@@ -446,5 +449,47 @@ mod tests {
         // Small requests never mark a catch-up; nor does a lag of a few entries.
         assert!(!catching_up(228, Some(156), Some(160), 64 << 10));
         assert!(!catching_up(228, Some(225), Some(225), 4 << 20));
+    }
+
+    /// What `bounded_append` writes decodes as the request it came from, cut after the last
+    /// entry that fits the budget (and never before the first).
+    #[test]
+    fn an_append_request_is_cut_to_the_budget_and_decodes_as_sent() {
+        use corral_core::{Command, Request};
+        let entry = |index: u64, bytes: usize| openraft::Entry::<TypeConfig> {
+            log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), index),
+            payload: openraft::EntryPayload::Normal(crate::RaftRequest(Request {
+                ts: corral_types::Timestamp(index),
+                command: Command::CancelJob { job_id: index, reason: "x".repeat(bytes) },
+            })),
+        };
+        let rpc = |entries| AppendEntriesRequest::<TypeConfig> {
+            vote: openraft::Vote::new_committed(3, 1),
+            prev_log_id: Some(openraft::LogId::new(openraft::CommittedLeaderId::new(2, 1), 9)),
+            entries,
+            leader_commit: Some(openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), 10)),
+        };
+        let decode = |bytes: &[u8]| serde_json::from_slice::<AppendEntriesRequest<TypeConfig>>(bytes).expect("decodes");
+        let whole = rpc(vec![entry(10, 10), entry(11, 10), entry(12, 10)]);
+        let (bytes, carried) = bounded_append(&whole).expect("serialize");
+        assert_eq!(carried.map(|l| l.index), Some(12));
+        let back = decode(&bytes);
+        assert_eq!(
+            (back.vote, back.prev_log_id, back.leader_commit),
+            (whole.vote, whole.prev_log_id, whole.leader_commit)
+        );
+        assert_eq!(back.entries, whole.entries);
+        assert_eq!(bytes, serde_json::to_vec(&whole).expect("serde"), "the same bytes as serde writes");
+        // 3 MiB entries: two do not fit the 4 MiB budget, one more than the budget still goes alone.
+        let big = rpc(vec![entry(10, 3 << 20), entry(11, 3 << 20), entry(12, 10)]);
+        let (bytes, carried) = bounded_append(&big).expect("serialize");
+        assert_eq!(carried.map(|l| l.index), Some(10));
+        assert_eq!(decode(&bytes).entries, big.entries[..1].to_vec());
+        let huge = rpc(vec![entry(10, 5 << 20)]);
+        let (bytes, carried) = bounded_append(&huge).expect("serialize");
+        assert_eq!((carried.map(|l| l.index), decode(&bytes).entries.len()), (Some(10), 1));
+        let heartbeat = rpc(vec![]);
+        let (bytes, carried) = bounded_append(&heartbeat).expect("serialize");
+        assert_eq!((carried, decode(&bytes).entries.len()), (None, 0));
     }
 }
