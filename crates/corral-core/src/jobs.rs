@@ -1,6 +1,7 @@
-//! `Jobs`, the hot jobs by id: a map whose clone shares every job with the original, so a
-//! snapshot copies the state under its read lock in milliseconds whatever the jobs hold; a job
-//! is copied only when it changes while a clone still shares it.
+//! `Jobs`, the hot jobs by id: a persistent map whose clone shares the whole map with the
+//! original, so a snapshot copies the state under its read lock in constant time however many
+//! jobs there are; a job (and the path of the tree above it) is copied only when it changes
+//! while a clone still shares it.
 
 use corral_types::{Job, JobId};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -8,9 +9,10 @@ use std::collections::BTreeMap;
 use std::ops::RangeBounds;
 use std::sync::Arc;
 
-/// The hot jobs by id, with the read API of a `BTreeMap<JobId, Job>`.
+/// The hot jobs by id, with the read API of a `BTreeMap<JobId, Job>`. The jobs are `Arc`s, so a
+/// tree node copied after a clone copies pointers, not jobs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Jobs(BTreeMap<JobId, Arc<Job>>);
+pub struct Jobs(imbl::OrdMap<JobId, Arc<Job>>);
 
 impl Jobs {
     pub fn new() -> Jobs {
