@@ -78,6 +78,14 @@ class Dev:
         stop(self.proc)
         self.start()
 
+    def snapshot(self):
+        """Builds a snapshot of the pool's state machine now (`corral cluster snapshot`)."""
+        out = subprocess.run(
+            [corral_bin(), "--endpoint", self.addr, "cluster", "snapshot"], capture_output=True, text=True
+        )
+        if out.returncode != 0:
+            pytest.fail(f"corral cluster snapshot: {out.stderr}")
+
     def close(self):
         stop(self.proc)
         self.log.close()

@@ -340,6 +340,11 @@ pub enum ClusterCommand {
         #[arg(long)]
         digest: bool,
     },
+    /// Build a snapshot of the state machine of the coordinator at --endpoint now (a restart
+    /// then applies only the log entries after it again; the log before it may be purged), and
+    /// print its status once the snapshot is written. Snapshots are also built every
+    /// `raft.snapshot-every` entries.
+    Snapshot,
 }
 
 #[derive(Debug, Args)]

@@ -1,4 +1,4 @@
-//! `corral cluster init|join|leave|status`.
+//! `corral cluster init|join|leave|status|snapshot`.
 
 use crate::args::{ClusterCommand, GlobalArgs, OutputFormat};
 use crate::commands::client;
@@ -72,6 +72,7 @@ pub async fn run(global: &GlobalArgs, command: ClusterCommand) -> anyhow::Result
         ClusterCommand::Join { addr } => client.cluster_join(&addr).await?,
         ClusterCommand::Leave { node_id } => client.cluster_leave(node_id).await?,
         ClusterCommand::Status { digest } => client.cluster_status_with(digest).await?,
+        ClusterCommand::Snapshot => client.cluster_snapshot().await?,
     };
     print_status(global, &status)?;
     Ok(ExitCode::SUCCESS)

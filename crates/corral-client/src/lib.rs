@@ -876,6 +876,18 @@ impl Client {
         Ok(reply.into_inner())
     }
 
+    /// Builds a snapshot on the first configured endpoint now; its status once written.
+    pub async fn cluster_snapshot(&self) -> Result<pb::ClusterStatus, ClientError> {
+        let only = self.single(0)?;
+        let reply = only
+            .with_retry(|ch| {
+                let req = self.authorize(pb::ClusterSnapshotRequest {});
+                async move { Self::admin(ch).snapshot(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
     /// Adds the coordinator running at `addr` (asked for its node id first) to the cluster.
     pub async fn cluster_join(&self, addr: &str) -> Result<pb::ClusterStatus, ClientError> {
         let newcomer = Client::new(ClientConfig { endpoints: vec![addr.to_string()], ..(*self.config).clone() })?;

@@ -1,4 +1,5 @@
-//! The `ClusterAdmin` gRPC service: bootstrap, join, leave and status of the coordinator cluster.
+//! The `ClusterAdmin` gRPC service: bootstrap, join, leave, status and snapshots of the coordinator
+//! cluster.
 //!
 //! Join follows the safe order: record the id (never reused), add as learner and wait until it
 //! caught up, then promote to voter.
@@ -9,6 +10,10 @@ use corral_proto::v1::cluster_admin_server::{ClusterAdmin, ClusterAdminServer};
 use corral_proto::v1::{self as pb};
 use std::time::Duration;
 use tonic::{Request, Response, Status};
+
+/// How long `corral cluster snapshot` waits for the snapshot to be written: a state of a million
+/// jobs encodes in seconds; the client's own deadline may be shorter.
+const SNAPSHOT_PATIENCE: Duration = Duration::from_secs(300);
 
 pub(crate) fn server(coord: Coordinator) -> ClusterAdminServer<Admin> {
     ClusterAdminServer::new(Admin { coord })
@@ -150,6 +155,17 @@ impl ClusterAdmin for Admin {
 
     async fn status(&self, request: Request<pb::ClusterStatusRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
         Ok(Response::new(self.coord.cluster_status(request.get_ref().digest).await))
+    }
+
+    async fn snapshot(
+        &self,
+        request: Request<pb::ClusterSnapshotRequest>,
+    ) -> Result<Response<pb::ClusterStatus>, Status> {
+        let raft = &self.coord.inner.node;
+        let index = raft.snapshot(SNAPSHOT_PATIENCE).await.map_err(CoordError::from)?;
+        tracing::info!(index, "snapshot built on request");
+        self.coord.audit_cluster(&request, "cluster snapshot", format!("node {} at index {index}", raft.id));
+        Ok(Response::new(self.status().await))
     }
 
     async fn create_join_token(

@@ -323,6 +323,16 @@ impl RaftNode {
         }
     }
 
+    /// Builds a snapshot of this node's state machine now and waits, at most `timeout`, until it
+    /// covers every entry applied when it was asked for; returns the snapshot's index. The log
+    /// before it may then be purged, and a restart applies only the entries after it again.
+    pub async fn snapshot(&self, timeout: Duration) -> Result<u64, RaftError> {
+        let applied = self.status().applied_index.unwrap_or(0);
+        self.raft.trigger().snapshot().await.map_err(|e| RaftError::Failed(e.to_string()))?;
+        self.wait_for(timeout, |s| s.snapshot_index.unwrap_or(0) >= applied).await?;
+        Ok(self.status().snapshot_index.unwrap_or(0))
+    }
+
     /// The gRPC service through which peers reach this node.
     pub fn grpc_service(&self) -> RaftServer<RaftGrpcService> {
         RaftGrpcService::new(self.raft.clone()).into_server()

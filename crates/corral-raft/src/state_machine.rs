@@ -1,29 +1,32 @@
-//! The replicated state machine: `corral_core::State` in memory, persisted in sled, with fsynced
-//! snapshot files, and the on-disk history of finished jobs and billed segments.
+//! The replicated state machine: `corral_core::State` in memory, durable as fsynced snapshot
+//! files plus the Raft log after them, and the on-disk history of finished jobs and billed
+//! segments in sled.
 //!
-//! The history lives in the same sled tree: `h/<job id>` holds each job a `Compact` took out of
-//! the hot state, `t/<array><index>` finds an archived array task, and `l/<segment id>` holds
-//! every segment (the hot state keeps only recent ones). Retention deletes from the front of
-//! `h/` and `l/` by a pure predicate on each record (ids grow with submit and end time), so
-//! every replica deletes the same records.
+//! sled holds the history only: `h/<job id>` holds each job a `Compact` took out of the hot
+//! state, `t/<array><index>` finds an archived array task, and `l/<segment id>` holds every
+//! segment (the hot state keeps only recent ones). Retention deletes from the front of `h/` and
+//! `l/` by a pure predicate on each record (ids grow with submit and end time), so every replica
+//! deletes the same records.
 //!
-//! Invariant: sled is written in one atomic batch (one tree, prefixed keys) per applied batch of
-//! entries, including the last applied log id, so a reopened sled is a consistent prefix of the
-//! log; whatever sled lost is re-applied from the log. A snapshot newer than sled wins on open,
-//! because the log before it may already be purged.
+//! Invariant: the hot state never reaches sled. It is durable as the current snapshot and the
+//! log entries after it: on open the store loads the snapshot and reports its index as applied,
+//! and openraft applies the committed entries after it again. Applying an entry writes to sled
+//! only what it adds to or deletes from the history, and applying it again writes the same
+//! records, so a store whose sled ran ahead of the snapshot converges to the same bytes.
 //!
 //! A snapshot this store builds holds the hot state only: the history is already in sled, which
 //! is synced up to the snapshot's index before the snapshot is published. When a follower needs
 //! the snapshot, its body is written again with the history added (once per snapshot, into a
 //! file, read in chunks). A snapshot a follower receives carries the history and is installed
-//! into sled as it is read.
+//! into sled as it is read; a received body is current from before its install until the next
+//! build, so a crash during the install installs it again on open.
 
 use crate::change_log::ChangeLog;
 use crate::codec::{self, HistoryRecord};
 use crate::snapshot_store::{Current, SnapshotDir, SnapshotFile, SnapshotMetaT, SyncedWriter};
 use crate::types::{LogId, NodeId, StoredMembership, TypeConfig};
-use corral_core::{CompactCutoffs, Outcome, RequestRecord, State, Touched};
-use corral_types::{Job, JobId, Segment, Timestamp};
+use corral_core::{CompactCutoffs, Outcome, State, Touched};
+use corral_types::{Job, JobId, Segment};
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError};
 use std::io::Write;
@@ -31,11 +34,8 @@ use std::path::Path;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use tokio::sync::watch;
 
-const META_RAFT_APPLIED: &[u8] = b"m/raft/last_applied";
-const META_RAFT_MEMBERSHIP: &[u8] = b"m/raft/membership";
-const META_STATE: &[u8] = b"m/state";
-/// sled's page cache (its default is 1 GiB): the hot state is in memory already, and the
-/// history is read page by page, so a small cache keeps a coordinator's memory bounded.
+/// sled's page cache (its default is 1 GiB): the history is read page by page, so a small cache
+/// keeps a coordinator's memory bounded.
 const SLED_CACHE_BYTES: u64 = 128 << 20;
 /// Records of the history written to sled per batch when a snapshot is installed.
 const INSTALL_BATCH_RECORDS: usize = 10_000;
@@ -85,13 +85,12 @@ struct Trees {
     tree: sled::Tree,
 }
 
-const JOB: &[u8] = b"j/";
-const NODE: &[u8] = b"n/";
-const REQUEST: &[u8] = b"r/";
 const SEGMENT: &[u8] = b"l/";
-const POLICY: &[u8] = b"p/";
 const HISTORY: &[u8] = b"h/";
 const TASK: &[u8] = b"t/";
+/// Where stores of earlier versions kept the hot state (jobs, nodes, request ids, policy
+/// versions, the scalar state and the applied log id): removed on open.
+const LEGACY_HOT_PREFIXES: [&[u8]; 5] = [b"j/", b"n/", b"r/", b"p/", b"m/"];
 
 fn key(prefix: &[u8], rest: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(prefix.len() + rest.len());
@@ -123,10 +122,6 @@ fn read_err<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> {
     StorageIOError::<NodeId>::read_state_machine(&e).into()
 }
 
-fn json_err(e: serde_json::Error) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, e)
-}
-
 impl StateMachineStore {
     /// Opens (or creates) the store under `dir` (`dir/sm` for sled, `dir/snapshots`).
     pub fn open(dir: &Path) -> anyhow::Result<Self> {
@@ -135,24 +130,32 @@ impl StateMachineStore {
         // the Raft log and fsynced snapshots, whatever sled lost is re-applied on open.
         let db = sled::Config::new().path(dir.join("sm")).cache_capacity(SLED_CACHE_BYTES).open()?;
         let trees = Trees { tree: db.open_tree("state")?, db };
-        let mut data = load_from_sled(&trees)?;
-        if let Some(current) = snapshots.current()? {
-            if current.meta.last_log_id > data.last_applied {
-                tracing::info!(snapshot = %current.meta.snapshot_id, "state machine store is older than the snapshot: loading the snapshot");
-                if current.history_in_store {
-                    // Not expected: the store is synced before such a snapshot is published.
-                    tracing::warn!(snapshot = %current.meta.snapshot_id, "the snapshot leaves its history to a store that is older than it: jobs archived since the store's last sync are missing from the history");
-                }
+        remove_legacy_hot_records(&trees)?;
+        let data = match snapshots.current()? {
+            None => StateMachineData::default(),
+            Some(current) => {
+                let started = std::time::Instant::now();
                 let body = std::fs::File::open(snapshots.path(&current.body))?;
-                let state = install_body(&trees, body, current.history_in_store)?;
-                data = StateMachineData {
+                let state = if current.history_in_store {
+                    load_hot_body(body)?
+                } else {
+                    // A received body, current since before its install: sled may hold less
+                    // than it (a crash during the install) or more (entries applied after it).
+                    install_body(&trees, body)?
+                };
+                tracing::info!(
+                    snapshot = %current.meta.snapshot_id,
+                    jobs = state.jobs.len(),
+                    ms = started.elapsed().as_millis() as u64,
+                    "loaded the state machine from its snapshot; the log entries after it are applied again"
+                );
+                StateMachineData {
                     state,
                     last_applied: current.meta.last_log_id,
-                    membership: current.meta.last_membership.clone(),
-                };
-                persist_hot(&trees, &data)?;
+                    membership: current.meta.last_membership,
+                }
             }
-        }
+        };
         let applied = data.last_applied.map(|l| l.index).unwrap_or(0);
         let (applied_tx, _) = watch::channel(applied);
         let shared = Shared {
@@ -342,68 +345,35 @@ impl StateMachineStore {
     }
 }
 
-fn load_from_sled(t: &Trees) -> anyhow::Result<StateMachineData> {
-    let last_applied = match t.tree.get(META_RAFT_APPLIED)? {
-        Some(v) => serde_json::from_slice(&v)?,
-        None => None,
-    };
-    let membership = match t.tree.get(META_RAFT_MEMBERSHIP)? {
-        Some(v) => serde_json::from_slice(&v)?,
-        None => StoredMembership::default(),
-    };
-    let Some(meta) = t.tree.get(META_STATE)? else {
-        return Ok(StateMachineData { state: State::default(), last_applied, membership });
-    };
-    let meta = codec::meta_from_bytes(&meta)?;
-    let mut jobs = std::collections::BTreeMap::new();
-    for kv in t.tree.scan_prefix(JOB) {
-        let (_, v) = kv?;
-        let job = codec::job_from_bytes(&v)?;
-        jobs.insert(job.id, job);
+/// The hot state of a body this store built (`history_in_store`): every segment in it is one of
+/// the hot ledger, and the history is sled's.
+fn load_hot_body(body: std::fs::File) -> anyhow::Result<State> {
+    let mut ledger = Vec::new();
+    let reader = std::io::BufReader::with_capacity(1 << 20, body);
+    let mut state = codec::read_snapshot(reader, |kind, record| -> anyhow::Result<()> {
+        match kind {
+            HistoryRecord::Segment => ledger.push(codec::segment_from_bytes(&record)?),
+            HistoryRecord::ArchivedJob => anyhow::bail!("a snapshot of the hot state holds an archived job"),
+        }
+        Ok(())
+    })?;
+    state.ledger.extend(ledger.into_iter().map(|g| (g.id, g)));
+    Ok(state)
+}
+
+/// Removes what a store of an earlier version kept of the hot state: the snapshot and the log
+/// after it hold all of it.
+fn remove_legacy_hot_records(t: &Trees) -> anyhow::Result<()> {
+    let mut w = BatchWriter::new(t);
+    for prefix in LEGACY_HOT_PREFIXES {
+        remove_unless(&mut w, prefix, |_| false, |_, _| Ok(()))?;
     }
-    let mut nodes = std::collections::BTreeMap::new();
-    for kv in t.tree.scan_prefix(NODE) {
-        let (_, v) = kv?;
-        let node = codec::node_from_bytes(&v)?;
-        nodes.insert(node.spec.name.clone(), node);
+    w.apply()?;
+    if w.changed > 0 {
+        tracing::info!(records = w.changed, "removed the hot state an earlier version kept in the store");
+        t.db.flush()?;
     }
-    let mut request_ids = std::collections::BTreeMap::new();
-    for kv in t.tree.scan_prefix(REQUEST) {
-        let (k, v) = kv?;
-        let k = &k[REQUEST.len()..];
-        let record = request_record_from_bytes(&v).ok_or_else(|| anyhow::anyhow!("corrupt request id entry"))?;
-        request_ids.insert(String::from_utf8_lossy(k).into_owned(), record);
-    }
-    let mut state = State::from_parts(
-        jobs,
-        nodes,
-        request_ids,
-        meta.next_job_id,
-        meta.next_epoch,
-        meta.last_ts,
-        meta.config,
-        meta.coordinators,
-        meta.tso_window_end_ms,
-    );
-    state.usage = meta.usage;
-    state.next_segment_id = meta.next_segment_id;
-    state.tokens = meta.tokens;
-    state.next_token_id = meta.next_token_id;
-    state.policy_version = meta.policy_version;
-    for kv in t.tree.scan_prefix(POLICY) {
-        let (_, v) = kv?;
-        state.policy_history.push(codec::policy_record_from_bytes(&v)?);
-    }
-    state.join_tokens = meta.join_tokens;
-    state.next_join_token_id = meta.next_join_token_id;
-    state.segments_archived_below = meta.segments_archived_below;
-    state.archived_billed = meta.archived_billed;
-    for kv in t.tree.range(key(SEGMENT, &meta.segments_archived_below.to_be_bytes())..prefix_end(SEGMENT)) {
-        let (_, v) = kv?;
-        let segment = codec::segment_from_bytes(&v)?;
-        state.ledger.insert(segment.id, segment);
-    }
-    Ok(StateMachineData { state, last_applied, membership })
+    Ok(())
 }
 
 /// The first key after every key that starts with `prefix`.
@@ -413,25 +383,6 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
         *last += 1;
     }
     end
-}
-
-fn request_record_to_bytes(r: &RequestRecord) -> [u8; 16] {
-    let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&r.job_id.to_be_bytes());
-    bytes[8..].copy_from_slice(&r.at.0.to_be_bytes());
-    bytes
-}
-
-/// A request id entry: the job id, then the submit's timestamp (absent in entries written
-/// before request ids expired: they expire at the next compaction).
-fn request_record_from_bytes(v: &[u8]) -> Option<RequestRecord> {
-    let job_id = u64::from_be_bytes(v.get(..8)?.try_into().ok()?);
-    let at = match v.get(8..) {
-        Some([]) => 0,
-        Some(rest) => u64::from_be_bytes(rest.try_into().ok()?),
-        None => return None,
-    };
-    Some(RequestRecord { job_id, at: Timestamp(at) })
 }
 
 /// Writes `job` (encoded as `bytes`) into the history, with its task key if it is an array task.
@@ -528,22 +479,13 @@ fn id_of(rest: &[u8]) -> u64 {
     rest.try_into().map(u64::from_be_bytes).unwrap_or(u64::MAX)
 }
 
-/// Makes sled's history that of a snapshot body read from `body` (unless `keep_history`: a body
-/// without history, whose history is the store's) and returns the body's hot state, with the
-/// hot ledger loaded from the store. Only records that differ are written and only those the
-/// body lacks are removed, in bounded batches: a follower that was briefly away rewrites little.
-/// `last_applied` and the scalar state are removed first, so a crash before [`persist_hot`]
-/// leaves a store that the snapshot (current since before this call) replaces again on open.
-fn install_body(t: &Trees, body: std::fs::File, keep_history: bool) -> anyhow::Result<State> {
+/// Makes sled's history that of a snapshot body (with its history) read from `body` and
+/// returns the body's hot state, with the hot ledger loaded from the store. Only records that
+/// differ are written and only those the body lacks are removed, in bounded batches: a
+/// follower that was briefly away rewrites little.
+fn install_body(t: &Trees, body: std::fs::File) -> anyhow::Result<State> {
     let started = std::time::Instant::now();
     let mut w = BatchWriter::new(t);
-    for k in [META_RAFT_APPLIED, META_RAFT_MEMBERSHIP, META_STATE] {
-        w.remove(k)?;
-    }
-    for prefix in [NODE, POLICY] {
-        remove_unless(&mut w, prefix, |_| false, |_, _| Ok(()))?;
-    }
-    w.apply()?;
     let (mut jobs, mut segments, mut records) = (Vec::new(), Vec::new(), 0u64);
     let reader = std::io::BufReader::with_capacity(1 << 20, body);
     let mut state = codec::read_snapshot(reader, |kind, record| -> anyhow::Result<()> {
@@ -554,7 +496,7 @@ fn install_body(t: &Trees, body: std::fs::File, keep_history: bool) -> anyhow::R
                 segments.push(segment.id);
                 put_if_changed(&mut w, key(SEGMENT, &segment.id.to_be_bytes()), &record)?;
             }
-            HistoryRecord::ArchivedJob if !keep_history => {
+            HistoryRecord::ArchivedJob => {
                 let job = codec::job_from_bytes(&record)?;
                 jobs.push(job.id);
                 if put_if_changed(&mut w, key(HISTORY, &job.id.to_be_bytes()), &record)? {
@@ -563,24 +505,22 @@ fn install_body(t: &Trees, body: std::fs::File, keep_history: bool) -> anyhow::R
                     }
                 }
             }
-            HistoryRecord::ArchivedJob => {}
         }
         Ok(())
     })?;
-    if !keep_history {
-        // The body lists the history in id order, the hot segments before the archived ones.
-        jobs.sort_unstable();
-        segments.sort_unstable();
-        let unarchive = |w: &mut BatchWriter<'_>, v: &[u8]| -> anyhow::Result<()> {
-            if let Some(task) = codec::job_from_bytes(v)?.array_task {
-                w.remove(task_key(task.array, task.index))?;
-            }
-            Ok(())
-        };
-        remove_unless(&mut w, HISTORY, |rest| jobs.binary_search(&id_of(rest)).is_ok(), unarchive)?;
-        remove_unless(&mut w, SEGMENT, |rest| segments.binary_search(&id_of(rest)).is_ok(), |_, _| Ok(()))?;
-    }
+    // The body lists the history in id order, the hot segments before the archived ones.
+    jobs.sort_unstable();
+    segments.sort_unstable();
+    let unarchive = |w: &mut BatchWriter<'_>, v: &[u8]| -> anyhow::Result<()> {
+        if let Some(task) = codec::job_from_bytes(v)?.array_task {
+            w.remove(task_key(task.array, task.index))?;
+        }
+        Ok(())
+    };
+    remove_unless(&mut w, HISTORY, |rest| jobs.binary_search(&id_of(rest)).is_ok(), unarchive)?;
+    remove_unless(&mut w, SEGMENT, |rest| segments.binary_search(&id_of(rest)).is_ok(), |_, _| Ok(()))?;
     w.apply()?;
+    t.db.flush()?;
     for kv in t.tree.range(key(SEGMENT, &state.segments_archived_below.to_be_bytes())..prefix_end(SEGMENT)) {
         let (_, v) = kv?;
         let segment = codec::segment_from_bytes(&v)?;
@@ -589,28 +529,6 @@ fn install_body(t: &Trees, body: std::fs::File, keep_history: bool) -> anyhow::R
     let ms = started.elapsed().as_millis() as u64;
     tracing::info!(records, changed = w.changed, ms, "snapshot history written to the store");
     Ok(state)
-}
-
-/// Writes the whole hot state of `data` and `last_applied` (after [`install_body`]), only what
-/// differs from the store, and flushes.
-fn persist_hot(t: &Trees, data: &StateMachineData) -> anyhow::Result<()> {
-    let state = &data.state;
-    let mut w = BatchWriter::new(t);
-    for (id, job) in state.jobs.iter() {
-        put_if_changed(&mut w, key(JOB, &id.to_be_bytes()), &codec::job_to_bytes(job))?;
-    }
-    remove_unless(&mut w, JOB, |rest| state.jobs.contains_key(&id_of(rest)), |_, _| Ok(()))?;
-    for (request_id, record) in state.request_ids.iter() {
-        put_if_changed(&mut w, key(REQUEST, request_id.as_bytes()), &request_record_to_bytes(record))?;
-    }
-    let known = |rest: &[u8]| std::str::from_utf8(rest).is_ok_and(|id| state.request_ids.contains_key(id));
-    remove_unless(&mut w, REQUEST, known, |_, _| Ok(()))?;
-    w.apply()?;
-    // Nodes, policies and the scalar state last: `last_applied` says the store is whole.
-    let rest = Touched { nodes: state.nodes.keys().cloned().collect(), policy: true, ..Touched::default() };
-    persist(t, data, &rest)?;
-    t.db.flush()?;
-    Ok(())
 }
 
 /// Writes the history as of `hot` after its snapshot body: the archived jobs that are not in the
@@ -664,36 +582,18 @@ fn expire_history(t: &Trees, cutoffs: &CompactCutoffs, batch: &mut sled::Batch) 
     Ok(())
 }
 
-/// Writes what `touched` names plus the scalar state and the raft metadata, atomically.
-fn persist(t: &Trees, data: &StateMachineData, touched: &Touched) -> Result<(), std::io::Error> {
-    let state = &data.state;
+/// Writes what the applied batch `touched` added to or deleted from the history, atomically:
+/// archived jobs, new segments, retention. The hot state is not written (see the module doc).
+fn persist(t: &Trees, state: &State, touched: &Touched) -> Result<(), std::io::Error> {
+    if touched.archived.is_empty() && touched.segments.is_empty() && touched.history_cutoffs.is_none() {
+        return Ok(());
+    }
     let mut batch = sled::Batch::default();
-    for id in &touched.jobs {
-        match state.jobs.get(id) {
-            Some(job) => {
-                batch.insert(key(JOB, &id.to_be_bytes()), codec::job_to_bytes(job));
-                if let Some(record) = state.request_ids.get(&job.request_id).filter(|r| r.job_id == *id) {
-                    batch.insert(key(REQUEST, job.request_id.as_bytes()), &request_record_to_bytes(record));
-                }
-            }
-            None => batch.remove(key(JOB, &id.to_be_bytes())),
-        }
-    }
     for job in &touched.archived {
-        batch.remove(key(JOB, &job.id.to_be_bytes()));
         put_archived(&mut batch, job, &codec::job_to_bytes(job));
-    }
-    for request_id in &touched.expired_request_ids {
-        batch.remove(key(REQUEST, request_id.as_bytes()));
     }
     if let Some(cutoffs) = &touched.history_cutoffs {
         expire_history(t, cutoffs, &mut batch)?;
-    }
-    for name in &touched.nodes {
-        match state.nodes.get(name) {
-            Some(node) => batch.insert(key(NODE, name.as_bytes()), codec::node_to_bytes(node)),
-            None => batch.remove(key(NODE, name.as_bytes())),
-        }
     }
     for id in &touched.segments {
         if let Some(segment) = state.ledger.get(id) {
@@ -705,23 +605,6 @@ fn persist(t: &Trees, data: &StateMachineData, touched: &Touched) -> Result<(), 
     for segment in touched.archived_segments.iter().filter(|g| touched.segments.contains(&g.id)) {
         batch.insert(key(SEGMENT, &segment.id.to_be_bytes()), codec::segment_to_bytes(segment));
     }
-    if touched.policy {
-        // Rare (a policy apply): rewrite the kept history, dropping what fell out of it.
-        let kept: std::collections::BTreeSet<u64> = state.policy_history.iter().map(|r| r.version).collect();
-        for kv in t.tree.scan_prefix(POLICY) {
-            let (k, _) = kv.map_err(|e| std::io::Error::other(format!("sled scan failed: {e}")))?;
-            let version = k[POLICY.len()..].try_into().map(u64::from_be_bytes).unwrap_or(0);
-            if !kept.contains(&version) {
-                batch.remove(k);
-            }
-        }
-        for record in &state.policy_history {
-            batch.insert(key(POLICY, &record.version.to_be_bytes()), codec::policy_record_to_bytes(record));
-        }
-    }
-    batch.insert(META_STATE, codec::meta_to_bytes(state));
-    batch.insert(META_RAFT_APPLIED, serde_json::to_vec(&data.last_applied).map_err(json_err)?);
-    batch.insert(META_RAFT_MEMBERSHIP, serde_json::to_vec(&data.membership).map_err(json_err)?);
     t.tree.apply_batch(batch).map_err(|e| std::io::Error::other(format!("sled batch failed: {e}")))
 }
 
@@ -767,7 +650,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 };
                 responses.push(response);
             }
-            persist(&shared.trees, &data, &touched).map_err(io_err)?;
+            persist(&shared.trees, &data.state, &touched).map_err(io_err)?;
             data.last_applied.map(|l| l.index).unwrap_or(0)
         };
         shared.applied_tx.send_replace(applied);
@@ -821,18 +704,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 let _ = std::fs::remove_file(&path);
             }
             let published_ms = started.elapsed().as_millis() as u64;
-            install_body(&shared.trees, body, false).map(|state| (state, published_ms))
+            install_body(&shared.trees, body).map(|state| (state, published_ms))
         })
         .await
         .map_err(blocking_err)?
         .map_err(|e| snapshot_err(e.to_string()))?;
         let (state, published_ms) = state;
-        let written = started.elapsed();
         let applied = {
             let mut data = self.shared.data.write().unwrap_or_else(|p| p.into_inner());
             *data =
                 StateMachineData { state, last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
-            persist_hot(&self.shared.trees, &data).map_err(|e| io_err(std::io::Error::other(e.to_string())))?;
             self.changes().reset(data.applied_index());
             data.last_applied.map(|l| l.index).unwrap_or(0)
         };
@@ -842,7 +723,6 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             snapshot = %meta.snapshot_id,
             ms = ms(started.elapsed()),
             published_ms,
-            hot_ms = ms(started.elapsed() - written),
             "installed snapshot"
         );
         Ok(())
@@ -912,33 +792,52 @@ mod tests {
         state
     }
 
-    /// The policy history is stored per version: what an apply records survives a reopen,
-    /// and versions that fell out of the history leave the store.
-    #[test]
-    fn policy_history_is_stored_per_version_and_pruned() {
+    /// The hot state (here the policy history) never reaches sled: it survives a reopen through
+    /// the snapshot, versions that fell out of the history are gone from the next one, and a
+    /// store of an earlier version loses the hot records it kept in sled on open.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_hot_state_survives_a_reopen_through_its_snapshot_only() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let db = sled::Config::new().path(dir.path().join("sm")).open().expect("sled");
-        let trees = Trees { tree: db.open_tree("state").expect("tree"), db };
-        let mut data = StateMachineData::of(State::default());
-        let mut config = ClusterConfig::dev_defaults();
-        for version in 1..=3u64 {
-            config.default_gpu_price = version * 1000;
-            let request = Request {
-                ts: Timestamp(version),
-                command: Command::ApplyPolicy { config: config.clone(), by: "admin".into(), force: false },
-            };
-            let (response, touched) = data.state.apply_tracked(&request);
-            response.expect("apply");
-            assert!(touched.policy);
-            persist(&trees, &data, &touched).expect("persist");
+        let store = StateMachineStore::open(dir.path()).expect("open");
+        let expected = {
+            let mut data = store.shared.data.write().unwrap();
+            data.state = state_with(10);
+            let mut config = ClusterConfig::dev_defaults();
+            for version in 1..=3u64 {
+                config.default_gpu_price = version * 1000;
+                let request = Request {
+                    ts: Timestamp(version + 10),
+                    command: Command::ApplyPolicy { config: config.clone(), by: "admin".into(), force: false },
+                };
+                let (response, touched) = data.state.apply_tracked(&request);
+                response.expect("apply");
+                assert!(touched.policy);
+                persist(&store.shared.trees, &data.state, &touched).expect("persist");
+            }
+            data.last_applied = Some(LogId::new(CommittedLeaderId::new(1, 1), 5));
+            data.state.policy_history.clone()
+        };
+        assert!(store.shared.trees.tree.is_empty(), "applying writes nothing of the hot state to sled");
+        store.clone().build_snapshot().await.expect("build");
+        // What an earlier version kept of the hot state in sled is removed on open.
+        store.shared.trees.tree.insert(b"j/\0\0\0\0\0\0\0\x01", b"stale".as_slice()).expect("insert");
+        store.shared.trees.tree.insert(b"m/state", b"stale".as_slice()).expect("insert");
+        store.shared.trees.db.flush().expect("flush");
+        drop(store);
+        let reopened = StateMachineStore::open(dir.path()).expect("reopen");
+        assert!(reopened.shared.trees.tree.is_empty(), "the legacy hot records are removed");
+        {
+            let data = reopened.read();
+            assert_eq!(data.applied_index(), 5, "the snapshot's index is the applied one");
+            assert_eq!(data.state.policy_history, expected);
+            assert_eq!((data.state.policy_version, data.state.jobs.len()), (3, 10));
         }
-        let loaded = load_from_sled(&trees).expect("load");
-        assert_eq!(loaded.state.policy_history, data.state.policy_history);
-        assert_eq!(loaded.state.policy_version, 3);
-        data.state.policy_history.remove(0);
-        persist(&trees, &data, &Touched { policy: true, ..Touched::default() }).expect("persist");
-        let loaded = load_from_sled(&trees).expect("load");
-        let versions: Vec<u64> = loaded.state.policy_history.iter().map(|r| r.version).collect();
+        reopened.shared.data.write().unwrap().state.policy_history.remove(0);
+        reopened.shared.data.write().unwrap().last_applied = Some(LogId::new(CommittedLeaderId::new(1, 1), 6));
+        reopened.clone().build_snapshot().await.expect("build");
+        drop(reopened);
+        let reopened = StateMachineStore::open(dir.path()).expect("reopen");
+        let versions: Vec<u64> = reopened.read().state.policy_history.iter().map(|r| r.version).collect();
         assert_eq!(versions, vec![2, 3]);
     }
 
@@ -951,7 +850,7 @@ mod tests {
             let request = Request { ts: at(ms), command: Command::CancelJob { job_id: id, reason: "test".into() } };
             let (response, touched) = data.state.apply_tracked(&request);
             response.expect("cancel");
-            persist(trees, data, &touched).expect("persist");
+            persist(trees, &data.state, &touched).expect("persist");
         }
         let cutoffs = CompactCutoffs {
             archive_before: at(ms + 1),
@@ -962,7 +861,7 @@ mod tests {
         let (response, touched) =
             data.state.apply_tracked(&Request { ts: at(ms + 2), command: Command::Compact(cutoffs) });
         response.expect("compact");
-        persist(trees, data, &touched).expect("persist");
+        persist(trees, &data.state, &touched).expect("persist");
         touched
     }
 
@@ -977,24 +876,27 @@ mod tests {
             let mut data = store.shared.data.write().unwrap();
             let state = state_with(50);
             data.state = state;
-            let all = Touched { jobs: data.state.jobs.keys().copied().collect(), ..Touched::default() };
-            persist(&store.shared.trees, &data, &all).expect("persist");
             let touched = cancel_all_and_compact(&mut data, &store.shared.trees, 100);
             assert_eq!(touched.archived.len(), 50);
             assert!(data.state.jobs.is_empty() && data.state.request_ids.is_empty());
             data.last_applied = Some(LogId::new(CommittedLeaderId::new(1, 1), 7));
-            persist(&store.shared.trees, &data, &Touched::default()).expect("persist");
         }
         let job = store.archived_job(3).expect("job 3 is in the history");
         assert_eq!((job.id, job.state), (3, corral_types::JobState::Cancelled));
         assert_eq!(store.archived_jobs_from(48).map(|j| j.id).collect::<Vec<_>>(), vec![48, 49, 50]);
-        let loaded = load_from_sled(&store.shared.trees).expect("load");
-        assert!(loaded.state.jobs.is_empty(), "archived jobs are not loaded into memory");
-        assert!(loaded.state.request_ids.is_empty(), "expired request ids are gone from the store");
 
         // A snapshot carries the history to another store.
         let mut builder = store.clone();
         let snapshot = builder.build_snapshot().await.expect("build");
+        let hot = load_hot_body(
+            std::fs::File::open(
+                dir.path().join("snapshots").join(&store.shared.snapshots.current().unwrap().unwrap().body),
+            )
+            .expect("body"),
+        )
+        .expect("the hot body");
+        assert!(hot.jobs.is_empty(), "archived jobs are not in the hot state a reopen loads");
+        assert!(hot.request_ids.is_empty(), "expired request ids are gone from it");
         let other_dir = tempfile::tempdir().expect("tempdir");
         let mut other = StateMachineStore::open(other_dir.path()).expect("open");
         let current = store.shared.snapshots.current().expect("CURRENT").expect("a snapshot");
@@ -1039,7 +941,7 @@ mod tests {
             let request = Request { ts: Timestamp::compose(300, 0), command: Command::Compact(cutoffs) };
             let (response, touched) = data.state.apply_tracked(&request);
             response.expect("compact");
-            persist(&store.shared.trees, &data, &touched).expect("persist");
+            persist(&store.shared.trees, &data.state, &touched).expect("persist");
         }
         assert_eq!(store.archived_jobs_from(0).count(), 0, "every archived job was submitted before the cutoff");
 
@@ -1047,7 +949,6 @@ mod tests {
         {
             let mut data = store.shared.data.write().unwrap();
             data.last_applied = Some(LogId::new(CommittedLeaderId::new(1, 1), 9));
-            persist(&store.shared.trees, &data, &Touched::default()).expect("persist");
         }
         let snapshot = store.clone().build_snapshot().await.expect("build");
         let mut behind = StateMachineStore::open(other_dir.path()).expect("reopen");
@@ -1112,13 +1013,13 @@ mod tests {
         for (i, command) in setup.into_iter().enumerate() {
             let (response, touched) = data.state.apply_tracked(&Request { ts: at(100 + i as u64), command });
             response.expect("setup");
-            persist(&store.shared.trees, &data, &touched).expect("persist");
+            persist(&store.shared.trees, &data.state, &touched).expect("persist");
         }
         let epoch = data.state.jobs[&1].allocation.as_ref().expect("placed").epoch;
         let (response, touched) =
             data.state.apply_tracked(&Request { ts: at(200), command: Command::JobStarted { job_id: 1, epoch } });
         response.expect("started");
-        persist(&store.shared.trees, &data, &touched).expect("persist");
+        persist(&store.shared.trees, &data.state, &touched).expect("persist");
         // One batch: the exit stamped at 1 s, then a compaction at 10 s archiving before 5 s.
         let report = corral_types::JobExitReport { exit_code: Some(0), run_time_ms: 700, ..Default::default() };
         let finished = Command::JobFinished { job_id: 1, epoch, node: "n1".into(), report };
@@ -1135,7 +1036,7 @@ mod tests {
         response.expect("compact");
         batch.merge(compacted);
         assert!(data.state.ledger.is_empty(), "the segment left the hot ledger in the batch that wrote it");
-        persist(&store.shared.trees, &data, &batch).expect("persist");
+        persist(&store.shared.trees, &data.state, &batch).expect("persist");
         drop(data);
         let stored: Vec<(u64, u64)> = store.segments_from(0).map(|g| (g.job_id, g.epoch)).collect();
         assert_eq!(stored, vec![(1, epoch)], "the run is billed in the store");

@@ -1,7 +1,7 @@
 //! `WatchJobs` against real processes: the first list and live changes, a resume that gets
-//! exactly the jobs changed since a revision, refused revisions (forgotten by a restart or
-//! evicted from a small watch history, and ahead of the cluster), and tenants who see only
-//! their own jobs.
+//! exactly the jobs changed since a revision, across a restart too, refused revisions (before
+//! the snapshot a restart started from, evicted from a small watch history, and ahead of the
+//! cluster), and tenants who see only their own jobs.
 
 use corral_client::{Client, ClientConfig};
 use corral_integration::cluster::{Cluster, ClusterOptions};
@@ -127,8 +127,28 @@ fn watch_sends_jobs_and_changes_resumes_from_a_revision_and_refuses_forgotten_on
         after_second
     });
 
-    // A restarted coordinator remembers changes from its restart on only: an older revision is
-    // refused with the oldest one it can resume from, and the advice to list again.
+    // A restarted coordinator applies the log after its last snapshot again (here, with no
+    // snapshot yet, all of it), so it still knows what changed after a revision from before the
+    // restart: the resume sends the three jobs, as they are now.
+    pool.stop();
+    let mut pool = DevPool::start_in(&dir.path().join("data"), &["--gpus", "1"]);
+    let c = client(&pool.addr, None);
+    let old = pb::WatchJobsRequest { from_revision: Some(1), ..Default::default() };
+    let mut stream = rt.block_on(c.watch_jobs(old)).expect("a revision from before the restart");
+    let mut resumed = Seen::default();
+    rt.block_on(read_until(&mut stream, &mut resumed, |e, _| is_progress(e)));
+    assert_eq!(resumed.jobs().len(), 3, "{resumed:?}");
+    assert!(resumed.events.iter().all(|e| e.2 == pb::JobState::Succeeded as i32), "{resumed:?}");
+
+    // Once a snapshot covers a revision, a restart forgets it: an older revision is refused
+    // with the oldest one the coordinator can resume from, and the advice to list again.
+    let snapshot = Command::new(corral_bin())
+        .args(["--endpoint", &pool.addr, "--output", "json", "cluster", "snapshot"])
+        .output()
+        .expect("corral cluster snapshot");
+    assert!(snapshot.status.success(), "{}", String::from_utf8_lossy(&snapshot.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&snapshot.stdout).expect("json status");
+    assert!(status["snapshot_index"].as_u64() >= Some(3), "{status}");
     pool.stop();
     let pool = DevPool::start_in(&dir.path().join("data"), &["--gpus", "1"]);
     let c = client(&pool.addr, None);
