@@ -185,7 +185,8 @@ pub struct RaftSection {
     /// (default 150ms to 300ms).
     election_timeout_min: Option<ConfigDuration>,
     election_timeout_max: Option<ConfigDuration>,
-    /// Build a snapshot after this many applied entries.
+    /// Build a snapshot every this many applied entries (the coordinators of a cluster take
+    /// turns: each builds at its own third of the interval, by node id).
     pub snapshot_every: u64,
     /// Entries kept below a snapshot for lagging followers.
     pub keep_logs_after_snapshot: u64,

@@ -23,7 +23,8 @@ pub struct RaftNodeConfig {
     pub heartbeat_interval_ms: u64,
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
-    /// Build a snapshot after this many applied entries since the last one.
+    /// Build a snapshot every this many applied entries (each node at its own phase: see
+    /// [`snapshot_due`]).
     pub snapshot_every: u64,
     /// Keep this many entries in the log below the snapshot for lagging followers.
     pub keep_logs_after_snapshot: u64,
@@ -161,7 +162,8 @@ impl RaftNode {
             heartbeat_interval: config.heartbeat_interval_ms,
             election_timeout_min: config.election_timeout_min_ms,
             election_timeout_max: config.election_timeout_max_ms,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every),
+            // Built when `schedule_snapshots` asks, so that the nodes take turns.
+            snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: config.keep_logs_after_snapshot,
             snapshot_max_chunk_size: 4 << 20,
             // The last chunk's reply waits for the follower to install the snapshot, history
@@ -190,6 +192,7 @@ impl RaftNode {
         state.changes().set_capacity(config.watch_history);
         let network = GrpcNetworkFactory { tls: config.client_tls.clone() };
         let raft = Raft::new(config.node_id, Arc::new(raft_config), network, log_store.clone(), state.clone()).await?;
+        tokio::spawn(schedule_snapshots(raft.clone(), config.node_id, config.snapshot_every));
         Ok(RaftNode { id: config.node_id, raft, state, log: log_store, progress: Arc::default() })
     }
 
@@ -396,6 +399,47 @@ fn live_follower_lags(
     lagging
 }
 
+/// Whether a node whose last snapshot is at `snapshot` builds one now that it applied up to
+/// `applied`: when its applied index crossed a multiple of `every` shifted by the node's phase
+/// (a third of `every` times `node_id % 3`) since that snapshot.
+///
+/// Every node of a 3-node cluster used to build at the same index (openraft's
+/// `LogsSinceLast`): three encodes of the whole hot state at once, on machines that also serve
+/// the leader's writes. With the phases, the builds of a 3-node cluster take turns, and a
+/// follower's build leaves the other follower to make the quorum.
+pub fn snapshot_due(node_id: NodeId, every: u64, applied: u64, snapshot: u64) -> bool {
+    let every = every.max(1);
+    let phase = (node_id % 3) * (every / 3);
+    applied > snapshot && (applied + phase) / every > (snapshot + phase) / every
+}
+
+/// Asks openraft for a snapshot whenever [`snapshot_due`] says so, one at a time; ends when the
+/// Raft core stops.
+async fn schedule_snapshots(raft: Raft, node_id: NodeId, every: u64) {
+    let mut metrics = raft.metrics();
+    // The applied index a build was asked for at, until a snapshot covers it (or, should the
+    // build have failed, `every` more entries were applied).
+    let mut asked: Option<u64> = None;
+    while metrics.changed().await.is_ok() {
+        let (applied, snapshot) = {
+            let m = metrics.borrow_and_update();
+            (m.last_applied.map_or(0, |l| l.index), m.snapshot.map_or(0, |l| l.index))
+        };
+        if let Some(at) = asked {
+            if snapshot < at && applied < at + every {
+                continue;
+            }
+            asked = None;
+        }
+        if snapshot_due(node_id, every, applied, snapshot) {
+            asked = Some(applied);
+            if raft.trigger().snapshot().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
 /// A follower whose replicated index has not moved for this long is not waited for.
 const FOLLOWER_STALL: Duration = Duration::from_secs(1);
 
@@ -449,6 +493,30 @@ fn is_lock_held(err: &anyhow::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each node of a 3-node cluster builds once every `every` entries, at its own third.
+    #[test]
+    fn the_nodes_of_a_cluster_build_their_snapshots_in_turn() {
+        let builds = |node_id: NodeId| {
+            let (mut snapshot, mut at) = (0, Vec::new());
+            for applied in 1..=1_000 {
+                if snapshot_due(node_id, 300, applied, snapshot) {
+                    at.push(applied);
+                    snapshot = applied;
+                }
+            }
+            at
+        };
+        assert_eq!(builds(3), vec![300, 600, 900]);
+        assert_eq!(builds(1), vec![200, 500, 800]);
+        assert_eq!(builds(2), vec![100, 400, 700, 1000]);
+        // A snapshot installed from the leader (at 250) moves node 3's next build to its phase.
+        assert!(!snapshot_due(3, 300, 299, 250));
+        assert!(snapshot_due(3, 300, 300, 250));
+        // Applied entries that jump past a boundary (a batch) still build once.
+        assert!(snapshot_due(1, 300, 260, 150) && !snapshot_due(1, 300, 260, 260));
+        assert!(!snapshot_due(1, 0, 0, 0), "nothing applied: nothing to build");
+    }
 
     #[test]
     fn only_a_follower_that_lags_and_still_moves_holds_writes() {
