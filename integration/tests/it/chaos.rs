@@ -104,7 +104,16 @@ impl Pool {
         let node_ttl = format!("{}s", TTL.as_secs());
         // Finished jobs leave memory for the history within seconds, under the faults too.
         let extra_config = "\n[history]\narchive-after = \"3s\"\ncompact-every = \"500ms\"\n".to_string();
-        let options = ClusterOptions { hosts: Some(hosts.clone()), node_ttl, extra_config, ..Default::default() };
+        // Snapshots every 100 entries: a killed coordinator restarts from a snapshot and the log
+        // after it, and one that was away long enough is sent a snapshot.
+        let options = ClusterOptions {
+            hosts: Some(hosts.clone()),
+            node_ttl,
+            extra_config,
+            snapshot_every: 100,
+            keep_logs_after_snapshot: 20,
+            ..Default::default()
+        };
         let cluster = Cluster::start(3, options);
         cluster.init_and_join_all();
         let dir = tempfile::tempdir().expect("tempdir");
