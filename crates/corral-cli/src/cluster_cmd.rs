@@ -69,10 +69,16 @@ pub async fn run(global: &GlobalArgs, command: ClusterCommand) -> anyhow::Result
             let text = crate::admin_cmd::read_policy(&path)?;
             client.cluster_init(Some((&path.display().to_string(), &text))).await?
         }
-        ClusterCommand::Join { addr } => client.cluster_join(&addr).await?,
+        ClusterCommand::Join { addr } => {
+            eprintln!("adding the coordinator at {addr}: a learner until it has the cluster's state, then a voter");
+            client.cluster_join(&addr).await?
+        }
         ClusterCommand::Leave { node_id } => client.cluster_leave(node_id).await?,
         ClusterCommand::Status { digest } => client.cluster_status_with(digest).await?,
-        ClusterCommand::Snapshot => client.cluster_snapshot().await?,
+        ClusterCommand::Snapshot => {
+            eprintln!("building a snapshot on the coordinator at {}", global.endpoint.first().map_or("", |e| e.trim()));
+            client.cluster_snapshot().await?
+        }
     };
     print_status(global, &status)?;
     Ok(ExitCode::SUCCESS)

@@ -85,6 +85,12 @@ impl ClientConfig {
     }
 }
 
+/// How long `cluster_join` waits for the new coordinator to catch up as a learner: it receives
+/// the cluster's whole state and history first (tens of seconds for a million jobs).
+pub const JOIN_PATIENCE: Duration = Duration::from_secs(30 * 60);
+/// How long `cluster_snapshot` waits for the snapshot (the coordinator waits up to 5 minutes).
+pub const SNAPSHOT_PATIENCE: Duration = Duration::from_secs(330);
+
 /// A connection pool over the configured coordinators. Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
@@ -876,9 +882,10 @@ impl Client {
         Ok(reply.into_inner())
     }
 
-    /// Builds a snapshot on the first configured endpoint now; its status once written.
+    /// Builds a snapshot on the first configured endpoint now; its status once written (a large
+    /// state takes seconds: the call waits up to [`SNAPSHOT_PATIENCE`]).
     pub async fn cluster_snapshot(&self) -> Result<pb::ClusterStatus, ClientError> {
-        let only = self.single(0)?;
+        let only = self.single(0)?.patient(SNAPSHOT_PATIENCE)?;
         let reply = only
             .with_retry(|ch| {
                 let req = self.authorize(pb::ClusterSnapshotRequest {});
@@ -900,9 +907,11 @@ impl Client {
             )));
         }
         let node_id = status.node_id;
-        let reply = self
+        // The newcomer is a learner until it caught up: it receives the whole state first.
+        let patient = self.patient(JOIN_PATIENCE)?;
+        let reply = patient
             .with_retry(|ch| {
-                let req = self.authorize(pb::JoinRequest { node_id, addr: addr.to_string() });
+                let req = patient.authorize(pb::JoinRequest { node_id, addr: addr.to_string() });
                 async move { Self::admin(ch).join(req).await }
             })
             .await?;
@@ -921,6 +930,11 @@ impl Client {
     }
 
     /// A client that talks to endpoint `index` only.
+    /// A client whose calls may each take up to `limit` (one slow call, not a hung peer).
+    fn patient(&self, limit: Duration) -> Result<Client, ClientError> {
+        Client::new(ClientConfig { request_timeout: limit, ..(*self.config).clone() })
+    }
+
     fn single(&self, index: usize) -> Result<Client, ClientError> {
         let endpoint =
             self.config.endpoints.get(index).cloned().ok_or_else(|| ClientError::InvalidEndpoint(String::new()))?;
