@@ -2,8 +2,9 @@
 //! submitted through the batch RPC and ended by a bulk cancel, so that compaction moves them to
 //! the on-disk history). Reports batch throughput, coordinator RSS as the history grows, then
 //! with 100k pending on top: `corral jobs --limit 50`, `cluster status`, submit latency at 1k/s
-//! offered while snapshots are built (with the 100k pending, and with the history only), and how
-//! long a follower stopped for E entries takes to catch up after its restart.
+//! offered while snapshots are built (with the 100k pending, and with the history only), how
+//! long a follower stopped for E entries takes to catch up after its restart, and how long a new,
+//! empty coordinator takes to join.
 //!
 //! Run: `cargo build --release -p corral-cli && CORRAL_BIN=target/release/corral cargo bench -p
 //! corral-integration --bench scale`. `CORRAL_SCALE_JOBS` (default 100000), `CORRAL_SCALE_ENTRIES`
@@ -330,6 +331,22 @@ fn main() {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // A new, empty coordinator joins: it gets the whole history in a snapshot, then is promoted.
+    let leader = cluster.leader();
+    let joining = cluster.add_node(4);
+    let addr = cluster.nodes[joining].addr.clone();
+    let t = Instant::now();
+    let out = cluster.corral_at(leader, &["cluster", "join", &addr]);
+    if out.status.success() {
+        println!(
+            "a new coordinator joined (caught up as learner, promoted) in {:.1?}: RSS {:.0} MiB",
+            t.elapsed(),
+            cluster.pid(joining).map_or(0.0, rss_mib)
+        );
+    } else {
+        println!("the new coordinator did not join: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
     println!("end: coordinator RSS {} MiB", fmt_rss(&rss_all(&cluster)));
     // What the snapshots cost on each coordinator, from their logs.
