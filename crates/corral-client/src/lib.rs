@@ -929,12 +929,12 @@ impl Client {
         Ok(reply.into_inner())
     }
 
-    /// A client that talks to endpoint `index` only.
     /// A client whose calls may each take up to `limit` (one slow call, not a hung peer).
     fn patient(&self, limit: Duration) -> Result<Client, ClientError> {
         Client::new(ClientConfig { request_timeout: limit, ..(*self.config).clone() })
     }
 
+    /// A client that talks to endpoint `index` only.
     fn single(&self, index: usize) -> Result<Client, ClientError> {
         let endpoint =
             self.config.endpoints.get(index).cloned().ok_or_else(|| ClientError::InvalidEndpoint(String::new()))?;

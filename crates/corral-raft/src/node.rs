@@ -330,10 +330,19 @@ impl RaftNode {
     /// covers every entry applied when it was asked for; returns the snapshot's index. The log
     /// before it may then be purged, and a restart applies only the entries after it again.
     pub async fn snapshot(&self, timeout: Duration) -> Result<u64, RaftError> {
+        let deadline = Instant::now() + timeout;
         let applied = self.status().applied_index.unwrap_or(0);
-        self.raft.trigger().snapshot().await.map_err(|e| RaftError::Failed(e.to_string()))?;
-        self.wait_for(timeout, |s| s.snapshot_index.unwrap_or(0) >= applied).await?;
-        Ok(self.status().snapshot_index.unwrap_or(0))
+        loop {
+            let before = self.status().snapshot_index;
+            if before.unwrap_or(0) >= applied {
+                return Ok(before.unwrap_or(0));
+            }
+            // openraft ignores the trigger while a build runs: that build ends (the snapshot
+            // index moves), and the next round asks again.
+            self.raft.trigger().snapshot().await.map_err(|e| RaftError::Failed(e.to_string()))?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            self.wait_for(left, |s| s.snapshot_index != before).await?;
+        }
     }
 
     /// The gRPC service through which peers reach this node.
