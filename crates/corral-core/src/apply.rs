@@ -36,18 +36,13 @@ fn preempted_reason(by: JobId, node: &str) -> String {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Touched {
     pub jobs: BTreeSet<JobId>,
-    pub nodes: BTreeSet<String>,
     /// Ledger segments created.
     pub segments: BTreeSet<u64>,
-    /// A new policy version was recorded (the history changed).
-    pub policy: bool,
     /// Jobs that left the hot state for the history (`Command::Compact`).
     pub archived: Vec<Job>,
     /// Segments that left the hot ledger: the store writes those created in the same batch
     /// (their id is in `segments`), which are no longer in the state when it persists.
     pub archived_segments: Vec<Segment>,
-    /// Request ids that expired.
-    pub expired_request_ids: Vec<String>,
     /// Retention to apply to the history (the last compaction's cutoffs).
     pub history_cutoffs: Option<CompactCutoffs>,
 }
@@ -56,14 +51,11 @@ impl Touched {
     /// Adds what `other` touched (a batch of applied entries persists once).
     pub fn merge(&mut self, other: Touched) {
         self.jobs.extend(other.jobs);
-        self.nodes.extend(other.nodes);
         self.segments.extend(other.segments);
-        self.policy |= other.policy;
         // A job archived and then changed again in one batch cannot happen: only terminal jobs
         // of the hot state are archived, and nothing changes a job that left it.
         self.archived.extend(other.archived);
         self.archived_segments.extend(other.archived_segments);
-        self.expired_request_ids.extend(other.expired_request_ids);
         self.history_cutoffs = other.history_cutoffs.or(self.history_cutoffs);
     }
 }
@@ -96,7 +88,6 @@ impl State {
             | Command::EvictDrainedJobs { node: name }
             | Command::RemoveNode { node: name } => {
                 touched.jobs.extend(self.jobs_on_node(name).map(|j| j.id));
-                touched.nodes.insert(name.clone());
             }
             Command::SubmitJob { .. }
             | Command::SubmitJobs { .. }
@@ -116,15 +107,12 @@ impl State {
             }
         }
         let segments_before = self.next_segment_id;
-        let version_before = self.policy_version;
         let response = self.apply_inner(request);
         touched.segments.extend(segments_before..self.next_segment_id);
-        touched.policy = self.policy_version != version_before;
         touched.jobs.extend(std::mem::take(&mut self.followed));
         let archive = std::mem::take(&mut self.archive);
         touched.archived = archive.jobs;
         touched.archived_segments = archive.segments;
-        touched.expired_request_ids = archive.expired_request_ids;
         touched.history_cutoffs = archive.cutoffs;
         match &response {
             Ok(Outcome::JobSubmitted { job_id, duplicate: false }) => {

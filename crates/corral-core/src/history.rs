@@ -57,8 +57,6 @@ pub struct Archive {
     /// Segments that left the hot ledger (the store has them unless they were written in the
     /// same batch: a run that ended long before its report arrived).
     pub segments: Vec<Segment>,
-    /// Request ids that expired.
-    pub expired_request_ids: Vec<String>,
     /// The cutoffs whose retention the store applies to its history.
     pub cutoffs: Option<CompactCutoffs>,
 }
@@ -119,21 +117,17 @@ impl State {
         let archived_segments = segments.len() as u64;
         self.segments_archived_below = self.ledger.keys().next().copied().unwrap_or(self.next_segment_id);
         // Oldest first: the work is what expires, not what is kept.
-        let mut expired = Vec::new();
+        let mut expired = 0;
         while let Some(first) = self.request_order.first() {
             if first.0 >= cutoffs.request_ids_before {
                 break;
             }
             let Some((_, request_id)) = self.request_order.pop_first() else { break };
             self.request_ids.remove(&request_id);
-            expired.push(request_id);
+            expired += 1;
         }
-        let outcome = Compacted {
-            archived_jobs: moved.len() as u64,
-            archived_segments,
-            expired_request_ids: expired.len() as u64,
-        };
-        self.archive = Archive { jobs: moved, segments, expired_request_ids: expired, cutoffs: Some(cutoffs) };
+        let outcome = Compacted { archived_jobs: moved.len() as u64, archived_segments, expired_request_ids: expired };
+        self.archive = Archive { jobs: moved, segments, cutoffs: Some(cutoffs) };
         Ok(Outcome::Compacted(outcome))
     }
 }

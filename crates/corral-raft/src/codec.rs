@@ -1212,7 +1212,8 @@ fn policy_history_to_pb(s: &State) -> Vec<pb::PolicyRecord> {
         .collect()
 }
 
-/// Encodes one policy history record (persisted per version in the state machine store).
+/// Encodes one policy history record (as stores of earlier versions kept it per version; the
+/// policy history now travels in snapshots).
 pub fn policy_record_to_bytes(r: &PolicyRecord) -> Vec<u8> {
     pb::PolicyRecord {
         version: r.version,
@@ -1391,7 +1392,8 @@ pub fn job_from_bytes(bytes: &[u8]) -> Result<Job, CodecError> {
     pb::Job::decode(bytes)?.try_into()
 }
 
-/// Encodes one node (persisted per key in the state machine store).
+/// Encodes one node (as stores of earlier versions kept it per key; nodes now travel in
+/// snapshots).
 pub fn node_to_bytes(n: &NodeStatus) -> Vec<u8> {
     node_status_to_pb(n).encode_to_vec()
 }

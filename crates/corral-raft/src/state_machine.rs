@@ -811,7 +811,7 @@ mod tests {
                 };
                 let (response, touched) = data.state.apply_tracked(&request);
                 response.expect("apply");
-                assert!(touched.policy);
+                assert_eq!(data.state.policy_version, version, "a new policy version is recorded");
                 persist(&store.shared.trees, &data.state, &touched).expect("persist");
             }
             data.last_applied = Some(LogId::new(CommittedLeaderId::new(1, 1), 5));
