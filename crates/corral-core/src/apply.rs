@@ -6,7 +6,7 @@
 //! against the priority and reclaim rules.
 
 use crate::gang;
-use crate::history::{CompactCutoffs, RequestRecord};
+use crate::history::{CompactCutoffs, RequestKey, RequestRecord};
 use crate::ledger::{billed_ms, RunLength};
 use crate::policy::format_secs;
 use crate::quota::{self, QuotaNumbers};
@@ -45,6 +45,9 @@ pub struct Touched {
     pub archived_segments: Vec<Segment>,
     /// Retention to apply to the history (the last compaction's cutoffs).
     pub history_cutoffs: Option<CompactCutoffs>,
+    /// Request ids recorded, in apply order: a store that keeps them apart from the rest of the
+    /// state writes only these.
+    pub request_ids: Vec<(RequestKey, RequestRecord)>,
 }
 
 impl Touched {
@@ -57,6 +60,7 @@ impl Touched {
         self.archived.extend(other.archived);
         self.archived_segments.extend(other.archived_segments);
         self.history_cutoffs = other.history_cutoffs.or(self.history_cutoffs);
+        self.request_ids.extend(other.request_ids);
     }
 }
 
@@ -114,6 +118,7 @@ impl State {
         touched.archived = archive.jobs;
         touched.archived_segments = archive.segments;
         touched.history_cutoffs = archive.cutoffs;
+        touched.request_ids = std::mem::take(&mut self.added_request_ids);
         match &response {
             Ok(Outcome::JobSubmitted { job_id, duplicate: false }) => {
                 touched.jobs.insert(*job_id);
@@ -134,6 +139,7 @@ impl State {
         let response = self.apply_inner(request);
         self.followed.clear();
         self.archive = Default::default();
+        self.added_request_ids.clear();
         response
     }
 
@@ -312,7 +318,8 @@ impl State {
         request_id: &str,
         spec: &JobSpec,
     ) -> Result<(JobId, bool), ApplyError> {
-        if let Some(record) = self.request_ids.get(request_id) {
+        let key = (!request_id.is_empty()).then(|| RequestKey::of(request_id));
+        if let Some(record) = key.and_then(|key| self.request_ids.get(&key)) {
             return Ok((record.job_id, true));
         }
         let spec = self.check_submit(spec)?;
@@ -333,9 +340,11 @@ impl State {
         self.next_job_id += 1;
         let job =
             Job { reason, held, waiting_on, array_progress, ..Job::pending(id, spec, request_id.to_string(), ts) };
-        if !request_id.is_empty() {
-            self.request_ids.insert(request_id.to_string(), RequestRecord { job_id: id, at: ts });
-            self.request_order.insert((ts, request_id.to_string()));
+        if let Some(key) = key {
+            let record = RequestRecord { job_id: id, at: ts };
+            self.request_ids.insert(key, record);
+            self.request_order.insert((ts, key));
+            self.added_request_ids.push((key, record));
         }
         let array = job.is_array();
         self.jobs.insert(id, job);

@@ -1,7 +1,7 @@
 //! The replicated state held by every coordinator, with derived indexes (free capacity, quota use)
 //! that make apply() and the scheduling pass independent of the number of queued jobs.
 
-use crate::history::{Archive, RequestRecord};
+use crate::history::{Archive, RequestKey, RequestRecord};
 use crate::jobs::Jobs;
 use crate::join_tokens::JoinTokenRecord;
 use crate::policy::PolicyRecord;
@@ -25,11 +25,16 @@ pub struct CoordinatorRecord {
 pub struct State {
     pub jobs: Jobs,
     pub nodes: BTreeMap<String, NodeStatus>,
-    /// Client request id -> job: makes submit idempotent across retries and leader changes,
-    /// for the request-id window (`Command::Compact` expires older ones). A persistent map: a
-    /// snapshot shares it instead of copying up to a day of ids under the state's lock.
-    pub request_ids: imbl::OrdMap<String, RequestRecord>,
+    /// Client request id (by its key) -> job: makes submit idempotent across retries and
+    /// leader changes, for the request-id window (`Command::Compact` expires older ones). A
+    /// persistent map: a snapshot shares it instead of copying up to a day of ids under the
+    /// state's lock.
+    pub request_ids: imbl::OrdMap<RequestKey, RequestRecord>,
     pub next_job_id: JobId,
+    /// Request ids submitted before this have expired (the largest cutoff a `Compact` applied):
+    /// a request id recorded elsewhere with an earlier submit time is not in `request_ids`.
+    #[serde(default)]
+    pub request_ids_expired_before: Timestamp,
     /// Next allocation / node registration epoch.
     pub next_epoch: u64,
     /// Highest TSO timestamp applied so far.
@@ -86,9 +91,12 @@ pub struct State {
     /// What the last `Compact` took out, for `apply_tracked`; empty between commands.
     #[serde(skip)]
     pub(crate) archive: Archive,
-    /// `request_ids` in the order they expire (submit time, then id). Derived.
+    /// `request_ids` in the order they expire (submit time, then key). Derived.
     #[serde(skip)]
-    pub(crate) request_order: BTreeSet<(Timestamp, String)>,
+    pub(crate) request_order: BTreeSet<(Timestamp, RequestKey)>,
+    /// Request ids the current command added, for `apply_tracked`; empty between commands.
+    #[serde(skip)]
+    pub(crate) added_request_ids: Vec<(RequestKey, RequestRecord)>,
 }
 
 /// Billing totals of one tenant.
@@ -255,6 +263,7 @@ impl Default for State {
             jobs: Jobs::new(),
             nodes: BTreeMap::new(),
             request_ids: imbl::OrdMap::new(),
+            request_ids_expired_before: Timestamp::ZERO,
             next_job_id: 1,
             next_epoch: 1,
             last_ts: Timestamp::ZERO,
@@ -277,6 +286,7 @@ impl Default for State {
             followed: BTreeSet::new(),
             archive: Archive::default(),
             request_order: BTreeSet::new(),
+            added_request_ids: Vec::new(),
         }
     }
 }
@@ -290,6 +300,7 @@ impl State {
             jobs: self.jobs.clone(),
             nodes: self.nodes.clone(),
             request_ids: self.request_ids.clone(),
+            request_ids_expired_before: self.request_ids_expired_before,
             next_job_id: self.next_job_id,
             next_epoch: self.next_epoch,
             last_ts: self.last_ts,
@@ -312,12 +323,13 @@ impl State {
             followed: BTreeSet::new(),
             archive: Archive::default(),
             request_order: BTreeSet::new(),
+            added_request_ids: Vec::new(),
         }
     }
 }
 
-fn request_order(request_ids: &imbl::OrdMap<String, RequestRecord>) -> BTreeSet<(Timestamp, String)> {
-    request_ids.iter().map(|(id, r)| (r.at, id.clone())).collect()
+fn request_order(request_ids: &imbl::OrdMap<RequestKey, RequestRecord>) -> BTreeSet<(Timestamp, RequestKey)> {
+    request_ids.iter().map(|(key, r)| (r.at, *key)).collect()
 }
 
 fn count_down<K: Ord>(counts: &mut BTreeMap<K, u32>, key: &K) {
@@ -495,7 +507,7 @@ impl State {
     pub fn from_parts(
         jobs: BTreeMap<JobId, Job>,
         nodes: BTreeMap<String, NodeStatus>,
-        request_ids: BTreeMap<String, RequestRecord>,
+        request_ids: impl IntoIterator<Item = (RequestKey, RequestRecord)>,
         next_job_id: JobId,
         next_epoch: u64,
         last_ts: Timestamp,
@@ -505,12 +517,13 @@ impl State {
     ) -> Self {
         let jobs = Jobs::from(jobs);
         let index = Index::rebuild(&jobs, &nodes);
-        let request_ids: imbl::OrdMap<String, RequestRecord> = request_ids.into_iter().collect();
+        let request_ids: imbl::OrdMap<RequestKey, RequestRecord> = request_ids.into_iter().collect();
         let request_order = request_order(&request_ids);
         State {
             jobs,
             nodes,
             request_ids,
+            request_ids_expired_before: Timestamp::ZERO,
             next_job_id,
             next_epoch,
             last_ts,
@@ -533,6 +546,22 @@ impl State {
             followed: BTreeSet::new(),
             archive: Archive::default(),
             request_order,
+            added_request_ids: Vec::new(),
+        }
+    }
+
+    /// Adds request ids read from a snapshot, leaving out those that expired (submitted before
+    /// `request_ids_expired_before`): a snapshot may keep them in files written before they
+    /// expired.
+    pub fn add_request_ids(&mut self, entries: impl IntoIterator<Item = (RequestKey, RequestRecord)>) {
+        for (key, record) in entries {
+            if record.at < self.request_ids_expired_before {
+                continue;
+            }
+            if let Some(old) = self.request_ids.insert(key, record) {
+                self.request_order.remove(&(old.at, key));
+            }
+            self.request_order.insert((record.at, key));
         }
     }
 

@@ -9,8 +9,8 @@
 
 use corral_core::{
     BilledTotal, ClusterConfig, Command, CompactCutoffs, CoordinatorRecord, JobUpdate, JoinTokenRecord, JoinTokenUse,
-    Placement, PolicyRecord, Preemption, PriorityClass, Request, RequestRecord, SchedulerConfig, State, TenantPolicy,
-    TokenRecord, UsageLedger,
+    Placement, PolicyRecord, Preemption, PriorityClass, Request, RequestKey, RequestRecord, SchedulerConfig, State,
+    TenantPolicy, TokenRecord, UsageLedger,
 };
 use corral_types::{
     Allocation, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuDevice, GpuSlice, Job,
@@ -20,10 +20,22 @@ use corral_types::{
 use prost::Message;
 use std::collections::BTreeMap;
 
-/// Version of the persisted command and snapshot encoding, written into every `Command` and
-/// `StateSnapshot`; a build refuses versions newer than its own.
+/// Version of the persisted command encoding, written into every `Command` (and the store's
+/// scalar record); a build refuses versions newer than [`SNAPSHOT_FORMAT_VERSION`].
 /// 2: preemption, gang placements across nodes, GPU slices, quotas and fair-share usage.
 pub const FORMAT_VERSION: u32 = 2;
+
+/// Version of the snapshot encoding, written into every `StateSnapshot`: the newest version this
+/// build reads. 3: request ids as a packed table of keys (`request_id_table`); a build of
+/// version 2 would not see them, so it refuses such a snapshot instead. Version 2 snapshots
+/// (request ids as strings) are still read.
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
+
+/// Bytes of one entry of a snapshot's `request_id_table`: key, job id (LE), submit time (LE).
+pub const REQUEST_ID_ENTRY_BYTES: usize = 32;
+
+/// Field number of `StateSnapshot.request_id_table`.
+const SNAPSHOT_REQUEST_ID_TABLE_FIELD: u32 = 16;
 
 /// Generated code of package `corral.state.v1` (`proto/state.proto`).
 mod pb {
@@ -923,8 +935,8 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
 }
 
 fn check_version(found: u32) -> Result<(), CodecError> {
-    if found == 0 || found > FORMAT_VERSION {
-        return Err(CodecError::Version { found, supported: FORMAT_VERSION });
+    if found == 0 || found > SNAPSHOT_FORMAT_VERSION {
+        return Err(CodecError::Version { found, supported: SNAPSHOT_FORMAT_VERSION });
     }
     Ok(())
 }
@@ -1107,19 +1119,31 @@ fn read_varint(reader: &mut impl std::io::Read) -> Result<Option<u64>, SnapshotR
 
 /// Encodes the hot state for a snapshot (the history is appended by the store).
 pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
-    // Three parts in field order, which is how prost would write the whole message: the fields
-    // before `request_ids`, the request ids written straight from the state (up to a day of them:
-    // no message per id is built), then the fields after them.
+    encode_snapshot(s, true)
+}
+
+/// Encodes the hot state without its request ids, which a store keeps in files of their own
+/// (see [`request_id_entries_to_bytes`]).
+pub fn snapshot_without_request_ids_to_bytes(s: &State) -> Vec<u8> {
+    encode_snapshot(s, false)
+}
+
+fn encode_snapshot(s: &State, with_request_ids: bool) -> Vec<u8> {
+    // Three parts: the fields before the request ids, the request-id table written straight from
+    // the state (up to a day of ids: no message per id is built), then the fields after it.
     let mut buf = pb::StateSnapshot {
-        format_version: FORMAT_VERSION,
+        format_version: SNAPSHOT_FORMAT_VERSION,
         jobs: s.jobs.values().map(Into::into).collect(),
         nodes: s.nodes.values().map(node_status_to_pb).collect(),
         ..Default::default()
     }
     .encode_to_vec();
-    encode_request_ids(s, &mut buf);
+    if with_request_ids {
+        encode_request_ids(s, &mut buf);
+    }
     pb::StateSnapshot {
         next_job_id: s.next_job_id,
+        request_ids_expired_before: s.request_ids_expired_before.0,
         next_epoch: s.next_epoch,
         last_ts: s.last_ts.0,
         config: Some(config_to_pb(&s.config)),
@@ -1143,38 +1167,68 @@ pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
     buf
 }
 
-/// Field 4 of `StateSnapshot`, one `RequestIdEntry` per request id, byte for byte as prost
-/// writes them (proto3: zero and empty fields are left out).
+/// Field `request_id_table` of `StateSnapshot`: one fixed-size entry per request id, in key
+/// order, as prost writes a `bytes` field (left out when empty, as proto3 does).
 fn encode_request_ids(s: &State, buf: &mut Vec<u8>) {
-    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
-    for (id, record) in s.request_ids.iter() {
-        let (job_id, at) = (record.job_id, record.at.0);
-        let mut len = 0;
-        if !id.is_empty() {
-            len += 1 + encoded_len_varint(id.len() as u64) + id.len();
-        }
-        if job_id != 0 {
-            len += 1 + encoded_len_varint(job_id);
-        }
-        if at != 0 {
-            len += 1 + encoded_len_varint(at);
-        }
-        encode_key(4, WireType::LengthDelimited, buf);
-        encode_varint(len as u64, buf);
-        if !id.is_empty() {
-            encode_key(1, WireType::LengthDelimited, buf);
-            encode_varint(id.len() as u64, buf);
-            buf.extend_from_slice(id.as_bytes());
-        }
-        if job_id != 0 {
-            encode_key(2, WireType::Varint, buf);
-            encode_varint(job_id, buf);
-        }
-        if at != 0 {
-            encode_key(3, WireType::Varint, buf);
-            encode_varint(at, buf);
-        }
+    if s.request_ids.is_empty() {
+        return;
     }
+    let len = s.request_ids.len() * REQUEST_ID_ENTRY_BYTES;
+    buf.extend_from_slice(&request_id_table_key(len as u64));
+    buf.reserve(len);
+    request_id_entries_to_bytes(s.request_ids.iter().map(|(k, r)| (*k, *r)), buf);
+}
+
+/// The key and length that start a snapshot's `request_id_table` field of `len` bytes: a store
+/// that keeps request ids in files of their own writes this, then the files' entries, after a
+/// body encoded without them.
+pub fn request_id_table_key(len: u64) -> Vec<u8> {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    let mut buf = Vec::with_capacity(12);
+    encode_key(SNAPSHOT_REQUEST_ID_TABLE_FIELD, WireType::LengthDelimited, &mut buf);
+    encode_varint(len, &mut buf);
+    buf
+}
+
+/// Appends request ids as entries of a `request_id_table` ([`REQUEST_ID_ENTRY_BYTES`] each).
+pub fn request_id_entries_to_bytes(entries: impl IntoIterator<Item = (RequestKey, RequestRecord)>, out: &mut Vec<u8>) {
+    for (key, record) in entries {
+        out.extend_from_slice(&key.0);
+        out.extend_from_slice(&record.job_id.to_le_bytes());
+        out.extend_from_slice(&record.at.0.to_le_bytes());
+    }
+}
+
+/// Decodes entries [`request_id_entries_to_bytes`] wrote.
+pub fn request_id_entries_from_bytes(bytes: &[u8]) -> Result<Vec<(RequestKey, RequestRecord)>, CodecError> {
+    if !bytes.len().is_multiple_of(REQUEST_ID_ENTRY_BYTES) {
+        return Err(CodecError::Invalid {
+            field: "request_id_table",
+            value: format!("{} bytes, not a multiple of {REQUEST_ID_ENTRY_BYTES}", bytes.len()),
+        });
+    }
+    let u64_at = |entry: &[u8], at: usize| u64::from_le_bytes(entry[at..at + 8].try_into().expect("8 bytes"));
+    Ok(bytes
+        .chunks_exact(REQUEST_ID_ENTRY_BYTES)
+        .map(|entry| {
+            let key = RequestKey(entry[..16].try_into().expect("16 bytes"));
+            (key, RequestRecord { job_id: u64_at(entry, 16), at: Timestamp(u64_at(entry, 24)) })
+        })
+        .collect())
+}
+
+/// The request ids of a snapshot: its table, and the string entries of version 2 snapshots.
+fn request_ids_from_pb(
+    table: &[u8],
+    entries: Vec<pb::RequestIdEntry>,
+) -> Result<Vec<(RequestKey, RequestRecord)>, CodecError> {
+    let mut ids = request_id_entries_from_bytes(table)?;
+    ids.extend(
+        entries
+            .into_iter()
+            .map(|e| (RequestKey::of(&e.request_id), RequestRecord { job_id: e.job_id, at: Timestamp(e.at) })),
+    );
+    Ok(ids)
 }
 
 fn billed_to_pb(billed: &BTreeMap<String, BilledTotal>) -> Vec<pb::BilledTotal> {
@@ -1284,13 +1338,11 @@ fn state_from_snapshot_pb(s: pb::StateSnapshot) -> Result<State, CodecError> {
         .into_iter()
         .map(|n| node_status_from_pb(n).map(|n| (n.spec.name.clone(), n)))
         .collect::<Result<BTreeMap<_, _>, _>>()?;
+    let request_ids = request_ids_from_pb(&s.request_id_table, s.request_ids)?;
     let mut state = State::from_parts(
         jobs,
         nodes,
-        s.request_ids
-            .into_iter()
-            .map(|e| (e.request_id, RequestRecord { job_id: e.job_id, at: Timestamp(e.at) }))
-            .collect(),
+        [],
         s.next_job_id,
         s.next_epoch,
         Timestamp(s.last_ts),
@@ -1298,6 +1350,8 @@ fn state_from_snapshot_pb(s: pb::StateSnapshot) -> Result<State, CodecError> {
         coordinators_from_pb(s.coordinators),
         s.tso_window_end_ms,
     );
+    state.request_ids_expired_before = Timestamp(s.request_ids_expired_before);
+    state.add_request_ids(request_ids);
     state.usage = usage_from_pb(s.usage);
     state.next_segment_id = s.next_segment_id.max(1);
     state.segments_archived_below = s.segments_archived_below;
@@ -1515,16 +1569,24 @@ mod tests {
         let bounds = HotBounds::from_snapshot(&snapshot_to_bytes(&state)).unwrap();
         assert_eq!(bounds, HotBounds::of(&state), "the bounds decode without the rest");
         assert!(!bounds.archived(1) && !bounds.archived(2), "a hot job and a job not yet submitted");
-        // Request ids are written without a message per id, byte for byte as prost would.
-        let request_ids = state
-            .request_ids
-            .iter()
-            .map(|(r, j)| pb::RequestIdEntry { request_id: r.clone(), job_id: j.job_id, at: j.at.0 })
-            .collect();
-        let whole = pb::StateSnapshot { request_ids, ..Default::default() };
+        // The request-id table is written straight from the state, byte for byte as prost
+        // would write the field.
+        let mut table = Vec::new();
+        for (key, record) in state.request_ids.iter() {
+            table.extend_from_slice(&key.0);
+            table.extend_from_slice(&record.job_id.to_le_bytes());
+            table.extend_from_slice(&record.at.0.to_le_bytes());
+        }
+        assert_eq!(table.len(), REQUEST_ID_ENTRY_BYTES);
+        assert_eq!(&table[..16], &RequestKey::of("r").0, "keyed by the id's SHA-256");
+        let whole = pb::StateSnapshot { request_id_table: table, ..Default::default() };
         let mut part = Vec::new();
         encode_request_ids(&state, &mut part);
         assert_eq!(part, whole.encode_to_vec());
+        // A table cut short is refused, not read as fewer ids.
+        let mut cut = pb::StateSnapshot::decode(snapshot_to_bytes(&state).as_slice()).unwrap();
+        cut.request_id_table.pop();
+        assert!(snapshot_from_bytes(&cut.encode_to_vec()).is_err());
     }
 
     #[test]

@@ -6,8 +6,12 @@
 //!   carries the history or leaves it in the state machine's sled store. Replaced by an atomic
 //!   rename, and only ever names a whole, synced body.
 //! - `<index>-<n>.body`: a snapshot body, one `StateSnapshot` message; never changed once named.
-//! - `send-<body>`: the body of a snapshot whose history is in the store, with the history
-//!   added: made the first time a follower needs it, kept until the next snapshot.
+//! - `<index>-<n>.ids`: request ids (entries of `StateSnapshot.request_id_table`) of a
+//!   snapshot this store built; never changed once named. A built body leaves its request ids
+//!   out; CURRENT names the files that hold them: each build writes the ids recorded since the
+//!   one before, and drops files whose ids all expired (see the state machine).
+//! - `send-<body>`: the body of a snapshot whose history is in the store, with its request ids
+//!   and history added: made the first time a follower needs it, kept until the next snapshot.
 //! - `*.tmp`: bodies being written or received, removed on open.
 //! - `current.snap`: the single-file format of earlier versions (meta first, then a body with
 //!   the history), converted on open.
@@ -32,6 +36,7 @@ pub(crate) type SnapshotMetaT = SnapshotMeta<NodeId, openraft::BasicNode>;
 const CURRENT: &str = "CURRENT";
 const LEGACY_FILE: &str = "current.snap";
 const BODY_EXT: &str = "body";
+const IDS_EXT: &str = "ids";
 const TMP_EXT: &str = "tmp";
 /// A file being written is synced every this many bytes, so a large one never leaves hundreds
 /// of megabytes of dirty pages for the Raft log's next fsync to wait behind.
@@ -47,6 +52,34 @@ pub(crate) struct Current {
     /// least up to the snapshot's index before the body was published.
     #[serde(default)]
     pub history_in_store: bool,
+    /// Files with the request ids of a body that leaves them out, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub request_ids: Vec<RequestIdFile>,
+}
+
+/// A file of request ids named by CURRENT.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RequestIdFile {
+    pub name: String,
+    /// Entries in it.
+    pub entries: u64,
+    /// The latest submit time of its entries: once request ids submitted before this later
+    /// have expired, every one of them has.
+    pub max_at: u64,
+}
+
+/// The request-id files a snapshot being published names: files of CURRENT it keeps, and
+/// maybe a file just written (`tmp`, synced) with `entries` entries up to `max_at`.
+pub(crate) struct IdFiles<'a> {
+    pub keep: Vec<RequestIdFile>,
+    pub new: Option<(&'a Path, u64, u64)>,
+}
+
+impl IdFiles<'_> {
+    /// A body that holds its request ids itself.
+    pub(crate) fn none() -> Self {
+        IdFiles { keep: Vec::new(), new: None }
+    }
 }
 
 /// The snapshot directory of one state machine store.
@@ -99,7 +132,7 @@ impl SnapshotDir {
         let mut out = SyncedWriter::create(&tmp)?;
         std::io::copy(&mut file, &mut out)?;
         out.finish()?;
-        self.publish(&meta, &tmp, false)?;
+        self.publish(&meta, &tmp, false, IdFiles::none())?;
         let _ = std::fs::remove_file(&tmp);
         std::fs::remove_file(&legacy)?;
         tracing::info!(snapshot = %meta.snapshot_id, "converted the snapshot file to the current format");
@@ -130,18 +163,34 @@ impl SnapshotDir {
         format!("send-{body}")
     }
 
-    /// Makes the synced file `tmp` the current snapshot unless CURRENT is newer. Returns false
-    /// (and leaves `tmp` to the caller) when it is. Removes the bodies it replaces.
-    pub(crate) fn publish(&self, meta: &SnapshotMetaT, tmp: &Path, history_in_store: bool) -> std::io::Result<bool> {
+    /// Makes the synced file `tmp` the current snapshot, with the request-id files `ids`,
+    /// unless CURRENT is newer. Returns what CURRENT now says, or None (and leaves the
+    /// temporary files to the caller) when it is newer. Removes the bodies and request-id files
+    /// it no longer names.
+    pub(crate) fn publish(
+        &self,
+        meta: &SnapshotMetaT,
+        tmp: &Path,
+        history_in_store: bool,
+        ids: IdFiles<'_>,
+    ) -> std::io::Result<Option<Current>> {
         let _guard = self.publish.lock().unwrap_or_else(|p| p.into_inner());
         let current = self.current().ok().flatten();
         if current.is_some_and(|c| c.meta.last_log_id > meta.last_log_id) {
-            return Ok(false);
+            return Ok(None);
         }
         let index = meta.last_log_id.map_or(0, |l| l.index);
+        let mut request_ids = ids.keep;
+        if let Some((ids_tmp, entries, max_at)) = ids.new {
+            let name = format!("{index}-{}.{IDS_EXT}", self.next.fetch_add(1, Ordering::Relaxed));
+            std::fs::rename(ids_tmp, self.dir.join(&name))?;
+            request_ids.push(RequestIdFile { name, entries, max_at });
+        }
         let body = format!("{index}-{}.{BODY_EXT}", self.next.fetch_add(1, Ordering::Relaxed));
         std::fs::rename(tmp, self.dir.join(&body))?;
-        let current = Current { meta: meta.clone(), body: body.clone(), history_in_store };
+        // The renamed files are in the directory before CURRENT names them.
+        std::fs::File::open(&self.dir)?.sync_all()?;
+        let current = Current { meta: meta.clone(), body: body.clone(), history_in_store, request_ids };
         let pointer = self.temp_path("current");
         let mut out = SyncedWriter::create(&pointer)?;
         out.write_all(&serde_json::to_vec(&current).map_err(invalid)?)?;
@@ -153,11 +202,13 @@ impl SnapshotDir {
         for entry in std::fs::read_dir(&self.dir)? {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.ends_with(BODY_EXT) && name != body && name != send {
+            let replaced = (name.ends_with(BODY_EXT) && name != body && name != send)
+                || (name.ends_with(&format!(".{IDS_EXT}")) && !current.request_ids.iter().any(|f| f.name == name));
+            if replaced {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
-        Ok(true)
+        Ok(Some(current))
     }
 }
 

@@ -15,7 +15,11 @@
 //! records, so a store whose sled ran ahead of the snapshot converges to the same bytes.
 //!
 //! A snapshot this store builds holds the hot state only: the history is already in sled, which
-//! is synced up to the snapshot's index before the snapshot is published. When a follower needs
+//! is synced up to the snapshot's index before the snapshot is published. Its request ids (up to
+//! a day of them) are not re-encoded by every build either: each build writes the ids recorded
+//! since the one before into a file of its own, and the snapshot names every file that still
+//! holds an id that has not expired, merging the newest small files into the new one (see
+//! `request_ids_to_write`). When a follower needs
 //! the snapshot, its body is written again with the history added (once per snapshot, into a
 //! file, read in chunks). A snapshot a follower receives carries the history and is installed
 //! into sled as it is read; a received body is current from before its install until the next
@@ -23,9 +27,9 @@
 
 use crate::change_log::ChangeLog;
 use crate::codec::{self, HistoryRecord};
-use crate::snapshot_store::{Current, SnapshotDir, SnapshotFile, SnapshotMetaT, SyncedWriter};
+use crate::snapshot_store::{Current, IdFiles, RequestIdFile, SnapshotDir, SnapshotFile, SnapshotMetaT, SyncedWriter};
 use crate::types::{LogId, NodeId, StoredMembership, TypeConfig};
-use corral_core::{CompactCutoffs, Outcome, State, Touched};
+use corral_core::{CompactCutoffs, Outcome, RequestKey, RequestRecord, State, Touched};
 use corral_types::{Job, JobId, Segment};
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError};
@@ -39,6 +43,10 @@ use tokio::sync::watch;
 const SLED_CACHE_BYTES: u64 = 128 << 20;
 /// Records of the history written to sled per batch when a snapshot is installed.
 const INSTALL_BATCH_RECORDS: usize = 10_000;
+/// Most request-id files a snapshot names (they halve in size from the oldest, so only a
+/// pathological history needs more): a build that would name more writes every request id into
+/// one new file instead.
+const MAX_REQUEST_ID_FILES: usize = 64;
 
 /// Runs `f` on this thread at a lower CPU priority (nice 10), then restores it: a snapshot build
 /// yields the CPU to the threads that serve and replicate writes.
@@ -59,6 +67,35 @@ pub struct StateMachineData {
     pub state: State,
     pub(crate) last_applied: Option<LogId>,
     pub(crate) membership: StoredMembership,
+    pub(crate) request_id_log: RequestIdLog,
+}
+
+/// How the request ids of the state stand against the current snapshot's request-id files.
+#[derive(Debug, Default)]
+pub(crate) struct RequestIdLog {
+    /// The current snapshot's files when they and `added` hold every request id of the state;
+    /// None when they may not (no snapshot built here yet, or one received): the next build
+    /// writes every request id.
+    files: Option<Vec<RequestIdFile>>,
+    /// Request ids recorded since the state of the current snapshot, in apply order.
+    added: Vec<(RequestKey, RequestRecord)>,
+    /// Changes when the state is replaced (a snapshot installed): a build that copied the log
+    /// before leaves it alone.
+    generation: u64,
+}
+
+impl RequestIdLog {
+    /// The log of a state replaced by a received snapshot.
+    fn after(&self) -> RequestIdLog {
+        RequestIdLog { files: None, added: Vec::new(), generation: self.generation + 1 }
+    }
+}
+
+/// What a build copies of the request-id log with the state.
+struct RequestIdCopy {
+    files: Option<Vec<RequestIdFile>>,
+    added: Vec<(RequestKey, RequestRecord)>,
+    generation: u64,
 }
 
 impl StateMachineData {
@@ -136,12 +173,19 @@ impl StateMachineStore {
             Some(current) => {
                 let started = std::time::Instant::now();
                 let body = std::fs::File::open(snapshots.path(&current.body))?;
-                let state = if current.history_in_store {
-                    load_hot_body(body)?
+                let (state, files) = if current.history_in_store {
+                    let mut state = load_hot_body(body)?;
+                    // A body of an earlier version holds its request ids itself.
+                    let inline = !state.request_ids.is_empty();
+                    for file in &current.request_ids {
+                        let bytes = std::fs::read(snapshots.path(&file.name))?;
+                        state.add_request_ids(codec::request_id_entries_from_bytes(&bytes)?);
+                    }
+                    (state, (!inline).then(|| current.request_ids.clone()))
                 } else {
                     // A received body, current since before its install: sled may hold less
                     // than it (a crash during the install) or more (entries applied after it).
-                    install_body(&trees, body)?
+                    (install_body(&trees, body)?, None)
                 };
                 tracing::info!(
                     snapshot = %current.meta.snapshot_id,
@@ -153,6 +197,7 @@ impl StateMachineStore {
                     state,
                     last_applied: current.meta.last_log_id,
                     membership: current.meta.last_membership,
+                    request_id_log: RequestIdLog { files, ..Default::default() },
                 }
             }
         };
@@ -202,15 +247,30 @@ impl StateMachineStore {
         (data.state.replicated_copy(), (data.last_applied, data.membership.clone()))
     }
 
-    /// Builds a snapshot of the hot state and publishes it; its history is the store's.
+    /// [`Self::clone_hot`] with the request-id log at the same point.
+    fn clone_hot_with_ids(&self) -> (State, AppliedAt, RequestIdCopy) {
+        let data = self.read();
+        let log = &data.request_id_log;
+        let ids = RequestIdCopy { files: log.files.clone(), added: log.added.clone(), generation: log.generation };
+        (data.state.replicated_copy(), (data.last_applied, data.membership.clone()), ids)
+    }
+
+    /// Builds a snapshot of the hot state and publishes it; its history is the store's, its
+    /// request ids are in the files it names.
     fn build_hot_snapshot(&self) -> std::io::Result<(SnapshotMetaT, bool)> {
         let started = std::time::Instant::now();
-        let (state, (last_applied, membership)) = self.clone_hot();
+        let (state, (last_applied, membership), ids) = self.clone_hot_with_ids();
         let cloned = started.elapsed();
         // Everything applied up to the clone reaches the disk before the snapshot names it.
         self.shared.trees.db.flush().map_err(|e| std::io::Error::other(format!("sled flush failed: {e}")))?;
         let flushed = started.elapsed();
-        let bytes = codec::snapshot_to_bytes(&state);
+        let bytes = codec::snapshot_without_request_ids_to_bytes(&state);
+        let added_len = ids.added.len();
+        let read = |f: &RequestIdFile| {
+            let bytes = std::fs::read(self.shared.snapshots.path(&f.name))?;
+            anyhow::Ok(codec::request_id_entries_from_bytes(&bytes)?)
+        };
+        let (keep, new_ids) = request_ids_to_write(&state, ids.files, ids.added, read);
         drop(state);
         let encoded = started.elapsed();
         let snapshot_id = match last_applied {
@@ -219,27 +279,47 @@ impl StateMachineStore {
         };
         let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
         let snapshots = &self.shared.snapshots;
-        let tmp = snapshots.temp_path("build");
+        let (tmp, ids_tmp) = (snapshots.temp_path("build"), snapshots.temp_path("ids"));
         let written = (|| {
+            let new = match &new_ids {
+                Some(new) => {
+                    let mut out = SyncedWriter::create(&ids_tmp)?;
+                    out.write_all(&new.bytes)?;
+                    out.finish()?;
+                    Some((ids_tmp.as_path(), new.entries, new.max_at))
+                }
+                None => None,
+            };
             let mut out = SyncedWriter::create(&tmp)?;
             out.write_all(&bytes)?;
             out.finish()?;
-            snapshots.publish(&meta, &tmp, true)
+            snapshots.publish(&meta, &tmp, true, IdFiles { keep, new })
         })();
-        if !matches!(written, Ok(true)) {
+        if !matches!(written, Ok(Some(_))) {
             let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(&ids_tmp);
+        }
+        if let Ok(Some(current)) = &written {
+            let mut data = self.shared.data.write().unwrap_or_else(|p| p.into_inner());
+            let log = &mut data.request_id_log;
+            if log.generation == ids.generation {
+                log.added.drain(..added_len);
+                log.files = Some(current.request_ids.clone());
+            }
         }
         let ms = |d: std::time::Duration| d.as_millis() as u64;
         tracing::info!(
             snapshot = %meta.snapshot_id,
             bytes = bytes.len(),
+            request_id_bytes = new_ids.as_ref().map_or(0, |n| n.bytes.len()),
+            request_id_files = written.as_ref().ok().and_then(Option::as_ref).map_or(0, |c| c.request_ids.len()),
             clone_ms = ms(cloned),
             flush_ms = ms(flushed - cloned),
             encode_ms = ms(encoded - flushed),
             write_ms = ms(started.elapsed() - encoded),
             "snapshot of the hot state written"
         );
-        Ok((meta, written?))
+        Ok((meta, written?.is_some()))
     }
 
     /// The data of snapshot `current`, to send: its body, or for a snapshot whose history is in
@@ -255,15 +335,23 @@ impl StateMachineStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        // Opened now: a newer snapshot may replace this body before the first read.
+        // Opened now: a newer snapshot may replace this body and its files before the first read.
         let hot = std::fs::File::open(snapshots.path(&current.body))?;
+        let ids = (current.request_ids.iter())
+            .map(|f| std::fs::File::open(snapshots.path(&f.name)))
+            .collect::<std::io::Result<Vec<_>>>()?;
         let (store, body) = (self.clone(), current.body.clone());
-        Ok(SnapshotFile::lazy(move || at_low_priority(|| store.make_send_body(hot, &body))))
+        Ok(SnapshotFile::lazy(move || at_low_priority(|| store.make_send_body(hot, ids, &body))))
     }
 
-    /// Writes the body `body` (open as `hot`) with the history added, as `send-<body>`, and
-    /// opens it. Several followers share one.
-    fn make_send_body(&self, mut hot: std::fs::File, body: &str) -> std::io::Result<std::fs::File> {
+    /// Writes the body `body` (open as `hot`) with its request ids (the files `ids`) and the
+    /// history added, as `send-<body>`, and opens it. Several followers share one.
+    fn make_send_body(
+        &self,
+        mut hot: std::fs::File,
+        ids: Vec<std::fs::File>,
+        body: &str,
+    ) -> std::io::Result<std::fs::File> {
         let snapshots = &self.shared.snapshots;
         let _guard = snapshots.send.lock().unwrap_or_else(|p| p.into_inner());
         let path = snapshots.path(&SnapshotDir::send_name(body));
@@ -278,6 +366,16 @@ impl StateMachineStore {
         let written = (|| {
             let mut out = SyncedWriter::create(&tmp)?;
             out.write_all(&bytes)?;
+            let lens = ids.iter().map(|f| f.metadata().map(|m| m.len())).collect::<std::io::Result<Vec<_>>>()?;
+            let total: u64 = lens.iter().sum();
+            if total > 0 {
+                out.write_all(&codec::request_id_table_key(total))?;
+                for (mut file, len) in ids.into_iter().zip(lens) {
+                    if std::io::copy(&mut std::io::Read::take(&mut file, len), &mut out)? != len {
+                        return Err(std::io::Error::other("a request-id file ended early"));
+                    }
+                }
+            }
             write_history(&self.shared.trees.tree, &bounds, &mut out)?;
             out.finish()?;
             std::fs::rename(&tmp, &path)
@@ -343,6 +441,72 @@ impl StateMachineStore {
     pub fn changes(&self) -> std::sync::MutexGuard<'_, ChangeLog> {
         self.shared.changes.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// A new request-id file a build writes.
+struct NewIds {
+    bytes: Vec<u8>,
+    entries: u64,
+    max_at: u64,
+}
+
+/// What a build of `state` writes of its request ids: the files of the current snapshot it
+/// keeps, and a new file.
+///
+/// With the current snapshot's `files` known, the new file holds the ids `added` since; files
+/// whose ids all expired are dropped, and the newest kept files are merged into the new one
+/// while each is at most twice its size. Each file is then more than twice the size of the next,
+/// so a snapshot names at most about log2(ids) files and an id is written again only as often.
+/// Else (or when a file cannot be read back) the new file holds every request id of the state.
+fn request_ids_to_write(
+    state: &State,
+    files: Option<Vec<RequestIdFile>>,
+    added: Vec<(RequestKey, RequestRecord)>,
+    read: impl Fn(&RequestIdFile) -> anyhow::Result<Vec<(RequestKey, RequestRecord)>>,
+) -> (Vec<RequestIdFile>, Option<NewIds>) {
+    let expired_before = state.request_ids_expired_before.0;
+    let live = |(_, r): &(RequestKey, RequestRecord)| r.at.0 >= expired_before;
+    let new_file = |entries: &mut dyn Iterator<Item = (RequestKey, RequestRecord)>| {
+        let mut new = NewIds { bytes: Vec::new(), entries: 0, max_at: 0 };
+        codec::request_id_entries_to_bytes(
+            entries.inspect(|(_, r)| {
+                new.entries += 1;
+                new.max_at = new.max_at.max(r.at.0);
+            }),
+            &mut new.bytes,
+        );
+        (new.entries > 0).then_some(new)
+    };
+    let all = || (Vec::new(), new_file(&mut state.request_ids.iter().map(|(k, r)| (*k, *r))));
+    let Some(files) = files else { return all() };
+    let mut keep: Vec<RequestIdFile> = files.into_iter().filter(|f| f.max_at >= expired_before).collect();
+    // Every id of the state is in the files or added since (a check, not a proof: each kept
+    // file counts its expired ids too).
+    let held = keep.iter().map(|f| f.entries).sum::<u64>() + added.len() as u64;
+    if held < state.request_ids.len() as u64 {
+        tracing::warn!(held, ids = state.request_ids.len(), "the request-id files miss ids: writing them all again");
+        return all();
+    }
+    let mut entries: Vec<(RequestKey, RequestRecord)> = added.into_iter().filter(live).collect();
+    while let Some(last) = keep.last().filter(|f| !entries.is_empty() && f.entries <= 2 * entries.len() as u64) {
+        match read(last) {
+            Ok(older) => {
+                let mut merged: Vec<_> = older.into_iter().filter(live).collect();
+                merged.append(&mut entries);
+                entries = merged;
+                keep.pop();
+            }
+            Err(e) => {
+                tracing::warn!(file = %last.name, "cannot read a request-id file ({e:#}): writing every request id again");
+                return all();
+            }
+        }
+    }
+    if keep.len() >= MAX_REQUEST_ID_FILES {
+        return all();
+    }
+    let new = new_file(&mut entries.into_iter());
+    (keep, new)
 }
 
 /// The hot state of a body this store built (`history_in_store`): every segment in it is one of
@@ -650,6 +814,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 };
                 responses.push(response);
             }
+            let added = std::mem::take(&mut touched.request_ids);
+            data.request_id_log.added.extend(added);
             persist(&shared.trees, &data.state, &touched).map_err(io_err)?;
             data.last_applied.map(|l| l.index).unwrap_or(0)
         };
@@ -690,7 +856,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let installed = (|| {
                 let body = std::fs::File::open(&path)?;
                 body.sync_all()?;
-                let published = shared.snapshots.publish(&meta_copy, &path, false)?;
+                let published = shared.snapshots.publish(&meta_copy, &path, false, IdFiles::none())?.is_some();
                 anyhow::Ok((body, published))
             })();
             let (body, published) = match installed {
@@ -712,8 +878,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let (state, published_ms) = state;
         let applied = {
             let mut data = self.shared.data.write().unwrap_or_else(|p| p.into_inner());
-            *data =
-                StateMachineData { state, last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
+            *data = StateMachineData {
+                state,
+                last_applied: meta.last_log_id,
+                membership: meta.last_membership.clone(),
+                request_id_log: data.request_id_log.after(),
+            };
             self.changes().reset(data.applied_index());
             data.last_applied.map(|l| l.index).unwrap_or(0)
         };
@@ -1041,6 +1211,120 @@ mod tests {
         let stored: Vec<(u64, u64)> = store.segments_from(0).map(|g| (g.job_id, g.epoch)).collect();
         assert_eq!(stored, vec![(1, epoch)], "the run is billed in the store");
         assert_eq!(store.archived_job(1).map(|j| j.state), Some(corral_types::JobState::Succeeded));
+    }
+
+    /// Applies `command` at log index `index` through the store, as openraft does.
+    async fn apply_at(store: &mut StateMachineStore, index: u64, ms: u64, command: Command) {
+        let entry = openraft::Entry::<TypeConfig> {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(crate::types::RaftRequest(Request {
+                ts: Timestamp::compose(ms, 0),
+                command,
+            })),
+        };
+        let responses = store.apply([entry]).await.expect("apply");
+        responses.into_iter().for_each(|r| drop(r.expect("applied")));
+    }
+
+    /// Submits `n` jobs with request ids `{prefix}{i}` at log index `index`.
+    async fn submit_ids(store: &mut StateMachineStore, index: u64, ms: u64, prefix: &str, n: usize) {
+        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()], ..Default::default() };
+        let jobs = (0..n).map(|i| (format!("{prefix}{i}"), spec.clone())).collect();
+        apply_at(store, index, ms, Command::SubmitJobs { jobs }).await;
+    }
+
+    /// Request ids are written once: each build writes those recorded since the one before into
+    /// a file of its own and names the earlier files; a reopen reads them all back; a file whose
+    /// ids all expired is dropped; small files merge into the new one, so the files stay few; a
+    /// follower gets the ids inside the snapshot.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn request_ids_are_written_once_into_files_the_snapshot_names() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateMachineStore::open(dir.path()).expect("open");
+        apply_at(&mut store, 1, 1, Command::Configure(ClusterConfig::dev_defaults())).await;
+        submit_ids(&mut store, 2, 1_000, "a", 100).await;
+        store.clone().build_snapshot().await.expect("build");
+        let files = |store: &StateMachineStore| store.shared.snapshots.current().unwrap().unwrap().request_ids;
+        let sizes = |store: &StateMachineStore| files(store).iter().map(|f| f.entries).collect::<Vec<_>>();
+        let first = files(&store);
+        assert_eq!(sizes(&store), vec![100], "the first build writes all");
+        let body = dir.path().join("snapshots").join(store.shared.snapshots.current().unwrap().unwrap().body);
+        let hot = load_hot_body(std::fs::File::open(&body).expect("body")).expect("hot body");
+        assert!(hot.request_ids.is_empty(), "the body leaves its request ids to the files");
+
+        submit_ids(&mut store, 3, 2_000, "b", 20).await;
+        store.clone().build_snapshot().await.expect("build");
+        let second = files(&store);
+        assert_eq!(second.len(), 2);
+        assert_eq!(second[0], first[0], "the earlier file is named again, not written again");
+        assert_eq!((second[1].entries, second[1].max_at), (20, Timestamp::compose(2_000, 0).0));
+        // Applied after the build: the next one writes them (or the log after it replays them).
+        submit_ids(&mut store, 4, 3_000, "c", 10).await;
+        let expected = store.read().state.request_ids.clone();
+        assert_eq!(expected.len(), 130);
+        drop(store);
+        let mut store = StateMachineStore::open(dir.path()).expect("reopen");
+        assert_eq!(store.read().state.request_ids.len(), 120, "the snapshot's ids: the files");
+        submit_ids(&mut store, 4, 3_000, "c", 10).await;
+        assert_eq!(store.read().state.request_ids, expected, "and the entry after it applied again");
+        // A retried submit is a duplicate after the reopen, whichever file holds its id.
+        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()], ..Default::default() };
+        let retry =
+            Request { ts: Timestamp::compose(3_500, 0), command: Command::SubmitJob { request_id: "a7".into(), spec } };
+        assert!(matches!(store.read().state.clone().apply(&retry), Ok(Outcome::JobSubmitted { duplicate: true, .. })));
+
+        // The ids of the first file expire: the next build drops it, and merges the file of 20
+        // (at most twice the 10 new ones) into its new file.
+        let cutoffs = CompactCutoffs {
+            archive_before: Timestamp::ZERO,
+            request_ids_before: Timestamp::compose(1_500, 0),
+            jobs_before: None,
+            segments_before: None,
+        };
+        apply_at(&mut store, 5, 4_000, Command::Compact(cutoffs)).await;
+        store.clone().build_snapshot().await.expect("build");
+        assert_eq!(sizes(&store), vec![30]);
+        for old in first.iter().chain(&second) {
+            assert!(!dir.path().join("snapshots").join(&old.name).exists(), "{} is removed", old.name);
+        }
+        let live = store.read().state.request_ids.clone();
+        assert_eq!(live.len(), 30);
+
+        // Many small builds: the files stay few, each more than twice the next.
+        for i in 0..100u64 {
+            submit_ids(&mut store, 10 + i, 6_000 + i, &format!("e{i}-"), 1 + (i % 3) as usize).await;
+            store.clone().build_snapshot().await.expect("build");
+            let sizes = sizes(&store);
+            assert!(sizes.windows(2).all(|w| w[0] > 2 * w[1]), "after build {i}: {sizes:?}");
+            assert!(sizes.len() <= 8, "after build {i}: {sizes:?}");
+        }
+        let expected = store.read().state.request_ids.clone();
+        assert_eq!(sizes(&store).iter().sum::<u64>(), expected.len() as u64);
+        let named: Vec<String> = files(&store).into_iter().map(|f| f.name).collect();
+        let on_disk = std::fs::read_dir(dir.path().join("snapshots")).unwrap().filter_map(|e| e.ok());
+        let mut on_disk: Vec<String> = on_disk.map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        on_disk.retain(|n| n.ends_with(".ids"));
+        on_disk.sort();
+        let mut sorted = named.clone();
+        sorted.sort();
+        assert_eq!(on_disk, sorted, "only the named files are kept");
+        drop(store);
+        let store = StateMachineStore::open(dir.path()).expect("reopen");
+        assert_eq!(store.read().state.request_ids, expected);
+
+        // A follower gets the ids inside the snapshot and writes them all at its first build.
+        let snapshot = store.clone().get_current_snapshot().await.expect("get").expect("a snapshot");
+        let other_dir = tempfile::tempdir().expect("tempdir");
+        let mut other = StateMachineStore::open(other_dir.path()).expect("open");
+        send(snapshot, &mut other).await;
+        assert_eq!(other.read().state.request_ids, expected);
+        assert_eq!(other.digest(), store.digest());
+        submit_ids(&mut other, 200, 9_000, "d", 5).await;
+        other.clone().build_snapshot().await.expect("build");
+        assert_eq!(sizes(&other), vec![expected.len() as u64 + 5]);
+        drop(other);
+        let other = StateMachineStore::open(other_dir.path()).expect("reopen");
+        assert_eq!(other.read().state.request_ids.len(), expected.len() + 5);
     }
 
     /// Sends `snapshot` to `to` as openraft does: read from the data in chunks, written into

@@ -24,9 +24,11 @@ const ONLY_IN: &[(&str, &[&str])] = &[
 ];
 
 /// Crates whose normal dependencies are limited to these (pure crates: no I/O, no runtime; imbl
-/// is persistent data structures only).
-const PURE: &[(&str, &[&str])] =
-    &[("corral-types", &["serde", "thiserror"]), ("corral-core", &["corral-types", "serde", "thiserror", "imbl"])];
+/// is persistent data structures only, sha2 a pure function that keys request ids).
+const PURE: &[(&str, &[&str])] = &[
+    ("corral-types", &["serde", "thiserror"]),
+    ("corral-core", &["corral-types", "serde", "thiserror", "imbl", "sha2"]),
+];
 
 /// Workspace crates that must not reach these others through their normal dependencies, directly
 /// or through another member: the wire protocol and its client do not compile the scheduler.

@@ -1,6 +1,6 @@
 //! Golden bytes of the persisted encoding: every Raft log command kind, a snapshot, and the
 //! state machine store's per-key records (job, node, segment, scalar meta), as format version 2
-//! wrote them. The files under `tests/golden/` are what coordinators have on disk; the codec must
+//! wrote them, and a snapshot as format version 3 writes it (version 2 snapshots still decode). The files under `tests/golden/` are what coordinators have on disk; the codec must
 //! decode them to the values below and encode those values to the very same bytes.
 //!
 //! The values are spelled out field by field (no `dev_defaults`, no `apply`), so that only a
@@ -8,8 +8,8 @@
 //! `CORRAL_WRITE_GOLDEN=1` is set (for a new record kind); an existing file is never rewritten.
 
 use corral_core::{
-    ClusterConfig, Command, CoordinatorRecord, Placement, Preemption, PriorityClass, Request, RequestRecord,
-    SchedulerConfig, State, TenantPolicy, TokenRecord, UsageLedger,
+    ClusterConfig, Command, CoordinatorRecord, Placement, Preemption, PriorityClass, Request, RequestKey,
+    RequestRecord, SchedulerConfig, State, TenantPolicy, TokenRecord, UsageLedger,
 };
 use corral_raft::codec::{
     command_from_bytes, command_to_bytes, job_from_bytes, job_to_bytes, meta_from_bytes, meta_to_bytes,
@@ -399,9 +399,9 @@ fn full_state() -> State {
     let jobs = [full_job(), mig_job(), pending_job(), mps_job()].into_iter().map(|j| (j.id, j)).collect();
     let nodes = [full_node(), down_node()].into_iter().map(|n| (n.spec.name.clone(), n)).collect();
     // Written before request ids carried their submit time: `at` decodes as 0.
-    let request_ids = [42, 43, 44, 45]
+    let request_ids: Vec<_> = [42, 43, 44, 45]
         .into_iter()
-        .map(|id| (format!("req-{id}"), RequestRecord { job_id: id, at: Timestamp::ZERO }))
+        .map(|id| (RequestKey::of(&format!("req-{id}")), RequestRecord { job_id: id, at: Timestamp::ZERO }))
         .collect();
     let coordinators = [
         (1, CoordinatorRecord { addr: "10.0.0.1:7070".into(), removed: false }),
@@ -537,9 +537,34 @@ fn every_command_kind_keeps_its_bytes() {
     }
 }
 
+/// [`full_state`] as format version 3 keeps it: request ids with their submit time, and when
+/// the last ones expired.
+fn full_state_v3() -> State {
+    let mut state = full_state();
+    state.request_ids_expired_before = ts(1_700_000_000_000, 0);
+    state.request_ids.clear();
+    state.rebuild_indexes();
+    state.add_request_ids(
+        [42, 43, 44, 45].map(|id| {
+            (RequestKey::of(&format!("req-{id}")), RequestRecord { job_id: id, at: ts(1_700_000_000_000, id) })
+        }),
+    );
+    state
+}
+
 #[test]
 fn a_snapshot_keeps_its_bytes() {
-    check("snapshot", &full_state(), snapshot_to_bytes, snapshot_from_bytes);
+    check("snapshot-v3", &full_state_v3(), snapshot_to_bytes, snapshot_from_bytes);
+}
+
+/// Version 2 wrote request ids as strings; they decode to the keys version 3 keeps.
+#[test]
+fn a_version_2_snapshot_still_decodes() {
+    let bytes = golden("snapshot", || unreachable!("written by format version 2"));
+    let decoded = snapshot_from_bytes(&bytes).expect("a version 2 snapshot decodes");
+    assert_eq!(decoded, full_state());
+    assert_eq!(decoded.request_ids.len(), 4);
+    assert!(snapshot_to_bytes(&decoded) != bytes, "written again as version 3");
 }
 
 #[test]
