@@ -60,6 +60,12 @@ impl Jobs {
         self.0.iter().map(|(id, j)| (id, &**j))
     }
 
+    /// The jobs as the map holds them: a job that changes is a new `Arc` whenever another
+    /// holder shares the old one.
+    pub fn shared(&self) -> impl DoubleEndedIterator<Item = (&JobId, &Arc<Job>)> + ExactSizeIterator + '_ {
+        self.0.iter()
+    }
+
     pub fn range<R: RangeBounds<JobId>>(&self, range: R) -> impl DoubleEndedIterator<Item = (&JobId, &Job)> + '_ {
         self.0.range(range).map(|(id, j)| (id, &**j))
     }

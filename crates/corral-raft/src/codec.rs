@@ -1119,25 +1119,56 @@ fn read_varint(reader: &mut impl std::io::Read) -> Result<Option<u64>, SnapshotR
 
 /// Encodes the hot state for a snapshot (the history is appended by the store).
 pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
-    encode_snapshot(s, true)
+    encode_snapshot(s, true, &mut JobEncodings::default())
 }
 
 /// Encodes the hot state without its request ids, which a store keeps in files of their own
-/// (see [`request_id_entries_to_bytes`]).
-pub fn snapshot_without_request_ids_to_bytes(s: &State) -> Vec<u8> {
-    encode_snapshot(s, false)
+/// (see [`request_id_entries_to_bytes`]), reusing the encodings of jobs that did not change
+/// since the last call with `jobs`.
+pub fn snapshot_without_request_ids_to_bytes(s: &State, jobs: &mut JobEncodings) -> Vec<u8> {
+    encode_snapshot(s, false, jobs)
 }
 
-fn encode_snapshot(s: &State, with_request_ids: bool) -> Vec<u8> {
-    // Three parts: the fields before the request ids, the request-id table written straight from
-    // the state (up to a day of ids: no message per id is built), then the fields after it.
-    let mut buf = pb::StateSnapshot {
-        format_version: SNAPSHOT_FORMAT_VERSION,
-        jobs: s.jobs.values().map(Into::into).collect(),
-        nodes: s.nodes.values().map(node_status_to_pb).collect(),
-        ..Default::default()
+/// The encoded jobs of the last snapshot built, with a `Weak` of the job each encodes. While a
+/// `Weak` is held, a change to the job moves it into a new `Arc` (`Arc::make_mut`, see
+/// `corral_core::Jobs`) and its old allocation is not reused: a job at the same address is
+/// unchanged and its bytes are reused. A `Weak` keeps no job's contents alive.
+#[derive(Default)]
+pub struct JobEncodings(std::collections::HashMap<corral_types::JobId, (std::sync::Weak<Job>, Vec<u8>)>);
+
+impl JobEncodings {
+    /// Jobs held.
+    pub fn len(&self) -> usize {
+        self.0.len()
     }
-    .encode_to_vec();
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+fn encode_snapshot(s: &State, with_request_ids: bool, cache: &mut JobEncodings) -> Vec<u8> {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    // In field order, which is how prost would write the whole message: the version, the jobs
+    // one by one (an unchanged job's bytes come from `cache`), the nodes, the request-id table
+    // written straight from the state (up to a day of ids: no message per id is built), then
+    // the fields after it.
+    let mut buf = pb::StateSnapshot { format_version: SNAPSHOT_FORMAT_VERSION, ..Default::default() }.encode_to_vec();
+    let mut encoded = std::collections::HashMap::with_capacity(s.jobs.len());
+    for (id, job) in s.jobs.shared() {
+        let bytes = match cache.0.remove(id) {
+            Some((held, bytes)) if std::ptr::eq(held.as_ptr(), std::sync::Arc::as_ptr(job)) => bytes,
+            _ => pb::Job::from(&**job).encode_to_vec(),
+        };
+        encode_key(2, WireType::LengthDelimited, &mut buf);
+        encode_varint(bytes.len() as u64, &mut buf);
+        buf.extend_from_slice(&bytes);
+        encoded.insert(*id, (std::sync::Arc::downgrade(job), bytes));
+    }
+    cache.0 = encoded;
+    pb::StateSnapshot { nodes: s.nodes.values().map(node_status_to_pb).collect(), ..Default::default() }
+        .encode(&mut buf)
+        .expect("a Vec grows as needed");
     if with_request_ids {
         encode_request_ids(s, &mut buf);
     }
@@ -1587,6 +1618,32 @@ mod tests {
         let mut cut = pb::StateSnapshot::decode(snapshot_to_bytes(&state).as_slice()).unwrap();
         cut.request_id_table.pop();
         assert!(snapshot_from_bytes(&cut.encode_to_vec()).is_err());
+    }
+
+    /// A build reuses the bytes of the jobs that did not change since the last one and encodes
+    /// the rest again: the result is what a fresh encode writes.
+    #[test]
+    fn unchanged_jobs_are_not_encoded_again() {
+        let mut state = State::default();
+        state.apply(&Request { ts: Timestamp(1), command: Command::Configure(ClusterConfig::dev_defaults()) }).unwrap();
+        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()], ..Default::default() };
+        let jobs = (0..3).map(|i| (format!("r{i}"), spec.clone())).collect();
+        state.apply(&Request { ts: Timestamp(2), command: Command::SubmitJobs { jobs } }).unwrap();
+        let mut cache = JobEncodings::default();
+        let first = snapshot_without_request_ids_to_bytes(&state, &mut cache);
+        assert_eq!(first, snapshot_without_request_ids_to_bytes(&state, &mut JobEncodings::default()));
+        assert_eq!(cache.len(), 3);
+        let cancel = Command::CancelJob { job_id: 2, reason: "changed".into() };
+        state.apply(&Request { ts: Timestamp(3), command: cancel }).unwrap();
+        let held = |cache: &JobEncodings, id: u64| cache.0[&id].0.as_ptr();
+        let (one, two) = (held(&cache, 1), held(&cache, 2));
+        let second = snapshot_without_request_ids_to_bytes(&state, &mut cache);
+        assert_eq!(second, snapshot_without_request_ids_to_bytes(&state, &mut JobEncodings::default()));
+        assert_ne!(first, second, "the cancelled job is encoded again");
+        assert_eq!(one, held(&cache, 1), "an unchanged job keeps its bytes");
+        assert_ne!(two, held(&cache, 2), "a changed job moved to a new Arc");
+        let back = snapshot_from_bytes(&second).unwrap();
+        assert_eq!(back.jobs, state.jobs);
     }
 
     #[test]

@@ -491,7 +491,7 @@ where
 }
 
 /// True if `err` says a file lock is held elsewhere (raft-log's WAL lock or sled's).
-fn is_lock_held(err: &anyhow::Error) -> bool {
+pub(crate) fn is_lock_held(err: &anyhow::Error) -> bool {
     err.chain().any(|cause| {
         cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
             || cause.to_string().contains("already locked")

@@ -143,6 +143,9 @@ struct Shared {
     applied_tx: watch::Sender<u64>,
     /// Which jobs each applied entry changed, for `WatchJobs` resumes (locked inside `data`'s lock).
     changes: std::sync::Mutex<ChangeLog>,
+    /// The jobs of the last snapshot built here, encoded: the next build encodes only those
+    /// that changed. Locked by builds only.
+    job_encodings: std::sync::Mutex<codec::JobEncodings>,
 }
 
 /// Cheap to clone handle on the state machine; the coordinator reads through it.
@@ -209,6 +212,7 @@ impl StateMachineStore {
             snapshots,
             applied_tx,
             changes: std::sync::Mutex::new(ChangeLog::new(crate::change_log::DEFAULT_CHANGE_LOG_CAPACITY, applied)),
+            job_encodings: Default::default(),
         };
         Ok(StateMachineStore { shared: Arc::new(shared) })
     }
@@ -264,7 +268,10 @@ impl StateMachineStore {
         // Everything applied up to the clone reaches the disk before the snapshot names it.
         self.shared.trees.db.flush().map_err(|e| std::io::Error::other(format!("sled flush failed: {e}")))?;
         let flushed = started.elapsed();
-        let bytes = codec::snapshot_without_request_ids_to_bytes(&state);
+        let bytes = {
+            let mut jobs = self.shared.job_encodings.lock().unwrap_or_else(|p| p.into_inner());
+            codec::snapshot_without_request_ids_to_bytes(&state, &mut jobs)
+        };
         let added_len = ids.added.len();
         let read = |f: &RequestIdFile| {
             let bytes = std::fs::read(self.shared.snapshots.path(&f.name))?;
@@ -946,6 +953,21 @@ mod tests {
     use corral_types::{JobSpec, Timestamp};
     use openraft::{CommittedLeaderId, LogId};
 
+    /// Opens the store under `dir` again. sled releases its file lock from its background I/O
+    /// threads a moment after the last handle is dropped: retry while it is held (at most 5 s).
+    fn reopen(dir: &Path) -> StateMachineStore {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match StateMachineStore::open(dir) {
+                Ok(store) => return store,
+                Err(e) if crate::node::is_lock_held(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => panic!("reopen: {e:#}"),
+            }
+        }
+    }
+
     /// A state with `jobs` queued jobs: a snapshot of a few megabytes.
     fn state_with(jobs: usize) -> State {
         let mut state = State::default();
@@ -994,7 +1016,7 @@ mod tests {
         store.shared.trees.tree.insert(b"m/state", b"stale".as_slice()).expect("insert");
         store.shared.trees.db.flush().expect("flush");
         drop(store);
-        let reopened = StateMachineStore::open(dir.path()).expect("reopen");
+        let reopened = reopen(dir.path());
         assert!(reopened.shared.trees.tree.is_empty(), "the legacy hot records are removed");
         {
             let data = reopened.read();
@@ -1006,7 +1028,7 @@ mod tests {
         reopened.shared.data.write().unwrap().last_applied = Some(LogId::new(CommittedLeaderId::new(1, 1), 6));
         reopened.clone().build_snapshot().await.expect("build");
         drop(reopened);
-        let reopened = StateMachineStore::open(dir.path()).expect("reopen");
+        let reopened = reopen(dir.path());
         let versions: Vec<u64> = reopened.read().state.policy_history.iter().map(|r| r.version).collect();
         assert_eq!(versions, vec![2, 3]);
     }
@@ -1087,14 +1109,14 @@ mod tests {
         assert_eq!(other.archived_jobs_from(0).count(), 50);
         assert_eq!(other.digest(), store.digest());
         drop(other);
-        let reopened = StateMachineStore::open(other_dir.path()).expect("reopen");
+        let reopened = reopen(other_dir.path());
         assert_eq!(reopened.archived_jobs_from(0).count(), 50, "the history survives a reopen");
         // A crash while sled was rewritten (here: sled emptied): the received snapshot, current
         // since before the rewrite, is installed again on open.
         reopened.shared.trees.tree.clear().expect("clear");
         reopened.shared.trees.db.flush().expect("flush");
         drop(reopened);
-        let reinstalled = StateMachineStore::open(other_dir.path()).expect("reopen");
+        let reinstalled = reopen(other_dir.path());
         assert_eq!(reinstalled.archived_jobs_from(0).count(), 50, "the history is installed again");
         assert_eq!(reinstalled.digest(), store.digest());
         drop(reinstalled);
@@ -1121,7 +1143,7 @@ mod tests {
             data.last_applied = Some(LogId::new(CommittedLeaderId::new(1, 1), 9));
         }
         let snapshot = store.clone().build_snapshot().await.expect("build");
-        let mut behind = StateMachineStore::open(other_dir.path()).expect("reopen");
+        let mut behind = reopen(other_dir.path());
         assert_eq!(behind.archived_jobs_from(0).count(), 50);
         send(snapshot, &mut behind).await;
         assert_eq!(behind.archived_jobs_from(0).count(), 0, "records the snapshot lacks are removed");
@@ -1263,7 +1285,7 @@ mod tests {
         let expected = store.read().state.request_ids.clone();
         assert_eq!(expected.len(), 130);
         drop(store);
-        let mut store = StateMachineStore::open(dir.path()).expect("reopen");
+        let mut store = reopen(dir.path());
         assert_eq!(store.read().state.request_ids.len(), 120, "the snapshot's ids: the files");
         submit_ids(&mut store, 4, 3_000, "c", 10).await;
         assert_eq!(store.read().state.request_ids, expected, "and the entry after it applied again");
@@ -1309,7 +1331,7 @@ mod tests {
         sorted.sort();
         assert_eq!(on_disk, sorted, "only the named files are kept");
         drop(store);
-        let store = StateMachineStore::open(dir.path()).expect("reopen");
+        let store = reopen(dir.path());
         assert_eq!(store.read().state.request_ids, expected);
 
         // A follower gets the ids inside the snapshot and writes them all at its first build.
@@ -1323,7 +1345,7 @@ mod tests {
         other.clone().build_snapshot().await.expect("build");
         assert_eq!(sizes(&other), vec![expected.len() as u64 + 5]);
         drop(other);
-        let other = StateMachineStore::open(other_dir.path()).expect("reopen");
+        let other = reopen(other_dir.path());
         assert_eq!(other.read().state.request_ids.len(), expected.len() + 5);
     }
 
