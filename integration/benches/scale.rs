@@ -78,15 +78,19 @@ async fn fill(cluster: &Cluster, total: u64, progress: bool) -> f64 {
     let endpoints = cluster.endpoints();
     let claimed = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
+    // When the last caller finished (µs after `started`): the rate is not rounded to the
+    // progress loop's 200 ms ticks.
+    let finished_us = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let callers: Vec<_> = (0..4)
         .map(|_| {
             let client = client(&endpoints);
-            let (claimed, done) = (claimed.clone(), done.clone());
+            let (claimed, done, finished_us) = (claimed.clone(), done.clone(), finished_us.clone());
             tokio::spawn(async move {
                 loop {
                     let first = claimed.fetch_add(1000, Ordering::Relaxed);
                     if first >= total {
+                        finished_us.fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
                         return;
                     }
                     let n = (total - first).min(1000) as usize;
@@ -127,7 +131,7 @@ async fn fill(cluster: &Cluster, total: u64, progress: bool) -> f64 {
     for c in callers {
         c.await.expect("caller");
     }
-    total as f64 / started.elapsed().as_secs_f64()
+    total as f64 / (finished_us.load(Ordering::Relaxed) as f64 / 1e6)
 }
 
 /// One submit every millisecond for `secs`; returns sorted latencies and how many snapshots the
