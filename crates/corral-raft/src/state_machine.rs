@@ -77,8 +77,9 @@ pub(crate) struct RequestIdLog {
     /// None when they may not (no snapshot built here yet, or one received): the next build
     /// writes every request id.
     files: Option<Vec<RequestIdFile>>,
-    /// Request ids recorded since the state of the current snapshot, in apply order.
-    added: Vec<(RequestKey, RequestRecord)>,
+    /// Request ids recorded since the state of the current snapshot, in apply order, one slice
+    /// per applied batch: a build copies pointers under the lock, not the ids.
+    added: Vec<Arc<[(RequestKey, RequestRecord)]>>,
     /// Changes when the state is replaced (a snapshot installed): a build that copied the log
     /// before leaves it alone.
     generation: u64,
@@ -94,7 +95,7 @@ impl RequestIdLog {
 /// What a build copies of the request-id log with the state.
 struct RequestIdCopy {
     files: Option<Vec<RequestIdFile>>,
-    added: Vec<(RequestKey, RequestRecord)>,
+    added: Vec<Arc<[(RequestKey, RequestRecord)]>>,
     generation: u64,
 }
 
@@ -468,7 +469,7 @@ struct NewIds {
 fn request_ids_to_write(
     state: &State,
     files: Option<Vec<RequestIdFile>>,
-    added: Vec<(RequestKey, RequestRecord)>,
+    added: Vec<Arc<[(RequestKey, RequestRecord)]>>,
     read: impl Fn(&RequestIdFile) -> anyhow::Result<Vec<(RequestKey, RequestRecord)>>,
 ) -> (Vec<RequestIdFile>, Option<NewIds>) {
     let expired_before = state.request_ids_expired_before.0;
@@ -489,12 +490,13 @@ fn request_ids_to_write(
     let mut keep: Vec<RequestIdFile> = files.into_iter().filter(|f| f.max_at >= expired_before).collect();
     // Every id of the state is in the files or added since (a check, not a proof: each kept
     // file counts its expired ids too).
-    let held = keep.iter().map(|f| f.entries).sum::<u64>() + added.len() as u64;
+    let held = keep.iter().map(|f| f.entries).sum::<u64>() + added.iter().map(|a| a.len() as u64).sum::<u64>();
     if held < state.request_ids.len() as u64 {
         tracing::warn!(held, ids = state.request_ids.len(), "the request-id files miss ids: writing them all again");
         return all();
     }
-    let mut entries: Vec<(RequestKey, RequestRecord)> = added.into_iter().filter(live).collect();
+    let mut entries: Vec<(RequestKey, RequestRecord)> =
+        added.iter().flat_map(|a| a.iter().copied()).filter(live).collect();
     while let Some(last) = keep.last().filter(|f| !entries.is_empty() && f.entries <= 2 * entries.len() as u64) {
         match read(last) {
             Ok(older) => {
@@ -822,7 +824,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 responses.push(response);
             }
             let added = std::mem::take(&mut touched.request_ids);
-            data.request_id_log.added.extend(added);
+            if !added.is_empty() {
+                data.request_id_log.added.push(added.into());
+            }
             persist(&shared.trees, &data.state, &touched).map_err(io_err)?;
             data.last_applied.map(|l| l.index).unwrap_or(0)
         };
