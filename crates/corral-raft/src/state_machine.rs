@@ -182,8 +182,7 @@ impl StateMachineStore {
                     // A body of an earlier version holds its request ids itself.
                     let inline = !state.request_ids.is_empty();
                     for file in &current.request_ids {
-                        let bytes = std::fs::read(snapshots.path(&file.name))?;
-                        state.add_request_ids(codec::request_id_entries_from_bytes(&bytes)?);
+                        state.add_request_ids(read_request_id_file(&snapshots, file)?);
                     }
                     (state, (!inline).then(|| current.request_ids.clone()))
                 } else {
@@ -236,7 +235,7 @@ impl StateMachineStore {
                 Ok(())
             }
         }
-        let (state, _) = self.clone_hot();
+        let state = self.read().state.replicated_copy();
         let mut hash = Fnv(0xcbf2_9ce4_8422_2325);
         let written = hash
             .write_all(&codec::snapshot_to_bytes(&state))
@@ -244,16 +243,11 @@ impl StateMachineStore {
         written.map_or(0, |()| hash.0)
     }
 
-    /// The hot state's replicated fields and where they stand, copied under the read lock (jobs
-    /// are shared, not copied; the derived indexes are left out): encoding happens after the
-    /// lock is released.
-    fn clone_hot(&self) -> (State, AppliedAt) {
-        let data = self.read();
-        (data.state.replicated_copy(), (data.last_applied, data.membership.clone()))
-    }
-
-    /// [`Self::clone_hot`] with the request-id log at the same point.
-    fn clone_hot_with_ids(&self) -> (State, AppliedAt, RequestIdCopy) {
+    /// The hot state's replicated fields, where they stand and the request-id log at that
+    /// point, copied under the read lock (jobs are shared, not copied; the derived indexes are
+    /// left out; the ids applied since the last build are slices, copied as pointers): encoding
+    /// happens after the lock is released.
+    fn clone_hot(&self) -> (State, AppliedAt, RequestIdCopy) {
         let data = self.read();
         let log = &data.request_id_log;
         let ids = RequestIdCopy { files: log.files.clone(), added: log.added.clone(), generation: log.generation };
@@ -264,7 +258,7 @@ impl StateMachineStore {
     /// request ids are in the files it names.
     fn build_hot_snapshot(&self) -> std::io::Result<(SnapshotMetaT, bool)> {
         let started = std::time::Instant::now();
-        let (state, (last_applied, membership), ids) = self.clone_hot_with_ids();
+        let (state, (last_applied, membership), ids) = self.clone_hot();
         let cloned = started.elapsed();
         // Everything applied up to the clone reaches the disk before the snapshot names it.
         self.shared.trees.db.flush().map_err(|e| std::io::Error::other(format!("sled flush failed: {e}")))?;
@@ -274,10 +268,7 @@ impl StateMachineStore {
             codec::snapshot_without_request_ids_to_bytes(&state, &mut jobs)
         };
         let added_len = ids.added.len();
-        let read = |f: &RequestIdFile| {
-            let bytes = std::fs::read(self.shared.snapshots.path(&f.name))?;
-            anyhow::Ok(codec::request_id_entries_from_bytes(&bytes)?)
-        };
+        let read = |f: &RequestIdFile| read_request_id_file(&self.shared.snapshots, f);
         let (keep, new_ids) = request_ids_to_write(&state, ids.files, ids.added, read);
         drop(state);
         let encoded = started.elapsed();
@@ -449,6 +440,15 @@ impl StateMachineStore {
     pub fn changes(&self) -> std::sync::MutexGuard<'_, ChangeLog> {
         self.shared.changes.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The entries of request-id file `file`.
+fn read_request_id_file(
+    snapshots: &SnapshotDir,
+    file: &RequestIdFile,
+) -> anyhow::Result<Vec<(RequestKey, RequestRecord)>> {
+    let bytes = std::fs::read(snapshots.path(&file.name))?;
+    Ok(codec::request_id_entries_from_bytes(&bytes)?)
 }
 
 /// A new request-id file a build writes.
