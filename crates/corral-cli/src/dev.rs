@@ -19,8 +19,9 @@ use tokio_util::sync::CancellationToken;
 const NODE_NAME: &str = "dev-node";
 
 pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn,raft_log=warn,h2=warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn,redb=warn,raft_log=warn,h2=warn")
+    });
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 

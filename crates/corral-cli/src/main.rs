@@ -23,7 +23,7 @@ use args::{Cli, Command};
 use clap::Parser;
 use std::process::ExitCode;
 
-/// mimalloc, not glibc's malloc: sled and the apply path allocate and free small buffers at a
+/// mimalloc, not glibc's malloc: the apply path and the stores allocate and free small buffers at a
 /// high rate, and under glibc a quarter of a coordinator's CPU went to malloc and free (arena
 /// scans, chunk consolidation) while its freed memory stayed resident in per-thread arenas.
 #[global_allocator]

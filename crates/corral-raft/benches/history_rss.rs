@@ -2,7 +2,8 @@
 //! process: rounds of 100k jobs are submitted (1000-job entries), cancelled and compacted
 //! through the store's `apply`, as a coordinator applies them (no network, no Raft), with their
 //! request ids expired at once, so none of them stays in the hot state. After each round the
-//! store builds a snapshot (which syncs sled) and the process RSS is printed.
+//! store builds a snapshot (which syncs the history store) and the process RSS and the round's
+//! time are printed. At the end the history is read back: one job, a page of 50, all of it.
 //!
 //! Run: `cargo bench -p corral-raft --bench history_rss`; `CORRAL_HISTORY_JOBS` sets the number
 //! of jobs (default 1000000).
@@ -64,6 +65,7 @@ fn main() {
         };
         let (mut done, mut next_id, mut ms) = (0u64, 1u64, 1_000u64);
         while done < jobs {
+            let started = std::time::Instant::now();
             let round = (jobs - done).min(100_000);
             for batch in 0..round.div_ceil(1000) {
                 let n = (round - batch * 1000).min(1000);
@@ -88,7 +90,21 @@ fn main() {
             a.store.clone().build_snapshot().await.expect("snapshot");
             done += round;
             let hot = a.store.read().state.request_ids.len();
-            println!("{done:>8} jobs in the history ({hot} request ids in memory): RSS {:.0} MiB", rss_mib());
+            println!(
+                "{done:>8} jobs in the history ({hot} request ids in memory): RSS {:.0} MiB, round {} ms",
+                rss_mib(),
+                started.elapsed().as_millis()
+            );
         }
+        let timed = |what: &str, f: &dyn Fn() -> usize| {
+            let started = std::time::Instant::now();
+            let n = f();
+            println!("read {what}: {n} jobs in {:.2} ms", started.elapsed().as_secs_f64() * 1e3);
+        };
+        let middle = jobs / 2;
+        timed("one job", &|| a.store.archived_job(middle).into_iter().count());
+        timed("a page of 50", &|| a.store.archived_jobs_from(middle).take(50).count());
+        timed("the whole history", &|| a.store.archived_jobs_from(0).count());
+        println!("at the end: RSS {:.0} MiB", rss_mib());
     });
 }

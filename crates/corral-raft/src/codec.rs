@@ -2,7 +2,7 @@
 //! machine store's per-key records (jobs, nodes, billing segments, the scalar meta), as the
 //! messages of `state.proto` with their format version.
 //!
-//! Compatibility boundary: these bytes are on disk (raft-log, sled, snapshot files) and in other
+//! Compatibility boundary: these bytes are on disk (raft-log, the history store, snapshot files) and in other
 //! coordinators' logs. Fields are only added; a change that alters the bytes of an existing
 //! value fails the golden tests (`tests/it/golden.rs`). This is the only place that knows the
 //! persisted messages: the wire protocol (corral-proto) has its own.

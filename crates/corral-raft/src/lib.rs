@@ -1,14 +1,17 @@
-//! openraft glue for corral: type config, raft-log log store, sled state machine, gRPC network,
-//! and the persisted encoding of the replicated state (`codec`, over `proto/state.proto`).
+//! openraft glue for corral: type config, raft-log log store, state machine (its history in
+//! redb), gRPC network, and the persisted encoding of the replicated state (`codec`, over
+//! `proto/state.proto`).
 //!
-//! Boundary: the only crate that knows openraft, raft-log and sled, and the only one that knows
-//! how the state is stored (the format version included). Other crates reach Raft through
+//! Boundary: the only crate that knows openraft, raft-log, redb and sled (read once, to move an
+//! earlier version's history into redb), and the only one that knows how the state is stored
+//! (the format version included). Other crates reach Raft through
 //! [`RaftNode`] (propose, linearizable reads, membership, status, shutdown) and read the applied
 //! state through [`StateMachineData`]; no openraft type crosses this boundary.
 
 mod change_log;
 pub mod codec;
 pub mod fuzz;
+mod history;
 pub mod log_store;
 mod network;
 mod node;

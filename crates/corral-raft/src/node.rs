@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone)]
 pub struct RaftNodeConfig {
     pub node_id: NodeId,
-    /// Holds `raft-log/` (log + vote), `sm/` (sled) and `snapshots/`.
+    /// Holds `raft-log/` (log + vote), `history.redb` and `snapshots/`.
     pub data_dir: PathBuf,
     pub heartbeat_interval_ms: u64,
     pub election_timeout_min_ms: u64,
@@ -186,9 +186,10 @@ impl RaftNode {
         let log_store =
             wait_for_lock(&log_dir, LOCK_PATIENCE, || LogStore::<TypeConfig>::open_with_config(log_config.clone()))
                 .await?;
-        let state =
-            wait_for_lock(&config.data_dir.join("sm"), LOCK_PATIENCE, || StateMachineStore::open(&config.data_dir))
-                .await?;
+        let state = wait_for_lock(&config.data_dir.join("history.redb"), LOCK_PATIENCE, || {
+            StateMachineStore::open(&config.data_dir)
+        })
+        .await?;
         state.changes().set_capacity(config.watch_history);
         let network = GrpcNetworkFactory { tls: config.client_tls.clone() };
         let raft = Raft::new(config.node_id, Arc::new(raft_config), network, log_store.clone(), state.clone()).await?;
@@ -490,10 +491,12 @@ where
     }
 }
 
-/// True if `err` says a file lock is held elsewhere (raft-log's WAL lock or sled's).
+/// True if `err` says a file lock is held elsewhere (raft-log's WAL lock, the history's, or
+/// that of the sled store an earlier version kept).
 pub(crate) fn is_lock_held(err: &anyhow::Error) -> bool {
     err.chain().any(|cause| {
         cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
+            || matches!(cause.downcast_ref::<redb::DatabaseError>(), Some(redb::DatabaseError::DatabaseAlreadyOpen))
             || cause.to_string().contains("already locked")
             || cause.to_string().contains("could not acquire lock")
     })
@@ -564,7 +567,7 @@ mod tests {
         let second = wait_for_lock(dir.path(), Duration::from_millis(200), || StateMachineStore::open(dir.path()))
             .await
             .map(|_| ())
-            .expect_err("sled's lock is held");
+            .expect_err("the history's lock is held");
         assert!(format!("{second:#}").contains("locked by another process for more than"), "{second:#}");
         drop(sm);
     }

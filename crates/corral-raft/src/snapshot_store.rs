@@ -3,7 +3,7 @@
 //!
 //! A store's `snapshots/` directory holds:
 //! - `CURRENT`: JSON naming the current snapshot: its meta, its body file, and whether the body
-//!   carries the history or leaves it in the state machine's sled store. Replaced by an atomic
+//!   carries the history or leaves it in the state machine's history store. Replaced by an atomic
 //!   rename, and only ever names a whole, synced body.
 //! - `<index>-<n>.body`: a snapshot body, one `StateSnapshot` message; never changed once named.
 //! - `<index>-<n>.ids`: request ids (entries of `StateSnapshot.request_id_table`) of a

@@ -1,35 +1,32 @@
 //! The replicated state machine: `corral_core::State` in memory, durable as fsynced snapshot
 //! files plus the Raft log after them, and the on-disk history of finished jobs and billed
-//! segments in sled.
+//! segments (`history.rs`: each job a `Compact` took out of the hot state, and every segment,
+//! where the hot state keeps only recent ones).
 //!
-//! sled holds the history only: `h/<job id>` holds each job a `Compact` took out of the hot
-//! state, `t/<array><index>` finds an archived array task, and `l/<segment id>` holds every
-//! segment (the hot state keeps only recent ones). Retention deletes from the front of `h/` and
-//! `l/` by a pure predicate on each record (ids grow with submit and end time), so every replica
-//! deletes the same records.
+//! Invariant: the hot state never reaches the history store. It is durable as the current
+//! snapshot and the log entries after it: on open the store loads the snapshot and reports its
+//! index as applied, and openraft applies the committed entries after it again. Applying an
+//! entry writes to the history only what it adds to or deletes from it, and applying it again
+//! writes the same records, so a history that ran ahead of the snapshot converges to the same
+//! bytes.
 //!
-//! Invariant: the hot state never reaches sled. It is durable as the current snapshot and the
-//! log entries after it: on open the store loads the snapshot and reports its index as applied,
-//! and openraft applies the committed entries after it again. Applying an entry writes to sled
-//! only what it adds to or deletes from the history, and applying it again writes the same
-//! records, so a store whose sled ran ahead of the snapshot converges to the same bytes.
-//!
-//! A snapshot this store builds holds the hot state only: the history is already in sled, which
-//! is synced up to the snapshot's index before the snapshot is published. Its request ids (up to
+//! A snapshot this store builds holds the hot state only: the history is already in the store,
+//! which is synced up to the snapshot's index before the snapshot is published. Its request ids (up to
 //! a day of them) are not re-encoded by every build either: each build writes the ids recorded
 //! since the one before into a file of its own, and the snapshot names every file that still
 //! holds an id that has not expired, merging the newest small files into the new one (see
 //! `request_ids_to_write`). When a follower needs
 //! the snapshot, its body is written again with the history added (once per snapshot, into a
 //! file, read in chunks). A snapshot a follower receives carries the history and is installed
-//! into sled as it is read; a received body is current from before its install until the next
+//! into the history store as it is read; a received body is current from before its install until the next
 //! build, so a crash during the install installs it again on open.
 
 use crate::change_log::ChangeLog;
 use crate::codec::{self, HistoryRecord};
+use crate::history::History;
 use crate::snapshot_store::{Current, IdFiles, RequestIdFile, SnapshotDir, SnapshotFile, SnapshotMetaT, SyncedWriter};
 use crate::types::{LogId, NodeId, StoredMembership, TypeConfig};
-use corral_core::{CompactCutoffs, Outcome, RequestKey, RequestRecord, State, Touched};
+use corral_core::{Outcome, RequestKey, RequestRecord, State, Touched};
 use corral_types::{Job, JobId, Segment};
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError};
@@ -38,11 +35,6 @@ use std::path::Path;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use tokio::sync::watch;
 
-/// sled's page cache (its default is 1 GiB): the history is read page by page, so a small cache
-/// keeps a coordinator's memory bounded.
-const SLED_CACHE_BYTES: u64 = 128 << 20;
-/// Records of the history written to sled per batch when a snapshot is installed.
-const INSTALL_BATCH_RECORDS: usize = 10_000;
 /// Most request-id files a snapshot names (they halve in size from the oldest, so only a
 /// pathological history needs more): a build that would name more writes every request id into
 /// one new file instead.
@@ -116,30 +108,9 @@ impl StateMachineData {
     }
 }
 
-/// One sled tree with key prefixes, so every applied batch is a single atomic `apply_batch`
-/// (no cross-tree transaction).
-struct Trees {
-    db: sled::Db,
-    tree: sled::Tree,
-}
-
-const SEGMENT: &[u8] = b"l/";
-const HISTORY: &[u8] = b"h/";
-const TASK: &[u8] = b"t/";
-/// Where stores of earlier versions kept the hot state (jobs, nodes, request ids, policy
-/// versions, the scalar state and the applied log id): removed on open.
-const LEGACY_HOT_PREFIXES: [&[u8]; 5] = [b"j/", b"n/", b"r/", b"p/", b"m/"];
-
-fn key(prefix: &[u8], rest: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(prefix.len() + rest.len());
-    k.extend_from_slice(prefix);
-    k.extend_from_slice(rest);
-    k
-}
-
 struct Shared {
     data: RwLock<StateMachineData>,
-    trees: Trees,
+    history: History,
     snapshots: SnapshotDir,
     applied_tx: watch::Sender<u64>,
     /// Which jobs each applied entry changed, for `WatchJobs` resumes (locked inside `data`'s lock).
@@ -164,14 +135,12 @@ fn read_err<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> {
 }
 
 impl StateMachineStore {
-    /// Opens (or creates) the store under `dir` (`dir/sm` for sled, `dir/snapshots`).
+    /// Opens (or creates) the store under `dir` (`dir/history.redb`, `dir/snapshots`).
     pub fn open(dir: &Path) -> anyhow::Result<Self> {
         let snapshots = SnapshotDir::open(&dir.join("snapshots"))?;
-        // sled flushes in the background (every 500 ms by default); durability still comes from
-        // the Raft log and fsynced snapshots, whatever sled lost is re-applied on open.
-        let db = sled::Config::new().path(dir.join("sm")).cache_capacity(SLED_CACHE_BYTES).open()?;
-        let trees = Trees { tree: db.open_tree("state")?, db };
-        remove_legacy_hot_records(&trees)?;
+        // Applied batches reach the history without an fsync: durability still comes from the
+        // Raft log and fsynced snapshots, whatever the history lost is re-applied on open.
+        let history = History::open(dir)?;
         let data = match snapshots.current()? {
             None => StateMachineData::default(),
             Some(current) => {
@@ -186,9 +155,9 @@ impl StateMachineStore {
                     }
                     (state, (!inline).then(|| current.request_ids.clone()))
                 } else {
-                    // A received body, current since before its install: sled may hold less
+                    // A received body, current since before its install: the history may hold less
                     // than it (a crash during the install) or more (entries applied after it).
-                    (install_body(&trees, body)?, None)
+                    (history.install(body)?, None)
                 };
                 tracing::info!(
                     snapshot = %current.meta.snapshot_id,
@@ -208,7 +177,7 @@ impl StateMachineStore {
         let (applied_tx, _) = watch::channel(applied);
         let shared = Shared {
             data: RwLock::new(data),
-            trees,
+            history,
             snapshots,
             applied_tx,
             changes: std::sync::Mutex::new(ChangeLog::new(crate::change_log::DEFAULT_CHANGE_LOG_CAPACITY, applied)),
@@ -239,7 +208,7 @@ impl StateMachineStore {
         let mut hash = Fnv(0xcbf2_9ce4_8422_2325);
         let written = hash
             .write_all(&codec::snapshot_to_bytes(&state))
-            .and_then(|()| write_history(&self.shared.trees.tree, &codec::HotBounds::of(&state), &mut hash));
+            .and_then(|()| self.shared.history.write_to(&codec::HotBounds::of(&state), &mut hash));
         written.map_or(0, |()| hash.0)
     }
 
@@ -261,7 +230,7 @@ impl StateMachineStore {
         let (state, (last_applied, membership), ids) = self.clone_hot();
         let cloned = started.elapsed();
         // Everything applied up to the clone reaches the disk before the snapshot names it.
-        self.shared.trees.db.flush().map_err(|e| std::io::Error::other(format!("sled flush failed: {e}")))?;
+        self.shared.history.sync()?;
         let flushed = started.elapsed();
         let bytes = {
             let mut jobs = self.shared.job_encodings.lock().unwrap_or_else(|p| p.into_inner());
@@ -375,7 +344,7 @@ impl StateMachineStore {
                     }
                 }
             }
-            write_history(&self.shared.trees.tree, &bounds, &mut out)?;
+            self.shared.history.write_to(&bounds, &mut out)?;
             out.finish()?;
             std::fs::rename(&tmp, &path)
         })();
@@ -400,34 +369,31 @@ impl StateMachineStore {
 
     /// A job of the history (finished and moved out of the hot state), if kept.
     pub fn archived_job(&self, id: JobId) -> Option<Job> {
-        let bytes = self.shared.trees.tree.get(key(HISTORY, &id.to_be_bytes())).ok()??;
+        let bytes =
+            self.shared.history.job(id).inspect_err(|e| tracing::warn!(error = %e, "history read failed")).ok()??;
         codec::job_from_bytes(&bytes).ok()
     }
 
     /// Task `index` of job array `array` from the history, if kept.
     pub fn archived_task(&self, array: JobId, index: u32) -> Option<Job> {
-        let id = self.shared.trees.tree.get(task_key(array, index)).ok()??;
-        self.archived_job(u64::from_be_bytes(id.as_ref().try_into().ok()?))
+        let id = self
+            .shared
+            .history
+            .task(array, index)
+            .inspect_err(|e| tracing::warn!(error = %e, "history read failed"))
+            .ok()??;
+        self.archived_job(id)
     }
 
-    /// Jobs of the history with an id of at least `from`, in id order (lazily read).
+    /// Jobs of the history with an id of at least `from`, in id order (lazily read, from one
+    /// read transaction of the history).
     pub fn archived_jobs_from(&self, from: JobId) -> impl Iterator<Item = Job> + '_ {
-        self.shared
-            .trees
-            .tree
-            .range(key(HISTORY, &from.to_be_bytes())..prefix_end(HISTORY))
-            .filter_map(|kv| kv.ok())
-            .filter_map(|(_, v)| codec::job_from_bytes(&v).ok())
+        self.shared.history.jobs_from(from).filter_map(|v| codec::job_from_bytes(&v).ok())
     }
 
     /// Billing segments (hot and archived) with an id of at least `from`, in id order.
     pub fn segments_from(&self, from: u64) -> impl Iterator<Item = Segment> + '_ {
-        self.shared
-            .trees
-            .tree
-            .range(key(SEGMENT, &from.to_be_bytes())..prefix_end(SEGMENT))
-            .filter_map(|kv| kv.ok())
-            .filter_map(|(_, v)| codec::segment_from_bytes(&v).ok())
+        self.shared.history.segments_from(from).filter_map(|v| codec::segment_from_bytes(&v).ok())
     }
 
     /// Index of the last applied entry, updated after every applied batch.
@@ -519,7 +485,7 @@ fn request_ids_to_write(
 }
 
 /// The hot state of a body this store built (`history_in_store`): every segment in it is one of
-/// the hot ledger, and the history is sled's.
+/// the hot ledger, and the history is the store's.
 fn load_hot_body(body: std::fs::File) -> anyhow::Result<State> {
     let mut ledger = Vec::new();
     let reader = std::io::BufReader::with_capacity(1 << 20, body);
@@ -532,253 +498,6 @@ fn load_hot_body(body: std::fs::File) -> anyhow::Result<State> {
     })?;
     state.ledger.extend(ledger.into_iter().map(|g| (g.id, g)));
     Ok(state)
-}
-
-/// Removes what a store of an earlier version kept of the hot state: the snapshot and the log
-/// after it hold all of it.
-fn remove_legacy_hot_records(t: &Trees) -> anyhow::Result<()> {
-    let mut w = BatchWriter::new(t);
-    for prefix in LEGACY_HOT_PREFIXES {
-        remove_unless(&mut w, prefix, |_| false, |_, _| Ok(()))?;
-    }
-    w.apply()?;
-    if w.changed > 0 {
-        tracing::info!(records = w.changed, "removed the hot state an earlier version kept in the store");
-        t.db.flush()?;
-    }
-    Ok(())
-}
-
-/// The first key after every key that starts with `prefix`.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    if let Some(last) = end.last_mut() {
-        *last += 1;
-    }
-    end
-}
-
-/// Writes `job` (encoded as `bytes`) into the history, with its task key if it is an array task.
-fn put_archived(batch: &mut sled::Batch, job: &Job, bytes: &[u8]) {
-    let id = job.id.to_be_bytes();
-    batch.insert(key(HISTORY, &id), bytes);
-    if let Some(task) = job.array_task {
-        batch.insert(task_key(task.array, task.index), &id);
-    }
-}
-
-fn task_key(array: u64, index: u32) -> Vec<u8> {
-    let mut rest = array.to_be_bytes().to_vec();
-    rest.extend_from_slice(&index.to_be_bytes());
-    key(TASK, &rest)
-}
-
-/// Writes into sled in batches of [`INSTALL_BATCH_RECORDS`] changes, flushing sled now and then
-/// so that a large install never holds more than a bounded amount of unwritten pages.
-struct BatchWriter<'a> {
-    t: &'a Trees,
-    batch: sled::Batch,
-    pending: usize,
-    since_flush: usize,
-    /// Records written or removed.
-    changed: u64,
-}
-
-impl<'a> BatchWriter<'a> {
-    const FLUSH_EVERY: usize = 200_000;
-
-    fn new(t: &'a Trees) -> Self {
-        BatchWriter { t, batch: sled::Batch::default(), pending: 0, since_flush: 0, changed: 0 }
-    }
-
-    fn insert(&mut self, k: Vec<u8>, v: &[u8]) -> anyhow::Result<()> {
-        self.batch.insert(k, v);
-        self.count()
-    }
-
-    fn remove(&mut self, k: impl Into<sled::IVec>) -> anyhow::Result<()> {
-        self.batch.remove(k);
-        self.count()
-    }
-
-    fn count(&mut self) -> anyhow::Result<()> {
-        self.pending += 1;
-        self.changed += 1;
-        if self.pending == INSTALL_BATCH_RECORDS {
-            self.apply()?;
-        }
-        Ok(())
-    }
-
-    fn apply(&mut self) -> anyhow::Result<()> {
-        self.t.tree.apply_batch(std::mem::take(&mut self.batch))?;
-        self.since_flush += self.pending;
-        self.pending = 0;
-        if self.since_flush >= Self::FLUSH_EVERY {
-            self.t.db.flush()?;
-            self.since_flush = 0;
-        }
-        Ok(())
-    }
-}
-
-/// Writes `v` at `k` unless sled holds it already.
-fn put_if_changed(w: &mut BatchWriter<'_>, k: Vec<u8>, v: &[u8]) -> anyhow::Result<bool> {
-    if w.t.tree.get(&k)?.is_some_and(|old| old == v) {
-        return Ok(false);
-    }
-    w.insert(k, v)?;
-    Ok(true)
-}
-
-/// Removes every key under `prefix` whose rest `keep` refuses; `removed` sees each one first.
-fn remove_unless(
-    w: &mut BatchWriter<'_>,
-    prefix: &[u8],
-    mut keep: impl FnMut(&[u8]) -> bool,
-    mut removed: impl FnMut(&mut BatchWriter<'_>, &[u8]) -> anyhow::Result<()>,
-) -> anyhow::Result<()> {
-    for kv in w.t.tree.scan_prefix(prefix) {
-        let (k, v) = kv?;
-        if !keep(&k[prefix.len()..]) {
-            removed(w, &v)?;
-            w.remove(k)?;
-        }
-    }
-    Ok(())
-}
-
-fn id_of(rest: &[u8]) -> u64 {
-    rest.try_into().map(u64::from_be_bytes).unwrap_or(u64::MAX)
-}
-
-/// Makes sled's history that of a snapshot body (with its history) read from `body` and
-/// returns the body's hot state, with the hot ledger loaded from the store. Only records that
-/// differ are written and only those the body lacks are removed, in bounded batches: a
-/// follower that was briefly away rewrites little.
-fn install_body(t: &Trees, body: std::fs::File) -> anyhow::Result<State> {
-    let started = std::time::Instant::now();
-    let mut w = BatchWriter::new(t);
-    let (mut jobs, mut segments, mut records) = (Vec::new(), Vec::new(), 0u64);
-    let reader = std::io::BufReader::with_capacity(1 << 20, body);
-    let mut state = codec::read_snapshot(reader, |kind, record| -> anyhow::Result<()> {
-        records += 1;
-        match kind {
-            HistoryRecord::Segment => {
-                let segment = codec::segment_from_bytes(&record)?;
-                segments.push(segment.id);
-                put_if_changed(&mut w, key(SEGMENT, &segment.id.to_be_bytes()), &record)?;
-            }
-            HistoryRecord::ArchivedJob => {
-                let job = codec::job_from_bytes(&record)?;
-                jobs.push(job.id);
-                if put_if_changed(&mut w, key(HISTORY, &job.id.to_be_bytes()), &record)? {
-                    if let Some(task) = job.array_task {
-                        w.insert(task_key(task.array, task.index), &job.id.to_be_bytes())?;
-                    }
-                }
-            }
-        }
-        Ok(())
-    })?;
-    // The body lists the history in id order, the hot segments before the archived ones.
-    jobs.sort_unstable();
-    segments.sort_unstable();
-    let unarchive = |w: &mut BatchWriter<'_>, v: &[u8]| -> anyhow::Result<()> {
-        if let Some(task) = codec::job_from_bytes(v)?.array_task {
-            w.remove(task_key(task.array, task.index))?;
-        }
-        Ok(())
-    };
-    remove_unless(&mut w, HISTORY, |rest| jobs.binary_search(&id_of(rest)).is_ok(), unarchive)?;
-    remove_unless(&mut w, SEGMENT, |rest| segments.binary_search(&id_of(rest)).is_ok(), |_, _| Ok(()))?;
-    w.apply()?;
-    t.db.flush()?;
-    for kv in t.tree.range(key(SEGMENT, &state.segments_archived_below.to_be_bytes())..prefix_end(SEGMENT)) {
-        let (_, v) = kv?;
-        let segment = codec::segment_from_bytes(&v)?;
-        state.ledger.insert(segment.id, segment);
-    }
-    let ms = started.elapsed().as_millis() as u64;
-    tracing::info!(records, changed = w.changed, ms, "snapshot history written to the store");
-    Ok(state)
-}
-
-/// Writes the history as of `hot` after its snapshot body: the archived jobs that are not in the
-/// hot state and were submitted before it, and the segments below its hot ledger. Jobs archived
-/// since are in `hot`; records retention deleted since are deleted again by the entries after
-/// the snapshot.
-fn write_history(tree: &sled::Tree, hot: &codec::HotBounds, out: &mut impl Write) -> std::io::Result<()> {
-    let scan_err = |e: sled::Error| std::io::Error::other(format!("sled scan failed: {e}"));
-    for kv in tree.scan_prefix(HISTORY) {
-        let (k, v) = kv.map_err(scan_err)?;
-        if hot.archived(id_of(&k[HISTORY.len()..])) {
-            codec::write_snapshot_record(out, HistoryRecord::ArchivedJob, &v)?;
-        }
-    }
-    let below = key(SEGMENT, &hot.segments_archived_below.to_be_bytes());
-    for kv in tree.range(key(SEGMENT, &0u64.to_be_bytes())..below) {
-        let (_, v) = kv.map_err(scan_err)?;
-        codec::write_snapshot_record(out, HistoryRecord::Segment, &v)?;
-    }
-    Ok(())
-}
-
-/// Deletes the history records past the retention of `cutoffs`: archived jobs submitted before
-/// `jobs_before` (and their task keys), segments that ended before `segments_before`.
-fn expire_history(t: &Trees, cutoffs: &CompactCutoffs, batch: &mut sled::Batch) -> Result<(), std::io::Error> {
-    let scan_err = |e: sled::Error| std::io::Error::other(format!("sled scan failed: {e}"));
-    let decode_err = |e: codec::CodecError| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string());
-    if let Some(before) = cutoffs.jobs_before {
-        for kv in t.tree.scan_prefix(HISTORY) {
-            let (k, v) = kv.map_err(scan_err)?;
-            let job = codec::job_from_bytes(&v).map_err(decode_err)?;
-            if job.submitted_at >= before {
-                break;
-            }
-            if let Some(task) = job.array_task {
-                batch.remove(task_key(task.array, task.index));
-            }
-            batch.remove(k);
-        }
-    }
-    if let Some(before) = cutoffs.segments_before {
-        for kv in t.tree.scan_prefix(SEGMENT) {
-            let (k, v) = kv.map_err(scan_err)?;
-            let segment = codec::segment_from_bytes(&v).map_err(decode_err)?;
-            if segment.end >= before {
-                break;
-            }
-            batch.remove(k);
-        }
-    }
-    Ok(())
-}
-
-/// Writes what the applied batch `touched` added to or deleted from the history, atomically:
-/// archived jobs, new segments, retention. The hot state is not written (see the module doc).
-fn persist(t: &Trees, state: &State, touched: &Touched) -> Result<(), std::io::Error> {
-    if touched.archived.is_empty() && touched.segments.is_empty() && touched.history_cutoffs.is_none() {
-        return Ok(());
-    }
-    let mut batch = sled::Batch::default();
-    for job in &touched.archived {
-        put_archived(&mut batch, job, &codec::job_to_bytes(job));
-    }
-    if let Some(cutoffs) = &touched.history_cutoffs {
-        expire_history(t, cutoffs, &mut batch)?;
-    }
-    for id in &touched.segments {
-        if let Some(segment) = state.ledger.get(id) {
-            batch.insert(key(SEGMENT, &id.to_be_bytes()), codec::segment_to_bytes(segment));
-        }
-    }
-    // A segment written and archived in one batch (a run reported long after it ended, then a
-    // compaction) is no longer in the hot ledger: write it from what the compaction took.
-    for segment in touched.archived_segments.iter().filter(|g| touched.segments.contains(&g.id)) {
-        batch.insert(key(SEGMENT, &segment.id.to_be_bytes()), codec::segment_to_bytes(segment));
-    }
-    t.tree.apply_batch(batch).map_err(|e| std::io::Error::other(format!("sled batch failed: {e}")))
 }
 
 /// The last applied log id and membership a snapshot stands at.
@@ -827,7 +546,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             if !added.is_empty() {
                 data.request_id_log.added.push(added.into());
             }
-            persist(&shared.trees, &data.state, &touched).map_err(io_err)?;
+            shared.history.persist(&data.state, &touched).map_err(io_err)?;
             data.last_applied.map(|l| l.index).unwrap_or(0)
         };
         shared.applied_tx.send_replace(applied);
@@ -860,8 +579,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let path = snapshot.take_received().ok_or_else(|| snapshot_err("not a received snapshot".into()))?;
         drop(snapshot);
         let (shared, meta_copy) = (Arc::clone(&self.shared), meta.clone());
-        // The received body becomes the current snapshot first, so a crash while sled is
-        // rewritten installs it again on open; then sled gets its history, outside the lock.
+        // The received body becomes the current snapshot first, so a crash while the history is
+        // rewritten installs it again on open; then the history is written, outside the lock.
         let started = std::time::Instant::now();
         let state = tokio::task::spawn_blocking(move || -> anyhow::Result<(State, u64)> {
             let installed = (|| {
@@ -881,7 +600,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 let _ = std::fs::remove_file(&path);
             }
             let published_ms = started.elapsed().as_millis() as u64;
-            install_body(&shared.trees, body).map(|state| (state, published_ms))
+            shared.history.install(body).map(|state| (state, published_ms))
         })
         .await
         .map_err(blocking_err)?
@@ -953,12 +672,13 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use corral_core::{ClusterConfig, Command, Request};
+    use corral_core::{ClusterConfig, Command, CompactCutoffs, Request};
     use corral_types::{JobSpec, Timestamp};
     use openraft::{CommittedLeaderId, LogId};
 
-    /// Opens the store under `dir` again. sled releases its file lock from its background I/O
-    /// threads a moment after the last handle is dropped: retry while it is held (at most 5 s).
+    /// Opens the store under `dir` again. The history's file lock is released with the last
+    /// handle, which a snapshot still being sent may hold a moment longer: retry while it is
+    /// held (at most 5 s).
     fn reopen(dir: &Path) -> StateMachineStore {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         loop {
@@ -988,9 +708,9 @@ mod tests {
         state
     }
 
-    /// The hot state (here the policy history) never reaches sled: it survives a reopen through
-    /// the snapshot, versions that fell out of the history are gone from the next one, and a
-    /// store of an earlier version loses the hot records it kept in sled on open.
+    /// The hot state (here the policy history) never reaches the history store: it survives a
+    /// reopen through the snapshot, and versions that fell out of the history are gone from the
+    /// next one.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_hot_state_survives_a_reopen_through_its_snapshot_only() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -1008,20 +728,15 @@ mod tests {
                 let (response, touched) = data.state.apply_tracked(&request);
                 response.expect("apply");
                 assert_eq!(data.state.policy_version, version, "a new policy version is recorded");
-                persist(&store.shared.trees, &data.state, &touched).expect("persist");
+                store.shared.history.persist(&data.state, &touched).expect("persist");
             }
             data.last_applied = Some(LogId::new(CommittedLeaderId::new(1, 1), 5));
             data.state.policy_history.clone()
         };
-        assert!(store.shared.trees.tree.is_empty(), "applying writes nothing of the hot state to sled");
+        assert!(store.shared.history.is_empty(), "applying writes nothing of the hot state to the history");
         store.clone().build_snapshot().await.expect("build");
-        // What an earlier version kept of the hot state in sled is removed on open.
-        store.shared.trees.tree.insert(b"j/\0\0\0\0\0\0\0\x01", b"stale".as_slice()).expect("insert");
-        store.shared.trees.tree.insert(b"m/state", b"stale".as_slice()).expect("insert");
-        store.shared.trees.db.flush().expect("flush");
         drop(store);
         let reopened = reopen(dir.path());
-        assert!(reopened.shared.trees.tree.is_empty(), "the legacy hot records are removed");
         {
             let data = reopened.read();
             assert_eq!(data.applied_index(), 5, "the snapshot's index is the applied one");
@@ -1037,16 +752,75 @@ mod tests {
         assert_eq!(versions, vec![2, 3]);
     }
 
+    /// The history a store of an earlier version kept in sled (`sm/`) is moved into the history
+    /// store on open, without the hot records that version also kept there; the sled store is
+    /// removed, and the history survives the next reopen.
+    #[test]
+    fn a_history_an_earlier_version_kept_in_sled_is_moved_in() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut data = StateMachineData::of(state_with(3));
+        let archived = {
+            let legacy = History::open(tempfile::tempdir().expect("tempdir").path()).expect("scratch history");
+            cancel_all_and_compact(&mut data, &legacy, 100).archived
+        };
+        let segment = corral_types::Segment {
+            id: 7,
+            job_id: 2,
+            epoch: 1,
+            tenant: "default".into(),
+            node: "n1".into(),
+            gpu_model: "RTX 5090".into(),
+            gpus: 1,
+            gpu_milli: 1000,
+            priority_class: "normal".into(),
+            multiplier_milli: 1000,
+            price_micros_per_gpu_hour: 1_000_000,
+            start: Timestamp(10),
+            end: Timestamp(20),
+            duration_ms: 1,
+            lost: false,
+            end_state: "succeeded".into(),
+            cost_micros: 1,
+            policy_version: 0,
+        };
+        {
+            let db = sled::Config::new().path(dir.path().join("sm")).open().expect("sled");
+            let tree = db.open_tree("state").expect("tree");
+            let key = |prefix: &[u8], rest: &[u8]| [prefix, rest].concat();
+            for job in &archived {
+                tree.insert(key(b"h/", &job.id.to_be_bytes()), codec::job_to_bytes(job)).expect("insert");
+            }
+            let task = key(&9u64.to_be_bytes(), &2u32.to_be_bytes());
+            tree.insert(key(b"t/", &task), &archived[1].id.to_be_bytes()).expect("insert");
+            tree.insert(key(b"l/", &7u64.to_be_bytes()), codec::segment_to_bytes(&segment)).expect("insert");
+            tree.insert(b"m/state", b"stale".as_slice()).expect("insert");
+            tree.insert(key(b"j/", &1u64.to_be_bytes()), b"stale".as_slice()).expect("insert");
+            db.flush().expect("flush");
+        }
+        // sled releases its lock from background threads a moment after the drop.
+        let store = reopen(dir.path());
+        assert!(!dir.path().join("sm").exists(), "the sled store is removed once moved");
+        for _ in 0..2 {
+            assert_eq!(store.archived_jobs_from(0).collect::<Vec<_>>(), archived);
+            assert_eq!(store.archived_task(9, 2).map(|j| j.id), Some(archived[1].id));
+            assert_eq!(store.segments_from(0).collect::<Vec<_>>(), vec![segment.clone()]);
+        }
+        drop(store);
+        let store = reopen(dir.path());
+        assert_eq!(store.archived_jobs_from(0).count(), archived.len(), "the moved history is durable");
+        assert_eq!(store.segments_from(0).count(), 1);
+    }
+
     /// Ends every job of `state` (cancelled while pending) and compacts: all of them move to the
     /// history. Returns what the compaction touched.
-    fn cancel_all_and_compact(data: &mut StateMachineData, trees: &Trees, ms: u64) -> Touched {
+    fn cancel_all_and_compact(data: &mut StateMachineData, history: &History, ms: u64) -> Touched {
         let ids: Vec<u64> = data.state.jobs.keys().copied().collect();
         let at = |ms: u64| Timestamp::compose(ms, 0);
         for id in ids {
             let request = Request { ts: at(ms), command: Command::CancelJob { job_id: id, reason: "test".into() } };
             let (response, touched) = data.state.apply_tracked(&request);
             response.expect("cancel");
-            persist(trees, &data.state, &touched).expect("persist");
+            history.persist(&data.state, &touched).expect("persist");
         }
         let cutoffs = CompactCutoffs {
             archive_before: at(ms + 1),
@@ -1057,11 +831,11 @@ mod tests {
         let (response, touched) =
             data.state.apply_tracked(&Request { ts: at(ms + 2), command: Command::Compact(cutoffs) });
         response.expect("compact");
-        persist(trees, &data.state, &touched).expect("persist");
+        history.persist(&data.state, &touched).expect("persist");
         touched
     }
 
-    /// Archived jobs leave the hot state and its sled records for the history; a reopen loads
+    /// Archived jobs leave the hot state for the history store; a reopen loads
     /// only the hot state; a snapshot carries the history to a new store, where the same jobs
     /// can be read; both stores have the same digest; retention deletes the oldest records.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1072,7 +846,7 @@ mod tests {
             let mut data = store.shared.data.write().unwrap();
             let state = state_with(50);
             data.state = state;
-            let touched = cancel_all_and_compact(&mut data, &store.shared.trees, 100);
+            let touched = cancel_all_and_compact(&mut data, &store.shared.history, 100);
             assert_eq!(touched.archived.len(), 50);
             assert!(data.state.jobs.is_empty() && data.state.request_ids.is_empty());
             data.last_applied = Some(LogId::new(CommittedLeaderId::new(1, 1), 7));
@@ -1115,10 +889,9 @@ mod tests {
         drop(other);
         let reopened = reopen(other_dir.path());
         assert_eq!(reopened.archived_jobs_from(0).count(), 50, "the history survives a reopen");
-        // A crash while sled was rewritten (here: sled emptied): the received snapshot, current
-        // since before the rewrite, is installed again on open.
-        reopened.shared.trees.tree.clear().expect("clear");
-        reopened.shared.trees.db.flush().expect("flush");
+        // A crash while the history was rewritten (here: emptied): the received snapshot,
+        // current since before the rewrite, is installed again on open.
+        reopened.shared.history.clear();
         drop(reopened);
         let reinstalled = reopen(other_dir.path());
         assert_eq!(reinstalled.archived_jobs_from(0).count(), 50, "the history is installed again");
@@ -1137,7 +910,7 @@ mod tests {
             let request = Request { ts: Timestamp::compose(300, 0), command: Command::Compact(cutoffs) };
             let (response, touched) = data.state.apply_tracked(&request);
             response.expect("compact");
-            persist(&store.shared.trees, &data.state, &touched).expect("persist");
+            store.shared.history.persist(&data.state, &touched).expect("persist");
         }
         assert_eq!(store.archived_jobs_from(0).count(), 0, "every archived job was submitted before the cutoff");
 
@@ -1209,13 +982,13 @@ mod tests {
         for (i, command) in setup.into_iter().enumerate() {
             let (response, touched) = data.state.apply_tracked(&Request { ts: at(100 + i as u64), command });
             response.expect("setup");
-            persist(&store.shared.trees, &data.state, &touched).expect("persist");
+            store.shared.history.persist(&data.state, &touched).expect("persist");
         }
         let epoch = data.state.jobs[&1].allocation.as_ref().expect("placed").epoch;
         let (response, touched) =
             data.state.apply_tracked(&Request { ts: at(200), command: Command::JobStarted { job_id: 1, epoch } });
         response.expect("started");
-        persist(&store.shared.trees, &data.state, &touched).expect("persist");
+        store.shared.history.persist(&data.state, &touched).expect("persist");
         // One batch: the exit stamped at 1 s, then a compaction at 10 s archiving before 5 s.
         let report = corral_types::JobExitReport { exit_code: Some(0), run_time_ms: 700, ..Default::default() };
         let finished = Command::JobFinished { job_id: 1, epoch, node: "n1".into(), report };
@@ -1232,7 +1005,7 @@ mod tests {
         response.expect("compact");
         batch.merge(compacted);
         assert!(data.state.ledger.is_empty(), "the segment left the hot ledger in the batch that wrote it");
-        persist(&store.shared.trees, &data.state, &batch).expect("persist");
+        store.shared.history.persist(&data.state, &batch).expect("persist");
         drop(data);
         let stored: Vec<(u64, u64)> = store.segments_from(0).map(|g| (g.job_id, g.epoch)).collect();
         assert_eq!(stored, vec![(1, epoch)], "the run is billed in the store");

@@ -9,6 +9,7 @@ const ONLY_IN: &[(&str, &[&str])] = &[
     ("openraft", &["corral-raft"]),
     ("raft-log", &["corral-raft"]),
     ("sled", &["corral-raft"]),
+    ("redb", &["corral-raft"]),
     ("prost", &["corral-proto", "corral-raft"]),
     ("tonic-prost", &["corral-proto"]),
     ("tonic-prost-build", &["corral-proto"]),
