@@ -255,7 +255,11 @@ impl History {
     /// transaction: archived jobs, new segments, then retention (so that applying a batch again
     /// deletes the same records). The hot state is not written.
     pub(crate) fn persist(&self, state: &State, touched: &Touched) -> std::io::Result<()> {
-        if touched.archived.is_empty() && touched.segments.is_empty() && touched.history_cutoffs.is_none() {
+        let expire = match &touched.history_cutoffs {
+            Some(cutoffs) if self.expiry_due(cutoffs)? => Some(cutoffs),
+            _ => None,
+        };
+        if touched.archived.is_empty() && touched.segments.is_empty() && expire.is_none() {
             return Ok(());
         }
         self.write(|w| {
@@ -274,10 +278,33 @@ impl History {
                 w.put_segment(segment.id, &codec::segment_to_bytes(segment))?;
             }
             if let Some(cutoffs) = &touched.history_cutoffs {
+                // Also when `expire` is None: a job written above may be past retention.
                 w.expire(cutoffs)?;
             }
             Ok(())
         })
+    }
+
+    /// True if the oldest archived job or segment is past the retention of `cutoffs`, read
+    /// without a write transaction: the leader's periodic `Compact` usually deletes nothing,
+    /// and apply then never waits for redb's write lock (held by a build's sync).
+    fn expiry_due(&self, cutoffs: &CompactCutoffs) -> std::io::Result<bool> {
+        let tx = self.db.begin_read().map_err(err)?;
+        if let Some(before) = cutoffs.jobs_before {
+            if let Some((_, bytes)) = tx.open_table(JOBS).map_err(err)?.first().map_err(err)? {
+                if codec::job_from_bytes(bytes.value()).map_err(decode_err)?.submitted_at < before {
+                    return Ok(true);
+                }
+            }
+        }
+        if let Some(before) = cutoffs.segments_before {
+            if let Some((_, bytes)) = tx.open_table(SEGMENTS).map_err(err)?.first().map_err(err)? {
+                if codec::segment_from_bytes(bytes.value()).map_err(decode_err)?.end < before {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
     }
 
     /// Makes the history that of a snapshot body (with its history) read from `body` and
