@@ -11,15 +11,15 @@
 //! bytes.
 //!
 //! A snapshot this store builds holds the hot state only: the history is already in the store,
-//! which is synced up to the snapshot's index before the snapshot is published. Its request ids (up to
-//! a day of them) are not re-encoded by every build either: each build writes the ids recorded
-//! since the one before into a file of its own, and the snapshot names every file that still
-//! holds an id that has not expired, merging the newest small files into the new one (see
-//! `request_ids_to_write`). When a follower needs
-//! the snapshot, its body is written again with the history added (once per snapshot, into a
-//! file, read in chunks). A snapshot a follower receives carries the history and is installed
-//! into the history store as it is read; a received body is current from before its install until the next
-//! build, so a crash during the install installs it again on open.
+//! which is synced up to the snapshot's index before the snapshot is published. Its request ids (up
+//! to a day of them) are not re-encoded by every build either: each build writes the ids recorded
+//! since the one before into a file of its own, and the snapshot names every file that still holds
+//! an id that has not expired, merging the newest small files into the new one (see
+//! `request_ids_to_write`). When a follower needs the snapshot, its body is written again with the
+//! history added (once per snapshot, into a file, read in chunks). A snapshot a follower receives
+//! carries the history and is installed into the history store as it is read; a received body is
+//! current from before its install until the next build, so a crash during the install installs it
+//! again on open.
 
 use crate::change_log::ChangeLog;
 use crate::codec::{self, HistoryRecord};
