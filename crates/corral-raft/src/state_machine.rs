@@ -835,6 +835,56 @@ mod tests {
         touched
     }
 
+    /// A `Compact` whose retention cutoff covers the jobs it archives deletes them in the same
+    /// batch, and applying that batch again (after a crash) gives the same history: retention
+    /// runs after the batch's own writes. A `Compact` that deletes nothing leaves it as it is.
+    #[test]
+    fn retention_in_the_batch_that_archives_deletes_the_same_records_when_applied_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let history = History::open(dir.path()).expect("open");
+        let mut data = StateMachineData::of(state_with(5));
+        let kept = cancel_all_and_compact(&mut data, &history, 100);
+        assert_eq!(kept.archived.len(), 5);
+        assert_eq!(history.jobs_from(0).count(), 5, "no cutoff: the archived jobs are kept");
+        // Nothing is past this cutoff (jobs were submitted at 2 ns): the store is unchanged.
+        let none_due = CompactCutoffs {
+            archive_before: Timestamp(1),
+            request_ids_before: Timestamp(1),
+            jobs_before: Some(Timestamp(1)),
+            segments_before: Some(Timestamp(1)),
+        };
+        let (response, touched) =
+            data.state.apply_tracked(&Request { ts: Timestamp::compose(200, 0), command: Command::Compact(none_due) });
+        response.expect("compact");
+        history.persist(&data.state, &touched).expect("persist");
+        assert_eq!(history.jobs_from(0).count(), 5);
+
+        // A batch that archives jobs already past retention, into an empty history: written,
+        // then deleted, the first time as the second.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let history = History::open(dir.path()).expect("open");
+        let mut data = StateMachineData::of(state_with(3));
+        let ids: Vec<u64> = data.state.jobs.keys().copied().collect();
+        for id in ids {
+            let cancel = Command::CancelJob { job_id: id, reason: "test".into() };
+            data.state.apply(&Request { ts: Timestamp::compose(300, 0), command: cancel }).expect("cancel");
+        }
+        let cutoffs = CompactCutoffs {
+            archive_before: Timestamp::compose(301, 0),
+            request_ids_before: Timestamp::compose(301, 0),
+            jobs_before: Some(Timestamp(3)),
+            segments_before: None,
+        };
+        let (response, touched) =
+            data.state.apply_tracked(&Request { ts: Timestamp::compose(302, 0), command: Command::Compact(cutoffs) });
+        response.expect("compact");
+        assert_eq!(touched.archived.len(), 3);
+        for _ in 0..2 {
+            history.persist(&data.state, &touched).expect("persist");
+            assert_eq!(history.jobs_from(0).count(), 0, "the archived jobs are past the cutoff");
+        }
+    }
+
     /// Archived jobs leave the hot state for the history store; a reopen loads
     /// only the hot state; a snapshot carries the history to a new store, where the same jobs
     /// can be read; both stores have the same digest; retention deletes the oldest records.
