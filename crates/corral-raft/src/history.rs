@@ -6,9 +6,9 @@
 //! from the front of `jobs` and `segments` by a pure predicate on each record (ids grow with
 //! submit and end time), so every replica deletes the same records.
 //!
-//! redb, not sled: redb's page cache bounds the memory the history takes (a million archived
-//! jobs cost the same RSS as a thousand), where sled's page table and cache grew with the data
-//! whatever its cache setting. Applied batches commit without an fsync; [`History::sync`] (before
+//! redb, not sled: redb's page cache bounds the memory the history takes (64 MiB, however long
+//! the history), where sled's page table and cache grew with the data whatever its cache
+//! setting. Applied batches commit without an fsync; [`History::sync`] (before
 //! a snapshot names the history) and every [`SYNC_EVERY_RECORDS`] records commit durably, with
 //! redb's quick repair, so a restart after a crash reopens at once, at the last durable commit,
 //! and the log entries after the snapshot are applied again. Applying an entry again writes the
@@ -18,6 +18,7 @@
 //! then removed.
 
 use crate::codec::{self, HistoryRecord};
+use anyhow::Context;
 use corral_core::{CompactCutoffs, State, Touched};
 use corral_types::Job;
 use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
@@ -142,7 +143,10 @@ impl History {
     /// kept in sled.
     pub(crate) fn open(dir: &Path) -> anyhow::Result<History> {
         let path = dir.join("history.redb");
-        let db = redb::Builder::new().set_cache_size(CACHE_BYTES).create(&path)?;
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create(&path)
+            .with_context(|| format!("cannot open the history store {}", path.display()))?;
         let history = History { db, file: std::fs::File::open(&path)?, unsynced: AtomicU64::new(0) };
         // Creates the tables, so that a read never finds one missing.
         history.write(|_| Ok(()))?;
