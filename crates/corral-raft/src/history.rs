@@ -20,7 +20,7 @@
 use crate::codec::{self, HistoryRecord};
 use anyhow::Context;
 use corral_core::{CompactCutoffs, State, Touched};
-use corral_types::Job;
+use corral_types::{Job, Timestamp};
 use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use std::io::Write;
 use std::path::Path;
@@ -109,33 +109,45 @@ impl Writer<'_> {
     /// `jobs_before` (and their task keys), segments that ended before `segments_before`.
     fn expire(&mut self, cutoffs: &CompactCutoffs) -> std::io::Result<()> {
         if let Some(before) = cutoffs.jobs_before {
-            let mut expired = Vec::new();
-            for kv in self.jobs.iter().map_err(err)? {
-                let (id, bytes) = kv.map_err(err)?;
-                if codec::job_from_bytes(bytes.value()).map_err(decode_err)?.submitted_at >= before {
-                    break;
-                }
-                expired.push(id.value());
-            }
-            for id in expired {
+            for id in expired_front(&self.jobs, job_expired(before), usize::MAX)? {
                 self.remove_job(id)?;
             }
         }
         if let Some(before) = cutoffs.segments_before {
-            let mut expired = Vec::new();
-            for kv in self.segments.iter().map_err(err)? {
-                let (id, bytes) = kv.map_err(err)?;
-                if codec::segment_from_bytes(bytes.value()).map_err(decode_err)?.end >= before {
-                    break;
-                }
-                expired.push(id.value());
-            }
-            for id in expired {
+            for id in expired_front(&self.segments, segment_expired(before), usize::MAX)? {
                 self.remove_segment(id)?;
             }
         }
         Ok(())
     }
+}
+
+/// Whether an archived job (its bytes) was submitted before `before`.
+fn job_expired(before: Timestamp) -> impl Fn(&[u8]) -> std::io::Result<bool> {
+    move |bytes| Ok(codec::job_from_bytes(bytes).map_err(decode_err)?.submitted_at < before)
+}
+
+/// Whether a segment (its bytes) ended before `before`.
+fn segment_expired(before: Timestamp) -> impl Fn(&[u8]) -> std::io::Result<bool> {
+    move |bytes| Ok(codec::segment_from_bytes(bytes).map_err(decode_err)?.end < before)
+}
+
+/// The ids, at most `limit`, at the front of `table` whose record `expired` says is past
+/// retention: ids grow with time, so the first record kept ends the scan.
+fn expired_front<T: ReadableTable<u64, &'static [u8]>>(
+    table: &T,
+    expired: impl Fn(&[u8]) -> std::io::Result<bool>,
+    limit: usize,
+) -> std::io::Result<Vec<u64>> {
+    let mut ids = Vec::new();
+    for kv in table.iter().map_err(err)?.take(limit) {
+        let (id, bytes) = kv.map_err(err)?;
+        if !expired(bytes.value())? {
+            break;
+        }
+        ids.push(id.value());
+    }
+    Ok(ids)
 }
 
 impl History {
@@ -295,17 +307,13 @@ impl History {
     fn expiry_due(&self, cutoffs: &CompactCutoffs) -> std::io::Result<bool> {
         let tx = self.db.begin_read().map_err(err)?;
         if let Some(before) = cutoffs.jobs_before {
-            if let Some((_, bytes)) = tx.open_table(JOBS).map_err(err)?.first().map_err(err)? {
-                if codec::job_from_bytes(bytes.value()).map_err(decode_err)?.submitted_at < before {
-                    return Ok(true);
-                }
+            if !expired_front(&tx.open_table(JOBS).map_err(err)?, job_expired(before), 1)?.is_empty() {
+                return Ok(true);
             }
         }
         if let Some(before) = cutoffs.segments_before {
-            if let Some((_, bytes)) = tx.open_table(SEGMENTS).map_err(err)?.first().map_err(err)? {
-                if codec::segment_from_bytes(bytes.value()).map_err(decode_err)?.end < before {
-                    return Ok(true);
-                }
+            if !expired_front(&tx.open_table(SEGMENTS).map_err(err)?, segment_expired(before), 1)?.is_empty() {
+                return Ok(true);
             }
         }
         Ok(false)
