@@ -428,6 +428,14 @@ impl History {
     }
 }
 
+/// `bytes` as an array of `N` bytes, or an error naming a sled record of the wrong length.
+fn fixed<const N: usize>(bytes: &[u8]) -> std::io::Result<[u8; N]> {
+    bytes.try_into().map_err(|_| {
+        let why = format!("a sled history record of {} bytes where {N} were expected", bytes.len());
+        std::io::Error::new(std::io::ErrorKind::InvalidData, why)
+    })
+}
+
 /// Copies the history a store of an earlier version kept in sled under `dir/sm` (`h/<job id>`,
 /// `t/<array><index>`, `l/<segment id>`; the hot records it may still hold are left out), makes
 /// it durable, then removes the sled store. A crash before the removal copies it again.
@@ -444,27 +452,18 @@ fn migrate_from_sled(dir: &Path, history: &History) -> anyhow::Result<()> {
     {
         let db = sled::Config::new().path(&sled_dir).open()?;
         let tree = db.open_tree("state")?;
-        let id_of = |rest: &[u8]| -> anyhow::Result<u64> {
-            Ok(u64::from_be_bytes(
-                rest.try_into().map_err(|_| anyhow::anyhow!("a history key of {} bytes", rest.len()))?,
-            ))
-        };
         let mut batch = Vec::with_capacity(INSTALL_BATCH_RECORDS);
         let flush = |batch: &mut Vec<(u8, Vec<u8>, Vec<u8>)>| -> anyhow::Result<()> {
             history.write(|w| {
                 for (kind, k, v) in batch.drain(..) {
-                    let as_id = |b: &[u8]| {
-                        id_of(b).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
-                    };
                     match kind {
                         b'h' => w.put_job(&codec::job_from_bytes(&v).map_err(decode_err)?, &v)?,
-                        b'l' => w.put_segment(as_id(&k)?, &v)?,
+                        b'l' => w.put_segment(u64::from_be_bytes(fixed(&k)?), &v)?,
                         _ => {
+                            // `t/` keys: the array id, then the task index, big-endian.
                             let (array, index) = k.split_at(8.min(k.len()));
-                            let index = u32::from_be_bytes(index.try_into().map_err(|_| {
-                                std::io::Error::new(std::io::ErrorKind::InvalidData, "a task key of the wrong length")
-                            })?);
-                            w.tasks.insert((as_id(array)?, index), as_id(&v)?).map_err(err)?;
+                            let (array, index) = (u64::from_be_bytes(fixed(array)?), u32::from_be_bytes(fixed(index)?));
+                            w.tasks.insert((array, index), u64::from_be_bytes(fixed(&v)?)).map_err(err)?;
                         }
                     }
                 }
