@@ -284,7 +284,7 @@ impl RunningJob {
         };
         let oom_killed = Arc::clone(&self.shared).drain_and_remove().await;
         // Every process is gone, so the pipes are closed: the copies end at once.
-        super::process::join_copiers(self.shared.job_id, std::mem::take(&mut self.copiers)).await;
+        super::output::join_copiers(self.shared.job_id, std::mem::take(&mut self.copiers)).await;
         let exit = JobExit { exit_code, signal, oom_killed, run_time };
         info!(
             job_id = self.shared.job_id,

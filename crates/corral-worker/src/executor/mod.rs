@@ -14,6 +14,7 @@
 mod cdi;
 mod cgroup;
 mod job;
+mod output;
 mod process;
 mod routing;
 mod runc;
