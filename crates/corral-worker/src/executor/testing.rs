@@ -2,6 +2,7 @@
 //! temp dir holding the job's work dir (and a container image), launch specs and log reads.
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -31,6 +32,22 @@ pub(crate) fn unique_cgroup_root(prefix: &str) -> String {
     let nanos =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     format!("{prefix}-{}-{}-{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Whether the tests run as root, which `test` needs (it runs a job as another user). When they
+/// do not, says loudly that `test` is skipped; under `CI` it fails instead.
+pub(crate) fn root_for(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "{test} needs root: CI runs the worker's tests as root");
+    // Past the test harness's capture of `eprintln!`: a skip is seen.
+    let banner = "!".repeat(78);
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n{banner}\nSKIPPING {test}: it needs root (under CI it fails instead)\n{banner}\n"
+    );
+    false
 }
 
 /// One test's executor and temp dir; the executor's root cgroup is removed on drop.

@@ -480,7 +480,7 @@ async fn a_missing_working_directory_fails_the_launch_naming_it() {
 
 #[tokio::test]
 async fn a_working_directory_the_user_cannot_enter_fails_the_launch() {
-    if !nix::unistd::geteuid().is_root() {
+    if !testing::root_for("a_working_directory_the_user_cannot_enter_fails_the_launch") {
         return;
     }
     let fx = Fixture::new();
