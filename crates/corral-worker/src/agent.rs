@@ -4,7 +4,7 @@
 //! nothing from the request becomes a path.
 
 use crate::executor::{STDERR_LOG, STDOUT_LOG};
-use crate::worker::WorkerShared;
+use crate::jobs::JobTable;
 use corral_proto::v1::worker_agent_server::{WorkerAgent, WorkerAgentServer};
 use corral_proto::v1::{self as pb, LogStream};
 use std::io::{Read, Seek, SeekFrom};
@@ -20,8 +20,9 @@ const POLL: Duration = Duration::from_millis(100);
 /// How long a follower waits for a just-placed job's log directory to appear.
 const START_WAIT: Duration = Duration::from_secs(30);
 
-pub(crate) fn server(shared: Arc<WorkerShared>) -> WorkerAgentServer<Agent> {
-    WorkerAgentServer::new(Agent { shared })
+/// The service reading logs under `jobs_dir`, following them while `jobs` runs the job.
+pub(crate) fn server(jobs_dir: PathBuf, jobs: Arc<JobTable>) -> WorkerAgentServer<Agent> {
+    WorkerAgentServer::new(Agent { jobs_dir, jobs })
         .max_decoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
         .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
 }
@@ -33,7 +34,8 @@ pub(crate) fn guard(tls: bool, audit: Arc<corral_security::AuditLog>) -> corral_
 }
 
 pub(crate) struct Agent {
-    shared: Arc<WorkerShared>,
+    jobs_dir: PathBuf,
+    jobs: Arc<JobTable>,
 }
 
 /// The directory of the latest attempt of `job_id`, if any.
@@ -73,10 +75,9 @@ impl WorkerAgent for Agent {
 
     async fn read_logs(&self, request: Request<pb::ReadLogsRequest>) -> Result<Response<ChunkStream>, Status> {
         let req = request.into_inner();
-        let shared = self.shared.clone();
+        let (jobs_dir, jobs) = (self.jobs_dir.clone(), self.jobs.clone());
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         tokio::spawn(async move {
-            let jobs_dir = shared.jobs_dir();
             let started = Instant::now();
             let dir = loop {
                 match latest_attempt_dir(&jobs_dir, req.job_id) {
@@ -91,7 +92,7 @@ impl WorkerAgent for Agent {
             let files = [(dir.join(STDOUT_LOG), LogStream::Stdout), (dir.join(STDERR_LOG), LogStream::Stderr)];
             loop {
                 // Decide before reading, so output written just before the exit is not lost.
-                let last_round = !req.follow || !shared.is_running(req.job_id);
+                let last_round = !req.follow || !jobs.is_running(req.job_id);
                 let mut progressed = false;
                 for (i, (path, stream)) in files.iter().enumerate() {
                     let data = match read_new(path, &mut offsets[i]) {

@@ -2,10 +2,11 @@
 //! its user, limits and work dir. Also picks (or, with `mig.manage`, makes) the MIG instance a
 //! MIG job runs on.
 
+use crate::config::WorkerConfig;
+use crate::devices::Devices;
 use crate::executor::{JobFiles, LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR, SCRIPT_FILE};
 use crate::gang::{gang_env, PartAddrs, HOSTFILE};
 use crate::gpu::{DeviceInfo, MigPlacement, MigState};
-use crate::worker::WorkerShared;
 use corral_types::{GpuSlice, Job, SliceAssignment};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,18 +27,18 @@ pub(crate) struct MigPick {
 /// `mig_manage`) a new one at the scheduler's placement. Creating one is a driver call of well
 /// under a second, made inline. `taken` are the instances other jobs hold.
 pub(crate) fn pick_mig_instance(
-    shared: &WorkerShared,
+    devices: &Devices,
+    mig_manage: bool,
     job: &Job,
     gpus: &[u32],
     taken: &[String],
 ) -> Result<Option<MigPick>, String> {
     let Some(GpuSlice::Mig { profile, .. }) = &job.spec.gpu_slice else { return Ok(None) };
     let Some(&gpu) = gpus.first() else { return Ok(None) };
-    let layout = shared.device_info().into_iter().find(|d| d.device.index == gpu).map(|d| d.mig);
-    let config = shared.config();
+    let layout = devices.info().into_iter().find(|d| d.device.index == gpu).map(|d| d.mig);
     let instances = match layout {
         Some(MigState::Enabled { instances }) => instances,
-        Some(MigState::Disabled) if config.mig_manage => {
+        Some(MigState::Disabled) if mig_manage => {
             return Err(format!(
                 "MIG mode is off on gpu {gpu}: enable it with `nvidia-smi -i {gpu} -mig 1` (this resets the GPU, which corral never does by itself)"
             ))
@@ -50,7 +51,7 @@ pub(crate) fn pick_mig_instance(
     {
         return Ok(Some(MigPick { uuid: free.uuid.clone(), created: false }));
     }
-    if !config.mig_manage {
+    if !mig_manage {
         return Err(format!(
             "no free MIG instance of profile {profile} on gpu {gpu}: create one (nvidia-smi mig -cgi {profile} -C), free one, or set mig.manage = true in the worker config"
         ));
@@ -61,25 +62,25 @@ pub(crate) fn pick_mig_instance(
         }
         _ => None,
     };
-    let created = shared.gpus().create_mig_instance(gpu, profile, placement).map_err(|e| e.to_string())?;
-    shared.refresh_info();
+    let created = devices.create_mig_instance(gpu, profile, placement).map_err(|e| e.to_string())?;
     Ok(Some(MigPick { uuid: created.uuid, created: true }))
 }
 
 /// What the executor runs for allocation `epoch` of `job` on this node's `gpus`.
 pub(crate) fn launch_spec(
-    shared: &WorkerShared,
+    config: &WorkerConfig,
+    devices: &Devices,
     job: &Job,
     epoch: u64,
     gpus: &[u32],
     mig_uuid: Option<&str>,
     addrs: &PartAddrs,
 ) -> Result<LaunchSpec, String> {
-    let config = shared.config();
     let user = config.users.resolve(&job.spec.tenant)?;
-    let info = shared.device_info();
-    let devices: Vec<&DeviceInfo> = gpus.iter().filter_map(|i| info.iter().find(|d| d.device.index == *i)).collect();
-    let uuids: Vec<String> = devices.iter().map(|d| d.device.uuid.clone()).collect();
+    let info = devices.info();
+    let job_devices: Vec<&DeviceInfo> =
+        gpus.iter().filter_map(|i| info.iter().find(|d| d.device.index == *i)).collect();
+    let uuids: Vec<String> = job_devices.iter().map(|d| d.device.uuid.clone()).collect();
     let in_container = job.spec.image.is_some();
     let mut env = job.spec.env.clone();
     let ids: Vec<String> = match (mig_uuid, in_container) {
@@ -108,14 +109,14 @@ pub(crate) fn launch_spec(
             env.insert("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), format!("0={m}M"));
         }
         if let (Some(&gpu), Some(uuid)) = (gpus.first(), uuids.first()) {
-            if let Some(attachment) = shared.mps().attach(gpu, uuid)? {
+            if let Some(attachment) = devices.attach_mps(gpu, uuid)? {
                 env.extend(attachment.env);
                 binds.extend(attachment.binds);
             }
         }
     }
     env.extend(job_environment(job, epoch, &config.node_name));
-    let work_dir = shared.jobs_dir().join(job.id.to_string()).join(epoch.to_string());
+    let work_dir = config.jobs_dir().join(job.id.to_string()).join(epoch.to_string());
     // A gang's variables come last: they override the single-node SLURM_* values.
     let mut work_files = Vec::new();
     let seen_dir = if in_container { PathBuf::from(CONTAINER_WORK_DIR) } else { work_dir.clone() };
@@ -123,8 +124,9 @@ pub(crate) fn launch_spec(
     env.extend(gang_vars);
     work_files.extend(hostfile.map(|h| (HOSTFILE.to_string(), h)));
     let mut device_nodes: Vec<PathBuf> = Vec::new();
-    if in_container && !devices.is_empty() {
-        device_nodes.extend(devices.iter().filter_map(|d| d.minor).map(|m| PathBuf::from(format!("/dev/nvidia{m}"))));
+    if in_container && !job_devices.is_empty() {
+        device_nodes
+            .extend(job_devices.iter().filter_map(|d| d.minor).map(|m| PathBuf::from(format!("/dev/nvidia{m}"))));
         device_nodes.extend(NVIDIA_CONTROL_NODES.iter().map(PathBuf::from));
         device_nodes.retain(|p| p.exists());
     }

@@ -7,6 +7,7 @@
 
 mod agent;
 mod build;
+mod devices;
 pub mod executor;
 pub mod fence;
 mod gang;
@@ -14,8 +15,10 @@ pub mod gpu;
 mod grpc_health;
 pub mod health;
 pub mod hygiene;
+mod jobs;
 pub mod join;
 mod launch;
+mod link;
 mod metrics;
 pub mod mps;
 pub mod preflight;

@@ -5,7 +5,9 @@
 //! Values are those of the last heartbeat's GPU reading, so what is scraped agrees with what
 //! the coordinator was told; nothing here calls the GPU driver.
 
-use crate::gpu::GpuReading;
+use crate::devices::{Devices, GpuSample};
+use crate::jobs::{JobSample, JobTable};
+use crate::link::Link;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -17,30 +19,8 @@ type Labels = Vec<(String, String)>;
 type IntGauges = Family<Labels, Gauge>;
 type FloatGauges = Family<Labels, Gauge<f64, AtomicU64>>;
 
-/// One GPU as exported.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct GpuSample {
-    pub uuid: String,
-    /// Device node name, `nvidia<minor>`.
-    pub device: String,
-    pub model: String,
-    /// Memory of the device.
-    pub total_mib: u64,
-    pub reading: GpuReading,
-    /// Post-job hygiene found memory or processes left behind.
-    pub dirty: bool,
-    pub healthy: bool,
-}
-
-/// One running job as exported.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct JobSample {
-    pub job_id: u64,
-    pub tenant: String,
-    pub usage: crate::executor::CgroupUsage,
-}
-
-/// Everything a scrape exports, gathered under the worker's locks and encoded after.
+/// Everything a scrape exports, gathered from the devices, the job table and the link, and
+/// encoded after.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Snapshot {
     pub hostname: String,
@@ -133,7 +113,10 @@ pub(crate) fn register(snapshot: &Snapshot, registry: &mut Registry) {
 /// The metrics of one worker, to register at every scrape (see `Worker::metrics`).
 #[derive(Clone)]
 pub struct WorkerMetrics {
-    pub(crate) shared: Arc<crate::worker::WorkerShared>,
+    hostname: String,
+    devices: Arc<Devices>,
+    jobs: Arc<JobTable>,
+    link: Arc<Link>,
 }
 
 impl std::fmt::Debug for WorkerMetrics {
@@ -143,10 +126,26 @@ impl std::fmt::Debug for WorkerMetrics {
 }
 
 impl WorkerMetrics {
+    /// The metrics of node `hostname`, read from the owners of what they show.
+    pub(crate) fn new(hostname: String, devices: Arc<Devices>, jobs: Arc<JobTable>, link: Arc<Link>) -> Self {
+        WorkerMetrics { hostname, devices, jobs, link }
+    }
+
+    /// What a scrape exports now: the last heartbeat's GPU reading with hygiene and health,
+    /// the heartbeat's age, and the cgroup usage of every running job.
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            hostname: self.hostname.clone(),
+            gpus: self.devices.samples(),
+            heartbeat_age_secs: self.link.heartbeat_age().as_secs_f64(),
+            jobs: self.jobs.samples(),
+        }
+    }
+
     /// Registers this worker's series into `registry` (a fresh one per scrape). Reads the
     /// running jobs' cgroup files.
     pub fn collect(&self, registry: &mut Registry) {
-        register(&self.shared.metrics_snapshot(), registry);
+        register(&self.snapshot(), registry);
     }
 }
 

@@ -129,6 +129,11 @@ impl WorkerConfig {
         }
     }
 
+    /// Where each run's work dir and logs live: `<jobs_dir>/<job id>/<epoch>/`.
+    pub fn jobs_dir(&self) -> PathBuf {
+        self.data_dir.join("jobs")
+    }
+
     /// File where GPU leaks are recorded, one JSON object per line.
     pub fn leak_record_file(&self) -> PathBuf {
         self.data_dir.join("gpu-leaks.jsonl")

@@ -1,0 +1,232 @@
+//! The devices of this worker: the GPU backend, each device's static facts (re-read when the
+//! MIG layout changes), post-job hygiene (`hygiene.rs`), the health policy (`health.rs`), the
+//! MPS daemons (`mps.rs`) and the reading the last heartbeat carried. One `Mutex<State>` for
+//! what changes, behind methods; driver calls run off the lock (reads on the blocking pool).
+//!
+//! Which GPUs runs hold is the job table's (`jobs.rs`): the methods that read devices take it.
+
+use crate::config::WorkerConfig;
+use crate::gpu::{DeviceInfo, GpuBackend, GpuError, GpuReading, MigInstance, MigPlacement};
+use crate::health::HealthTracker;
+use crate::hygiene::Hygiene;
+use crate::jobs::JobTable;
+use crate::mps::{Mps, MpsAttachment};
+use corral_types::{GpuDevice, GpuHealth};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Interval between two hygiene checks while a device settles after a job.
+const SETTLE_POLL: Duration = Duration::from_millis(250);
+
+/// One GPU as the metrics export it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GpuSample {
+    pub uuid: String,
+    /// Device node name, `nvidia<minor>`.
+    pub device: String,
+    pub model: String,
+    /// Memory of the device.
+    pub total_mib: u64,
+    pub reading: GpuReading,
+    /// Post-job hygiene found memory or processes left behind.
+    pub dirty: bool,
+    pub healthy: bool,
+}
+
+struct State {
+    /// Static device facts, read at start; the MIG layout is re-read when it changes.
+    info: Vec<DeviceInfo>,
+    health: HealthTracker,
+    /// The GPU reading of the last heartbeat (the metrics show it).
+    last_readings: Vec<GpuReading>,
+}
+
+/// The GPUs of this worker and what it knows of them.
+pub(crate) struct Devices {
+    backend: Arc<dyn GpuBackend>,
+    hygiene: Hygiene,
+    mps: Mps,
+    state: Mutex<State>,
+}
+
+impl Devices {
+    /// The devices of `backend`, with the hygiene, health and MPS settings of `config`. Nothing
+    /// is read yet: see [`Devices::inspect`].
+    pub(crate) fn new(backend: Arc<dyn GpuBackend>, config: &WorkerConfig) -> Devices {
+        Devices {
+            backend,
+            hygiene: Hygiene::new(config.hygiene.clone(), Some(config.leak_record_file())),
+            mps: Mps::new(&config.mps, config.data_dir.join("mps")),
+            state: Mutex::new(State {
+                info: Vec::new(),
+                health: HealthTracker::new(config.health.clone()),
+                last_readings: Vec::new(),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The backend's short name (`simulated`, `nvml`).
+    pub(crate) fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// The devices this node offers, as it registers.
+    pub(crate) fn offered(&self) -> Vec<GpuDevice> {
+        self.backend.devices()
+    }
+
+    /// Static facts of every device (PCI, NUMA, minor number, MIG layout).
+    pub(crate) fn info(&self) -> Vec<DeviceInfo> {
+        self.state().info.clone()
+    }
+
+    /// Re-reads the device facts after the MIG layout changed. Blocking.
+    fn refresh_info(&self) {
+        let info = self.backend.info();
+        self.state().info = info;
+    }
+
+    /// Reads the devices once before any job runs: static facts, idle baselines, health.
+    pub(crate) async fn inspect(&self) {
+        let backend = Arc::clone(&self.backend);
+        let (info, readings) =
+            tokio::task::spawn_blocking(move || (backend.info(), backend.read(&[]))).await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "gpu inventory task failed");
+                (Vec::new(), Vec::new())
+            });
+        for device in &info {
+            tracing::info!(
+                gpu = device.device.index,
+                uuid = %device.device.uuid,
+                model = %device.device.model,
+                memory_mib = device.device.memory_mib,
+                pci = ?device.pci_bus_id,
+                numa = ?device.numa_node,
+                mig = ?device.mig,
+                "gpu"
+            );
+        }
+        self.hygiene.start(&readings);
+        let mut state = self.state();
+        state.info = info;
+        state.health.update(&readings);
+        state.last_readings = readings;
+    }
+
+    /// Creates a MIG instance of `profile` on `gpu` (see `GpuBackend::create_mig_instance`)
+    /// and re-reads the layout. Blocking: a driver call of well under a second.
+    pub(crate) fn create_mig_instance(
+        &self,
+        gpu: u32,
+        profile: &str,
+        placement: Option<MigPlacement>,
+    ) -> Result<MigInstance, GpuError> {
+        let created = self.backend.create_mig_instance(gpu, profile, placement)?;
+        self.refresh_info();
+        Ok(created)
+    }
+
+    /// Destroys a MIG device this worker created; a failure (e.g. a process still holds it) is
+    /// logged and the instance stays, free for the next job of its profile. Blocking.
+    pub(crate) fn destroy_mig_instance(&self, gpu: u32, uuid: &str) {
+        if let Err(e) = self.backend.destroy_mig_instance(gpu, uuid) {
+            tracing::warn!(gpu, uuid, error = %e, "cannot destroy the job's MIG instance; it stays for reuse");
+        }
+        self.refresh_info();
+    }
+
+    /// Makes sure an MPS daemon serves `gpu` (device `uuid`) and says how a job reaches it;
+    /// `None` when MPS is simulated. Blocking (may start the daemon).
+    pub(crate) fn attach_mps(&self, gpu: u32, uuid: &str) -> Result<Option<MpsAttachment>, String> {
+        self.mps.attach(gpu, uuid)
+    }
+
+    /// Stops the MPS daemons this worker started. Blocking.
+    pub(crate) fn shutdown_mps(&self) {
+        self.mps.shutdown();
+    }
+
+    /// Reads every device off the async executor (driver calls block).
+    async fn read(&self, jobs: &JobTable) -> Vec<GpuReading> {
+        let backend = Arc::clone(&self.backend);
+        let busy = jobs.busy_gpus();
+        tokio::task::spawn_blocking(move || backend.read(&busy)).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "gpu reading task failed");
+            Vec::new()
+        })
+    }
+
+    /// After a run: waits (bounded by the settle time) until its GPUs are clean, else marks
+    /// them dirty and attributes them to the run. GPUs another running job shares (MPS) are
+    /// skipped: their memory is not the finished job's. Returns whether any became dirty.
+    pub(crate) async fn check_hygiene(&self, jobs: &JobTable, job_id: u64, epoch: u64, gpus: &[u32]) -> bool {
+        let shared_with_others = jobs.busy_gpus();
+        let gpus: Vec<u32> = gpus.iter().copied().filter(|g| !shared_with_others.contains(g)).collect();
+        if gpus.is_empty() {
+            return false;
+        }
+        let deadline = Instant::now() + self.hygiene.config().settle_time;
+        loop {
+            let readings = self.read(jobs).await;
+            let findings = self.hygiene.inspect(&readings, &gpus);
+            if findings.is_empty() {
+                self.hygiene.note_clean(&readings, &gpus);
+                return false;
+            }
+            if Instant::now() >= deadline {
+                self.hygiene.mark_dirty(job_id, epoch, findings);
+                return true;
+            }
+            tokio::time::sleep(SETTLE_POLL).await;
+        }
+    }
+
+    /// Reads every device for a heartbeat: dirty devices are checked again when due, the
+    /// health policy judges the reading, which is kept for the metrics. Returns each device's
+    /// health as the heartbeat carries it.
+    pub(crate) async fn heartbeat_health(&self, jobs: &JobTable) -> Vec<GpuHealth> {
+        let readings = self.read(jobs).await;
+        if self.hygiene.recheck_due() {
+            self.hygiene.recheck(&readings);
+        }
+        let leaks = self.hygiene.leaks();
+        let mut state = self.state();
+        state.health.update(&readings);
+        let gpus = readings
+            .iter()
+            .map(|r| {
+                let leak = leaks.iter().find(|l| l.finding.gpu == r.index);
+                GpuHealth {
+                    problems: state.health.problems(r.index).to_vec(),
+                    dirty_reason: leak.map(|l| l.finding.reason.clone()).unwrap_or_default(),
+                    dirty_job_id: leak.and_then(|l| l.job_id),
+                    ..r.to_health(self.hygiene.is_dirty(r.index))
+                }
+            })
+            .collect();
+        state.last_readings = readings;
+        gpus
+    }
+
+    /// The last heartbeat's reading of every device with its facts, hygiene and health.
+    pub(crate) fn samples(&self) -> Vec<GpuSample> {
+        let state = self.state();
+        let samples = state.last_readings.iter().map(|reading| {
+            let device = state.info.iter().find(|d| d.device.index == reading.index);
+            GpuSample {
+                uuid: device.map(|d| d.device.uuid.clone()).unwrap_or_default(),
+                device: format!("nvidia{}", device.and_then(|d| d.minor).unwrap_or(reading.index)),
+                model: device.map(|d| d.device.model.clone()).unwrap_or_default(),
+                total_mib: device.map_or(0, |d| d.device.memory_mib),
+                dirty: self.hygiene.is_dirty(reading.index),
+                healthy: state.health.is_healthy(reading.index),
+                reading: reading.clone(),
+            }
+        });
+        samples.collect()
+    }
+}

@@ -1,0 +1,391 @@
+//! The link to the leader: this worker's registration (its node epoch), the highest leader term
+//! heard, the heartbeats that renew its lease and carry GPU health, the desired-state stream and
+//! the delivery of job reports. `Link` holds what these share (one `Mutex<State>` and the
+//! `Notify`s that wake its tasks, behind methods); the tasks (`register`, `heartbeats`,
+//! `watch_desired`, `deliver`) talk to coordinators through `corral_client::GatewayClient` only
+//! and tell the runtime what the leaders answered as `LinkEvent`s. What to make of an answer
+//! (the lease, registering again) is the runtime's.
+
+use crate::devices::Devices;
+use crate::jobs::JobTable;
+use crate::reconcile::{Desired, DesiredJob, Want};
+use corral_client::GatewayClient;
+use corral_proto::v1::{self as pb};
+use corral_types::{Job, JobExitReport, JobId, NodeSpec};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch, Notify};
+
+/// A desired-state stream silent for this long is dead (the leader resends every 2 s).
+const WATCH_SILENCE: Duration = Duration::from_secs(6);
+/// Longest pause between two attempts of a report, a registration or a stream.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// The lease terms a leader grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Terms {
+    pub node_ttl: Duration,
+    pub fence_after: Duration,
+}
+
+impl Terms {
+    /// The terms of a leader's answer: a TTL of at least 1 ms, and a fence time within it.
+    pub(crate) fn of(lease: Option<pb::Lease>) -> Terms {
+        let lease = lease.unwrap_or_default();
+        let node_ttl = Duration::from_millis(lease.node_ttl_ms.max(1));
+        let fence_after = Duration::from_millis(lease.fence_after_ms).min(node_ttl);
+        Terms { node_ttl, fence_after }
+    }
+
+    /// When the guard kills: halfway between the worker's own fence time and the node TTL.
+    pub(crate) fn guard_after(&self) -> Duration {
+        self.fence_after + (self.node_ttl.saturating_sub(self.fence_after)) / 2
+    }
+}
+
+/// Which report of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReportKind {
+    Start,
+    Exit,
+}
+
+/// A report of a run to deliver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Report {
+    Started,
+    Finished(JobExitReport),
+}
+
+/// What the link's tasks tell the runtime.
+#[derive(Debug)]
+pub(crate) enum LinkEvent {
+    /// A leader registered this node with `node_epoch`, answering a request sent at `sent_at`.
+    Registered { node_epoch: u64, sent_at: Instant, terms: Terms },
+    /// A leader answered a heartbeat sent at `sent_at`.
+    Answered { node_epoch: u64, sent_at: Instant, terms: Terms, reregister: bool },
+    /// A leader pushed the desired state of registration `node_epoch`.
+    Desired { node_epoch: u64, desired: Desired, reregister: bool },
+    /// A leader accepted or rejected a report at applied index `revision`.
+    Reported { job_id: JobId, epoch: u64, kind: ReportKind, revision: u64 },
+}
+
+struct State {
+    /// Epoch of the current registration; 0 while (re-)registering.
+    node_epoch: u64,
+    /// Highest Raft term a leader answered a heartbeat in.
+    leader_term: u64,
+    /// Number of heartbeats started; each one's id is the count after its start.
+    heartbeats_started: u64,
+    /// Highest id of a heartbeat a leader answered.
+    heartbeat_answered: u64,
+    /// When a leader last answered a heartbeat.
+    last_answer: Option<Instant>,
+}
+
+/// What the link's tasks, the runtime and the metrics share.
+pub(crate) struct Link {
+    gateway: GatewayClient,
+    /// What this node offers, its GPUs left out (they are read at each registration).
+    node: NodeSpec,
+    heartbeat_interval: Duration,
+    state: Mutex<State>,
+    /// Wakes the heartbeat task early.
+    wake_heartbeat: Notify,
+    /// Tells the desired-state stream to check its registration and term.
+    watch_reset: Notify,
+    /// Signalled at each answered heartbeat.
+    heartbeat_answered: Notify,
+    /// Registered and leased by a leader: what the health service reports.
+    serving: watch::Sender<bool>,
+    started: Instant,
+}
+
+impl Link {
+    /// The link of node `node` (its `gpus` are filled in at each registration) through
+    /// `gateway`, heartbeating every `heartbeat_interval`.
+    pub(crate) fn new(gateway: GatewayClient, node: NodeSpec, heartbeat_interval: Duration) -> Link {
+        Link {
+            // Heartbeats must fail over quickly from a frozen coordinator: well within the fence time.
+            gateway: gateway.with_attempt_timeout(heartbeat_interval.max(Duration::from_millis(250)) * 2),
+            node,
+            heartbeat_interval,
+            state: Mutex::new(State {
+                node_epoch: 0,
+                leader_term: 0,
+                heartbeats_started: 0,
+                heartbeat_answered: 0,
+                last_answer: None,
+            }),
+            wake_heartbeat: Notify::new(),
+            watch_reset: Notify::new(),
+            heartbeat_answered: Notify::new(),
+            serving: watch::Sender::new(false),
+            started: Instant::now(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Epoch of the current registration; 0 while (re-)registering.
+    fn node_epoch(&self) -> u64 {
+        self.state().node_epoch
+    }
+
+    /// The runtime took registration `node_epoch`: the stream follows it, a heartbeat goes now.
+    pub(crate) fn registered(&self, node_epoch: u64) {
+        self.state().node_epoch = node_epoch;
+        self.watch_reset.notify_one();
+        self.wake_heartbeat.notify_one();
+    }
+
+    /// The runtime registers again: heartbeats pause and the stream of the old epoch ends.
+    pub(crate) fn unregistered(&self) {
+        self.state().node_epoch = 0;
+        self.watch_reset.notify_one();
+    }
+
+    /// Says whether the worker is registered and leased (the health service reports it).
+    pub(crate) fn set_serving(&self, serving: bool) {
+        self.serving.send_if_modified(|now| std::mem::replace(now, serving) != serving);
+    }
+
+    /// Follows `set_serving`.
+    pub(crate) fn serving(&self) -> watch::Receiver<bool> {
+        self.serving.subscribe()
+    }
+
+    /// Time since a leader last answered a heartbeat (since the worker started, if none did).
+    pub(crate) fn heartbeat_age(&self) -> Duration {
+        self.state().last_answer.unwrap_or(self.started).elapsed()
+    }
+
+    /// Triggers a heartbeat and waits (bounded) until one that started after this call was
+    /// answered, so the leader knows about a dirty GPU before it learns the job ended.
+    pub(crate) async fn heartbeat_now(&self) {
+        let started_before = self.state().heartbeats_started;
+        let answered = || self.state().heartbeat_answered > started_before;
+        let limit = self.heartbeat_interval * 3 + Duration::from_secs(1);
+        let waited = tokio::time::timeout(limit, async {
+            while !answered() {
+                let signalled = self.heartbeat_answered.notified();
+                self.wake_heartbeat.notify_one();
+                if answered() {
+                    break;
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(100), signalled).await;
+            }
+        })
+        .await;
+        if waited.is_err() {
+            tracing::warn!("no heartbeat got through in time; reporting the job anyway");
+        }
+    }
+}
+
+/// Registers (again) until a leader answers.
+pub(crate) async fn register<E: From<LinkEvent>>(
+    link: Arc<Link>,
+    devices: Arc<Devices>,
+    events: mpsc::UnboundedSender<E>,
+) {
+    let spec = NodeSpec { gpus: devices.offered(), ..link.node.clone() };
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let sent_at = Instant::now();
+        match link.gateway.register(pb::RegisterRequest { spec: Some((&spec).into()) }).await {
+            Ok(reply) => {
+                tracing::info!(node = %spec.name, epoch = reply.node_epoch, gpus = spec.gpus.len(),
+                    backend = devices.backend_name(), "registered with the leader");
+                let terms = Terms::of(reply.lease);
+                let _ = events.send(LinkEvent::Registered { node_epoch: reply.node_epoch, sent_at, terms }.into());
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "registration failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// Sends a heartbeat every interval (or when woken) while registered: GPU health for the
+/// scheduler, liveness for the leader, and the lease for this worker.
+pub(crate) async fn heartbeats<E: From<LinkEvent>>(
+    link: Arc<Link>,
+    devices: Arc<Devices>,
+    jobs: Arc<JobTable>,
+    events: mpsc::UnboundedSender<E>,
+) {
+    let mut failures = 0u32;
+    loop {
+        let node_epoch = link.node_epoch();
+        if node_epoch != 0 {
+            let id = {
+                let mut state = link.state();
+                state.heartbeats_started += 1;
+                state.heartbeats_started
+            };
+            let sent_at = Instant::now();
+            let gpus = devices.heartbeat_health(&jobs).await.iter().map(pb::GpuHealth::from).collect();
+            let request = pb::HeartbeatRequest { node: link.node.name.clone(), node_epoch, gpus };
+            match link.gateway.heartbeat(request).await {
+                Ok(reply) => {
+                    failures = 0;
+                    let newer_term = {
+                        let mut state = link.state();
+                        state.last_answer = Some(Instant::now());
+                        state.heartbeat_answered = state.heartbeat_answered.max(id);
+                        let newer_term = reply.term > state.leader_term;
+                        state.leader_term = state.leader_term.max(reply.term);
+                        newer_term
+                    };
+                    link.heartbeat_answered.notify_waiters();
+                    if newer_term {
+                        link.watch_reset.notify_one();
+                    }
+                    let terms = Terms::of(reply.lease);
+                    let reregister = reply.reregister;
+                    let _ = events.send(LinkEvent::Answered { node_epoch, sent_at, terms, reregister }.into());
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures == 1 || failures.is_multiple_of(20) {
+                        tracing::warn!(error = %e, failures, "heartbeat failed");
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(link.heartbeat_interval) => {}
+            _ = link.wake_heartbeat.notified() => {}
+        }
+    }
+}
+
+/// Keeps a desired-state stream open to the leader for the current registration and forwards
+/// what it pushes; reconnects when it ends, stays silent, or a heartbeat met a newer leader.
+pub(crate) async fn watch_desired<E: From<LinkEvent>>(link: Arc<Link>, events: mpsc::UnboundedSender<E>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let node_epoch = link.node_epoch();
+        if node_epoch == 0 {
+            let _ = tokio::time::timeout(Duration::from_millis(200), link.watch_reset.notified()).await;
+            continue;
+        }
+        let request = pb::WatchDesiredRequest { node: link.node.name.clone(), node_epoch };
+        let mut stream = match link.gateway.watch_desired(request).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot watch the desired state yet");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        let mut term = 0;
+        loop {
+            tokio::select! {
+                message = tokio::time::timeout(WATCH_SILENCE, stream.message()) => match message {
+                    Ok(Ok(Some(state))) => {
+                        backoff = Duration::from_millis(50);
+                        term = state.term;
+                        let reregister = state.reregister;
+                        match desired_of(state) {
+                            Ok(desired) => {
+                                let _ = events.send(LinkEvent::Desired { node_epoch, desired, reregister }.into());
+                            }
+                            Err(e) => tracing::warn!(error = %e, "malformed desired state: ignored"),
+                        }
+                        if reregister {
+                            break;
+                        }
+                    }
+                    Ok(Ok(None)) | Ok(Err(_)) => break,
+                    Err(_) => {
+                        tracing::warn!("the desired-state stream went silent: reconnecting");
+                        break;
+                    }
+                },
+                _ = link.watch_reset.notified() => {
+                    let (epoch_now, leader_term) = {
+                        let state = link.state();
+                        (state.node_epoch, state.leader_term)
+                    };
+                    if epoch_now != node_epoch || leader_term > term {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sends a report of allocation `epoch` of a job until a leader accepts or rejects it.
+pub(crate) async fn deliver<E: From<LinkEvent>>(
+    link: Arc<Link>,
+    events: mpsc::UnboundedSender<E>,
+    job_id: JobId,
+    epoch: u64,
+    report: Report,
+) {
+    let node = link.node.name.clone();
+    let kind = match report {
+        Report::Started => ReportKind::Start,
+        Report::Finished(_) => ReportKind::Exit,
+    };
+    let mut backoff = Duration::from_millis(50);
+    let mut failures = 0u32;
+    loop {
+        let answer = match &report {
+            Report::Started => {
+                link.gateway.report_started(pb::ReportStartedRequest { node: node.clone(), job_id, epoch }).await
+            }
+            Report::Finished(exit) => {
+                let request =
+                    pb::ReportFinishedRequest { node: node.clone(), job_id, epoch, report: Some(exit.into()) };
+                link.gateway.report_finished(request).await
+            }
+        };
+        match answer {
+            Ok(reply) => {
+                if !reply.accepted {
+                    tracing::info!(job_id, epoch, ?kind, "report was for a stale placement: ignored by the leader");
+                }
+                let _ = events.send(LinkEvent::Reported { job_id, epoch, kind, revision: reply.revision }.into());
+                return;
+            }
+            Err(e) => {
+                failures += 1;
+                if failures == 1 || failures.is_multiple_of(10) {
+                    tracing::warn!(job_id, epoch, ?kind, attempts = failures, error = %e, "cannot report to a leader yet; retrying");
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// The runtime's view of a pushed desired state.
+fn desired_of(state: pb::DesiredState) -> Result<Desired, corral_proto::ProtoError> {
+    let mut jobs = BTreeMap::new();
+    for d in state.jobs {
+        let job = Job::try_from(d.job.ok_or(corral_proto::ProtoError::Missing("job"))?)?;
+        let epoch = job.allocation.as_ref().map_or(0, |a| a.epoch);
+        let want = match pb::DesiredAction::try_from(d.action) {
+            Ok(pb::DesiredAction::Stop) => Want::Stop {
+                grace: (d.grace_secs > 0).then(|| Duration::from_secs(u64::from(d.grace_secs))),
+                signal: d.checkpoint_signal,
+            },
+            _ => Want::Run,
+        };
+        let addrs = crate::gang::PartAddrs { master_addr: d.master_addr, part_addrs: d.part_addrs };
+        jobs.insert(job.id, DesiredJob { job: Arc::new(job), epoch, want, addrs });
+    }
+    Ok(Desired { revision: state.revision, jobs })
+}

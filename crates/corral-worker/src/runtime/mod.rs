@@ -1,0 +1,352 @@
+//! The worker's runtime: one task owns the book-keeping (`state.rs`: registration, lease,
+//! `reconcile::Local`), asks `reconcile` what to do and carries it out. Everything that waits
+//! runs in tasks that report back as events: the link's (`link.rs`: registration, heartbeats,
+//! the desired-state stream, report deliveries) and each run's (`task.rs`: its process, its
+//! stop). Job and stop tasks live in a `JoinSet` that shutdown drains, report deliveries in one
+//! that shutdown flushes for a few seconds only, and blocking cgroup kills run on the blocking
+//! pool. The lease is explained in `state.rs`; the fence guard (`fence.rs`) enforces it.
+
+mod state;
+mod task;
+
+use crate::config::WorkerConfig;
+use crate::devices::Devices;
+use crate::executor::{Executor, RunningJob};
+use crate::fence::FenceGuard;
+use crate::jobs::{JobTable, StartedRun};
+use crate::launch::{launch_spec, pick_mig_instance, MigPick};
+use crate::link::{self, Link, Report};
+use crate::reconcile::Action;
+use corral_types::Job;
+use nix::sys::signal::Signal;
+use state::{steps, Event, RuntimeState, Step};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use task::{Owners, TimeLimit};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+/// How long a start report is held after the launch: a job that ends within it reports only
+/// its exit.
+const START_REPORT_HOLD: Duration = Duration::from_millis(50);
+/// How long shutdown waits for killed jobs to be reaped.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(30);
+/// How long shutdown then keeps trying to deliver pending reports. What is not delivered is not
+/// lost for the cluster: the worker registers again with a new epoch when it comes back, and the
+/// leader requeues whatever the old epoch still held.
+const SHUTDOWN_REPORT_FLUSH: Duration = Duration::from_secs(3);
+
+pub(crate) struct Runtime {
+    config: Arc<WorkerConfig>,
+    executor: Arc<dyn Executor>,
+    owners: Owners,
+    state: RuntimeState,
+    guard: Option<FenceGuard>,
+    events: mpsc::UnboundedSender<Event>,
+    inbox: mpsc::UnboundedReceiver<Event>,
+    /// Job processes and stops: drained at shutdown.
+    tasks: JoinSet<()>,
+    /// Report deliveries: given a short flush at shutdown (a coordinator may be gone for good).
+    reports: JoinSet<()>,
+    /// Heartbeats, the desired-state stream and registration: aborted at shutdown.
+    daemons: JoinSet<()>,
+}
+
+impl Runtime {
+    pub(crate) fn new(
+        config: Arc<WorkerConfig>,
+        executor: Arc<dyn Executor>,
+        jobs: Arc<JobTable>,
+        devices: Arc<Devices>,
+        link: Arc<Link>,
+    ) -> Runtime {
+        let (events, inbox) = mpsc::unbounded_channel();
+        Runtime {
+            config,
+            executor,
+            owners: Owners { jobs, devices, link },
+            state: RuntimeState::new(),
+            guard: None,
+            events,
+            inbox,
+            tasks: JoinSet::new(),
+            reports: JoinSet::new(),
+            daemons: JoinSet::new(),
+        }
+    }
+
+    pub(crate) async fn run(mut self, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+        self.guard = match self.config.fence_guard.clone() {
+            Some(command) => {
+                Some(FenceGuard::start(command).map_err(|e| anyhow::anyhow!("cannot start the fence guard: {e}"))?)
+            }
+            None => {
+                tracing::warn!("no fence guard: jobs of this worker keep running if it freezes or dies");
+                None
+            }
+        };
+        let Owners { jobs, devices, link } = self.owners.clone();
+        self.daemons.spawn(link::heartbeats(link.clone(), devices, jobs, self.events.clone()));
+        self.daemons.spawn(link::watch_desired(link, self.events.clone()));
+        self.register();
+        tokio::pin!(shutdown);
+        loop {
+            let lease_check = self.state.lease_deadline();
+            let event = tokio::select! {
+                _ = &mut shutdown => break,
+                event = self.inbox.recv() => event,
+                _ = sleep_until(lease_check) => None,
+                Some(done) = self.tasks.join_next() => {
+                    log_panic(done);
+                    None
+                }
+                Some(done) = self.reports.join_next() => {
+                    log_panic(done);
+                    None
+                }
+            };
+            // The lease first: after a freeze, what happened meanwhile happened without one.
+            self.state.check_lease(Instant::now());
+            if let Some(event) = event {
+                self.handle(event);
+            }
+            self.converge();
+            self.owners.link.set_serving(self.state.leased());
+        }
+        self.shutdown().await;
+        Ok(())
+    }
+
+    fn handle(&mut self, event: Event) {
+        let follow_up = self.state.handle(event, Instant::now());
+        if let (Some(guard), Some(deadline)) = (&mut self.guard, follow_up.guard_deadline) {
+            guard.renew(deadline);
+        }
+        if let Some(node_epoch) = follow_up.registered {
+            self.owners.link.registered(node_epoch);
+        }
+    }
+
+    /// Reconciles and acts until nothing is left to do.
+    fn converge(&mut self) {
+        for _ in 0..8 {
+            let actions = self.state.actions(self.config.kill_grace);
+            if actions.is_empty() {
+                return;
+            }
+            for step in steps(actions) {
+                match step {
+                    Step::Launches(jobs) => self.launch_all(jobs),
+                    Step::Act(action) => self.act(action),
+                }
+            }
+        }
+        tracing::warn!("reconcile did not settle in 8 rounds; continuing at the next event");
+    }
+
+    /// Launches whole-GPU jobs, their cgroup set-up and fork/exec in parallel.
+    fn launch_all(&mut self, jobs: Vec<(Arc<Job>, u64)>) {
+        if jobs.len() <= 1 {
+            for (job, epoch) in jobs {
+                self.launch(&job, epoch);
+            }
+            return;
+        }
+        let mut prepared = Vec::new();
+        for (job, epoch) in jobs {
+            let Some(gpus) = self.begin_launch(&job, epoch) else { continue };
+            let addrs = self.state.part_addrs(job.id, epoch);
+            let spec = launch_spec(&self.config, &self.owners.devices, &job, epoch, &gpus, None, &addrs);
+            prepared.push((job, epoch, gpus, spec));
+        }
+        let executor = &self.executor;
+        // A launch spawns the job's output tasks: each thread enters this runtime.
+        let runtime = tokio::runtime::Handle::current();
+        let results: Vec<Result<RunningJob, String>> = std::thread::scope(|scope| {
+            let launches: Vec<_> = prepared
+                .iter()
+                .map(|(_, _, _, spec)| {
+                    let runtime = runtime.clone();
+                    scope.spawn(move || {
+                        let _entered = runtime.enter();
+                        match spec {
+                            Ok(spec) => executor.launch(spec).map_err(|e| e.to_string()),
+                            Err(e) => Err(e.clone()),
+                        }
+                    })
+                })
+                .collect();
+            launches.into_iter().map(|l| l.join().unwrap_or_else(|_| Err("the launch panicked".into()))).collect()
+        });
+        for ((job, epoch, gpus, _), result) in prepared.into_iter().zip(results) {
+            self.launched(&job, epoch, gpus, result.map(|running| (running, None)));
+        }
+    }
+
+    fn act(&mut self, action: Action) {
+        self.state.record(&action);
+        match action {
+            Action::Launch { job, epoch } => self.launch(&job, epoch),
+            Action::NeverStarted { job_id, epoch } => {
+                tracing::info!(job_id, epoch, "stopped before it was launched: reporting it never started");
+            }
+            Action::Stop { job_id, epoch, grace, signal, cause } => {
+                if let Some(handle) = self.owners.jobs.handle(job_id, epoch) {
+                    tracing::info!(job_id, epoch, ?cause, grace_ms = grace.as_millis() as u64, signal, "stopping job");
+                    self.tasks.spawn(task::stop(self.owners.jobs.clone(), job_id, epoch, handle, grace, signal));
+                }
+            }
+            Action::ReportStarted { job_id, epoch } => self.deliver(job_id, epoch, Report::Started),
+            Action::ReportFinished { job_id, epoch, report } => self.deliver(job_id, epoch, Report::Finished(report)),
+            Action::Forget { .. } => {}
+            Action::Signal { job_id, epoch, signals, .. } => {
+                if let Some(handle) = self.owners.jobs.handle(job_id, epoch) {
+                    tracing::info!(job_id, epoch, ?signals, "delivering signals asked for with corral signal");
+                    self.tasks.spawn_blocking(move || {
+                        for signal in signals {
+                            match Signal::try_from(signal) {
+                                Ok(signal) => {
+                                    if let Err(e) = handle.signal_tree(signal) {
+                                        tracing::warn!(job_id, error = %e, "signal failed");
+                                    }
+                                }
+                                Err(_) => tracing::warn!(job_id, signal, "not a signal: ignored"),
+                            }
+                        }
+                    });
+                }
+            }
+            Action::Reregister => {
+                self.owners.link.unregistered();
+                self.register();
+            }
+        }
+    }
+
+    fn register(&mut self) {
+        let Owners { devices, link, .. } = self.owners.clone();
+        self.daemons.spawn(link::register(link, devices, self.events.clone()));
+    }
+
+    fn deliver(&mut self, job_id: u64, epoch: u64, report: Report) {
+        let link = self.owners.link.clone();
+        self.reports.spawn(link::deliver(link, self.events.clone(), job_id, epoch, report));
+    }
+
+    /// Starts allocation `epoch` of `job`: its MIG instance, the process in its cgroup, and the
+    /// task that waits for it. A failure is recorded as an ended run with the launch error.
+    fn launch(&mut self, job: &Job, epoch: u64) {
+        let Some(gpus) = self.begin_launch(job, epoch) else { return };
+        let devices = &self.owners.devices;
+        let taken = self.owners.jobs.taken_mig_instances();
+        let launched = pick_mig_instance(devices, self.config.mig_manage, job, &gpus, &taken).and_then(|mig| {
+            let mig_uuid = mig.as_ref().map(|m| m.uuid.as_str());
+            let addrs = self.state.part_addrs(job.id, epoch);
+            let spec = launch_spec(&self.config, devices, job, epoch, &gpus, mig_uuid, &addrs);
+            match spec.and_then(|spec| self.executor.launch(&spec).map_err(|e| e.to_string())) {
+                Ok(running) => Ok((running, mig)),
+                Err(e) => {
+                    if let (Some(MigPick { uuid, created: true }), Some(&gpu)) = (mig, gpus.first()) {
+                        devices.destroy_mig_instance(gpu, &uuid);
+                    }
+                    Err(e)
+                }
+            }
+        });
+        self.launched(job, epoch, gpus, launched);
+    }
+
+    /// The GPUs of `job` on this node, with the run marked as launching; None (logged) when the
+    /// desired state names a job with no part here.
+    fn begin_launch(&self, job: &Job, epoch: u64) -> Option<Vec<u32>> {
+        let node = &self.config.node_name;
+        let Some(gpus) = job.allocation.as_ref().and_then(|a| a.gpus_on(node)).map(<[u32]>::to_vec) else {
+            tracing::warn!(job_id = job.id, epoch, "desired state names a job with no part on this node");
+            return None;
+        };
+        self.owners.jobs.launching(job.id, epoch);
+        Some(gpus)
+    }
+
+    /// Records the outcome of a launch: the running job and the task that waits for it, or the
+    /// ended run with the launch error.
+    fn launched(
+        &mut self,
+        job: &Job,
+        epoch: u64,
+        gpus: Vec<u32>,
+        launched: Result<(RunningJob, Option<MigPick>), String>,
+    ) {
+        let job_id = job.id;
+        let (running, mig) = match launched {
+            Ok(launched) => launched,
+            Err(error) => {
+                self.owners.jobs.launch_failed(job_id, epoch);
+                tracing::warn!(job_id, epoch, error = %error, "launch failed");
+                // The user reads it in `corral show`: say where it failed.
+                self.state.launch_failed(job_id, epoch, format!("node {}: {error}", self.config.node_name));
+                return;
+            }
+        };
+        tracing::info!(job_id, epoch, pid = running.pid(), gpus = ?gpus, image = ?job.spec.image, "job started");
+        let process = StartedRun {
+            tenant: job.spec.tenant.clone(),
+            gpus: gpus.clone(),
+            handle: running.handle(),
+            mig_uuid: mig.as_ref().map(|m| m.uuid.clone()),
+        };
+        self.owners.jobs.started(job_id, epoch, process);
+        self.state.launched(job, epoch);
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(START_REPORT_HOLD).await;
+            let _ = events.send(Event::StartDue { job_id, epoch });
+        });
+        let run = task::Launched { job_id, epoch, running, time_limit: TimeLimit::of(job), gpus, mig };
+        self.tasks.spawn(task::run_job(self.owners.clone(), self.events.clone(), run));
+    }
+
+    /// Kills every job, waits for the job tasks, stops the guard.
+    async fn shutdown(mut self) {
+        for (job_id, handle) in self.owners.jobs.running_handles() {
+            tracing::info!(job_id, "killing job: the worker shuts down");
+            let _ = tokio::task::spawn_blocking(move || handle.kill_tree()).await;
+        }
+        let drained =
+            tokio::time::timeout(SHUTDOWN_DRAIN, async { while self.tasks.join_next().await.is_some() {} }).await;
+        if drained.is_err() {
+            tracing::warn!("some job tasks did not finish within {SHUTDOWN_DRAIN:?}");
+            self.tasks.abort_all();
+        }
+        let flushed =
+            tokio::time::timeout(SHUTDOWN_REPORT_FLUSH, async { while self.reports.join_next().await.is_some() {} })
+                .await;
+        if flushed.is_err() {
+            tracing::warn!(
+                pending = self.reports.len(),
+                "no leader took the last reports within {SHUTDOWN_REPORT_FLUSH:?}: the leader settles these jobs when this node registers again"
+            );
+            self.reports.abort_all();
+        }
+        self.daemons.abort_all();
+        if let Some(guard) = self.guard.take() {
+            let _ = tokio::task::spawn_blocking(move || guard.stop()).await;
+        }
+    }
+}
+
+fn log_panic(done: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = done {
+        if e.is_panic() {
+            tracing::error!(error = %e, "a worker task panicked");
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,169 @@
+//! The tasks of one run: `run_job` waits for the job's process (its time limit and the signal
+//! before it), checks its GPUs, frees its MIG instance and tells the runtime; `stop` stops it
+//! (a signal, SIGTERM, then SIGKILL after the grace period).
+
+use super::state::Event;
+use crate::devices::Devices;
+use crate::executor::{JobHandle, RunningJob};
+use crate::jobs::JobTable;
+use crate::launch::MigPick;
+use crate::link::Link;
+use corral_types::{Job, JobExitReport, JobId};
+use nix::sys::signal::Signal;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// The owners of the state a run's task reaches.
+#[derive(Clone)]
+pub(crate) struct Owners {
+    pub jobs: Arc<JobTable>,
+    pub devices: Arc<Devices>,
+    pub link: Arc<Link>,
+}
+
+/// A job's time limit, and the signal it asked for some time before it (`--signal SIG@DUR`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TimeLimit {
+    pub limit: Option<Duration>,
+    /// (when after the start, signal)
+    pub warning: Option<(Duration, i32)>,
+}
+
+impl TimeLimit {
+    pub(crate) fn of(job: &Job) -> TimeLimit {
+        let limit = job.spec.time_limit_secs.map(Duration::from_secs);
+        let sched = &job.spec.sched;
+        let warning = match (limit, sched.signal_before_end_secs, sched.checkpoint_signal) {
+            (Some(limit), Some(before), Some(signal)) => {
+                Some((limit.saturating_sub(Duration::from_secs(u64::from(before))), signal))
+            }
+            _ => None,
+        };
+        TimeLimit { limit, warning }
+    }
+}
+
+async fn sleep_for(duration: Option<Duration>) {
+    match duration {
+        Some(t) => tokio::time::sleep(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A launched run: its process and what it holds.
+pub(crate) struct Launched {
+    pub job_id: JobId,
+    pub epoch: u64,
+    pub running: RunningJob,
+    pub time_limit: TimeLimit,
+    pub gpus: Vec<u32>,
+    pub mig: Option<MigPick>,
+}
+
+/// Waits for a job process (signalling it before its time limit if it asked, killing it at the
+/// limit), checks its GPUs, frees its MIG instance and reports the exit to the runtime.
+pub(crate) async fn run_job(owners: Owners, events: mpsc::UnboundedSender<Event>, run: Launched) {
+    let Launched { job_id, epoch, mut running, time_limit, gpus, mig } = run;
+    let handle = running.handle();
+    let mut timed_out = false;
+    let exit = {
+        let wait = running.wait();
+        tokio::pin!(wait);
+        let limit = sleep_for(time_limit.limit);
+        tokio::pin!(limit);
+        let mut warning = time_limit.warning;
+        loop {
+            let warn = sleep_for(warning.map(|(at, _)| at));
+            tokio::select! {
+                exit = &mut wait => break exit,
+                _ = warn => {
+                    if let Some((_, signal)) = warning.take() {
+                        tracing::info!(job_id, signal, "time limit near: sending the job its signal");
+                        let handle = handle.clone();
+                        let _ = tokio::task::spawn_blocking(move || {
+                            match Signal::try_from(signal) {
+                                Ok(signal) => {
+                                    if let Err(e) = handle.signal_tree(signal) {
+                                        tracing::warn!(job_id, error = %e, "signal failed");
+                                    }
+                                }
+                                Err(_) => tracing::warn!(job_id, signal, "not a signal: ignored"),
+                            }
+                        })
+                        .await;
+                    }
+                }
+                _ = &mut limit => {
+                    tracing::info!(job_id, "time limit reached: killing job");
+                    timed_out = true;
+                    let handle = handle.clone();
+                    let _ = tokio::task::spawn_blocking(move || {
+                        if let Err(e) = handle.kill_tree() {
+                            tracing::warn!(job_id, error = %e, "kill failed");
+                        }
+                    })
+                    .await;
+                    break wait.await;
+                }
+            }
+        }
+    };
+    tracing::info!(job_id, epoch, code = ?exit.exit_code, signal = ?exit.signal, oom = exit.oom_killed, "job exited");
+    let created = mig.as_ref().is_some_and(|m| m.created);
+    owners.jobs.exited(job_id, epoch, created);
+    let _ = events.send(Event::ProcessGone { job_id, epoch });
+    // The job's cgroup is empty now (wait drained it): its GPUs must be clean too.
+    if owners.devices.check_hygiene(&owners.jobs, job_id, epoch, &gpus).await {
+        owners.link.heartbeat_now().await;
+    }
+    if let (Some(MigPick { uuid, created: true }), Some(&gpu)) = (mig, gpus.first()) {
+        let devices = Arc::clone(&owners.devices);
+        let _ = tokio::task::spawn_blocking(move || devices.destroy_mig_instance(gpu, &uuid)).await;
+    }
+    owners.jobs.remove(job_id, epoch);
+    let report = JobExitReport {
+        exit_code: exit.exit_code,
+        signal: exit.signal,
+        oom_killed: exit.oom_killed,
+        run_time_ms: exit.run_time.as_millis() as u64,
+        timed_out,
+        ..Default::default()
+    };
+    let _ = events.send(Event::Exited { job_id, epoch, report });
+}
+
+/// Stops one job: `signal` first if any (SIGTERM then follows half-way through the grace
+/// period), else SIGTERM at once; SIGKILL to the whole tree when the grace period is over.
+pub(crate) async fn stop(
+    jobs: Arc<JobTable>,
+    job_id: JobId,
+    epoch: u64,
+    handle: JobHandle,
+    grace: Duration,
+    signal: Option<i32>,
+) {
+    let checkpoint = signal.and_then(|s| Signal::try_from(s).ok());
+    if let Err(e) = handle.signal_tree(checkpoint.unwrap_or(Signal::SIGTERM)) {
+        tracing::warn!(job_id, error = %e, "signal failed");
+    }
+    if checkpoint.is_some() {
+        tokio::time::sleep(grace / 2).await;
+        if jobs.runs(job_id, epoch) {
+            if let Err(e) = handle.signal_tree(Signal::SIGTERM) {
+                tracing::warn!(job_id, error = %e, "SIGTERM failed");
+            }
+        }
+        tokio::time::sleep(grace - grace / 2).await;
+    } else {
+        tokio::time::sleep(grace).await;
+    }
+    if jobs.runs(job_id, epoch) {
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Err(e) = handle.kill_tree() {
+                tracing::warn!(job_id, error = %e, "kill failed");
+            }
+        })
+        .await;
+    }
+}
