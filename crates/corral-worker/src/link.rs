@@ -389,3 +389,70 @@ fn desired_of(state: pb::DesiredState) -> Result<Desired, corral_proto::ProtoErr
     }
     Ok(Desired { revision: state.revision, jobs })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reconcile::tests::job;
+
+    #[test]
+    fn lease_terms_keep_the_fence_within_the_node_ttl() {
+        let ms = Duration::from_millis;
+        let cases = [
+            // (node TTL ms, fence-after ms) as sent -> (node TTL, fence after, guard after)
+            (Some((10_000, 4_000)), (ms(10_000), ms(4_000), ms(7_000))),
+            (Some((10_000, 12_000)), (ms(10_000), ms(10_000), ms(10_000))),
+            (Some((10_000, 0)), (ms(10_000), ms(0), ms(5_000))),
+            (Some((0, 0)), (ms(1), ms(0), Duration::from_micros(500))),
+            (None, (ms(1), ms(0), Duration::from_micros(500))),
+        ];
+        for (sent, (node_ttl, fence_after, guard_after)) in cases {
+            let lease = sent.map(|(node_ttl_ms, fence_after_ms)| pb::Lease { node_ttl_ms, fence_after_ms });
+            let terms = Terms::of(lease);
+            assert_eq!(terms, Terms { node_ttl, fence_after }, "{sent:?}");
+            assert_eq!(terms.guard_after(), guard_after, "{sent:?}");
+        }
+    }
+
+    #[test]
+    fn a_pushed_desired_state_becomes_the_runtimes_view() {
+        let desired_job =
+            |id: JobId, action: pb::DesiredAction, grace_secs: u32, checkpoint_signal: Option<i32>| pb::DesiredJob {
+                job: Some(pb::Job::from(job(id, 3).as_ref())),
+                action: action as i32,
+                grace_secs,
+                checkpoint_signal,
+                master_addr: "10.0.0.1".into(),
+                part_addrs: vec!["10.0.0.1:7000".into(), "10.0.0.2:7000".into()],
+            };
+        let state = pb::DesiredState {
+            revision: 12,
+            term: 2,
+            reregister: false,
+            jobs: vec![
+                desired_job(1, pb::DesiredAction::Run, 0, None),
+                desired_job(2, pb::DesiredAction::Stop, 0, None),
+                desired_job(3, pb::DesiredAction::Stop, 30, Some(10)),
+                desired_job(4, pb::DesiredAction::Unspecified, 0, None),
+            ],
+        };
+        let desired = desired_of(state).expect("a well-formed state");
+        assert_eq!(desired.revision, 12);
+        let wants: Vec<(JobId, u64, Want)> =
+            desired.jobs.values().map(|d| (d.job.id, d.epoch, d.want.clone())).collect();
+        assert_eq!(
+            wants,
+            [
+                (1, 3, Want::Run),
+                (2, 3, Want::Stop { grace: None, signal: None }),
+                (3, 3, Want::Stop { grace: Some(Duration::from_secs(30)), signal: Some(10) }),
+                (4, 3, Want::Run),
+            ]
+        );
+        let addrs = &desired.jobs[&1].addrs;
+        assert_eq!((addrs.master_addr.as_str(), addrs.part_addrs.len()), ("10.0.0.1", 2));
+
+        let missing = pb::DesiredState { jobs: vec![pb::DesiredJob::default()], ..Default::default() };
+        assert!(desired_of(missing).is_err(), "a job entry without its job is malformed");
+    }
+}

@@ -279,13 +279,14 @@ fn report(local: &Local, desired: &Desired, actions: &mut Vec<Action>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use corral_types::{Allocation, JobSpec, JobState, Timestamp};
 
     const POLICY: Policy = Policy { kill_grace: Duration::from_secs(5), fence_grace: Duration::from_secs(1) };
 
-    fn job(id: JobId, epoch: u64) -> Arc<Job> {
+    /// A one-GPU job on node `n1` with allocation `epoch` (also for the runtime's tests).
+    pub(crate) fn job(id: JobId, epoch: u64) -> Arc<Job> {
         Arc::new(Job {
             id,
             spec: JobSpec { command: vec!["true".into()], tenant: "default".into(), ..Default::default() },

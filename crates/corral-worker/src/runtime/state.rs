@@ -334,3 +334,349 @@ fn ended(epoch: u64, report: JobExitReport) -> LocalJob {
         signals_sent: 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reconcile::tests::job;
+    use crate::reconcile::{DesiredJob, Want};
+    use corral_types::GpuSlice;
+
+    const KILL_GRACE: Duration = Duration::from_secs(5);
+    /// Fenced 4 s after the answered request was sent; the node TTL is 10 s, so the guard kills
+    /// at 7 s.
+    const TERMS: Terms = Terms { node_ttl: Duration::from_secs(10), fence_after: Duration::from_secs(4) };
+
+    /// `s` seconds after the registration request was sent (negative: before it).
+    fn at(s: f64) -> Instant {
+        static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let origin = *ORIGIN.get_or_init(|| Instant::now() + Duration::from_secs(60));
+        if s >= 0.0 {
+            origin + Duration::from_secs_f64(s)
+        } else {
+            origin - Duration::from_secs_f64(-s)
+        }
+    }
+
+    /// Registered with node epoch 3 by the answer to a request sent at `at(0.0)`.
+    fn registered() -> RuntimeState {
+        let mut state = RuntimeState::new();
+        let event = LinkEvent::Registered { node_epoch: 3, sent_at: at(0.0), terms: TERMS };
+        let follow_up = state.handle(event.into(), at(0.1));
+        assert_eq!(follow_up, FollowUp { registered: Some(3), guard_deadline: Some(at(7.0)) });
+        assert!(state.leased());
+        state
+    }
+
+    fn answered(node_epoch: u64, sent_at: Instant, reregister: bool) -> Event {
+        LinkEvent::Answered { node_epoch, sent_at, terms: TERMS, reregister }.into()
+    }
+
+    /// A desired state of registration 3 running `jobs` (allocation epoch 1).
+    fn desired(revision: u64, jobs: &[JobId]) -> Event {
+        let jobs = jobs
+            .iter()
+            .map(|&id| (id, DesiredJob { job: job(id, 1), epoch: 1, want: Want::Run, addrs: PartAddrs::default() }))
+            .collect();
+        LinkEvent::Desired { node_epoch: 3, desired: Desired { revision, jobs }, reregister: false }.into()
+    }
+
+    fn local_job(state: &RuntimeState, job_id: JobId) -> &LocalJob {
+        state.local.jobs.get(&job_id).expect("the job is recorded")
+    }
+
+    #[test]
+    fn the_lease_runs_from_when_the_answered_request_was_sent() {
+        let mut state = registered();
+        assert_eq!(state.lease_deadline(), Some(at(4.0)));
+        state.check_lease(at(3.9));
+        assert!(state.leased());
+        state.check_lease(at(4.0));
+        assert_eq!(state.local.standing, Standing::Fenced);
+        assert_eq!(state.lease_deadline(), None, "a fenced worker has no lease left to check");
+        let mut unregistered = RuntimeState::new();
+        unregistered.check_lease(at(100.0));
+        assert_eq!(unregistered.local.standing, Standing::Unregistered, "no lease, nothing to fence");
+    }
+
+    #[test]
+    fn heartbeat_answers_renew_the_lease_and_the_guard() {
+        struct Case {
+            case: &'static str,
+            /// Fenced (at 4 s) before the answer arrives.
+            fenced: bool,
+            sent_at: f64,
+            now: f64,
+            guard: Option<f64>,
+            leased: bool,
+            until: f64,
+        }
+        let cases = [
+            Case {
+                case: "a later request extends the lease and the guard",
+                fenced: false,
+                sent_at: 1.0,
+                now: 1.5,
+                guard: Some(8.0),
+                leased: true,
+                until: 5.0,
+            },
+            Case {
+                case: "an answer to an older request never shortens the lease",
+                fenced: false,
+                sent_at: -1.0,
+                now: 1.5,
+                guard: None,
+                leased: true,
+                until: 4.0,
+            },
+            Case {
+                case: "an answer to a request sent at the same moment changes nothing",
+                fenced: false,
+                sent_at: 0.0,
+                now: 1.5,
+                guard: None,
+                leased: true,
+                until: 4.0,
+            },
+            Case {
+                case: "a fenced worker whose new lease holds is leased again",
+                fenced: true,
+                sent_at: 3.0,
+                now: 5.0,
+                guard: Some(10.0),
+                leased: true,
+                until: 7.0,
+            },
+            Case {
+                case: "a fenced worker whose new lease already ran out stays fenced, its guard moved",
+                fenced: true,
+                sent_at: 0.5,
+                now: 5.0,
+                guard: Some(7.5),
+                leased: false,
+                until: 4.5,
+            },
+        ];
+        for c in cases {
+            let mut state = registered();
+            if c.fenced {
+                state.check_lease(at(4.0));
+                assert!(!state.leased(), "{}", c.case);
+            }
+            let follow_up = state.handle(answered(3, at(c.sent_at), false), at(c.now));
+            assert_eq!(follow_up, FollowUp { registered: None, guard_deadline: c.guard.map(at) }, "{}", c.case);
+            assert_eq!(state.leased(), c.leased, "{}", c.case);
+            assert_eq!(state.lease.until, Some(at(c.until)), "{}", c.case);
+        }
+    }
+
+    #[test]
+    fn stops_without_a_lease_end_before_the_guard_kills() {
+        let terms = |ttl: u64, fence: u64| Terms {
+            node_ttl: Duration::from_secs(ttl),
+            fence_after: Duration::from_secs(fence),
+        };
+        let cases = [
+            (None, KILL_GRACE, KILL_GRACE),
+            // Half the 3 s between the fence (4 s) and the guard (7 s).
+            (Some(terms(10, 4)), KILL_GRACE, Duration::from_millis(1500)),
+            (Some(terms(10, 4)), Duration::from_secs(1), Duration::from_secs(1)),
+            // The guard kills at the fence time: no grace at all.
+            (Some(terms(4, 4)), KILL_GRACE, Duration::ZERO),
+        ];
+        for (terms, kill_grace, fence_grace) in cases {
+            let policy = Lease { terms, until: None }.policy(kill_grace);
+            assert_eq!(policy, Policy { kill_grace, fence_grace }, "{terms:?} with kill grace {kill_grace:?}");
+        }
+    }
+
+    #[test]
+    fn answers_for_an_earlier_registration_are_ignored() {
+        let mut state = registered();
+        let follow_up = state.handle(answered(2, at(1.0), true), at(1.5));
+        assert_eq!(follow_up, FollowUp::default());
+        assert!(state.leased(), "an old epoch's reregister is not this registration's");
+        assert_eq!(state.lease.until, Some(at(4.0)), "an old epoch's answer renews nothing");
+        let old = LinkEvent::Desired {
+            node_epoch: 2,
+            desired: Desired { revision: 9, ..Default::default() },
+            reregister: true,
+        };
+        state.handle(old.into(), at(1.5));
+        assert!(state.leased());
+        assert_eq!(state.desired.revision, 0);
+    }
+
+    #[test]
+    fn an_older_desired_state_is_ignored() {
+        let mut state = registered();
+        state.handle(desired(5, &[1]), at(1.0));
+        state.handle(desired(4, &[2]), at(1.0));
+        assert_eq!(state.actions(KILL_GRACE), [Action::Launch { job: job(1, 1), epoch: 1 }]);
+        state.handle(desired(5, &[2]), at(1.0));
+        assert_eq!(
+            state.actions(KILL_GRACE),
+            [Action::Launch { job: job(2, 1), epoch: 1 }],
+            "the same revision again replaces it"
+        );
+    }
+
+    #[test]
+    fn a_leader_that_does_not_know_the_epoch_has_the_worker_stop_everything_then_register_again() {
+        // Before a registration there is nothing to give up.
+        let mut unregistered = RuntimeState::new();
+        let reregister = LinkEvent::Desired { node_epoch: 0, desired: Desired::default(), reregister: true };
+        unregistered.handle(reregister.into(), at(0.0));
+        assert_eq!(unregistered.local.standing, Standing::Unregistered);
+
+        for event in [
+            answered(3, at(1.0), true),
+            LinkEvent::Desired { node_epoch: 3, desired: Desired::default(), reregister: true }.into(),
+        ] {
+            let mut state = registered();
+            state.handle(desired(5, &[1]), at(1.0));
+            state.launched(&job(1, 1), 1);
+            state.handle(event, at(1.5));
+            assert_eq!(state.local.standing, Standing::MustReregister);
+            let stop = Action::Stop {
+                job_id: 1,
+                epoch: 1,
+                grace: Duration::from_millis(1500),
+                signal: None,
+                cause: StopCause::Reregister,
+            };
+            assert_eq!(state.actions(KILL_GRACE), std::slice::from_ref(&stop), "stop everything first, register after");
+            state.record(&stop);
+            state.handle(Event::ProcessGone { job_id: 1, epoch: 1 }, at(2.0));
+            state.handle(Event::Exited { job_id: 1, epoch: 1, report: JobExitReport::default() }, at(2.5));
+            assert_eq!(state.actions(KILL_GRACE), [Action::Reregister], "the exit is stale: not reported");
+            state.record(&Action::Reregister);
+            assert_eq!(state.local, Local { standing: Standing::Unregistered, jobs: BTreeMap::new() });
+            assert_eq!((state.node_epoch, state.desired.revision), (0, 0));
+            assert!(state.causes.is_empty());
+            assert_eq!(state.actions(KILL_GRACE), []);
+            let again = LinkEvent::Registered { node_epoch: 4, sent_at: at(3.0), terms: TERMS };
+            let follow_up = state.handle(again.into(), at(3.1));
+            assert_eq!(follow_up, FollowUp { registered: Some(4), guard_deadline: Some(at(10.0)) });
+            assert_eq!((state.leased(), state.node_epoch, state.lease_deadline()), (true, 4, Some(at(7.0))));
+        }
+    }
+
+    #[test]
+    fn an_exit_report_says_whether_the_worker_stopped_the_job_for_its_own_reasons() {
+        let cases = [
+            (None, false),
+            (Some(StopCause::Leader), false),
+            (Some(StopCause::Orphan), false),
+            (Some(StopCause::Fenced), true),
+            (Some(StopCause::Reregister), true),
+            (Some(StopCause::Shutdown), true),
+        ];
+        for (cause, fenced) in cases {
+            let mut state = registered();
+            state.launched(&job(1, 1), 1);
+            if let Some(cause) = cause {
+                let grace = KILL_GRACE;
+                state.record(&Action::Stop { job_id: 1, epoch: 1, grace, signal: None, cause });
+                assert_eq!(local_job(&state, 1).phase, Phase::Running { stopping: Some(cause) });
+            }
+            let report = JobExitReport { exit_code: Some(143), run_time_ms: 20, ..Default::default() };
+            state.handle(Event::Exited { job_id: 1, epoch: 1, report: report.clone() }, at(1.0));
+            let expected = JobExitReport { fenced, ..report };
+            assert_eq!(local_job(&state, 1).phase, Phase::Ended { report: expected }, "{cause:?}");
+        }
+    }
+
+    #[test]
+    fn a_start_report_is_held_a_moment_and_left_out_for_a_job_that_ended_meanwhile() {
+        let mut state = registered();
+        let mut ten = job(1, 1).as_ref().clone();
+        ten.signals = vec![10, 12];
+        state.launched(&ten, 1);
+        let launched = local_job(&state, 1);
+        assert_eq!((launched.start, launched.exit), (Delivery::Held, Delivery::Pending));
+        assert_eq!(launched.signals_sent, 2, "signals asked for before this run are not for it");
+        state.handle(Event::StartDue { job_id: 1, epoch: 1 }, at(1.0));
+        assert_eq!(local_job(&state, 1).start, Delivery::Pending);
+        state.handle(Event::ProcessGone { job_id: 1, epoch: 1 }, at(1.0));
+        assert_eq!(
+            (local_job(&state, 1).phase.clone(), local_job(&state, 1).start),
+            (Phase::Exiting, Delivery::Skipped)
+        );
+
+        // One whose start report is under way keeps it.
+        state.launched(&job(2, 1), 1);
+        state.handle(Event::StartDue { job_id: 2, epoch: 1 }, at(1.0));
+        state.record(&Action::ReportStarted { job_id: 2, epoch: 1 });
+        state.handle(Event::Exited { job_id: 2, epoch: 1, report: JobExitReport::default() }, at(1.0));
+        assert_eq!(local_job(&state, 2).start, Delivery::InFlight);
+        state.handle(LinkEvent::Reported { job_id: 2, epoch: 1, kind: ReportKind::Start, revision: 7 }.into(), at(1.0));
+        assert_eq!(local_job(&state, 2).start, Delivery::Done { revision: 7 });
+    }
+
+    #[test]
+    fn events_of_another_run_of_the_job_change_nothing() {
+        let mut state = registered();
+        state.launched(&job(1, 2), 2);
+        let before = local_job(&state, 1).clone();
+        for event in [
+            Event::StartDue { job_id: 1, epoch: 1 },
+            Event::ProcessGone { job_id: 1, epoch: 1 },
+            Event::Exited { job_id: 1, epoch: 1, report: JobExitReport::default() },
+            LinkEvent::Reported { job_id: 1, epoch: 1, kind: ReportKind::Exit, revision: 3 }.into(),
+        ] {
+            state.handle(event, at(1.0));
+            assert_eq!(local_job(&state, 1), &before);
+        }
+    }
+
+    #[test]
+    fn a_failed_launch_is_an_ended_run_reporting_its_error() {
+        let mut state = registered();
+        state.handle(desired(5, &[1]), at(1.0));
+        state.launch_failed(1, 1, "node n1: no such program".into());
+        let report = JobExitReport { launch_error: Some("node n1: no such program".into()), ..Default::default() };
+        assert_eq!(state.actions(KILL_GRACE), [Action::ReportFinished { job_id: 1, epoch: 1, report }]);
+        assert_eq!(local_job(&state, 1).start, Delivery::Skipped);
+    }
+
+    #[test]
+    fn recorded_actions_change_the_book_keeping_as_the_runtime_carries_them_out() {
+        let mut state = registered();
+        state.launched(&job(1, 1), 1);
+        state.record(&Action::Signal { job_id: 1, epoch: 1, signals: vec![10], sent: 1 });
+        assert_eq!(local_job(&state, 1).signals_sent, 1);
+        state.record(&Action::ReportFinished { job_id: 1, epoch: 1, report: JobExitReport::default() });
+        assert_eq!(local_job(&state, 1).exit, Delivery::InFlight);
+        state.record(&Action::Stop { job_id: 1, epoch: 1, grace: KILL_GRACE, signal: None, cause: StopCause::Leader });
+        state.record(&Action::Forget { job_id: 1 });
+        assert!(state.local.jobs.is_empty() && state.causes.is_empty());
+        state.record(&Action::NeverStarted { job_id: 2, epoch: 4 });
+        let never = JobExitReport { never_started: true, ..Default::default() };
+        assert_eq!(local_job(&state, 2), &ended(4, never));
+    }
+
+    #[test]
+    fn whole_gpu_launches_next_to_each_other_run_together_and_everything_else_keeps_its_order() {
+        let launch = |id: JobId| Action::Launch { job: job(id, 1), epoch: 1 };
+        let mut mps = job(3, 1).as_ref().clone();
+        mps.spec.gpu_slice = Some(GpuSlice::Mps { thread_percent: 50, memory_mib: None });
+        let fractional = Action::Launch { job: Arc::new(mps), epoch: 1 };
+        let report = Action::ReportStarted { job_id: 9, epoch: 1 };
+        let batch = |ids: &[JobId]| Step::Launches(ids.iter().map(|&id| (job(id, 1), 1)).collect());
+        let cases = [
+            (vec![], vec![]),
+            (vec![launch(1)], vec![batch(&[1])]),
+            (vec![launch(1), launch(2), report.clone()], vec![batch(&[1, 2]), Step::Act(report.clone())]),
+            (
+                vec![launch(1), fractional.clone(), launch(2), launch(4)],
+                vec![batch(&[1]), Step::Act(fractional.clone()), batch(&[2, 4])],
+            ),
+            (vec![report.clone(), fractional.clone()], vec![Step::Act(report.clone()), Step::Act(fractional)]),
+        ];
+        for (actions, expected) in cases {
+            assert_eq!(steps(actions.clone()), expected, "{actions:?}");
+        }
+    }
+}

@@ -167,3 +167,31 @@ pub(crate) async fn stop(
         .await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reconcile::tests::job;
+
+    #[test]
+    fn the_signal_before_the_time_limit_comes_its_lead_before_the_limit() {
+        let secs = Duration::from_secs;
+        let cases = [
+            // (time limit, --signal lead, signal) -> (limit, warning)
+            ((None, None, None), (None, None)),
+            ((Some(600), None, None), (Some(secs(600)), None)),
+            ((Some(600), Some(60), Some(10)), (Some(secs(600)), Some((secs(540), 10)))),
+            ((Some(600), Some(900), Some(10)), (Some(secs(600)), Some((secs(0), 10)))),
+            // A signal without a limit, or a limit without a signal: nothing to warn of.
+            ((None, Some(60), Some(10)), (None, None)),
+            ((Some(600), Some(60), None), (Some(secs(600)), None)),
+        ];
+        for ((time_limit, before, signal), (limit, warning)) in cases {
+            let mut j = job(1, 1).as_ref().clone();
+            j.spec.time_limit_secs = time_limit;
+            j.spec.sched.signal_before_end_secs = before;
+            j.spec.sched.checkpoint_signal = signal;
+            assert_eq!(TimeLimit::of(&j), TimeLimit { limit, warning }, "{time_limit:?} {before:?} {signal:?}");
+        }
+    }
+}
