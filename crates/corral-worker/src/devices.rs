@@ -230,3 +230,78 @@ impl Devices {
         samples.collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::JobHandle;
+    use crate::gpu::simulated::{Faults, GpuFault};
+    use crate::gpu::{SimulatedConfig, SimulatedGpus};
+    use crate::hygiene::HygieneConfig;
+    use crate::jobs::StartedRun;
+    use std::path::{Path, PathBuf};
+
+    /// Two simulated GPUs with their faults file, a short settle time and rechecks at every
+    /// heartbeat.
+    fn devices(dir: &Path) -> (Devices, PathBuf) {
+        let faults = dir.join("faults.toml");
+        let gpus = SimulatedGpus::new(SimulatedConfig { count: 2, host: "h1".into(), ..Default::default() })
+            .with_faults_file(&faults);
+        let mut config = WorkerConfig::for_host("h1".into(), dir.to_path_buf());
+        config.hygiene = HygieneConfig {
+            memory_tolerance_mib: 128,
+            settle_time: Duration::from_millis(100),
+            recheck_interval: Duration::ZERO,
+        };
+        config.mps.enabled = false;
+        (Devices::new(Arc::new(gpus), &config), faults)
+    }
+
+    fn inject(path: &Path, gpu: Vec<GpuFault>) {
+        Faults { gpu }.write_to(path).expect("write the faults");
+    }
+
+    #[tokio::test]
+    async fn a_leak_after_a_run_makes_its_gpu_dirty_until_a_heartbeat_finds_it_clean() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (devices, faults) = devices(dir.path());
+        let jobs = JobTable::default();
+        devices.inspect().await;
+        assert!(devices.samples().iter().all(|s| !s.dirty && s.healthy));
+
+        inject(&faults, vec![GpuFault { index: 0, leaked_memory_mib: 4096, ..Default::default() }]);
+        assert!(devices.check_hygiene(&jobs, 7, 2, &[0]).await, "memory left behind past the settle time");
+        let health = devices.heartbeat_health(&jobs).await;
+        assert!(health[0].dirty && !health[1].dirty, "{health:?}");
+        assert_eq!(health[0].dirty_job_id, Some(7), "the leak is the run's");
+        assert!(health[0].dirty_reason.contains("4096 MiB"), "{}", health[0].dirty_reason);
+        let dirty: Vec<bool> = devices.samples().iter().map(|s| s.dirty).collect();
+        assert_eq!(dirty, [true, false]);
+
+        // A GPU another running job shares: its memory is not the finished run's.
+        let handle = JobHandle::detached(8);
+        let run = StartedRun { tenant: "team-a".into(), gpus: vec![1], handle, mig_uuid: None };
+        jobs.started(8, 1, run);
+        inject(&faults, vec![GpuFault { index: 1, leaked_memory_mib: 4096, ..Default::default() }]);
+        assert!(!devices.check_hygiene(&jobs, 9, 1, &[1]).await);
+
+        inject(&faults, Vec::new());
+        let health = devices.heartbeat_health(&jobs).await;
+        assert!(health.iter().all(|h| !h.dirty && h.dirty_reason.is_empty()), "{health:?}");
+    }
+
+    #[tokio::test]
+    async fn an_overheating_gpu_is_unhealthy_in_the_heartbeat_and_the_metrics() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (devices, faults) = devices(dir.path());
+        inject(&faults, vec![GpuFault { index: 1, temperature_c: Some(95), ..Default::default() }]);
+        devices.inspect().await;
+        let health = devices.heartbeat_health(&JobTable::default()).await;
+        assert!(health[0].problems.is_empty() && !health[1].problems.is_empty(), "{health:?}");
+        let samples = devices.samples();
+        let seen: Vec<(&str, bool, u32)> =
+            samples.iter().map(|s| (s.device.as_str(), s.healthy, s.reading.temperature_c)).collect();
+        assert_eq!(seen, [("nvidia0", true, 35), ("nvidia1", false, 95)]);
+        assert_eq!(samples[0].uuid, devices.offered()[0].uuid);
+    }
+}

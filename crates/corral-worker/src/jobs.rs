@@ -153,3 +153,75 @@ impl JobTable {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn started(gpus: &[u32], mig_uuid: Option<&str>) -> StartedRun {
+        StartedRun {
+            tenant: "team-a".into(),
+            gpus: gpus.to_vec(),
+            handle: JobHandle::detached(1),
+            mig_uuid: mig_uuid.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_run_is_running_from_its_launch_until_its_process_is_gone() {
+        let jobs = JobTable::default();
+        assert!(!jobs.is_running(1));
+        jobs.launching(1, 4);
+        assert!(jobs.is_running(1), "its log directory may exist before its process");
+        assert!(!jobs.runs(1, 4) && jobs.handle(1, 4).is_none(), "no process yet");
+        jobs.started(1, 4, started(&[0, 1], None));
+        assert!(jobs.is_running(1) && jobs.runs(1, 4) && !jobs.runs(1, 3));
+        assert!(jobs.handle(1, 4).is_some());
+        assert_eq!(jobs.busy_gpus(), [0, 1]);
+        assert_eq!(jobs.running_handles().len(), 1);
+        let samples = jobs.samples();
+        assert_eq!((samples.len(), samples[0].job_id, samples[0].tenant.as_str()), (1, 1, "team-a"));
+        jobs.exited(1, 4, false);
+        assert!(!jobs.is_running(1) && !jobs.runs(1, 4) && jobs.handle(1, 4).is_none());
+        assert_eq!((jobs.busy_gpus(), jobs.running_handles().len(), jobs.samples()), (vec![], 0, vec![]));
+        jobs.remove(1, 4);
+        assert!(jobs.state().runs.is_empty());
+    }
+
+    #[test]
+    fn a_failed_launch_leaves_the_table() {
+        let jobs = JobTable::default();
+        jobs.launching(1, 4);
+        jobs.launch_failed(1, 4);
+        assert!(!jobs.is_running(1) && jobs.state().runs.is_empty());
+        jobs.started(1, 5, started(&[0], None));
+        jobs.launch_failed(1, 5);
+        assert!(jobs.runs(1, 5), "only a launch under way fails");
+    }
+
+    #[test]
+    fn a_mig_device_made_for_a_run_stays_taken_until_the_run_leaves_the_table() {
+        let jobs = JobTable::default();
+        jobs.started(1, 1, started(&[0], Some("MIG-made")));
+        jobs.started(2, 1, started(&[0], Some("MIG-laid-out")));
+        assert_eq!(jobs.taken_mig_instances(), ["MIG-made", "MIG-laid-out"]);
+        jobs.exited(1, 1, true);
+        jobs.exited(2, 1, false);
+        assert_eq!(jobs.taken_mig_instances(), ["MIG-made"], "an instance the operator laid out is free at the exit");
+        jobs.remove(1, 1);
+        assert!(jobs.taken_mig_instances().is_empty());
+    }
+
+    #[test]
+    fn the_runs_of_one_job_are_apart() {
+        let jobs = JobTable::default();
+        jobs.started(1, 1, started(&[0], None));
+        jobs.exited(1, 1, false);
+        jobs.launching(1, 2);
+        assert!(jobs.is_running(1), "the next run is being launched");
+        jobs.remove(1, 1);
+        assert!(jobs.is_running(1), "the clean-up of the previous run does not end the next one");
+        jobs.exited(1, 2, false);
+        assert!(jobs.is_running(1), "only a started run exits");
+    }
+}

@@ -184,6 +184,17 @@ impl JobHandle {
     }
 }
 
+#[cfg(test)]
+impl JobHandle {
+    /// A handle to a job that never started (its cgroup does not exist), for the tests of what
+    /// keeps handles.
+    pub(crate) fn detached(job_id: u64) -> JobHandle {
+        let name = format!("corral-detached/job-{job_id}-0");
+        let cgroup = JobCgroup::load_for_tests(super::CgroupVersion::detect(), &name);
+        JobHandle { shared: Arc::new(Shared::new(job_id, 0, 0, cgroup, None)) }
+    }
+}
+
 /// The main process of a job: spawned by the process executor, or a `runc run` started by
 /// tokio.
 #[derive(Debug)]
