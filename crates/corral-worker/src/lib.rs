@@ -20,6 +20,8 @@ pub mod join;
 mod launch;
 mod link;
 mod metrics;
+#[cfg(test)]
+mod module_graph;
 pub mod mps;
 pub mod preflight;
 pub mod reconcile;
