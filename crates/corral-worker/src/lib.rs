@@ -1,9 +1,11 @@
 //! corral worker daemon: GPU backends, job executors in cgroups and containers, the reconciler
 //! and its runtime, the fence guard, heartbeats, GPU health and post-job hygiene, log files.
 //!
-//! Boundary: talks to coordinators only through `corral_client::GatewayClient`; hardware
-//! behind `gpu::GpuBackend`, process isolation behind `executor::Executor`; every decision
-//! about jobs in `reconcile` (pure), every effect in `runtime`.
+//! Boundary: talks to coordinators only through `corral_client::GatewayClient` (the link);
+//! hardware behind `gpu::GpuBackend`, process isolation behind `executor::Executor`; every
+//! decision about jobs in `reconcile` (pure), the runtime's own (lease, registration) in its
+//! pure book-keeping, every effect in `runtime`. The state its tasks share has owners: the job
+//! table (`jobs`), the devices (`devices`), the link to the leader (`link`).
 
 mod agent;
 mod build;

@@ -1,6 +1,6 @@
 //! The worker's decisions as one pure function: `reconcile(&Local, &Desired, &Policy)` compares
 //! what this worker runs and has reported with what the leader wants, and returns the actions
-//! that close the gap. It does no I/O and reads no clock; the runtime (`runtime.rs`) carries the
+//! that close the gap. It does no I/O and reads no clock; the runtime (`runtime/`) carries the
 //! actions out and records their effects in `Local`, so calling it again returns nothing new
 //! (level-triggered and idempotent, like openraft's engine emitting commands).
 //!
