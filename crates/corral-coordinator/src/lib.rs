@@ -404,7 +404,7 @@ impl Coordinator {
         let raft = self.inner.node.grpc_service();
         let (reporter, health) = tonic_health::server::health_reporter();
         let health_task = tokio::spawn(grpc_health::report(self.clone(), reporter));
-        let (reflection, reflection_alpha) = grpc_health::reflection()?;
+        let (reflection, reflection_alpha) = corral_proto::reflection_services(&grpc_health::SERVED)?;
         let result = tonic::transport::Server::builder()
             .add_service(InterceptedService::new(raft, guard(auth::Service::Raft)))
             .add_service(InterceptedService::new(
