@@ -1,6 +1,7 @@
 //! The user-facing `Corral` gRPC service: submit, show, list, cancel, logs, nodes.
 
 use crate::auth::Principal;
+use crate::scheduler::PendingJobs;
 use crate::{listing, policy, CoordError, Coordinator};
 use corral_core::{Command, Outcome};
 use corral_proto::v1::corral_server::{Corral, CorralServer};
@@ -165,10 +166,10 @@ const MAX_BATCH: usize = 10_000;
 
 /// A job as the API returns it: a pending job without a reason of its own shows why the
 /// leader's last scheduling pass left it waiting.
-pub(crate) fn job_reply(job: &Job, pending_reasons: &std::collections::BTreeMap<u64, String>) -> pb::Job {
+pub(crate) fn job_reply(job: &Job, pending: &PendingJobs) -> pb::Job {
     let mut reply = pb::Job::from(job);
     if job.state == corral_types::JobState::Pending && reply.reason.is_none() {
-        reply.reason = pending_reasons.get(&job.id).cloned();
+        reply.reason = pending.reason(job.id).map(String::from);
     }
     reply
 }
@@ -205,8 +206,7 @@ fn watch_job(coord: Coordinator, job_id: u64, term: u64) -> tokio::sync::mpsc::R
             }
             let reply = {
                 let Some(job) = coord.find_job(job_id) else { return };
-                let reasons = coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
-                (job_reply(&job, &reasons), job.state.is_terminal())
+                (job_reply(&job, &coord.inner.leader_view.pending()), job.state.is_terminal())
             };
             let (reply, terminal) = reply;
             if last.as_ref() != Some(&reply) {
@@ -304,8 +304,7 @@ impl Corral for Api {
             }
         };
         self.coord.require_owner(&request, "show", "show", &who, &job)?;
-        let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(Response::new(job_reply(&job, &reasons)))
+        Ok(Response::new(job_reply(&job, &self.coord.inner.leader_view.pending())))
     }
 
     async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
@@ -330,8 +329,8 @@ impl Corral for Api {
                 listing::page_size(limit),
             )
         };
-        let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
-        let jobs = jobs.iter().map(|j| job_reply(j, &reasons)).collect();
+        let pending = self.coord.inner.leader_view.pending();
+        let jobs = jobs.iter().map(|j| job_reply(j, &pending)).collect();
         Ok(Response::new(pb::ListJobsResponse { jobs, next_page_token }))
     }
 
@@ -643,8 +642,7 @@ impl Corral for Api {
             Outcome::Job(job) => *job,
             _ => self.job(job.id)?,
         };
-        let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(Response::new(job_reply(&job, &reasons)))
+        Ok(Response::new(job_reply(&job, &self.coord.inner.leader_view.pending())))
     }
 
     async fn cancel_jobs(

@@ -106,10 +106,8 @@ pub struct Coordinator {
 
 struct Inner {
     node: RaftNode,
-    /// Why each pending job waits, from the leader's last scheduling pass.
-    pending_reasons: std::sync::Mutex<std::collections::BTreeMap<u64, String>>,
-    /// The pending jobs of the leader's last scheduling pass, in the order it considered them.
-    pending_order: std::sync::Mutex<Vec<u64>>,
+    /// The leader's last scheduling pass (written by `scheduler.rs` only).
+    leader_view: scheduler::LeaderView,
     /// Set once by `serve`: batches concurrent submits into one Raft entry.
     submits: std::sync::OnceLock<group_commit::GroupCommit>,
     /// Admission control of `SubmitBatch`: at most this many batch entries in the Raft pipeline
@@ -130,8 +128,7 @@ impl Coordinator {
         Coordinator {
             inner: Arc::new(Inner {
                 node,
-                pending_reasons: std::sync::Mutex::default(),
-                pending_order: std::sync::Mutex::default(),
+                leader_view: scheduler::LeaderView::default(),
                 submits: std::sync::OnceLock::new(),
                 batch_slots: tokio::sync::Semaphore::new(BATCHES_IN_FLIGHT),
                 submit_queue: group_commit::SubmitQueue::new(config.max_queued_submits),

@@ -7,6 +7,7 @@
 //! once, as it is now (with the revision of its latest change).
 
 use crate::api::job_reply;
+use crate::scheduler::PendingJobs;
 use crate::{CoordError, Coordinator};
 use corral_proto::v1 as pb;
 use corral_types::Job;
@@ -93,10 +94,10 @@ impl Coordinator {
     fn first_batch(&self, filter: &JobFilter, from: Option<u64>) -> Result<Batch, CoordError> {
         let data = self.inner.node.state.read();
         let changes = self.inner.node.state.changes();
-        let reasons = self.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
+        let pending = self.inner.leader_view.pending();
         let upto = data.applied_index();
         let jobs = match from {
-            None => data.state.jobs.values().filter(|j| filter.matches(j)).map(|j| (upto, job_reply(j, &reasons))).collect(),
+            None => data.state.jobs.values().filter(|j| filter.matches(j)).map(|j| (upto, job_reply(j, &pending))).collect(),
             Some(from) if from > upto => {
                 return Err(CoordError::InvalidArgument(format!(
                     "revision {from} is ahead of this cluster (at revision {upto}): resume only from a revision a watch sent"
@@ -104,7 +105,7 @@ impl Coordinator {
             }
             Some(from) => {
                 let changed = changes.changed_since(from).map_err(compacted)?;
-                changed_jobs(&data.state.jobs, changed, filter, &reasons)
+                changed_jobs(&data.state.jobs, changed, filter, &pending)
             }
         };
         Ok(Batch { jobs, upto })
@@ -114,9 +115,9 @@ impl Coordinator {
     fn next_batch(&self, filter: &JobFilter, after: u64) -> Result<Batch, CoordError> {
         let data = self.inner.node.state.read();
         let changes = self.inner.node.state.changes();
-        let reasons = self.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
+        let pending = self.inner.leader_view.pending();
         let changed = changes.changed_since(after).map_err(compacted)?;
-        Ok(Batch { jobs: changed_jobs(&data.state.jobs, changed, filter, &reasons), upto: data.applied_index() })
+        Ok(Batch { jobs: changed_jobs(&data.state.jobs, changed, filter, &pending), upto: data.applied_index() })
     }
 
     /// Starts a watch for the leader of `term`: the first batch is computed now (so a
@@ -189,13 +190,13 @@ fn changed_jobs(
     jobs: &corral_core::Jobs,
     changed: std::collections::BTreeMap<u64, u64>,
     filter: &JobFilter,
-    reasons: &std::collections::BTreeMap<u64, String>,
+    pending: &PendingJobs,
 ) -> Vec<(u64, pb::Job)> {
     let mut out: Vec<(u64, pb::Job)> = changed
         .into_iter()
         // A job gone from the state (moved to the history) is not sent.
         .filter_map(|(id, revision)| {
-            jobs.get(&id).filter(|j| filter.matches(j)).map(|j| (revision, job_reply(j, reasons)))
+            jobs.get(&id).filter(|j| filter.matches(j)).map(|j| (revision, job_reply(j, pending)))
         })
         .collect();
     out.sort_by_key(|(revision, job)| (*revision, job.id));

@@ -17,11 +17,12 @@ mod html;
 mod pages;
 
 use crate::auth::Principal;
+use crate::scheduler::LeaderMemory;
 use crate::Coordinator;
 use corral_proto::v1 as pb;
 use corral_types::{Job, JobState};
 use html::{escape, Frame};
-use pages::{LeaderMemory, LogTail};
+use pages::LogTail;
 use std::time::Duration;
 use tokio_stream::StreamExt;
 
@@ -218,14 +219,8 @@ impl Coordinator {
         let banner = self.follower_banner();
         let leads = banner.is_none();
         let live = if leads { self.inner.liveness.snapshot() } else { Default::default() };
-        let reasons = if leads {
-            self.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner()).clone()
-        } else {
-            Default::default()
-        };
-        let order =
-            if leads { self.inner.pending_order.lock().unwrap_or_else(|p| p.into_inner()).clone() } else { Vec::new() };
-        let memory = LeaderMemory { pending_reasons: &reasons, pending_order: &order, live: &live };
+        let pending = if leads { self.inner.leader_view.pending() } else { Default::default() };
+        let memory = LeaderMemory { pending: &pending, live: &live };
         let leader = leads.then_some(&memory);
         let now_ms = now_ms();
         let frame = |title, refresh_secs| Frame { title, who: who.as_deref(), banner: banner.as_deref(), refresh_secs };
