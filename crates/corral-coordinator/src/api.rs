@@ -1,12 +1,13 @@
 //! The user-facing `Corral` gRPC service: submit, show, list, cancel, logs, nodes.
 
 use crate::auth::Principal;
-use crate::scheduler::PendingJobs;
+use crate::filter::JobFilter;
+use crate::reply::{job_reply, token_info};
 use crate::{listing, policy, CoordError, Coordinator};
 use corral_core::{Command, Outcome};
 use corral_proto::v1::corral_server::{Corral, CorralServer};
 use corral_proto::v1::{self as pb};
-use corral_types::{Job, JobSpec, JobState, NodeMode, Timestamp};
+use corral_types::{Job, JobSpec, NodeMode, Timestamp};
 use std::pin::Pin;
 use std::time::Duration;
 use tokio_stream::Stream;
@@ -125,65 +126,8 @@ enum Target {
     },
 }
 
-/// The filter of a `ListJobs` request, and its limit.
-fn job_filter(req: pb::ListJobsRequest) -> Result<(listing::JobFilter, u32), CoordError> {
-    let mut states = std::collections::BTreeSet::new();
-    for state in &req.states {
-        let state = match pb::JobState::try_from(*state) {
-            Ok(pb::JobState::Pending) => JobState::Pending,
-            Ok(pb::JobState::Running) => JobState::Running,
-            Ok(pb::JobState::Succeeded) => JobState::Succeeded,
-            Ok(pb::JobState::Failed) => JobState::Failed,
-            Ok(pb::JobState::Cancelled) => JobState::Cancelled,
-            Ok(pb::JobState::Preempted) => JobState::Preempted,
-            _ => return Err(CoordError::InvalidArgument(format!("unknown job state {state} in the filter"))),
-        };
-        states.insert(state);
-    }
-    if states.is_empty() && req.all {
-        states = listing::JobFilter::all_states();
-    }
-    let name = match (req.name, req.name_prefix) {
-        (Some(_), Some(_)) => {
-            return Err(CoordError::InvalidArgument("give a name or a name prefix, not both".into()));
-        }
-        (Some(name), None) => listing::NameMatch::Exact(name),
-        (None, Some(prefix)) => listing::NameMatch::Prefix(prefix),
-        (None, None) => listing::NameMatch::Any,
-    };
-    let filter = listing::JobFilter {
-        states,
-        tenant: req.tenant,
-        name,
-        submitted_since: req.submitted_since.map(Timestamp),
-        submitted_until: req.submitted_until.map(Timestamp),
-    };
-    Ok((filter, req.limit))
-}
-
 /// Most jobs one `SubmitBatch` call may carry.
 const MAX_BATCH: usize = 10_000;
-
-/// A job as the API returns it: a pending job without a reason of its own shows why the
-/// leader's last scheduling pass left it waiting.
-pub(crate) fn job_reply(job: &Job, pending: &PendingJobs) -> pb::Job {
-    let mut reply = pb::Job::from(job);
-    if job.state == corral_types::JobState::Pending && reply.reason.is_none() {
-        reply.reason = pending.reason(job.id).map(String::from);
-    }
-    reply
-}
-
-fn token_info(t: &corral_core::TokenRecord) -> pb::TokenInfo {
-    pb::TokenInfo {
-        id: t.id,
-        tenant: t.tenant.clone(),
-        admin: t.admin,
-        created: t.created.0,
-        expires_at_ms: t.expires_at_ms,
-        revoked: t.revoked,
-    }
-}
 
 type LogStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
 type JobStream = Pin<Box<dyn Stream<Item = Result<pb::Job, Status>> + Send>>;
@@ -311,12 +255,9 @@ impl Corral for Api {
         self.coord.linearizable().await?;
         let who = self.coord.principal(&request, "list jobs")?;
         self.own_tenant_filter(&request, "list jobs", &who, request.get_ref().tenant.as_deref())?;
-        let mut req = request.into_inner();
-        if req.tenant.is_none() {
-            req.tenant = who.tenant().map(String::from);
-        }
+        let req = request.into_inner();
         let after = listing::job_token(&req.page_token)?;
-        let (filter, limit) = job_filter(req)?;
+        let filter = JobFilter::of_list(&req, req.tenant.clone().or_else(|| who.tenant().map(String::from)))?;
         let (jobs, next_page_token) = {
             let store = &self.coord.inner.node.state;
             // The history is read under the state lock: a job moving there is seen once.
@@ -326,7 +267,7 @@ impl Corral for Api {
                 |from| store.archived_jobs_from(from),
                 &filter,
                 after,
-                listing::page_size(limit),
+                listing::page_size(req.limit),
             )
         };
         let pending = self.coord.inner.leader_view.pending();
@@ -384,7 +325,7 @@ impl Corral for Api {
         self.own_tenant_filter(&request, "watch jobs", &who, request.get_ref().tenant.as_deref())?;
         let req = request.get_ref();
         let tenant = req.tenant.clone().or_else(|| who.tenant().map(String::from));
-        let filter = crate::watch::JobFilter::of(req, tenant)?;
+        let filter = JobFilter::of_watch(req, tenant)?;
         let term = self.coord.leading_term().ok_or_else(|| self.coord.not_leader())?;
         let rx = self.coord.watch_jobs(filter, req.from_revision, term)?;
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
@@ -652,35 +593,14 @@ impl Corral for Api {
         self.coord.linearizable().await?;
         let who = self.coord.principal(&request, "cancel")?;
         self.own_tenant_filter(&request, "cancel", &who, request.get_ref().tenant.as_deref())?;
-        let mut req = request.get_ref().clone();
-        if req.tenant.is_none() {
-            req.tenant = who.tenant().map(String::from);
-        }
-        let (mut pending, mut running) = (req.states.is_empty(), req.states.is_empty());
-        for state in &req.states {
-            match state.as_str() {
-                "pending" => pending = true,
-                "running" => running = true,
-                other => {
-                    return Err(Status::invalid_argument(format!(
-                        "cannot cancel jobs in state '{other}': pending or running"
-                    )))
-                }
-            }
-        }
+        let req = request.get_ref();
+        let filter = JobFilter::of_cancel(req, req.tenant.clone().or_else(|| who.tenant().map(String::from)))?;
         let ids: Vec<u64> = {
             let data = self.coord.inner.node.state.read();
-            data.state
-                .live_jobs()
-                .filter(|j| req.tenant.as_ref().is_none_or(|t| *t == j.spec.tenant))
-                .filter(|j| req.name.as_ref().is_none_or(|n| *n == j.spec.name))
-                .filter(|j| (pending && j.state == JobState::Pending) || (running && j.state == JobState::Running))
-                .filter(|j| !j.cancel_requested)
-                .map(|j| j.id)
-                .collect()
+            data.state.live_jobs().filter(|j| filter.matches(j) && !j.cancel_requested).map(|j| j.id).collect()
         };
         if who.is_admin() && self.coord.security().auth_enabled() {
-            let scope = req.tenant.as_deref().map_or("every tenant".to_string(), |t| format!("tenant {t}"));
+            let scope = filter.tenant.as_deref().map_or("every tenant".to_string(), |t| format!("tenant {t}"));
             self.coord.audit_admin(&request, "cancel", &who, format!("{} jobs of {scope}", ids.len()));
         }
         // In bounded commands: each is one log entry of at most CANCEL_CHUNK jobs.

@@ -12,6 +12,7 @@ mod config;
 mod desired;
 mod error;
 mod failpoints;
+mod filter;
 mod gateway;
 mod group_commit;
 mod grpc_health;
@@ -22,6 +23,7 @@ mod liveness;
 mod log_proxy;
 mod metrics;
 pub mod policy;
+mod reply;
 mod scheduler;
 #[cfg(test)]
 mod testing;

@@ -6,50 +6,12 @@
 //! out in increasing revision order; a job changed several times since the last batch is sent
 //! once, as it is now (with the revision of its latest change).
 
-use crate::api::job_reply;
+use crate::filter::JobFilter;
+use crate::reply::job_reply;
 use crate::scheduler::PendingJobs;
 use crate::{CoordError, Coordinator};
 use corral_proto::v1 as pb;
-use corral_types::Job;
-use std::collections::BTreeSet;
 use tonic::Status;
-
-/// Which jobs a watch sends.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct JobFilter {
-    /// Empty: every job.
-    pub job_ids: BTreeSet<u64>,
-    pub tenant: Option<String>,
-    /// `pb::JobState` values; empty: every state.
-    pub states: BTreeSet<i32>,
-}
-
-impl JobFilter {
-    /// The filter of a request; unknown states are refused.
-    pub(crate) fn of(request: &pb::WatchJobsRequest, tenant: Option<String>) -> Result<JobFilter, CoordError> {
-        for state in &request.states {
-            match pb::JobState::try_from(*state) {
-                Ok(s) if s != pb::JobState::Unspecified => {}
-                _ => {
-                    return Err(CoordError::InvalidArgument(format!(
-                        "unknown job state {state} in the watch filter (pending, running, succeeded, failed, cancelled or preempted)"
-                    )))
-                }
-            }
-        }
-        Ok(JobFilter {
-            job_ids: request.job_ids.iter().copied().collect(),
-            tenant,
-            states: request.states.iter().copied().collect(),
-        })
-    }
-
-    fn matches(&self, job: &Job) -> bool {
-        (self.job_ids.is_empty() || self.job_ids.contains(&job.id))
-            && self.tenant.as_ref().is_none_or(|t| *t == job.spec.tenant)
-            && (self.states.is_empty() || self.states.contains(&(pb::JobState::from(job.state) as i32)))
-    }
-}
 
 /// One batch of events, every change up to `upto` included.
 struct Batch {
@@ -219,27 +181,5 @@ mod tests {
         let events: Vec<(u64, u64, Option<u64>)> =
             batch.events().into_iter().map(|e| (e.revision, e.job.map_or(0, |j| j.id), e.resume_revision)).collect();
         assert_eq!(events, vec![(3, 1, Some(3)), (5, 2, None), (5, 3, Some(5)), (7, 4, Some(9))]);
-    }
-
-    #[test]
-    fn the_filter_matches_ids_tenant_and_states() {
-        let mut j = Job::pending(
-            4,
-            corral_types::JobSpec { tenant: "a".into(), ..Default::default() },
-            String::new(),
-            corral_types::Timestamp(1),
-        );
-        let all = JobFilter::default();
-        assert!(all.matches(&j));
-        let by_id = JobFilter { job_ids: [5].into(), ..Default::default() };
-        assert!(!by_id.matches(&j));
-        let by_tenant = JobFilter { tenant: Some("b".into()), ..Default::default() };
-        assert!(!by_tenant.matches(&j));
-        let running = JobFilter { states: [pb::JobState::Running as i32].into(), ..Default::default() };
-        assert!(!running.matches(&j));
-        j.state = corral_types::JobState::Running;
-        assert!(running.matches(&j));
-        let bad = pb::WatchJobsRequest { states: vec![42], ..Default::default() };
-        assert!(JobFilter::of(&bad, None).is_err());
     }
 }

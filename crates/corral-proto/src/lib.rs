@@ -12,7 +12,7 @@ mod reflection;
 mod wire;
 
 pub use reflection::{reflection_services, ReflectionError};
-pub use wire::ProtoError;
+pub use wire::{job_state_from_i32, ProtoError};
 
 /// Metadata key of a `NotLeader` refusal that carries the leader's API address, so that a client
 /// can redirect.
