@@ -179,7 +179,7 @@ impl Corral for Api {
         let req = request.into_inner();
         // Fail fast on what the state machine would refuse anyway; apply() checks again.
         self.coord.inner.node.state.read().state.check_submit(&spec).map_err(CoordError::from)?;
-        let (job_id, duplicate) = self.coord.submit(req.request_id, spec).await?;
+        let (job_id, duplicate) = self.coord.inner.submits.submit(&self.coord, req.request_id, spec).await?;
         Ok(Response::new(pb::SubmitResponse { job_id, duplicate }))
     }
 
@@ -205,24 +205,7 @@ impl Corral for Api {
             let spec = self.coord.settle_archived_dependencies(spec)?;
             jobs.push((job.request_id.clone(), spec));
         }
-        let proposed = {
-            // Waiting for a pipeline slot counts against the bound on queued submits.
-            let admitted = self.coord.inner.submit_queue.admit(jobs.len())?;
-            let _slot = self
-                .coord
-                .inner
-                .batch_slots
-                .acquire()
-                .await
-                .map_err(|_| Status::unavailable("coordinator is shutting down"))?;
-            drop(admitted);
-            self.coord.hold_while_followers_lag().await;
-            self.coord.propose(Command::SubmitJobs { jobs }).await?
-        };
-        let results = match proposed {
-            Outcome::JobsSubmitted(results) => results,
-            other => return Err(Status::internal(format!("unexpected outcome of batch submit: {other:?}"))),
-        };
+        let results = self.coord.inner.submits.submit_batch(&self.coord, jobs).await?;
         let results = results
             .into_iter()
             .map(|r| match r {

@@ -52,8 +52,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-/// `SubmitBatch` entries a leader keeps in the Raft pipeline at once.
-const BATCHES_IN_FLIGHT: usize = 2;
 /// Client writes wait while a live follower lags the leader by more entries than this (a full
 /// batch entry is about a megabyte: a new leader's catch-up stays a fraction of a second).
 const MAX_FOLLOWER_LAG: u64 = 8;
@@ -110,14 +108,8 @@ struct Inner {
     node: RaftNode,
     /// The leader's last scheduling pass (written by `scheduler.rs` only).
     leader_view: scheduler::LeaderView,
-    /// Set once by `serve`: batches concurrent submits into one Raft entry.
-    submits: std::sync::OnceLock<group_commit::GroupCommit>,
-    /// Admission control of `SubmitBatch`: at most this many batch entries in the Raft pipeline
-    /// at once; further callers wait here instead of piling megabytes of entries onto the
-    /// followers (which then miss heartbeats and call elections).
-    batch_slots: tokio::sync::Semaphore,
-    /// The bound on jobs waiting to be proposed, shared by `Submit` and `SubmitBatch`.
-    submit_queue: Arc<group_commit::SubmitQueue>,
+    /// Group commit, batch admission and the bound on queued submits.
+    submits: group_commit::Submits,
     tso: Tso,
     liveness: Liveness,
     /// Scheduler counters and pass latency, exported while this node leads.
@@ -131,9 +123,7 @@ impl Coordinator {
             inner: Arc::new(Inner {
                 node,
                 leader_view: scheduler::LeaderView::default(),
-                submits: std::sync::OnceLock::new(),
-                batch_slots: tokio::sync::Semaphore::new(BATCHES_IN_FLIGHT),
-                submit_queue: group_commit::SubmitQueue::new(config.max_queued_submits),
+                submits: group_commit::Submits::new(config.max_queued_submits),
                 tso: Tso::default(),
                 liveness: Liveness::default(),
                 scheduler_metrics: metrics::SchedulerMetrics::default(),
@@ -302,21 +292,6 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Submits one job through group commit (or alone, before `serve` started).
-    pub(crate) async fn submit(
-        &self,
-        request_id: String,
-        spec: corral_types::JobSpec,
-    ) -> Result<(u64, bool), CoordError> {
-        if let Some(submits) = self.inner.submits.get() {
-            return submits.submit(request_id, spec).await;
-        }
-        match self.propose(Command::SubmitJob { request_id, spec }).await? {
-            Outcome::JobSubmitted { job_id, duplicate } => Ok((job_id, duplicate)),
-            other => Err(CoordError::Raft(format!("unexpected outcome of submit: {other:?}"))),
-        }
-    }
-
     /// The "not the leader" error, naming the leader when one is known.
     pub(crate) fn not_leader(&self) -> CoordError {
         let status = self.inner.node.status();
@@ -391,8 +366,7 @@ impl Coordinator {
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
         let scheduler = tokio::spawn(scheduler::run(self.clone()));
         let compactor = tokio::spawn(compaction::run(self.clone()));
-        let (submits, group_task) = group_commit::GroupCommit::start(self.clone(), self.inner.submit_queue.clone());
-        let _ = self.inner.submits.set(submits);
+        let group_task = self.inner.submits.start(self.clone());
         let security = &self.inner.config.security;
         let incoming = corral_security::audited_incoming(listener, security.server_tls.clone(), security.audit.clone());
         let guard = |service: auth::Service| {

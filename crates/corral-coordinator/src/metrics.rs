@@ -235,7 +235,7 @@ impl Coordinator {
             "Duration of a scheduling pass, including its Raft proposal",
             sched.pass_duration.clone(),
         );
-        let queue = &self.inner.submit_queue;
+        let queue = self.inner.submits.queue();
         gauge(
             registry,
             "corral_submit_queue_jobs",
