@@ -3,6 +3,7 @@
 use crate::auth::Principal;
 use crate::filter::JobFilter;
 use crate::reply::{job_reply, token_info};
+use crate::snapshot::Target;
 use crate::{listing, policy, CoordError, Coordinator};
 use corral_core::{Command, Outcome};
 use corral_proto::v1::corral_server::{Corral, CorralServer};
@@ -28,50 +29,6 @@ pub(crate) struct Api {
 }
 
 impl Api {
-    /// The job `job_id`, or task `array_index` of array `job_id`.
-    fn resolve(&self, job_id: u64, array_index: Option<u32>) -> Result<Target, CoordError> {
-        let Some(index) = array_index else { return self.job(job_id).map(Target::Job) };
-        let store = &self.coord.inner.node.state;
-        let data = store.read();
-        let Some(array) = data.state.jobs.get(&job_id) else {
-            drop(data);
-            // An array that ended long ago: it and its tasks are in the history.
-            let array =
-                store.archived_job(job_id).ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))?;
-            if array.spec.array.is_none() {
-                return Err(CoordError::InvalidArgument(format!(
-                    "job {job_id} is not an array: write {job_id}, not {job_id}_{index}"
-                )));
-            }
-            return store.archived_task(job_id, index).map(Target::Job).ok_or_else(|| {
-                CoordError::NotFound(format!("array {job_id} ended without a task {index} (or it left the history)"))
-            });
-        };
-        let Some(spec) = &array.spec.array else {
-            return Err(CoordError::InvalidArgument(format!(
-                "job {job_id} is not an array: write {job_id}, not {job_id}_{index}"
-            )));
-        };
-        if let Some(task) = data.state.array_task(job_id, index) {
-            return data
-                .state
-                .jobs
-                .get(&task)
-                .cloned()
-                .map(Target::Job)
-                .ok_or_else(|| CoordError::NotFound(format!("job {task} not found")));
-        }
-        if !(0..spec.len()).any(|n| spec.index_at(n) == Some(index)) {
-            return Err(CoordError::NotFound(format!("array {job_id} has no task {index}")));
-        }
-        Ok(Target::Uncreated { array: array.clone(), index })
-    }
-
-    /// Job `job_id`, from the hot state or else the history of finished jobs.
-    fn job(&self, job_id: u64) -> Result<Job, CoordError> {
-        self.coord.find_job(job_id).ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))
-    }
-
     /// The spec as `who` may submit it: a tenant submits only as itself (an empty tenant becomes
     /// the token's tenant, or `default` for an admin).
     fn own_spec<T>(&self, request: &Request<T>, who: &Principal, mut spec: JobSpec) -> Result<JobSpec, Status> {
@@ -116,16 +73,6 @@ impl Api {
     }
 }
 
-/// What a job reference (`12` or `12_7`) names.
-enum Target {
-    Job(Job),
-    /// A task of an array not created yet.
-    Uncreated {
-        array: Job,
-        index: u32,
-    },
-}
-
 /// Most jobs one `SubmitBatch` call may carry.
 const MAX_BATCH: usize = 10_000;
 
@@ -141,18 +88,16 @@ const WATCH_REFRESH: Duration = Duration::from_millis(500);
 fn watch_job(coord: Coordinator, job_id: u64, term: u64) -> tokio::sync::mpsc::Receiver<Result<pb::Job, Status>> {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
-        let mut applied = coord.inner.node.state.subscribe_applied();
+        let mut applied = coord.store().subscribe_applied();
         let mut last: Option<pb::Job> = None;
         loop {
             if coord.leading_term() != Some(term) {
                 // Deposed: the stream ends before the job did, and the client asks the new leader.
                 return;
             }
-            let reply = {
-                let Some(job) = coord.find_job(job_id) else { return };
-                (job_reply(&job, &coord.inner.leader_view.pending()), job.state.is_terminal())
-            };
-            let (reply, terminal) = reply;
+            let snapshot = coord.snapshot();
+            let Some(job) = snapshot.find_job(job_id) else { return };
+            let (reply, terminal) = (snapshot.job_reply(&job), job.state.is_terminal());
             if last.as_ref() != Some(&reply) {
                 if tx.send(Ok(reply.clone())).await.is_err() || terminal {
                     return;
@@ -175,11 +120,11 @@ impl Corral for Api {
         let who = self.coord.principal(&request, "submit")?;
         let spec = request.get_ref().spec.clone().ok_or_else(|| Status::invalid_argument("missing job spec"))?;
         let spec = self.own_spec(&request, &who, spec.try_into()?)?;
-        let spec = self.coord.settle_archived_dependencies(spec)?;
+        let spec = self.coord.snapshot().settle_archived_dependencies(spec)?;
         let req = request.into_inner();
         // Fail fast on what the state machine would refuse anyway; apply() checks again.
-        self.coord.inner.node.state.read().state.check_submit(&spec).map_err(CoordError::from)?;
-        let (job_id, duplicate) = self.coord.inner.submits.submit(&self.coord, req.request_id, spec).await?;
+        self.coord.store().read().state.check_submit(&spec).map_err(CoordError::from)?;
+        let (job_id, duplicate) = self.coord.submits().submit(&self.coord, req.request_id, spec).await?;
         Ok(Response::new(pb::SubmitResponse { job_id, duplicate }))
     }
 
@@ -202,10 +147,10 @@ impl Corral for Api {
                 .clone()
                 .ok_or_else(|| Status::invalid_argument(format!("job {i} of the batch has no spec")))?;
             let spec = self.own_spec(&request, &who, spec.try_into()?)?;
-            let spec = self.coord.settle_archived_dependencies(spec)?;
+            let spec = self.coord.snapshot().settle_archived_dependencies(spec)?;
             jobs.push((job.request_id.clone(), spec));
         }
-        let results = self.coord.inner.submits.submit_batch(&self.coord, jobs).await?;
+        let results = self.coord.submits().submit_batch(&self.coord, jobs).await?;
         let results = results
             .into_iter()
             .map(|r| match r {
@@ -220,7 +165,7 @@ impl Corral for Api {
         self.coord.linearizable().await?;
         let who = self.coord.principal(&request, "show")?;
         let req = request.get_ref();
-        let job = match self.resolve(req.job_id, req.array_index)? {
+        let job = match self.coord.snapshot().resolve(req.job_id, req.array_index)? {
             Target::Job(job) => job,
             Target::Uncreated { array, index } => {
                 self.coord.require_owner(&request, "show", "show", &who, &array)?;
@@ -231,7 +176,7 @@ impl Corral for Api {
             }
         };
         self.coord.require_owner(&request, "show", "show", &who, &job)?;
-        Ok(Response::new(job_reply(&job, &self.coord.inner.leader_view.pending())))
+        Ok(Response::new(job_reply(&job, &self.coord.leader_view().pending())))
     }
 
     async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
@@ -242,7 +187,7 @@ impl Corral for Api {
         let after = listing::job_token(&req.page_token)?;
         let filter = JobFilter::of_list(&req, req.tenant.clone().or_else(|| who.tenant().map(String::from)))?;
         let (jobs, next_page_token) = {
-            let store = &self.coord.inner.node.state;
+            let store = &self.coord.store();
             // The history is read under the state lock: a job moving there is seen once.
             let data = store.read();
             listing::list_jobs(
@@ -253,7 +198,7 @@ impl Corral for Api {
                 listing::page_size(req.limit),
             )
         };
-        let pending = self.coord.inner.leader_view.pending();
+        let pending = self.coord.leader_view().pending();
         let jobs = jobs.iter().map(|j| job_reply(j, &pending)).collect();
         Ok(Response::new(pb::ListJobsResponse { jobs, next_page_token }))
     }
@@ -261,7 +206,7 @@ impl Corral for Api {
     async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::Job>, Status> {
         let who = self.coord.principal(&request, "cancel")?;
         let req = request.get_ref();
-        let job = match self.resolve(req.job_id, req.array_index)? {
+        let job = match self.coord.snapshot().resolve(req.job_id, req.array_index)? {
             Target::Job(job) => job,
             Target::Uncreated { array, index } => {
                 self.coord.require_owner(&request, "cancel", "cancel", &who, &array)?;
@@ -293,7 +238,7 @@ impl Corral for Api {
         self.coord.linearizable().await?;
         let who = self.coord.principal(&request, "watch")?;
         let job_id = request.get_ref().job_id;
-        let job = self.job(job_id)?;
+        let job = self.coord.snapshot().job(job_id)?;
         self.coord.require_owner(&request, "watch", "watch", &who, &job)?;
         let term = self.coord.leading_term().ok_or_else(|| self.coord.not_leader())?;
         let rx = watch_job(self.coord.clone(), job_id, term);
@@ -310,7 +255,7 @@ impl Corral for Api {
         let tenant = req.tenant.clone().or_else(|| who.tenant().map(String::from));
         let filter = JobFilter::of_watch(req, tenant)?;
         let term = self.coord.leading_term().ok_or_else(|| self.coord.not_leader())?;
-        let rx = self.coord.watch_jobs(filter, req.from_revision, term)?;
+        let rx = crate::watch::watch_jobs(&self.coord, filter, req.from_revision, term)?;
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
@@ -318,7 +263,7 @@ impl Corral for Api {
 
     async fn read_logs(&self, request: Request<pb::ReadLogsRequest>) -> Result<Response<LogStream>, Status> {
         let who = self.coord.principal(&request, "logs")?;
-        let mut job = self.job(request.get_ref().job_id)?;
+        let mut job = self.coord.snapshot().job(request.get_ref().job_id)?;
         self.coord.require_owner(&request, "logs", "read the logs of", &who, &job)?;
         let req = request.into_inner();
         let parts = job.spec.parts();
@@ -330,10 +275,10 @@ impl Corral for Api {
         }
         // With --follow, wait until the job is placed somewhere (or ends without running),
         // woken by every applied change.
-        let mut applied = self.coord.inner.node.state.subscribe_applied();
+        let mut applied = self.coord.store().subscribe_applied();
         while req.follow && job.allocation.is_none() && !job.state.is_terminal() {
             let _ = tokio::time::timeout(WATCH_REFRESH, applied.changed()).await;
-            job = self.job(req.job_id)?;
+            job = self.coord.snapshot().job(req.job_id)?;
         }
         match self.coord.open_worker_logs(&job, req).await? {
             Some(upstream) => Ok(Response::new(Box::pin(upstream))),
@@ -357,7 +302,7 @@ impl Corral for Api {
             until: req.until.map(Timestamp),
         };
         // Every segment is in the store (the hot state keeps recent ones only).
-        let segments = self.coord.inner.node.state.segments_from(after.map_or(0, |a| a.saturating_add(1)));
+        let segments = self.coord.store().segments_from(after.map_or(0, |a| a.saturating_add(1)));
         let (segments, next_page_token) =
             listing::list_segments(segments, &filter, after, listing::page_size(req.limit));
         let segments = segments.iter().map(pb::Segment::from).collect();
@@ -403,7 +348,7 @@ impl Corral for Api {
         };
         let whom = if req.admin { "admin".to_string() } else { format!("tenant {}", req.tenant) };
         self.coord.audit_admin(&request, "token create", &who, format!("token {token_id} for {whom}"));
-        let token = self.coord.inner.node.state.read().state.tokens.get(&token_id).map(token_info);
+        let token = self.coord.store().read().state.tokens.get(&token_id).map(token_info);
         Ok(Response::new(pb::CreateTokenResponse { token, secret }))
     }
 
@@ -414,7 +359,7 @@ impl Corral for Api {
         self.coord.linearizable().await?;
         let who = self.coord.principal(&request, "token list")?;
         self.coord.require_admin(&request, "token list", &who)?;
-        let tokens = self.coord.inner.node.state.read().state.tokens.values().map(token_info).collect();
+        let tokens = self.coord.store().read().state.tokens.values().map(token_info).collect();
         Ok(Response::new(pb::ListTokensResponse { tokens }))
     }
 
@@ -424,7 +369,7 @@ impl Corral for Api {
         let token_id = request.get_ref().token_id;
         self.coord.propose(Command::RevokeToken { token_id }).await?;
         self.coord.audit_admin(&request, "token revoke", &who, format!("token {token_id}"));
-        let token = self.coord.inner.node.state.read().state.tokens.get(&token_id).map(token_info);
+        let token = self.coord.store().read().state.tokens.get(&token_id).map(token_info);
         token.map(Response::new).ok_or_else(|| Status::not_found(format!("token {token_id} not found")))
     }
 
@@ -432,7 +377,7 @@ impl Corral for Api {
         self.coord.linearizable().await?;
         let who = self.coord.principal(&request, "policy show")?;
         self.coord.require_admin(&request, "policy show", &who)?;
-        let data = self.coord.inner.node.state.read();
+        let data = self.coord.store().read();
         let version = data.state.policy_version;
         Ok(Response::new(pb::PolicyFile { version, toml: policy::render_policy(&data.state.config, version) }))
     }
@@ -449,7 +394,7 @@ impl Corral for Api {
         let config = policy::parse_policy(source, &req.toml).map_err(Status::invalid_argument)?;
         self.coord.linearizable().await?;
         let (plan, version) = {
-            let data = self.coord.inner.node.state.read();
+            let data = self.coord.store().read();
             (data.state.plan_policy(&config).map_err(CoordError::Rejected)?, data.state.policy_version)
         };
         let stranded = |ids: &[(u64, corral_types::JobState, String)]| {
@@ -493,7 +438,7 @@ impl Corral for Api {
         self.coord.linearizable().await?;
         let who = self.coord.principal(&request, "policy history")?;
         self.coord.require_admin(&request, "policy history", &who)?;
-        let data = self.coord.inner.node.state.read();
+        let data = self.coord.store().read();
         let changes = data
             .state
             .policy_history
@@ -518,7 +463,7 @@ impl Corral for Api {
             )));
         }
         let who = self.coord.principal(&request, action)?;
-        let job = match self.resolve(req.job_id, req.array_index)? {
+        let job = match self.coord.snapshot().resolve(req.job_id, req.array_index)? {
             Target::Job(job) => job,
             Target::Uncreated { array, index } => {
                 return Err(Status::failed_precondition(format!(
@@ -528,7 +473,7 @@ impl Corral for Api {
             }
         };
         self.coord.require_owner(&request, action, action, &who, &job)?;
-        if job.state.is_terminal() && !self.coord.inner.node.state.read().state.jobs.contains_key(&job.id) {
+        if job.state.is_terminal() && !self.coord.store().read().state.jobs.contains_key(&job.id) {
             return Err(Status::failed_precondition(format!(
                 "job {} ended ({}) and is in the history: it can no longer be changed",
                 job.display_id(),
@@ -564,9 +509,9 @@ impl Corral for Api {
         );
         let job = match outcome {
             Outcome::Job(job) => *job,
-            _ => self.job(job.id)?,
+            _ => self.coord.snapshot().job(job.id)?,
         };
-        Ok(Response::new(job_reply(&job, &self.coord.inner.leader_view.pending())))
+        Ok(Response::new(job_reply(&job, &self.coord.leader_view().pending())))
     }
 
     async fn cancel_jobs(
@@ -579,7 +524,7 @@ impl Corral for Api {
         let req = request.get_ref();
         let filter = JobFilter::of_cancel(req, req.tenant.clone().or_else(|| who.tenant().map(String::from)))?;
         let ids: Vec<u64> = {
-            let data = self.coord.inner.node.state.read();
+            let data = self.coord.store().read();
             data.state.live_jobs().filter(|j| filter.matches(j) && !j.cancel_requested).map(|j| j.id).collect()
         };
         if who.is_admin() && self.coord.security().auth_enabled() {
@@ -632,7 +577,7 @@ impl Corral for Api {
             (None, true) => format!("node {}", req.node),
         };
         self.coord.audit_admin(&request, action, &who, detail);
-        let data = self.coord.inner.node.state.read();
+        let data = self.coord.store().read();
         let node = data
             .state
             .nodes
@@ -655,9 +600,9 @@ impl Corral for Api {
         let who = self.coord.principal(&request, "node remove")?;
         self.coord.require_admin(&request, "node remove", &who)?;
         let node = request.get_ref().node.clone();
-        let gpus = self.coord.inner.node.state.read().state.nodes.get(&node).map_or(0, |n| n.spec.gpus.len() as u32);
+        let gpus = self.coord.store().read().state.nodes.get(&node).map_or(0, |n| n.spec.gpus.len() as u32);
         self.coord.propose(Command::RemoveNode { node: node.clone() }).await?;
-        self.coord.inner.liveness.forget(&node);
+        self.coord.liveness().forget(&node);
         self.coord.audit_admin(&request, "node remove", &who, format!("node {node} ({gpus} gpus)"));
         Ok(Response::new(pb::RemoveNodeResponse { gpus }))
     }
@@ -668,13 +613,13 @@ impl Corral for Api {
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
         self.coord.linearizable().await?;
         let who = self.coord.principal(&request, "nodes")?;
-        let data = self.coord.inner.node.state.read();
+        let data = self.coord.store().read();
         let nodes = data
             .state
             .nodes
             .values()
             .map(|n| {
-                let live = self.coord.inner.liveness.get(&n.spec.name).filter(|l| l.heard);
+                let live = self.coord.liveness().get(&n.spec.name).filter(|l| l.heard);
                 let jobs: Vec<&Job> = data.state.jobs_on_node(&n.spec.name).collect();
                 let gpus = n
                     .spec

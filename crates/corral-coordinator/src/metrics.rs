@@ -194,12 +194,12 @@ impl Coordinator {
     /// Registers this coordinator's series into `registry` (a fresh one per scrape): Raft and
     /// TSO on every coordinator, the rest only while this node leads.
     pub async fn collect_metrics(&self, registry: &mut Registry) {
-        let raft = self.inner.node.status();
-        let is_leader = raft.leader == Some(self.inner.node.id);
+        let raft = self.raft_node().status();
+        let is_leader = raft.leader == Some(self.raft_node().id);
         let applied = raft.applied_index.unwrap_or(0);
         // openraft 0.9 does not publish the commit index; the persisted one may lag, and
         // everything applied is committed.
-        let committed = self.inner.node.committed_index().await.unwrap_or(0).max(applied);
+        let committed = self.raft_node().committed_index().await.unwrap_or(0).max(applied);
         let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         gauge(registry, "corral_raft_term", "Current Raft term", as_i64(raft.term));
         gauge(registry, "corral_raft_is_leader", "1 if this coordinator is the Raft leader", i64::from(is_leader));
@@ -214,12 +214,12 @@ impl Coordinator {
         registry.register(
             "corral_tso_timestamps",
             "Timestamps handed out by this coordinator's oracle",
-            self.inner.tso.served.clone(),
+            self.timestamps_served().clone(),
         );
         if !is_leader {
             return;
         }
-        let sched = &self.inner.scheduler_metrics;
+        let sched = &self.scheduler_metrics();
         registry.register(
             "corral_placements",
             "Jobs placed by this leader's scheduling passes",
@@ -235,7 +235,7 @@ impl Coordinator {
             "Duration of a scheduling pass, including its Raft proposal",
             sched.pass_duration.clone(),
         );
-        let queue = self.inner.submits.queue();
+        let queue = self.submits().queue();
         gauge(
             registry,
             "corral_submit_queue_jobs",
@@ -247,9 +247,9 @@ impl Coordinator {
             "Jobs refused with RESOURCE_EXHAUSTED because the submit queue was full",
             queue.refused.clone(),
         );
-        let live = self.inner.liveness.snapshot();
-        let pending = self.inner.leader_view.pending();
-        let data = self.inner.node.state.read();
+        let live = self.liveness().snapshot();
+        let pending = self.leader_view().pending();
+        let data = self.store().read();
         let memory = LeaderMemory { pending: &pending, live: &live };
         register_state_series(registry, &data.state, &memory, now_ms());
     }

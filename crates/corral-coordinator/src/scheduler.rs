@@ -74,8 +74,8 @@ pub(crate) struct LeaderMemory<'a> {
 
 /// Runs forever; does work only while this node is the leader.
 pub(crate) async fn run(coord: Coordinator) {
-    let mut applied = coord.inner.node.state.subscribe_applied();
-    let interval = coord.inner.config.schedule_interval;
+    let mut applied = coord.store().subscribe_applied();
+    let interval = coord.config().schedule_interval;
     loop {
         tokio::select! {
             _ = applied.changed() => {}
@@ -106,11 +106,11 @@ fn pass_gap(computed: Duration) -> Duration {
 /// leads again starts its TTLs afresh: see `liveness`).
 async fn mark_silent_nodes_down(coord: &Coordinator, term: u64) {
     let up: Vec<String> = {
-        let data = coord.inner.node.state.read();
+        let data = coord.store().read();
         data.state.nodes.values().filter(|n| n.state == NodeState::Up).map(|n| n.spec.name.clone()).collect()
     };
-    let ttl = coord.inner.config.node_ttl;
-    for node in coord.inner.liveness.expired(term, up.iter().map(String::as_str), ttl) {
+    let ttl = coord.config().node_ttl;
+    for node in coord.liveness().expired(term, up.iter().map(String::as_str), ttl) {
         tracing::warn!(node = %node, ttl_ms = ttl.as_millis() as u64, "no heartbeat within the ttl: marking node down");
         let reason = format!("node {node} lost (no heartbeat for {}s)", ttl.as_secs());
         if let Err(e) = coord.propose(Command::SetNodeState { node, state: NodeState::Down, reason }).await {
@@ -127,7 +127,7 @@ async fn evict_at_drain_deadlines(coord: &Coordinator) {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
     let now = corral_types::Timestamp::compose(now_ms, 0);
     let due: Vec<String> = {
-        let data = coord.inner.node.state.read();
+        let data = coord.store().read();
         data.state
             .nodes
             .values()
@@ -148,7 +148,7 @@ async fn evict_at_drain_deadlines(coord: &Coordinator) {
 /// them as one `Command::Schedule` (one log entry); apply re-validates each decision. Returns
 /// how long the pass computed (not counting the wait for its commit).
 pub(crate) async fn schedule_once(coord: &Coordinator) -> Duration {
-    let unschedulable = coord.inner.liveness.unschedulable();
+    let unschedulable = coord.liveness().unschedulable();
     // The pass's clock (backfill windows, fair-share decay): a fresh oracle timestamp.
     let now = match coord.timestamps(1).await {
         Ok(ts) => ts,
@@ -159,7 +159,7 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> Duration {
     };
     let started = std::time::Instant::now();
     let pass = {
-        let data = coord.inner.node.state.read();
+        let data = coord.store().read();
         // Nothing can be placed without a node: skip the pass over a long queue.
         if !data.state.nodes.values().any(|n| n.state == NodeState::Up) {
             return Duration::ZERO;
@@ -168,8 +168,8 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> Duration {
     };
     let computed = started.elapsed();
     // Every waiting job's reason, for `corral queue`, and their order, for the web view's queue.
-    coord.inner.leader_view.record(&pass.pending);
-    let metrics = &coord.inner.scheduler_metrics;
+    coord.leader_view().record(&pass.pending);
+    let metrics = &coord.scheduler_metrics();
     let Some(command) = pass.command() else {
         metrics.pass_duration.observe(started.elapsed().as_secs_f64());
         return computed;

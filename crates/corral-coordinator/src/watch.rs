@@ -9,6 +9,7 @@
 use crate::filter::JobFilter;
 use crate::reply::job_reply;
 use crate::scheduler::PendingJobs;
+use crate::snapshot::Snapshot;
 use crate::{CoordError, Coordinator};
 use corral_proto::v1 as pb;
 use tonic::Status;
@@ -50,100 +51,94 @@ fn compacted(e: corral_raft::Compacted) -> CoordError {
     ))
 }
 
-impl Coordinator {
-    /// The first batch of a watch: every matching job now (`from` absent) or every matching job
-    /// changed after `from`.
-    fn first_batch(&self, filter: &JobFilter, from: Option<u64>) -> Result<Batch, CoordError> {
-        let data = self.inner.node.state.read();
-        let changes = self.inner.node.state.changes();
-        let pending = self.inner.leader_view.pending();
-        let upto = data.applied_index();
-        let jobs = match from {
-            None => data.state.jobs.values().filter(|j| filter.matches(j)).map(|j| (upto, job_reply(j, &pending))).collect(),
-            Some(from) if from > upto => {
-                return Err(CoordError::InvalidArgument(format!(
-                    "revision {from} is ahead of this cluster (at revision {upto}): resume only from a revision a watch sent"
-                )))
-            }
-            Some(from) => {
-                let changed = changes.changed_since(from).map_err(compacted)?;
-                changed_jobs(&data.state.jobs, changed, filter, &pending)
-            }
-        };
-        Ok(Batch { jobs, upto })
-    }
+/// The first batch of a watch: every matching job now (`from` absent) or every matching job
+/// changed after `from`.
+fn first_batch(snapshot: &Snapshot, filter: &JobFilter, from: Option<u64>) -> Result<Batch, CoordError> {
+    let data = snapshot.read();
+    let changes = snapshot.store().changes();
+    let upto = data.applied_index();
+    let jobs = match from {
+        None => data.state.jobs.values().filter(|j| filter.matches(j)).map(|j| (upto, snapshot.job_reply(j))).collect(),
+        Some(from) if from > upto => return Err(CoordError::InvalidArgument(format!(
+            "revision {from} is ahead of this cluster (at revision {upto}): resume only from a revision a watch sent"
+        ))),
+        Some(from) => {
+            let changed = changes.changed_since(from).map_err(compacted)?;
+            changed_jobs(&data.state.jobs, changed, filter, snapshot.pending())
+        }
+    };
+    Ok(Batch { jobs, upto })
+}
 
-    /// The matching jobs changed after `after`, up to the applied revision.
-    fn next_batch(&self, filter: &JobFilter, after: u64) -> Result<Batch, CoordError> {
-        let data = self.inner.node.state.read();
-        let changes = self.inner.node.state.changes();
-        let pending = self.inner.leader_view.pending();
-        let changed = changes.changed_since(after).map_err(compacted)?;
-        Ok(Batch { jobs: changed_jobs(&data.state.jobs, changed, filter, &pending), upto: data.applied_index() })
-    }
+/// The matching jobs changed after `after`, up to the applied revision.
+fn next_batch(snapshot: &Snapshot, filter: &JobFilter, after: u64) -> Result<Batch, CoordError> {
+    let data = snapshot.read();
+    let changes = snapshot.store().changes();
+    let changed = changes.changed_since(after).map_err(compacted)?;
+    Ok(Batch { jobs: changed_jobs(&data.state.jobs, changed, filter, snapshot.pending()), upto: data.applied_index() })
+}
 
-    /// Starts a watch for the leader of `term`: the first batch is computed now (so a
-    /// refused revision is the call's error), the rest as entries are applied.
-    pub(crate) fn watch_jobs(
-        &self,
-        filter: JobFilter,
-        from: Option<u64>,
-        term: u64,
-    ) -> Result<tokio::sync::mpsc::Receiver<Result<pb::JobEvent, Status>>, CoordError> {
-        let mut applied = self.inner.node.state.subscribe_applied();
-        let first = self.first_batch(&filter, from)?;
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        let coord = self.clone();
-        tokio::spawn(async move {
-            let mut upto = first.upto;
-            for event in first.events() {
+/// Starts a watch for the leader of `term`: the first batch is computed now (so a
+/// refused revision is the call's error), the rest as entries are applied.
+pub(crate) fn watch_jobs(
+    coord: &Coordinator,
+    filter: JobFilter,
+    from: Option<u64>,
+    term: u64,
+) -> Result<tokio::sync::mpsc::Receiver<Result<pb::JobEvent, Status>>, CoordError> {
+    let mut applied = coord.store().subscribe_applied();
+    let first = first_batch(&coord.snapshot(), &filter, from)?;
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let coord = coord.clone();
+    tokio::spawn(async move {
+        let mut upto = first.upto;
+        for event in first.events() {
+            if tx.send(Ok(event)).await.is_err() {
+                return;
+            }
+        }
+        let progress = |upto| pb::JobEvent { revision: upto, job: None, resume_revision: Some(upto) };
+        if tx.send(Ok(progress(upto))).await.is_err() {
+            return;
+        }
+        // A watch whose jobs rarely change still moves its resume point now and then, so
+        // that its revision is not forgotten (compacted) while it waits.
+        let mut last_sent = std::time::Instant::now();
+        loop {
+            tokio::select! {
+                changed = applied.changed() => if changed.is_err() { return },
+                _ = tx.closed() => return,
+            }
+            if coord.leading_term() != Some(term) {
+                // Deposed: the client resumes at the new leader from its last resume point.
+                return;
+            }
+            let batch = match next_batch(&coord.snapshot(), &filter, upto) {
+                Ok(batch) => batch,
+                Err(e) => {
+                    let _ = tx.send(Err(e.into())).await;
+                    return;
+                }
+            };
+            upto = upto.max(batch.upto);
+            if batch.jobs.is_empty() {
+                if last_sent.elapsed() >= PROGRESS_EVERY {
+                    last_sent = std::time::Instant::now();
+                    if tx.send(Ok(progress(upto))).await.is_err() {
+                        return;
+                    }
+                }
+                continue;
+            }
+            last_sent = std::time::Instant::now();
+            for event in batch.events() {
                 if tx.send(Ok(event)).await.is_err() {
                     return;
                 }
             }
-            let progress = |upto| pb::JobEvent { revision: upto, job: None, resume_revision: Some(upto) };
-            if tx.send(Ok(progress(upto))).await.is_err() {
-                return;
-            }
-            // A watch whose jobs rarely change still moves its resume point now and then, so
-            // that its revision is not forgotten (compacted) while it waits.
-            let mut last_sent = std::time::Instant::now();
-            loop {
-                tokio::select! {
-                    changed = applied.changed() => if changed.is_err() { return },
-                    _ = tx.closed() => return,
-                }
-                if coord.leading_term() != Some(term) {
-                    // Deposed: the client resumes at the new leader from its last resume point.
-                    return;
-                }
-                let batch = match coord.next_batch(&filter, upto) {
-                    Ok(batch) => batch,
-                    Err(e) => {
-                        let _ = tx.send(Err(e.into())).await;
-                        return;
-                    }
-                };
-                upto = upto.max(batch.upto);
-                if batch.jobs.is_empty() {
-                    if last_sent.elapsed() >= PROGRESS_EVERY {
-                        last_sent = std::time::Instant::now();
-                        if tx.send(Ok(progress(upto))).await.is_err() {
-                            return;
-                        }
-                    }
-                    continue;
-                }
-                last_sent = std::time::Instant::now();
-                for event in batch.events() {
-                    if tx.send(Ok(event)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        });
-        Ok(rx)
-    }
+        }
+    });
+    Ok(rx)
 }
 
 /// The jobs of `changed` (job id -> revision of its latest change) that still exist and match,
