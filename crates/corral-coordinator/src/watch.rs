@@ -59,9 +59,11 @@ fn first_batch(snapshot: &Snapshot, filter: &JobFilter, from: Option<u64>) -> Re
     let upto = data.applied_index();
     let jobs = match from {
         None => data.state.jobs.values().filter(|j| filter.matches(j)).map(|j| (upto, snapshot.job_reply(j))).collect(),
-        Some(from) if from > upto => return Err(CoordError::InvalidArgument(format!(
+        Some(from) if from > upto => {
+            return Err(CoordError::InvalidArgument(format!(
             "revision {from} is ahead of this cluster (at revision {upto}): resume only from a revision a watch sent"
-        ))),
+        )))
+        }
         Some(from) => {
             let changed = changes.changed_since(from).map_err(compacted)?;
             changed_jobs(&data.state.jobs, changed, filter, snapshot.pending())
@@ -78,16 +80,18 @@ fn next_batch(snapshot: &Snapshot, filter: &JobFilter, after: u64) -> Result<Bat
     Ok(Batch { jobs: changed_jobs(&data.state.jobs, changed, filter, snapshot.pending()), upto: data.applied_index() })
 }
 
-/// Starts a watch for the leader of `term`: the first batch is computed now (so a
-/// refused revision is the call's error), the rest as entries are applied.
+/// Starts a watch for the leader of `term`: the first batch is computed now from `snapshot`
+/// (so a refused revision is the call's error), the rest as entries are applied, each batch
+/// from a fresh snapshot.
 pub(crate) fn watch_jobs(
     coord: &Coordinator,
+    snapshot: &Snapshot,
     filter: JobFilter,
     from: Option<u64>,
     term: u64,
 ) -> Result<tokio::sync::mpsc::Receiver<Result<pb::JobEvent, Status>>, CoordError> {
-    let mut applied = coord.store().subscribe_applied();
-    let first = first_batch(&coord.snapshot(), &filter, from)?;
+    let mut applied = snapshot.store().subscribe_applied();
+    let first = first_batch(snapshot, &filter, from)?;
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let coord = coord.clone();
     tokio::spawn(async move {
