@@ -135,7 +135,7 @@ fn describe_peer<T>(request: &Request<T>) -> String {
 
 impl Coordinator {
     pub(crate) fn security(&self) -> &SecurityConfig {
-        &self.inner.config.security
+        &self.config().security
     }
 
     /// Records a refusal and returns the status for it.
@@ -198,7 +198,7 @@ impl Coordinator {
         if security.admin_token_sha256.as_deref() == Some(hash.as_str()) {
             return Ok(Principal::Admin { name: "bootstrap admin token".into() });
         }
-        let record = self.inner.node.state.read().state.token_by_hash(&hash).cloned();
+        let record = self.store().read().state.token_by_hash(&hash).cloned();
         let Some(record) = record else {
             // A follower may not have applied a token the leader just issued: let the client
             // ask the leader, whose answer is final.

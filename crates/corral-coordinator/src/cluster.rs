@@ -35,7 +35,7 @@ impl Coordinator {
     /// This node's view of the cluster; with `digest`, also the digest of its state machine
     /// (which encodes the whole state: only on request).
     pub async fn cluster_status(&self, digest: bool) -> pb::ClusterStatus {
-        let node = &self.inner.node;
+        let node = &self.raft_node();
         let status = node.status();
         let members = status
             .members
@@ -69,8 +69,8 @@ impl Coordinator {
     /// initialized cluster again changes nothing; asking it for another policy is refused
     /// (policies change with `corral admin apply`).
     pub async fn init_cluster(&self, policy: Option<ClusterConfig>) -> Result<(), CoordError> {
-        let node = &self.inner.node;
-        let addr = self.inner.config.advertise_addr.clone();
+        let node = &self.raft_node();
+        let addr = self.config().advertise_addr.clone();
         node.initialize(&addr).await?;
         node.wait_for(Duration::from_secs(30), |s| s.leader.is_some())
             .await
@@ -86,7 +86,7 @@ impl Coordinator {
     /// yet; refuses a different one when a policy is in force.
     pub async fn install_first_policy(&self, policy: Option<ClusterConfig>, by: &str) -> Result<(), CoordError> {
         let (configured, version, current) = {
-            let data = self.inner.node.state.read();
+            let data = self.store().read();
             (!data.state.config.tenants.is_empty(), data.state.policy_version, data.state.config.clone())
         };
         if configured {
@@ -114,7 +114,7 @@ impl ClusterAdmin for Admin {
             Some(crate::policy::parse_policy(source, &req.policy_toml).map_err(Status::invalid_argument)?)
         };
         self.coord.init_cluster(policy).await?;
-        self.coord.audit_cluster(&request, "cluster init", format!("node {}", self.coord.inner.node.id));
+        self.coord.audit_cluster(&request, "cluster init", format!("node {}", self.coord.raft_node().id));
         Ok(Response::new(self.status().await))
     }
 
@@ -123,7 +123,7 @@ impl ClusterAdmin for Admin {
         if req.addr.is_empty() {
             return Err(Status::invalid_argument("missing address of the joining coordinator"));
         }
-        let raft = &self.coord.inner.node;
+        let raft = &self.coord.raft_node();
         let is_voter = raft.status().members.iter().any(|m| m.id == req.node_id && m.voter);
         // Recording first makes the id taken forever, even if the rest fails and is retried.
         self.coord.propose(Command::AddCoordinator { node_id: req.node_id, addr: req.addr.clone() }).await?;
@@ -139,7 +139,7 @@ impl ClusterAdmin for Admin {
 
     async fn leave(&self, request: Request<pb::LeaveRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
         let node_id = request.get_ref().node_id;
-        let raft = &self.coord.inner.node;
+        let raft = &self.coord.raft_node();
         if !raft.status().members.iter().any(|m| m.id == node_id) {
             return Err(CoordError::NotFound(format!("coordinator {node_id} is not a member")).into());
         }
@@ -161,7 +161,7 @@ impl ClusterAdmin for Admin {
         &self,
         request: Request<pb::ClusterSnapshotRequest>,
     ) -> Result<Response<pb::ClusterStatus>, Status> {
-        let raft = &self.coord.inner.node;
+        let raft = &self.coord.raft_node();
         let index = raft.snapshot(SNAPSHOT_PATIENCE).await.map_err(CoordError::from)?;
         tracing::info!(index, "snapshot built on request");
         self.coord.audit_cluster(&request, "cluster snapshot", format!("node {} at index {index}", raft.id));

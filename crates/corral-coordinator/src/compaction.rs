@@ -54,7 +54,7 @@ impl HistoryConfig {
 
 /// Runs forever; compacts only while this node is the leader.
 pub(crate) async fn run(coord: Coordinator) {
-    let every = coord.inner.config.history.compact_every;
+    let every = coord.config().history.compact_every;
     loop {
         tokio::time::sleep(every).await;
         if coord.leading_term().is_none() {
@@ -78,7 +78,7 @@ pub(crate) async fn run(coord: Coordinator) {
 /// Proposes one compaction with the cutoffs of now.
 pub(crate) async fn compact_once(coord: &Coordinator) -> Result<Compacted, CoordError> {
     let now = coord.timestamps(1).await?;
-    let cutoffs = coord.inner.config.history.cutoffs(now);
+    let cutoffs = coord.config().history.cutoffs(now);
     match coord.propose_at(now, Command::Compact(cutoffs)).await? {
         Outcome::Compacted(done) => Ok(done),
         other => Err(CoordError::Unavailable(format!("unexpected outcome of a compaction: {other:?}"))),

@@ -118,7 +118,7 @@ pub(crate) fn stream(
 ) -> mpsc::Receiver<Result<pb::DesiredState, tonic::Status>> {
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
-        let mut applied = coord.inner.node.state.subscribe_applied();
+        let mut applied = coord.store().subscribe_applied();
         let mut last: Option<Key> = None;
         let mut last_sent = tokio::time::Instant::now();
         loop {
@@ -130,7 +130,7 @@ pub(crate) fn stream(
             match coord.worker_term() {
                 Ok(_) => {
                     let message = {
-                        let data = coord.inner.node.state.read();
+                        let data = coord.store().read();
                         let (key, message) = desired(&data, &node, node_epoch, term);
                         let due = last.as_ref() != Some(&key) || last_sent.elapsed() >= KEEPALIVE;
                         let reregister = key.reregister;

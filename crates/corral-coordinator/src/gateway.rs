@@ -50,7 +50,7 @@ impl Gateway {
     fn job_on_own_node<T>(&self, request: &Request<T>, action: &str, job_id: u64) -> Result<(), u64> {
         let Some(name) = self.coord.worker_identity(request) else { return Ok(()) };
         let (placed_here, revision) = {
-            let data = self.coord.inner.node.state.read();
+            let data = self.coord.store().read();
             let placed = data
                 .state
                 .jobs
@@ -82,7 +82,7 @@ impl Gateway {
                 Ok(Response::new(pb::ReportResponse { accepted: outcome != Outcome::Stale, revision }))
             }
             Err(CoordError::Rejected(ApplyError::NoSuchJob(_))) => {
-                let revision = self.coord.inner.node.state.read().applied_index();
+                let revision = self.coord.store().read().applied_index();
                 Ok(Response::new(pb::ReportResponse { accepted: false, revision }))
             }
             Err(e) => Err(e.into()),
@@ -103,7 +103,7 @@ impl WorkerGateway for Gateway {
         let name = spec.name.clone();
         match self.coord.propose(Command::RegisterNode { spec }).await? {
             Outcome::NodeRegistered { epoch } => {
-                self.coord.inner.liveness.heartbeat(term, &name, Vec::new());
+                self.coord.liveness().heartbeat(term, &name, Vec::new());
                 tracing::info!(node = %name, epoch, "node registered");
                 Ok(Response::new(pb::RegisterResponse { node_epoch: epoch, lease: Some(self.coord.worker_lease()) }))
             }
@@ -124,14 +124,14 @@ impl WorkerGateway for Gateway {
                 // The worker is alive even if this leader cannot vouch for itself right now:
                 // remember that, but grant no lease.
                 if let Some(term) = self.coord.leading_term() {
-                    self.coord.inner.liveness.heartbeat(term, &hb.node, gpus);
+                    self.coord.liveness().heartbeat(term, &hb.node, gpus);
                 }
                 return Err(e.into());
             }
         };
-        self.coord.inner.liveness.heartbeat(term, &hb.node, gpus);
+        self.coord.liveness().heartbeat(term, &hb.node, gpus);
         let current = {
-            let data = self.coord.inner.node.state.read();
+            let data = self.coord.store().read();
             data.state.nodes.get(&hb.node).is_some_and(|n| n.epoch == hb.node_epoch && n.state == NodeState::Up)
         };
         // Unknown, down, or registered again since: the worker stops its jobs and registers again.

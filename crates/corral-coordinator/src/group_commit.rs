@@ -1,6 +1,8 @@
-//! Group commit of submits: concurrent `Submit` calls that arrive while a proposal is in flight
-//! are carried by the next single Raft entry (`SubmitJobs`), so one fsync and one replication
-//! round acknowledge many jobs. At low load a submit is proposed at once, alone.
+//! The submit path of a coordinator ([`Submits`]). Group commit of submits: concurrent `Submit`
+//! calls that arrive while a proposal is in flight are carried by the next single Raft entry
+//! (`SubmitJobs`), so one fsync and one replication round acknowledge many jobs. At low load a
+//! submit is proposed at once, alone. Admission of batches: a `SubmitBatch` is one entry of its
+//! own, and at most `BATCHES_IN_FLIGHT` of them are in the Raft pipeline at once.
 //!
 //! Backpressure: the jobs waiting to be proposed — single submits queued here and batches
 //! waiting for a pipeline slot — are bounded by [`SubmitQueue`] (`limits.max-queued-submits`);
@@ -12,10 +14,10 @@
 //! job keeps its own request id, validation and answer.
 
 use crate::{CoordError, Coordinator};
-use corral_core::{Command, Outcome};
+use corral_core::{ApplyError, Command, Outcome};
 use corral_types::{JobId, JobSpec};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -23,6 +25,8 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 const MAX_GROUP: usize = 512;
 /// Entries proposed concurrently: one being written while the next one fills up.
 const IN_FLIGHT: usize = 2;
+/// `SubmitBatch` entries a leader keeps in the Raft pipeline at once.
+const BATCHES_IN_FLIGHT: usize = 2;
 /// Bounds of the retry-after a refused submit is given.
 const MIN_RETRY_AFTER: Duration = Duration::from_millis(50);
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
@@ -34,6 +38,81 @@ pub const DEFAULT_MAX_QUEUED_SUBMITS: usize = 100_000;
 pub const GROUP_COMMIT_DELAY_FAILPOINT: &str = "group-commit-delay-ms";
 
 type Reply = oneshot::Sender<Result<(JobId, bool), CoordError>>;
+
+/// The submit path of one coordinator: the bound on jobs waiting to be proposed, group commit
+/// of single submits, and the admission of batches into the Raft pipeline.
+pub(crate) struct Submits {
+    /// The bound on jobs waiting to be proposed, shared by `Submit` and `SubmitBatch`.
+    queue: Arc<SubmitQueue>,
+    /// Set once by `serve`: batches concurrent submits into one Raft entry.
+    group: OnceLock<GroupCommit>,
+    /// At most this many batch entries in the Raft pipeline at once; further callers wait
+    /// here instead of piling megabytes of entries onto the followers (which then miss
+    /// heartbeats and call elections).
+    batch_slots: Semaphore,
+}
+
+impl Submits {
+    /// A submit path whose queue holds at most `max_queued` jobs.
+    pub(crate) fn new(max_queued: usize) -> Submits {
+        Submits {
+            queue: SubmitQueue::new(max_queued),
+            group: OnceLock::new(),
+            batch_slots: Semaphore::new(BATCHES_IN_FLIGHT),
+        }
+    }
+
+    /// Starts group commit for `coord` (once: `serve` calls it); returns the task to abort
+    /// when the server stops.
+    pub(crate) fn start(&self, coord: Coordinator) -> tokio::task::JoinHandle<()> {
+        let (group, task) = GroupCommit::start(coord, self.queue.clone());
+        let _ = self.group.set(group);
+        task
+    }
+
+    /// The bound on jobs waiting to be proposed (its gauges are exported).
+    pub(crate) fn queue(&self) -> &SubmitQueue {
+        &self.queue
+    }
+
+    /// Submits one job through group commit (or alone, before `serve` started it).
+    pub(crate) async fn submit(
+        &self,
+        coord: &Coordinator,
+        request_id: String,
+        spec: JobSpec,
+    ) -> Result<(JobId, bool), CoordError> {
+        if let Some(group) = self.group.get() {
+            return group.submit(request_id, spec).await;
+        }
+        match coord.propose(Command::SubmitJob { request_id, spec }).await? {
+            Outcome::JobSubmitted { job_id, duplicate } => Ok((job_id, duplicate)),
+            other => Err(CoordError::Raft(format!("unexpected outcome of submit: {other:?}"))),
+        }
+    }
+
+    /// Proposes `jobs` as one entry of their own, once admitted: they count against the
+    /// queue's bound while they wait for one of `BATCHES_IN_FLIGHT` pipeline slots, and the
+    /// entry waits while a follower lags. Returns each job's outcome, in order.
+    pub(crate) async fn submit_batch(
+        &self,
+        coord: &Coordinator,
+        jobs: Vec<(String, JobSpec)>,
+    ) -> Result<Vec<Result<(JobId, bool), ApplyError>>, CoordError> {
+        let admitted = self.queue.admit(jobs.len())?;
+        let _slot = self
+            .batch_slots
+            .acquire()
+            .await
+            .map_err(|_| CoordError::Unavailable("coordinator is shutting down".into()))?;
+        drop(admitted);
+        coord.hold_while_followers_lag().await;
+        match coord.propose(Command::SubmitJobs { jobs }).await? {
+            Outcome::JobsSubmitted(results) => Ok(results),
+            other => Err(CoordError::Raft(format!("unexpected outcome of batch submit: {other:?}"))),
+        }
+    }
+}
 
 struct Pending {
     request_id: String,
@@ -125,13 +204,13 @@ impl SubmitQueue {
 
 /// Handle to the group-commit task of one coordinator.
 #[derive(Clone)]
-pub(crate) struct GroupCommit {
+struct GroupCommit {
     tx: mpsc::UnboundedSender<Queued>,
     queue: Arc<SubmitQueue>,
 }
 
 impl GroupCommit {
-    pub(crate) fn start(coord: Coordinator, queue: Arc<SubmitQueue>) -> (GroupCommit, tokio::task::JoinHandle<()>) {
+    fn start(coord: Coordinator, queue: Arc<SubmitQueue>) -> (GroupCommit, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(run(coord, rx, queue.clone()));
         (GroupCommit { tx, queue }, task)
@@ -139,7 +218,7 @@ impl GroupCommit {
 
     /// Submits one job; resolves once its entry is applied. Refused at once when the queue is
     /// full.
-    pub(crate) async fn submit(&self, request_id: String, spec: JobSpec) -> Result<(JobId, bool), CoordError> {
+    async fn submit(&self, request_id: String, spec: JobSpec) -> Result<(JobId, bool), CoordError> {
         let admitted = self.queue.admit(1)?;
         let (reply, rx) = oneshot::channel();
         self.tx

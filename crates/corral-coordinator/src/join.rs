@@ -78,7 +78,7 @@ impl Coordinator {
             other => return Err(Status::internal(format!("unexpected outcome of join-token: {other:?}"))),
         };
         let expires_at_ms =
-            self.inner.node.state.read().state.join_tokens.get(&token_id).map(|t| t.expires_at_ms).unwrap_or_default();
+            self.store().read().state.join_tokens.get(&token_id).map(|t| t.expires_at_ms).unwrap_or_default();
         let who = describe_peer(request);
         security.audit.record(AuditEvent::admin(ACTION, who.clone(), who, format!("join token {token_id}")));
         Ok(pb::CreateJoinTokenResponse { id: token_id, token: token.to_string(), expires_at_ms })
@@ -112,7 +112,7 @@ impl NodeJoin for Joins {
         let sha256 = token_sha256(&req.secret);
         // Unknown secrets are refused here, without a log entry each (everything committed
         // before this call is applied: `linearizable` above).
-        if coord.inner.node.state.read().state.join_token_by_hash(&sha256).is_none() {
+        if coord.store().read().state.join_token_by_hash(&sha256).is_none() {
             let status = Status::permission_denied("join refused: unknown join token: not issued by this cluster");
             return Err(coord.deny_join(&request, status));
         }

@@ -10,9 +10,10 @@
 //! still name a next page): a page of 50 among 100k jobs neither clones nor encodes the
 //! others, and the state lock is held for a bounded walk.
 
+use crate::filter::JobFilter;
 use crate::CoordError;
 use corral_core::State;
-use corral_types::{Job, JobId, JobState, Segment, Timestamp};
+use corral_types::{Job, JobId, Segment, Timestamp};
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::ops::Bound;
@@ -53,63 +54,6 @@ pub(crate) fn page_size(limit: u32) -> usize {
     match limit as usize {
         0 => DEFAULT_PAGE,
         n => n.min(MAX_PAGE),
-    }
-}
-
-/// Which jobs a listing returns.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct JobFilter {
-    /// Only these states; empty: pending and running (live) jobs.
-    pub states: BTreeSet<JobState>,
-    pub tenant: Option<String>,
-    pub name: NameMatch,
-    /// Submitted at or after this.
-    pub submitted_since: Option<Timestamp>,
-    /// Submitted before this.
-    pub submitted_until: Option<Timestamp>,
-}
-
-/// How a job's name is matched.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) enum NameMatch {
-    #[default]
-    Any,
-    Exact(String),
-    Prefix(String),
-}
-
-impl JobFilter {
-    /// Every state.
-    pub(crate) fn all_states() -> BTreeSet<JobState> {
-        [
-            JobState::Pending,
-            JobState::Running,
-            JobState::Succeeded,
-            JobState::Failed,
-            JobState::Cancelled,
-            JobState::Preempted,
-        ]
-        .into_iter()
-        .collect()
-    }
-
-    /// Whether a finished job can match (only then is the history read).
-    pub(crate) fn wants_finished(&self) -> bool {
-        self.states.iter().any(|s| s.is_terminal())
-    }
-
-    pub(crate) fn matches(&self, job: &Job) -> bool {
-        let state_ok = if self.states.is_empty() { !job.state.is_terminal() } else { self.states.contains(&job.state) };
-        let name_ok = match &self.name {
-            NameMatch::Any => true,
-            NameMatch::Exact(name) => job.spec.name == *name,
-            NameMatch::Prefix(prefix) => job.spec.name.starts_with(prefix.as_str()),
-        };
-        state_ok
-            && name_ok
-            && self.tenant.as_ref().is_none_or(|t| *t == job.spec.tenant)
-            && self.submitted_since.is_none_or(|s| job.submitted_at >= s)
-            && self.submitted_until.is_none_or(|u| job.submitted_at < u)
     }
 }
 
@@ -240,7 +184,9 @@ pub(crate) fn list_segments(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::filter::{NameMatch, ALL_STATES, LIVE_STATES};
     use corral_core::ClusterConfig;
+    use corral_types::JobState;
     use std::collections::BTreeMap;
 
     fn job(id: JobId, tenant: &str, name: &str, state: JobState) -> Job {
@@ -264,6 +210,11 @@ mod tests {
             BTreeMap::new(),
             0,
         )
+    }
+
+    /// The live jobs: what a listing that names no state selects.
+    fn live() -> JobFilter {
+        JobFilter { states: LIVE_STATES.into(), ..Default::default() }
     }
 
     /// A history that must not be read.
@@ -294,18 +245,18 @@ mod tests {
     #[test]
     fn pages_cover_every_job_once_in_id_order() {
         let state = state_of((1..=25).map(|id| job(id, "a", "x", JobState::Pending)).collect());
-        let (ids, pages) = all_pages(&state, &JobFilter::default(), 10);
+        let (ids, pages) = all_pages(&state, &live(), 10);
         assert_eq!(ids, (1..=25).collect::<Vec<_>>());
         assert_eq!(pages, 3);
         // A page that ends exactly at the last job names no next page.
-        let (ids, pages) = all_pages(&state, &JobFilter::default(), 25);
+        let (ids, pages) = all_pages(&state, &live(), 25);
         assert_eq!((ids.len(), pages), (25, 1));
     }
 
     #[test]
     fn a_page_starts_after_its_token_and_stops_when_full() {
         let state = state_of((1..=100).map(|id| job(id, "a", "x", JobState::Pending)).collect());
-        let (jobs, next) = list_jobs(&state, no_history, &JobFilter::default(), Some(40), 5);
+        let (jobs, next) = list_jobs(&state, no_history, &live(), Some(40), 5);
         assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![41, 42, 43, 44, 45]);
         assert_eq!(next, "v1:job:45");
     }
@@ -320,12 +271,12 @@ mod tests {
             job(5, "a", "train-3", JobState::Running),
         ]);
         let ids = |filter: JobFilter| all_pages(&state, &filter, 2).0;
-        assert_eq!(ids(JobFilter::default()), vec![1, 2, 5], "live jobs by default");
-        assert_eq!(ids(JobFilter { states: JobFilter::all_states(), ..Default::default() }), vec![1, 2, 3, 4, 5]);
+        assert_eq!(ids(live()), vec![1, 2, 5], "live jobs by default");
+        assert_eq!(ids(JobFilter { states: ALL_STATES.into(), ..Default::default() }), vec![1, 2, 3, 4, 5]);
         let finished = [JobState::Succeeded, JobState::Failed].into_iter().collect();
         assert_eq!(ids(JobFilter { states: finished, ..Default::default() }), vec![3, 4]);
-        assert_eq!(ids(JobFilter { tenant: Some("b".into()), ..Default::default() }), vec![2]);
-        let all = JobFilter::all_states();
+        assert_eq!(ids(JobFilter { tenant: Some("b".into()), ..live() }), vec![2]);
+        let all: BTreeSet<JobState> = ALL_STATES.into();
         assert_eq!(
             ids(JobFilter { states: all.clone(), name: NameMatch::Exact("train".into()), ..Default::default() }),
             vec![4]
@@ -359,7 +310,7 @@ mod tests {
             job(6, "a", "x", JobState::Failed),
             job(7, "b", "x", JobState::Succeeded),
         ];
-        let all = JobFilter { states: JobFilter::all_states(), ..Default::default() };
+        let all = JobFilter { states: ALL_STATES.into(), ..Default::default() };
         for limit in [1, 2, 3, 100] {
             assert_eq!(all_pages_with(&state, &history, &all, limit).0, vec![1, 2, 3, 4, 5, 6, 7], "limit {limit}");
         }
@@ -369,7 +320,7 @@ mod tests {
         assert_eq!(all_pages_with(&state, &history, &tenant_b, 10).0, vec![7]);
         // Live jobs never read the history.
         let must_not_read = |_: JobId| -> std::iter::Empty<Job> { panic!("the history was read for live jobs") };
-        let (jobs, next) = list_jobs(&state, must_not_read, &JobFilter::default(), None, 10);
+        let (jobs, next) = list_jobs(&state, must_not_read, &live(), None, 10);
         assert_eq!((jobs.iter().map(|j| j.id).collect::<Vec<_>>(), next), (vec![2, 4, 5], String::new()));
     }
 
@@ -379,7 +330,7 @@ mod tests {
             (1..=(SCAN_BUDGET as u64 + 10)).map(|id| job(id, "a", "x", JobState::Pending)).collect();
         jobs.last_mut().expect("a job").spec.tenant = "b".into();
         let state = state_of(jobs);
-        let filter = JobFilter { tenant: Some("b".into()), ..Default::default() };
+        let filter = JobFilter { tenant: Some("b".into()), ..live() };
         let (first, next) = list_jobs(&state, no_history, &filter, None, 10);
         assert!(first.is_empty(), "the budget ends the page before the match");
         assert_eq!(next, format!("v1:job:{SCAN_BUDGET}"));
@@ -396,10 +347,10 @@ mod tests {
             j
         };
         let state = state_of((1..=20).map(big).collect());
-        let (jobs, next) = list_jobs(&state, no_history, &JobFilter::default(), None, MAX_PAGE);
+        let (jobs, next) = list_jobs(&state, no_history, &live(), None, MAX_PAGE);
         assert_eq!(jobs.len(), 8, "8 MiB of 1 MiB scripts");
         assert_eq!(next, "v1:job:8");
-        assert_eq!(all_pages(&state, &JobFilter::default(), MAX_PAGE).0, (1..=20).collect::<Vec<_>>());
+        assert_eq!(all_pages(&state, &live(), MAX_PAGE).0, (1..=20).collect::<Vec<_>>());
     }
 
     #[test]

@@ -27,9 +27,7 @@ impl Coordinator {
             Status::invalid_argument(format!("job {} has no rank {} in its current run", job.id, req.rank))
         })?;
         let address = self
-            .inner
-            .node
-            .state
+            .store()
             .read()
             .state
             .nodes

@@ -5,7 +5,7 @@
 //!
 //! Boundary: this module only reads; it never proposes anything.
 
-use crate::liveness::NodeLive;
+use crate::scheduler::LeaderMemory;
 use crate::Coordinator;
 use corral_core::State;
 use corral_types::{JobState, NodeState};
@@ -66,20 +66,10 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// What the leader knows beyond the replicated state.
-pub(crate) struct LeaderMemory<'a> {
-    /// Why each pending job waits, from the last scheduling pass.
-    pub pending_reasons: &'a BTreeMap<u64, String>,
-    /// Heartbeat health per node (entries without a real heartbeat are ignored).
-    pub live: &'a BTreeMap<String, NodeLive>,
-    /// Wall clock, Unix milliseconds.
-    pub now_ms: u64,
-}
-
 /// Registers the state-derived series of the leader: the queue, nodes, GPUs, tenants and
 /// billing. Tenants and priority classes of the cluster config are exported with 0 when idle,
-/// so their series do not vanish.
-pub(crate) fn register_state_series(registry: &mut Registry, state: &State, memory: &LeaderMemory<'_>) {
+/// so their series do not vanish. `now_ms`: the wall clock, Unix milliseconds.
+pub(crate) fn register_state_series(registry: &mut Registry, state: &State, memory: &LeaderMemory<'_>, now_ms: u64) {
     let mut tenants: BTreeSet<&str> = state.config.tenants.iter().map(String::as_str).collect();
     tenants.extend(state.live_jobs().map(|j| j.spec.tenant.as_str()));
     let billed_totals = state.billed_by_tenant();
@@ -94,7 +84,7 @@ pub(crate) fn register_state_series(registry: &mut Registry, state: &State, memo
             }
         }
     }
-    let mut oldest: BTreeMap<&str, u64> = tenants.iter().map(|t| (*t, memory.now_ms)).collect();
+    let mut oldest: BTreeMap<&str, u64> = tenants.iter().map(|t| (*t, now_ms)).collect();
     let mut by_reason: BTreeMap<&str, i64> = PENDING_REASONS.iter().map(|r| (*r, 0)).collect();
     for job in state.live_jobs() {
         let s = match job.state {
@@ -105,7 +95,7 @@ pub(crate) fn register_state_series(registry: &mut Registry, state: &State, memo
         let key = labels(&[("tenant", &job.spec.tenant), ("priority_class", &job.spec.priority_class), ("state", s)]);
         jobs.get_or_create(&key).inc();
         if job.state == JobState::Pending {
-            let reason = memory.pending_reasons.get(&job.id).map(String::as_str);
+            let reason = memory.pending.reason(job.id);
             *by_reason.entry(reason_category(reason)).or_default() += 1;
             let submitted = job.submitted_at.physical_ms();
             oldest.entry(job.spec.tenant.as_str()).and_modify(|o| *o = (*o).min(submitted)).or_insert(submitted);
@@ -125,7 +115,7 @@ pub(crate) fn register_state_series(registry: &mut Registry, state: &State, memo
 
     let oldest_age = Labelled::<f64, AtomicU64>::default();
     for (tenant, submitted_ms) in oldest {
-        let age = memory.now_ms.saturating_sub(submitted_ms) as f64 / 1000.0;
+        let age = now_ms.saturating_sub(submitted_ms) as f64 / 1000.0;
         oldest_age.get_or_create(&labels(&[("tenant", tenant)])).set(age);
     }
     registry.register(
@@ -204,12 +194,12 @@ impl Coordinator {
     /// Registers this coordinator's series into `registry` (a fresh one per scrape): Raft and
     /// TSO on every coordinator, the rest only while this node leads.
     pub async fn collect_metrics(&self, registry: &mut Registry) {
-        let raft = self.inner.node.status();
-        let is_leader = raft.leader == Some(self.inner.node.id);
+        let raft = self.raft_node().status();
+        let is_leader = raft.leader == Some(self.raft_node().id);
         let applied = raft.applied_index.unwrap_or(0);
         // openraft 0.9 does not publish the commit index; the persisted one may lag, and
         // everything applied is committed.
-        let committed = self.inner.node.committed_index().await.unwrap_or(0).max(applied);
+        let committed = self.raft_node().committed_index().await.unwrap_or(0).max(applied);
         let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         gauge(registry, "corral_raft_term", "Current Raft term", as_i64(raft.term));
         gauge(registry, "corral_raft_is_leader", "1 if this coordinator is the Raft leader", i64::from(is_leader));
@@ -224,12 +214,12 @@ impl Coordinator {
         registry.register(
             "corral_tso_timestamps",
             "Timestamps handed out by this coordinator's oracle",
-            self.inner.tso.served.clone(),
+            self.timestamps_served().clone(),
         );
         if !is_leader {
             return;
         }
-        let sched = &self.inner.scheduler_metrics;
+        let sched = &self.scheduler_metrics();
         registry.register(
             "corral_placements",
             "Jobs placed by this leader's scheduling passes",
@@ -245,7 +235,7 @@ impl Coordinator {
             "Duration of a scheduling pass, including its Raft proposal",
             sched.pass_duration.clone(),
         );
-        let queue = &self.inner.submit_queue;
+        let queue = self.submits().queue();
         gauge(
             registry,
             "corral_submit_queue_jobs",
@@ -257,17 +247,19 @@ impl Coordinator {
             "Jobs refused with RESOURCE_EXHAUSTED because the submit queue was full",
             queue.refused.clone(),
         );
-        let live = self.inner.liveness.snapshot();
-        let reasons = self.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let data = self.inner.node.state.read();
-        let memory = LeaderMemory { pending_reasons: &reasons, live: &live, now_ms: now_ms() };
-        register_state_series(registry, &data.state, &memory);
+        let live = self.liveness().snapshot();
+        let pending = self.leader_view().pending();
+        let data = self.store().read();
+        let memory = LeaderMemory { pending: &pending, live: &live };
+        register_state_series(registry, &data.state, &memory, now_ms());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::liveness::NodeLive;
+    use crate::scheduler::PendingJobs;
     use crate::testing::{apply, dev_state_with_node};
     use corral_core::{schedule, Command};
     use corral_types::{GpuHealth, JobSpec, Timestamp};
@@ -314,8 +306,9 @@ mod tests {
 
     fn series(state: &State, reasons: &BTreeMap<u64, String>, live: &BTreeMap<String, NodeLive>) -> String {
         let mut registry = Registry::default();
-        let memory = LeaderMemory { pending_reasons: reasons, live, now_ms: 13_000 };
-        register_state_series(&mut registry, state, &memory);
+        let pending = PendingJobs::of_pass(reasons.iter().map(|(id, reason)| (*id, reason.clone())));
+        let memory = LeaderMemory { pending: &pending, live };
+        register_state_series(&mut registry, state, &memory, 13_000);
         encode(&registry)
     }
 

@@ -1,14 +1,81 @@
-//! The leader's scheduling loop: place pending jobs, mark silent nodes down.
+//! The leader's scheduling loop: place pending jobs, mark silent nodes down; and the leader's
+//! memory of its last pass (`LeaderView`: why each pending job waits, in which order the pass
+//! considered them), which only this module writes.
 
+use crate::liveness::NodeLive;
 use crate::Coordinator;
-use corral_core::{schedule, Command, Outcome};
-use corral_types::NodeState;
+use corral_core::{schedule, Command, Outcome, PendingJob};
+use corral_types::{JobId, NodeState};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// The leader's memory of its last scheduling pass. Never replicated; written only by the
+/// scheduling loop (`schedule_once`), read by the user API, watches, the web view and the
+/// metrics.
+///
+/// A reader takes the whole pass as one `Arc` ([`LeaderView::pending`]): it copies nothing,
+/// sees the reasons and the order of the same pass, and never holds up the next pass.
+#[derive(Debug, Default)]
+pub(crate) struct LeaderView {
+    last_pass: Mutex<Arc<PendingJobs>>,
+}
+
+impl LeaderView {
+    /// The pending jobs of the last scheduling pass this node ran.
+    pub(crate) fn pending(&self) -> Arc<PendingJobs> {
+        self.last_pass.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the last pass's pending jobs (the last pass wins).
+    fn record(&self, pending: &[PendingJob]) {
+        let pass = Arc::new(PendingJobs::of_pass(pending.iter().map(|p| (p.job_id, p.reason.to_string()))));
+        *self.last_pass.lock().unwrap_or_else(|p| p.into_inner()) = pass;
+    }
+}
+
+/// The pending jobs of one scheduling pass: why each waits, and the order the pass considered
+/// them in.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct PendingJobs {
+    reasons: BTreeMap<JobId, String>,
+    order: Vec<JobId>,
+}
+
+impl PendingJobs {
+    /// The jobs a pass left pending, in the order it considered them, each with its reason.
+    pub(crate) fn of_pass(pending: impl IntoIterator<Item = (JobId, String)>) -> PendingJobs {
+        let mut jobs = PendingJobs::default();
+        for (job_id, reason) in pending {
+            jobs.order.push(job_id);
+            jobs.reasons.insert(job_id, reason);
+        }
+        jobs
+    }
+
+    /// Why the pass left `job_id` pending (`None`: the pass did not look at it).
+    pub(crate) fn reason(&self, job_id: JobId) -> Option<&str> {
+        self.reasons.get(&job_id).map(String::as_str)
+    }
+
+    /// The pending jobs in the order the pass considered them.
+    pub(crate) fn order(&self) -> &[JobId] {
+        &self.order
+    }
+}
+
+/// What only the leader knows (its memory, never replicated), as a page or a scrape reads it.
+pub(crate) struct LeaderMemory<'a> {
+    /// The pending jobs of the last scheduling pass.
+    pub pending: &'a PendingJobs,
+    /// Heartbeats and GPU readings per node (entries without a real heartbeat are ignored).
+    pub live: &'a BTreeMap<String, NodeLive>,
+}
 
 /// Runs forever; does work only while this node is the leader.
 pub(crate) async fn run(coord: Coordinator) {
-    let mut applied = coord.inner.node.state.subscribe_applied();
-    let interval = coord.inner.config.schedule_interval;
+    let mut applied = coord.store().subscribe_applied();
+    let interval = coord.config().schedule_interval;
     loop {
         tokio::select! {
             _ = applied.changed() => {}
@@ -39,11 +106,11 @@ fn pass_gap(computed: Duration) -> Duration {
 /// leads again starts its TTLs afresh: see `liveness`).
 async fn mark_silent_nodes_down(coord: &Coordinator, term: u64) {
     let up: Vec<String> = {
-        let data = coord.inner.node.state.read();
+        let data = coord.store().read();
         data.state.nodes.values().filter(|n| n.state == NodeState::Up).map(|n| n.spec.name.clone()).collect()
     };
-    let ttl = coord.inner.config.node_ttl;
-    for node in coord.inner.liveness.expired(term, up.iter().map(String::as_str), ttl) {
+    let ttl = coord.config().node_ttl;
+    for node in coord.liveness().expired(term, up.iter().map(String::as_str), ttl) {
         tracing::warn!(node = %node, ttl_ms = ttl.as_millis() as u64, "no heartbeat within the ttl: marking node down");
         let reason = format!("node {node} lost (no heartbeat for {}s)", ttl.as_secs());
         if let Err(e) = coord.propose(Command::SetNodeState { node, state: NodeState::Down, reason }).await {
@@ -60,7 +127,7 @@ async fn evict_at_drain_deadlines(coord: &Coordinator) {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
     let now = corral_types::Timestamp::compose(now_ms, 0);
     let due: Vec<String> = {
-        let data = coord.inner.node.state.read();
+        let data = coord.store().read();
         data.state
             .nodes
             .values()
@@ -81,7 +148,7 @@ async fn evict_at_drain_deadlines(coord: &Coordinator) {
 /// them as one `Command::Schedule` (one log entry); apply re-validates each decision. Returns
 /// how long the pass computed (not counting the wait for its commit).
 pub(crate) async fn schedule_once(coord: &Coordinator) -> Duration {
-    let unschedulable = coord.inner.liveness.unschedulable();
+    let unschedulable = coord.liveness().unschedulable();
     // The pass's clock (backfill windows, fair-share decay): a fresh oracle timestamp.
     let now = match coord.timestamps(1).await {
         Ok(ts) => ts,
@@ -92,7 +159,7 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> Duration {
     };
     let started = std::time::Instant::now();
     let pass = {
-        let data = coord.inner.node.state.read();
+        let data = coord.store().read();
         // Nothing can be placed without a node: skip the pass over a long queue.
         if !data.state.nodes.values().any(|n| n.state == NodeState::Up) {
             return Duration::ZERO;
@@ -100,15 +167,9 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> Duration {
         schedule(&data.state, now, &unschedulable)
     };
     let computed = started.elapsed();
-    // Every waiting job's reason, for `corral queue` (the leader's memory; the last pass wins).
-    {
-        let mut reasons = coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
-        *reasons = pass.pending.iter().map(|p| (p.job_id, p.reason.to_string())).collect();
-        // And their order, for the web view's queue page.
-        *coord.inner.pending_order.lock().unwrap_or_else(|p| p.into_inner()) =
-            pass.pending.iter().map(|p| p.job_id).collect();
-    }
-    let metrics = &coord.inner.scheduler_metrics;
+    // Every waiting job's reason, for `corral queue`, and their order, for the web view's queue.
+    coord.leader_view().record(&pass.pending);
+    let metrics = &coord.scheduler_metrics();
     let Some(command) = pass.command() else {
         metrics.pass_duration.observe(started.elapsed().as_secs_f64());
         return computed;
@@ -136,6 +197,23 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pass_replaces_the_last_one_whole() {
+        let view = LeaderView::default();
+        assert!(view.pending().order().is_empty(), "no pass yet");
+        let waiting = |job_id, reason| PendingJob { job_id, reason };
+        let (no_nodes, cpu) = (corral_core::PendingReason::NoNodes, corral_core::PendingReason::CpuMemory);
+        view.record(&[waiting(7, no_nodes.clone()), waiting(3, cpu.clone())]);
+        let first = view.pending();
+        assert_eq!(first.order(), &[7, 3]);
+        assert_eq!(first.reason(7), Some(no_nodes.to_string().as_str()));
+        assert_eq!(first.reason(3), Some(cpu.to_string().as_str()));
+        view.record(&[waiting(3, cpu)]);
+        assert_eq!(view.pending().order(), &[3]);
+        assert_eq!(view.pending().reason(7), None, "the last pass wins");
+        assert_eq!(first.order(), &[7, 3], "a reader keeps the pass it took");
+    }
 
     #[test]
     fn the_pause_between_passes_follows_their_cost() {

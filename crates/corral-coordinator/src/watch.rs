@@ -6,49 +6,13 @@
 //! out in increasing revision order; a job changed several times since the last batch is sent
 //! once, as it is now (with the revision of its latest change).
 
-use crate::api::job_reply;
+use crate::filter::JobFilter;
+use crate::reply::job_reply;
+use crate::scheduler::PendingJobs;
+use crate::snapshot::Snapshot;
 use crate::{CoordError, Coordinator};
 use corral_proto::v1 as pb;
-use corral_types::Job;
-use std::collections::BTreeSet;
 use tonic::Status;
-
-/// Which jobs a watch sends.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct JobFilter {
-    /// Empty: every job.
-    pub job_ids: BTreeSet<u64>,
-    pub tenant: Option<String>,
-    /// `pb::JobState` values; empty: every state.
-    pub states: BTreeSet<i32>,
-}
-
-impl JobFilter {
-    /// The filter of a request; unknown states are refused.
-    pub(crate) fn of(request: &pb::WatchJobsRequest, tenant: Option<String>) -> Result<JobFilter, CoordError> {
-        for state in &request.states {
-            match pb::JobState::try_from(*state) {
-                Ok(s) if s != pb::JobState::Unspecified => {}
-                _ => {
-                    return Err(CoordError::InvalidArgument(format!(
-                        "unknown job state {state} in the watch filter (pending, running, succeeded, failed, cancelled or preempted)"
-                    )))
-                }
-            }
-        }
-        Ok(JobFilter {
-            job_ids: request.job_ids.iter().copied().collect(),
-            tenant,
-            states: request.states.iter().copied().collect(),
-        })
-    }
-
-    fn matches(&self, job: &Job) -> bool {
-        (self.job_ids.is_empty() || self.job_ids.contains(&job.id))
-            && self.tenant.as_ref().is_none_or(|t| *t == job.spec.tenant)
-            && (self.states.is_empty() || self.states.contains(&(pb::JobState::from(job.state) as i32)))
-    }
-}
 
 /// One batch of events, every change up to `upto` included.
 struct Batch {
@@ -87,100 +51,98 @@ fn compacted(e: corral_raft::Compacted) -> CoordError {
     ))
 }
 
-impl Coordinator {
-    /// The first batch of a watch: every matching job now (`from` absent) or every matching job
-    /// changed after `from`.
-    fn first_batch(&self, filter: &JobFilter, from: Option<u64>) -> Result<Batch, CoordError> {
-        let data = self.inner.node.state.read();
-        let changes = self.inner.node.state.changes();
-        let reasons = self.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
-        let upto = data.applied_index();
-        let jobs = match from {
-            None => data.state.jobs.values().filter(|j| filter.matches(j)).map(|j| (upto, job_reply(j, &reasons))).collect(),
-            Some(from) if from > upto => {
-                return Err(CoordError::InvalidArgument(format!(
-                    "revision {from} is ahead of this cluster (at revision {upto}): resume only from a revision a watch sent"
-                )))
-            }
-            Some(from) => {
-                let changed = changes.changed_since(from).map_err(compacted)?;
-                changed_jobs(&data.state.jobs, changed, filter, &reasons)
-            }
-        };
-        Ok(Batch { jobs, upto })
-    }
+/// The first batch of a watch: every matching job now (`from` absent) or every matching job
+/// changed after `from`.
+fn first_batch(snapshot: &Snapshot, filter: &JobFilter, from: Option<u64>) -> Result<Batch, CoordError> {
+    let data = snapshot.read();
+    let changes = snapshot.store().changes();
+    let upto = data.applied_index();
+    let jobs = match from {
+        None => data.state.jobs.values().filter(|j| filter.matches(j)).map(|j| (upto, snapshot.job_reply(j))).collect(),
+        Some(from) if from > upto => {
+            return Err(CoordError::InvalidArgument(format!(
+            "revision {from} is ahead of this cluster (at revision {upto}): resume only from a revision a watch sent"
+        )))
+        }
+        Some(from) => {
+            let changed = changes.changed_since(from).map_err(compacted)?;
+            changed_jobs(&data.state.jobs, changed, filter, snapshot.pending())
+        }
+    };
+    Ok(Batch { jobs, upto })
+}
 
-    /// The matching jobs changed after `after`, up to the applied revision.
-    fn next_batch(&self, filter: &JobFilter, after: u64) -> Result<Batch, CoordError> {
-        let data = self.inner.node.state.read();
-        let changes = self.inner.node.state.changes();
-        let reasons = self.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
-        let changed = changes.changed_since(after).map_err(compacted)?;
-        Ok(Batch { jobs: changed_jobs(&data.state.jobs, changed, filter, &reasons), upto: data.applied_index() })
-    }
+/// The matching jobs changed after `after`, up to the applied revision.
+fn next_batch(snapshot: &Snapshot, filter: &JobFilter, after: u64) -> Result<Batch, CoordError> {
+    let data = snapshot.read();
+    let changes = snapshot.store().changes();
+    let changed = changes.changed_since(after).map_err(compacted)?;
+    Ok(Batch { jobs: changed_jobs(&data.state.jobs, changed, filter, snapshot.pending()), upto: data.applied_index() })
+}
 
-    /// Starts a watch for the leader of `term`: the first batch is computed now (so a
-    /// refused revision is the call's error), the rest as entries are applied.
-    pub(crate) fn watch_jobs(
-        &self,
-        filter: JobFilter,
-        from: Option<u64>,
-        term: u64,
-    ) -> Result<tokio::sync::mpsc::Receiver<Result<pb::JobEvent, Status>>, CoordError> {
-        let mut applied = self.inner.node.state.subscribe_applied();
-        let first = self.first_batch(&filter, from)?;
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        let coord = self.clone();
-        tokio::spawn(async move {
-            let mut upto = first.upto;
-            for event in first.events() {
+/// Starts a watch for the leader of `term`: the first batch is computed now from `snapshot`
+/// (so a refused revision is the call's error), the rest as entries are applied, each batch
+/// from a fresh snapshot.
+pub(crate) fn watch_jobs(
+    coord: &Coordinator,
+    snapshot: &Snapshot,
+    filter: JobFilter,
+    from: Option<u64>,
+    term: u64,
+) -> Result<tokio::sync::mpsc::Receiver<Result<pb::JobEvent, Status>>, CoordError> {
+    let mut applied = snapshot.store().subscribe_applied();
+    let first = first_batch(snapshot, &filter, from)?;
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let coord = coord.clone();
+    tokio::spawn(async move {
+        let mut upto = first.upto;
+        for event in first.events() {
+            if tx.send(Ok(event)).await.is_err() {
+                return;
+            }
+        }
+        let progress = |upto| pb::JobEvent { revision: upto, job: None, resume_revision: Some(upto) };
+        if tx.send(Ok(progress(upto))).await.is_err() {
+            return;
+        }
+        // A watch whose jobs rarely change still moves its resume point now and then, so
+        // that its revision is not forgotten (compacted) while it waits.
+        let mut last_sent = std::time::Instant::now();
+        loop {
+            tokio::select! {
+                changed = applied.changed() => if changed.is_err() { return },
+                _ = tx.closed() => return,
+            }
+            if coord.leading_term() != Some(term) {
+                // Deposed: the client resumes at the new leader from its last resume point.
+                return;
+            }
+            let batch = match next_batch(&coord.snapshot(), &filter, upto) {
+                Ok(batch) => batch,
+                Err(e) => {
+                    let _ = tx.send(Err(e.into())).await;
+                    return;
+                }
+            };
+            upto = upto.max(batch.upto);
+            if batch.jobs.is_empty() {
+                if last_sent.elapsed() >= PROGRESS_EVERY {
+                    last_sent = std::time::Instant::now();
+                    if tx.send(Ok(progress(upto))).await.is_err() {
+                        return;
+                    }
+                }
+                continue;
+            }
+            last_sent = std::time::Instant::now();
+            for event in batch.events() {
                 if tx.send(Ok(event)).await.is_err() {
                     return;
                 }
             }
-            let progress = |upto| pb::JobEvent { revision: upto, job: None, resume_revision: Some(upto) };
-            if tx.send(Ok(progress(upto))).await.is_err() {
-                return;
-            }
-            // A watch whose jobs rarely change still moves its resume point now and then, so
-            // that its revision is not forgotten (compacted) while it waits.
-            let mut last_sent = std::time::Instant::now();
-            loop {
-                tokio::select! {
-                    changed = applied.changed() => if changed.is_err() { return },
-                    _ = tx.closed() => return,
-                }
-                if coord.leading_term() != Some(term) {
-                    // Deposed: the client resumes at the new leader from its last resume point.
-                    return;
-                }
-                let batch = match coord.next_batch(&filter, upto) {
-                    Ok(batch) => batch,
-                    Err(e) => {
-                        let _ = tx.send(Err(e.into())).await;
-                        return;
-                    }
-                };
-                upto = upto.max(batch.upto);
-                if batch.jobs.is_empty() {
-                    if last_sent.elapsed() >= PROGRESS_EVERY {
-                        last_sent = std::time::Instant::now();
-                        if tx.send(Ok(progress(upto))).await.is_err() {
-                            return;
-                        }
-                    }
-                    continue;
-                }
-                last_sent = std::time::Instant::now();
-                for event in batch.events() {
-                    if tx.send(Ok(event)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        });
-        Ok(rx)
-    }
+        }
+    });
+    Ok(rx)
 }
 
 /// The jobs of `changed` (job id -> revision of its latest change) that still exist and match,
@@ -189,13 +151,13 @@ fn changed_jobs(
     jobs: &corral_core::Jobs,
     changed: std::collections::BTreeMap<u64, u64>,
     filter: &JobFilter,
-    reasons: &std::collections::BTreeMap<u64, String>,
+    pending: &PendingJobs,
 ) -> Vec<(u64, pb::Job)> {
     let mut out: Vec<(u64, pb::Job)> = changed
         .into_iter()
         // A job gone from the state (moved to the history) is not sent.
         .filter_map(|(id, revision)| {
-            jobs.get(&id).filter(|j| filter.matches(j)).map(|j| (revision, job_reply(j, reasons)))
+            jobs.get(&id).filter(|j| filter.matches(j)).map(|j| (revision, job_reply(j, pending)))
         })
         .collect();
     out.sort_by_key(|(revision, job)| (*revision, job.id));
@@ -218,27 +180,5 @@ mod tests {
         let events: Vec<(u64, u64, Option<u64>)> =
             batch.events().into_iter().map(|e| (e.revision, e.job.map_or(0, |j| j.id), e.resume_revision)).collect();
         assert_eq!(events, vec![(3, 1, Some(3)), (5, 2, None), (5, 3, Some(5)), (7, 4, Some(9))]);
-    }
-
-    #[test]
-    fn the_filter_matches_ids_tenant_and_states() {
-        let mut j = Job::pending(
-            4,
-            corral_types::JobSpec { tenant: "a".into(), ..Default::default() },
-            String::new(),
-            corral_types::Timestamp(1),
-        );
-        let all = JobFilter::default();
-        assert!(all.matches(&j));
-        let by_id = JobFilter { job_ids: [5].into(), ..Default::default() };
-        assert!(!by_id.matches(&j));
-        let by_tenant = JobFilter { tenant: Some("b".into()), ..Default::default() };
-        assert!(!by_tenant.matches(&j));
-        let running = JobFilter { states: [pb::JobState::Running as i32].into(), ..Default::default() };
-        assert!(!running.matches(&j));
-        j.state = corral_types::JobState::Running;
-        assert!(running.matches(&j));
-        let bad = pb::WatchJobsRequest { states: vec![42], ..Default::default() };
-        assert!(JobFilter::of(&bad, None).is_err());
     }
 }

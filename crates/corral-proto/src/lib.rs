@@ -5,11 +5,14 @@
 //! Boundary: depends on corral-types only, so a client does not compile the scheduler; how the
 //! state is stored is corral-raft's (`corral_raft::codec`). prost types stop here and in that
 //! codec; every other crate speaks corral-types. Conversions from the wire are fallible
-//! (`ProtoError`): a peer can send anything.
+//! (`ProtoError`): a peer can send anything. Servers list their services for reflection through
+//! `reflection` (the one setup of coordinators and worker agents).
 
+mod reflection;
 mod wire;
 
-pub use wire::ProtoError;
+pub use reflection::{reflection_services, ReflectionError};
+pub use wire::{job_state_from_i32, ProtoError};
 
 /// Metadata key of a `NotLeader` refusal that carries the leader's API address, so that a client
 /// can redirect.

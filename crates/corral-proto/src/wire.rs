@@ -220,7 +220,9 @@ impl From<JobState> for pb::JobState {
     }
 }
 
-fn job_state_from_i32(v: i32) -> Result<JobState, ProtoError> {
+/// A `corral.v1.JobState` as corral-types' `JobState`; an unknown or unspecified value is
+/// refused.
+pub fn job_state_from_i32(v: i32) -> Result<JobState, ProtoError> {
     let invalid = || ProtoError::Invalid { field: "state", value: v.to_string() };
     Ok(match pb::JobState::try_from(v).map_err(|_| invalid())? {
         pb::JobState::Unspecified => return Err(invalid()),

@@ -17,11 +17,13 @@ mod html;
 mod pages;
 
 use crate::auth::Principal;
+use crate::scheduler::LeaderMemory;
+use crate::snapshot::Snapshot;
 use crate::Coordinator;
 use corral_proto::v1 as pb;
 use corral_types::{Job, JobState};
 use html::{escape, Frame};
-use pages::{LeaderMemory, LogTail};
+use pages::LogTail;
 use std::time::Duration;
 use tokio_stream::StreamExt;
 
@@ -217,33 +219,18 @@ impl Coordinator {
         });
         let banner = self.follower_banner();
         let leads = banner.is_none();
-        let live = if leads { self.inner.liveness.snapshot() } else { Default::default() };
-        let reasons = if leads {
-            self.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner()).clone()
-        } else {
-            Default::default()
-        };
-        let order =
-            if leads { self.inner.pending_order.lock().unwrap_or_else(|p| p.into_inner()).clone() } else { Vec::new() };
-        let memory = LeaderMemory { pending_reasons: &reasons, pending_order: &order, live: &live };
+        let snapshot = self.snapshot();
+        let live = if leads { self.liveness().snapshot() } else { Default::default() };
+        let memory = LeaderMemory { pending: snapshot.pending(), live: &live };
         let leader = leads.then_some(&memory);
         let now_ms = now_ms();
         let frame = |title, refresh_secs| Frame { title, who: who.as_deref(), banner: banner.as_deref(), refresh_secs };
         let (title, body) = match route {
-            Route::Pool => {
-                let data = self.inner.node.state.read();
-                ("Pool", pages::pool(&data.state, leader, &viewer))
-            }
-            Route::Queue => {
-                let data = self.inner.node.state.read();
-                ("Queue", pages::queue(&data.state, leader, &viewer, now_ms))
-            }
-            Route::Tenants => {
-                let data = self.inner.node.state.read();
-                ("Tenants", pages::tenants(&data.state, &viewer))
-            }
+            Route::Pool => ("Pool", pages::pool(&snapshot.read().state, leader, &viewer)),
+            Route::Queue => ("Queue", pages::queue(&snapshot.read().state, leader, &viewer, now_ms)),
+            Route::Tenants => ("Tenants", pages::tenants(&snapshot.read().state, &viewer)),
             Route::Job(job_ref) => {
-                let job = match self.web_job(job_ref) {
+                let job = match web_job(&snapshot, job_ref) {
                     Ok(job) => job,
                     Err(response) => return response,
                 };
@@ -307,30 +294,6 @@ impl Coordinator {
         }
     }
 
-    /// The job a page names (from the hot state or the history), or its error page.
-    fn web_job(&self, job_ref: JobRef) -> Result<Job, WebResponse> {
-        let not_found = |what: String| error_page(404, "Job not found", &what);
-        let store = &self.inner.node.state;
-        let job = match job_ref.task {
-            None => self.find_job(job_ref.id),
-            Some(index) => {
-                let hot = store.read().state.array_task(job_ref.id, index);
-                match hot {
-                    Some(id) => self.find_job(id),
-                    None => store.archived_task(job_ref.id, index),
-                }
-                .ok_or_else(|| {
-                    not_found(format!(
-                        "there is no task {}_{index}: array {} has not created it (or is not an array)",
-                        job_ref.id, job_ref.id
-                    ))
-                })
-                .map(Some)?
-            }
-        };
-        job.ok_or_else(|| not_found(format!("there is no job {} in this pool", job_ref.id)))
-    }
-
     /// The last part of the output of `job`'s first part, through the worker agent that has it.
     async fn log_tail(&self, job: &Job) -> LogTail {
         let request = pb::ReadLogsRequest { job_id: job.id, follow: false, rank: 0 };
@@ -377,7 +340,7 @@ impl Coordinator {
         if self.is_leader() {
             return None;
         }
-        let status = self.inner.node.status();
+        let status = self.raft_node().status();
         let leader = match (status.leader, status.leader_addr) {
             (Some(id), Some(addr)) => format!("the leader is coordinator {id} at {addr}"),
             (Some(id), None) => format!("the leader is coordinator {id}"),
@@ -390,6 +353,29 @@ impl Coordinator {
             status.id
         ))
     }
+}
+
+/// The job a page names (from the hot state or the history), or its error page.
+fn web_job(snapshot: &Snapshot, job_ref: JobRef) -> Result<Job, WebResponse> {
+    let not_found = |what: String| error_page(404, "Job not found", &what);
+    let job = match job_ref.task {
+        None => snapshot.find_job(job_ref.id),
+        Some(index) => {
+            let hot = snapshot.read().state.array_task(job_ref.id, index);
+            match hot {
+                Some(id) => snapshot.find_job(id),
+                None => snapshot.store().archived_task(job_ref.id, index),
+            }
+            .ok_or_else(|| {
+                not_found(format!(
+                    "there is no task {}_{index}: array {} has not created it (or is not an array)",
+                    job_ref.id, job_ref.id
+                ))
+            })
+            .map(Some)?
+        }
+    };
+    job.ok_or_else(|| not_found(format!("there is no job {} in this pool", job_ref.id)))
 }
 
 fn now_ms() -> u64 {

@@ -8,22 +8,12 @@
 
 use super::html::{escape, money};
 use crate::auth::Principal;
-use crate::liveness::NodeLive;
+use crate::scheduler::LeaderMemory;
 use corral_core::{format_gpus, State, MILLI_PER_GPU};
 use corral_types::{format_duration, format_size, format_utc, Job, JobState};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 use std::time::Duration;
-
-/// What only the leader knows (its memory, never replicated).
-pub(crate) struct LeaderMemory<'a> {
-    /// Why each pending job waits, from the last scheduling pass.
-    pub pending_reasons: &'a BTreeMap<u64, String>,
-    /// The pending jobs of the last scheduling pass, in the order it considered them.
-    pub pending_order: &'a [u64],
-    /// Heartbeats and GPU readings per node.
-    pub live: &'a BTreeMap<String, NodeLive>,
-}
 
 /// The tail of a job's output, or why there is none.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,8 +223,8 @@ fn wait_reason(job: &Job, leader: Option<&LeaderMemory<'_>>) -> String {
         return format!("dependency: waits for job(s) {}", ids.join(", "));
     }
     match leader {
-        Some(m) => match (m.pending_reasons.get(&job.id), &job.reason) {
-            (Some(reason), _) => reason.clone(),
+        Some(m) => match (m.pending.reason(job.id), &job.reason) {
+            (Some(reason), _) => reason.to_string(),
             (None, Some(reason)) => reason.clone(),
             (None, None) => "not looked at by a scheduling pass yet".into(),
         },
@@ -250,7 +240,7 @@ pub(crate) fn queue(state: &State, leader: Option<&LeaderMemory<'_>>, viewer: &P
         state.live_jobs().filter(|j| j.state == JobState::Pending).filter(visible).map(|j| (j.id, j)).collect();
     let mut ordered: Vec<&Job> = Vec::with_capacity(pending.len());
     let mut seen = BTreeSet::new();
-    for id in leader.map(|m| m.pending_order).unwrap_or_default() {
+    for id in leader.map(|m| m.pending.order()).unwrap_or_default() {
         if let Some(job) = pending.get(id) {
             if seen.insert(*id) {
                 ordered.push(job);
@@ -434,6 +424,8 @@ pub(crate) fn tenants(state: &State, viewer: &Principal) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::liveness::NodeLive;
+    use crate::scheduler::PendingJobs;
     use crate::testing::{apply, dev_state_with_node};
     use corral_core::{schedule, ClusterConfig, Command};
     use corral_types::{GpuHealth, JobSpec, Timestamp};
@@ -496,8 +488,8 @@ mod tests {
     #[test]
     fn pool_shows_nodes_gpus_readings_and_escaped_jobs() {
         let state = pool_state();
-        let (reasons, live) = (BTreeMap::new(), live());
-        let memory = LeaderMemory { pending_reasons: &reasons, pending_order: &[], live: &live };
+        let (pending, live) = (PendingJobs::default(), live());
+        let memory = LeaderMemory { pending: &pending, live: &live };
         let html = pool(&state, Some(&memory), &admin());
         assert!(html.contains("<h2>n1 <span class=\"state-up\">up</span></h2>"), "{html}");
         assert!(html.contains("64 °C") && html.contains("97 %") && html.contains("1000 / 32768 MiB"), "{html}");
@@ -512,8 +504,8 @@ mod tests {
     #[test]
     fn a_tenant_sees_other_tenants_jobs_only_as_other_tenant() {
         let state = pool_state();
-        let (reasons, live) = (BTreeMap::new(), live());
-        let memory = LeaderMemory { pending_reasons: &reasons, pending_order: &[], live: &live };
+        let (pending, live) = (PendingJobs::default(), live());
+        let memory = LeaderMemory { pending: &pending, live: &live };
         let html = pool(&state, Some(&memory), &tenant("team-b"));
         assert!(html.contains("<span class=\"other\">other tenant</span>"), "{html}");
         assert!(!html.contains("/jobs/1") && !html.contains("alert") && !html.contains("team-a"), "{html}");
@@ -536,13 +528,13 @@ mod tests {
     #[test]
     fn queue_follows_the_pass_order_with_reasons_and_filters_tenants() {
         let state = pool_state();
-        let reasons = BTreeMap::from([
-            (2, "resources: needs 2 gpus on one node".to_string()),
+        // The pass looked at job 3 before job 2.
+        let pending = PendingJobs::of_pass([
             (3, "quota: <tenant> team-a uses 1 of its 1".to_string()),
+            (2, "resources: needs 2 gpus on one node".to_string()),
         ]);
         let live = BTreeMap::new();
-        // The pass looked at job 3 before job 2.
-        let memory = LeaderMemory { pending_reasons: &reasons, pending_order: &[3, 2], live: &live };
+        let memory = LeaderMemory { pending: &pending, live: &live };
         let html = queue(&state, Some(&memory), &admin(), 13_000);
         let (at3, at2) = (html.find("id=\"job-3\"").expect("job 3"), html.find("id=\"job-2\"").expect("job 2"));
         assert!(at3 < at2, "queue order: {html}");

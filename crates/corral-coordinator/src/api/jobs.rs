@@ -1,0 +1,258 @@
+//! The user API's job calls: submit (one job or a batch), show, list, watch (one job or a
+//! filter), logs, and the billing segments and timestamps clients read.
+
+use super::{filter_tenant, own_tenant_filter, JobEventStream, JobStream, LogStream};
+use crate::auth::Principal;
+use crate::filter::JobFilter;
+use crate::snapshot::{Snapshot, Target};
+use crate::{listing, CoordError, Coordinator};
+use corral_proto::v1::{self as pb};
+use corral_types::{JobSpec, Timestamp};
+use std::time::Duration;
+use tonic::{Request, Response, Status};
+
+/// Most jobs one `SubmitBatch` call may carry.
+const MAX_BATCH: usize = 10_000;
+
+/// A watched job is sent again at least this often while it waits, so that the reason of the
+/// leader's latest scheduling pass reaches the watcher.
+const WATCH_REFRESH: Duration = Duration::from_millis(500);
+
+/// The spec as `who` may submit it: a tenant submits only as itself (an empty tenant becomes
+/// the token's tenant, or `default` for an admin).
+fn own_spec<T>(
+    coord: &Coordinator,
+    request: &Request<T>,
+    who: &Principal,
+    mut spec: JobSpec,
+) -> Result<JobSpec, Status> {
+    if spec.tenant.is_empty() {
+        spec.tenant = who.tenant().unwrap_or("default").to_string();
+    }
+    if !who.may_access(&spec.tenant) {
+        return Err(coord.deny(
+            request,
+            "submit",
+            &who.describe(),
+            Status::permission_denied(format!(
+                "permission denied: tenant {} cannot submit jobs as tenant {}",
+                who.tenant().unwrap_or_default(),
+                spec.tenant
+            )),
+        ));
+    }
+    Ok(spec)
+}
+
+pub(super) async fn submit(
+    coord: &Coordinator,
+    request: Request<pb::SubmitRequest>,
+) -> Result<Response<pb::SubmitResponse>, Status> {
+    let who = coord.principal(&request, "submit")?;
+    let spec = request.get_ref().spec.clone().ok_or_else(|| Status::invalid_argument("missing job spec"))?;
+    let spec = own_spec(coord, &request, &who, spec.try_into()?)?;
+    let snapshot = coord.snapshot();
+    let spec = snapshot.settle_archived_dependencies(spec)?;
+    let req = request.into_inner();
+    // Fail fast on what the state machine would refuse anyway; apply() checks again.
+    snapshot.read().state.check_submit(&spec).map_err(CoordError::from)?;
+    let (job_id, duplicate) = coord.submits().submit(coord, req.request_id, spec).await?;
+    Ok(Response::new(pb::SubmitResponse { job_id, duplicate }))
+}
+
+pub(super) async fn submit_batch(
+    coord: &Coordinator,
+    request: Request<pb::SubmitBatchRequest>,
+) -> Result<Response<pb::SubmitBatchResponse>, Status> {
+    let who = coord.principal(&request, "submit")?;
+    if request.get_ref().jobs.len() > MAX_BATCH {
+        let req = request.get_ref();
+        return Err(Status::invalid_argument(format!(
+            "batch of {} jobs is too large: send at most {MAX_BATCH} per call",
+            req.jobs.len()
+        )));
+    }
+    let snapshot = coord.snapshot();
+    let mut jobs = Vec::with_capacity(request.get_ref().jobs.len());
+    for (i, job) in request.get_ref().jobs.iter().enumerate() {
+        let spec =
+            job.spec.clone().ok_or_else(|| Status::invalid_argument(format!("job {i} of the batch has no spec")))?;
+        let spec = own_spec(coord, &request, &who, spec.try_into()?)?;
+        let spec = snapshot.settle_archived_dependencies(spec)?;
+        jobs.push((job.request_id.clone(), spec));
+    }
+    let results = coord.submits().submit_batch(coord, jobs).await?;
+    let results = results
+        .into_iter()
+        .map(|r| match r {
+            Ok((job_id, duplicate)) => pb::SubmitResult { job_id, duplicate, error: String::new() },
+            Err(e) => pb::SubmitResult { job_id: 0, duplicate: false, error: e.to_string() },
+        })
+        .collect();
+    Ok(Response::new(pb::SubmitBatchResponse { results }))
+}
+
+pub(super) fn get_job(
+    coord: &Coordinator,
+    snapshot: &Snapshot,
+    request: Request<pb::GetJobRequest>,
+) -> Result<Response<pb::Job>, Status> {
+    let who = coord.principal(&request, "show")?;
+    let req = request.get_ref();
+    let job = match snapshot.resolve(req.job_id, req.array_index)? {
+        Target::Job(job) => job,
+        Target::Uncreated { array, index } => {
+            coord.require_owner(&request, "show", "show", &who, &array)?;
+            return Err(Status::not_found(format!(
+                "task {}_{index} was not created yet: it waits in array {} (corral show {})",
+                array.id, array.id, array.id
+            )));
+        }
+    };
+    coord.require_owner(&request, "show", "show", &who, &job)?;
+    Ok(Response::new(snapshot.job_reply(&job)))
+}
+
+pub(super) fn list_jobs(
+    coord: &Coordinator,
+    snapshot: &Snapshot,
+    request: Request<pb::ListJobsRequest>,
+) -> Result<Response<pb::ListJobsResponse>, Status> {
+    let who = coord.principal(&request, "list jobs")?;
+    own_tenant_filter(coord, &request, "list jobs", &who, request.get_ref().tenant.as_deref())?;
+    let req = request.into_inner();
+    let after = listing::job_token(&req.page_token)?;
+    let filter = JobFilter::of_list(&req, filter_tenant(&who, req.tenant.as_deref()))?;
+    let (jobs, next_page_token) = {
+        // The history is read under the state lock: a job moving there is seen once.
+        let data = snapshot.read();
+        listing::list_jobs(
+            &data.state,
+            |from| snapshot.store().archived_jobs_from(from),
+            &filter,
+            after,
+            listing::page_size(req.limit),
+        )
+    };
+    let jobs = jobs.iter().map(|j| snapshot.job_reply(j)).collect();
+    Ok(Response::new(pb::ListJobsResponse { jobs, next_page_token }))
+}
+
+pub(super) fn watch_job(
+    coord: &Coordinator,
+    snapshot: &Snapshot,
+    request: Request<pb::WatchJobRequest>,
+) -> Result<Response<JobStream>, Status> {
+    let who = coord.principal(&request, "watch")?;
+    let job_id = request.get_ref().job_id;
+    let job = snapshot.job(job_id)?;
+    coord.require_owner(&request, "watch", "watch", &who, &job)?;
+    let term = coord.leading_term().ok_or_else(|| coord.not_leader())?;
+    let rx = watch_one(coord.clone(), job_id, term);
+    Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+}
+
+/// Sends job `job_id` now and at every change until it ends, while this node leads in `term`.
+fn watch_one(coord: Coordinator, job_id: u64, term: u64) -> tokio::sync::mpsc::Receiver<Result<pb::Job, Status>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut applied = coord.store().subscribe_applied();
+        let mut last: Option<pb::Job> = None;
+        loop {
+            if coord.leading_term() != Some(term) {
+                // Deposed: the stream ends before the job did, and the client asks the new leader.
+                return;
+            }
+            let snapshot = coord.snapshot();
+            let Some(job) = snapshot.find_job(job_id) else { return };
+            let (reply, terminal) = (snapshot.job_reply(&job), job.state.is_terminal());
+            if last.as_ref() != Some(&reply) {
+                if tx.send(Ok(reply.clone())).await.is_err() || terminal {
+                    return;
+                }
+                last = Some(reply);
+            }
+            tokio::select! {
+                changed = applied.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(WATCH_REFRESH) => {}
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    rx
+}
+
+pub(super) fn watch_jobs(
+    coord: &Coordinator,
+    snapshot: &Snapshot,
+    request: Request<pb::WatchJobsRequest>,
+) -> Result<Response<JobEventStream>, Status> {
+    let who = coord.principal(&request, "watch jobs")?;
+    own_tenant_filter(coord, &request, "watch jobs", &who, request.get_ref().tenant.as_deref())?;
+    let req = request.get_ref();
+    let filter = JobFilter::of_watch(req, filter_tenant(&who, req.tenant.as_deref()))?;
+    let term = coord.leading_term().ok_or_else(|| coord.not_leader())?;
+    let rx = crate::watch::watch_jobs(coord, snapshot, filter, req.from_revision, term)?;
+    Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+}
+
+pub(super) async fn read_logs(
+    coord: &Coordinator,
+    request: Request<pb::ReadLogsRequest>,
+) -> Result<Response<LogStream>, Status> {
+    let who = coord.principal(&request, "logs")?;
+    let snapshot = coord.snapshot();
+    let mut job = snapshot.job(request.get_ref().job_id)?;
+    coord.require_owner(&request, "logs", "read the logs of", &who, &job)?;
+    let req = request.into_inner();
+    let parts = job.spec.parts();
+    if req.rank >= parts {
+        return Err(Status::invalid_argument(match parts {
+            1 => format!("job {} runs on one node: there is no rank {} (only rank 0)", job.id, req.rank),
+            n => format!("job {} has {n} ranks (0-{}): there is no rank {}", job.id, n - 1, req.rank),
+        }));
+    }
+    // With --follow, wait until the job is placed somewhere (or ends without running),
+    // woken by every applied change.
+    let mut applied = snapshot.store().subscribe_applied();
+    while req.follow && job.allocation.is_none() && !job.state.is_terminal() {
+        let _ = tokio::time::timeout(WATCH_REFRESH, applied.changed()).await;
+        job = snapshot.job(req.job_id)?;
+    }
+    match coord.open_worker_logs(&job, req).await? {
+        Some(upstream) => Ok(Response::new(Box::pin(upstream))),
+        None => Ok(Response::new(Box::pin(tokio_stream::empty()))),
+    }
+}
+
+pub(super) fn list_segments(
+    coord: &Coordinator,
+    snapshot: &Snapshot,
+    request: Request<pb::ListSegmentsRequest>,
+) -> Result<Response<pb::ListSegmentsResponse>, Status> {
+    let who = coord.principal(&request, "billing")?;
+    own_tenant_filter(coord, &request, "billing", &who, request.get_ref().tenant.as_deref())?;
+    let req = request.into_inner();
+    let after = listing::segment_token(&req.page_token)?;
+    let filter = listing::SegmentFilter {
+        tenant: filter_tenant(&who, req.tenant.as_deref()),
+        job_ids: req.job_ids.into_iter().chain(req.job_id).collect(),
+        since: req.since.map(Timestamp),
+        until: req.until.map(Timestamp),
+    };
+    // Every segment is in the store (the hot state keeps recent ones only).
+    let segments = snapshot.store().segments_from(after.map_or(0, |a| a.saturating_add(1)));
+    let (segments, next_page_token) = listing::list_segments(segments, &filter, after, listing::page_size(req.limit));
+    let segments = segments.iter().map(pb::Segment::from).collect();
+    Ok(Response::new(pb::ListSegmentsResponse { segments, next_page_token }))
+}
+
+pub(super) async fn get_timestamps(
+    coord: &Coordinator,
+    request: Request<pb::GetTimestampsRequest>,
+) -> Result<Response<pb::GetTimestampsResponse>, Status> {
+    coord.principal(&request, "timestamps")?;
+    let count = request.into_inner().count;
+    let first = coord.timestamps(u64::from(count)).await?;
+    Ok(Response::new(pb::GetTimestampsResponse { first: first.0, count }))
+}
