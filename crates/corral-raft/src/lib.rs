@@ -15,6 +15,7 @@ mod history;
 pub mod log_store;
 mod network;
 mod node;
+mod request_ids;
 mod snapshot_store;
 mod state_machine;
 mod types;
