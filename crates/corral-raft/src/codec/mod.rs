@@ -14,12 +14,15 @@
 //! Compatibility boundary: these bytes are on disk (raft-log, the history store, snapshot files) and in other
 //! coordinators' logs. Fields are only added; a change that alters the bytes of an existing
 //! value fails the golden tests (`tests/it/golden.rs`). This is the only place that knows the
-//! persisted messages: the wire protocol (corral-proto) has its own.
+//! persisted messages: the wire protocol (corral-proto) has its own, which mirrors the job, node
+//! and segment messages field for field (`mirror.rs` tests that the two agree).
 
 mod command;
 mod config;
 mod job;
 mod meta;
+#[cfg(test)]
+mod mirror;
 mod node;
 mod policy;
 mod request_id;

@@ -8,61 +8,64 @@ use prost::Message;
 use std::collections::BTreeMap;
 
 /// A billing segment as the store and the snapshot carry it.
-pub(super) fn segment_to_pb(g: &Segment) -> pb::Segment {
-    pb::Segment {
-        id: g.id,
-        job_id: g.job_id,
-        epoch: g.epoch,
-        tenant: g.tenant.clone(),
-        node: g.node.clone(),
-        gpu_model: g.gpu_model.clone(),
-        gpus: g.gpus,
-        gpu_milli: g.gpu_milli,
-        priority_class: g.priority_class.clone(),
-        multiplier_milli: g.multiplier_milli,
-        price_micros_per_gpu_hour: g.price_micros_per_gpu_hour,
-        start: g.start.0,
-        end: g.end.0,
-        end_state: g.end_state.clone(),
-        cost_micros: g.cost_micros,
-        duration_ms: Some(g.duration_ms),
-        lost: g.lost,
-        policy_version: g.policy_version,
+impl From<&Segment> for pb::Segment {
+    fn from(g: &Segment) -> Self {
+        pb::Segment {
+            id: g.id,
+            job_id: g.job_id,
+            epoch: g.epoch,
+            tenant: g.tenant.clone(),
+            node: g.node.clone(),
+            gpu_model: g.gpu_model.clone(),
+            gpus: g.gpus,
+            gpu_milli: g.gpu_milli,
+            priority_class: g.priority_class.clone(),
+            multiplier_milli: g.multiplier_milli,
+            price_micros_per_gpu_hour: g.price_micros_per_gpu_hour,
+            start: g.start.0,
+            end: g.end.0,
+            end_state: g.end_state.clone(),
+            cost_micros: g.cost_micros,
+            duration_ms: Some(g.duration_ms),
+            lost: g.lost,
+            policy_version: g.policy_version,
+        }
     }
 }
 
-/// Inverse of [`segment_to_pb`].
-fn segment_from_pb(g: pb::Segment) -> Segment {
-    Segment {
-        id: g.id,
-        job_id: g.job_id,
-        epoch: g.epoch,
-        tenant: g.tenant,
-        node: g.node,
-        gpu_model: g.gpu_model,
-        gpus: g.gpus,
-        gpu_milli: g.gpu_milli,
-        priority_class: g.priority_class,
-        multiplier_milli: g.multiplier_milli,
-        price_micros_per_gpu_hour: g.price_micros_per_gpu_hour,
-        start: Timestamp(g.start),
-        end: Timestamp(g.end),
-        duration_ms: g.duration_ms.unwrap_or_else(|| Timestamp(g.end).millis_since(Timestamp(g.start))),
-        lost: g.lost,
-        end_state: g.end_state,
-        cost_micros: g.cost_micros,
-        policy_version: g.policy_version,
+impl From<pb::Segment> for Segment {
+    fn from(g: pb::Segment) -> Self {
+        Segment {
+            id: g.id,
+            job_id: g.job_id,
+            epoch: g.epoch,
+            tenant: g.tenant,
+            node: g.node,
+            gpu_model: g.gpu_model,
+            gpus: g.gpus,
+            gpu_milli: g.gpu_milli,
+            priority_class: g.priority_class,
+            multiplier_milli: g.multiplier_milli,
+            price_micros_per_gpu_hour: g.price_micros_per_gpu_hour,
+            start: Timestamp(g.start),
+            end: Timestamp(g.end),
+            duration_ms: g.duration_ms.unwrap_or_else(|| Timestamp(g.end).millis_since(Timestamp(g.start))),
+            lost: g.lost,
+            end_state: g.end_state,
+            cost_micros: g.cost_micros,
+            policy_version: g.policy_version,
+        }
     }
 }
 
 /// Encodes one billing segment (persisted per key in the state machine store).
 pub fn segment_to_bytes(g: &Segment) -> Vec<u8> {
-    segment_to_pb(g).encode_to_vec()
+    pb::Segment::from(g).encode_to_vec()
 }
 
 /// Decodes what [`segment_to_bytes`] wrote.
 pub fn segment_from_bytes(bytes: &[u8]) -> Result<Segment, CodecError> {
-    Ok(segment_from_pb(pb::Segment::decode(bytes)?))
+    Ok(pb::Segment::decode(bytes)?.into())
 }
 
 pub(super) fn billed_to_pb(billed: &BTreeMap<String, BilledTotal>) -> Vec<pb::BilledTotal> {

@@ -8,7 +8,7 @@ use super::meta::{coordinators_from_pb, coordinators_to_pb, usage_from_pb, usage
 use super::node::{node_status_from_pb, node_status_to_pb};
 use super::policy::{policy_history_from_pb, policy_history_to_pb};
 use super::request_id::{request_id_entries_to_bytes, request_ids_from_pb, REQUEST_ID_ENTRY_BYTES};
-use super::segment::{billed_from_pb, billed_to_pb, segment_from_bytes, segment_to_pb};
+use super::segment::{billed_from_pb, billed_to_pb, segment_from_bytes};
 use super::tokens::{join_tokens_from_pb, join_tokens_to_pb, tokens_from_pb, tokens_to_pb};
 use super::{check_version, pb, CodecError, SNAPSHOT_FORMAT_VERSION};
 use corral_core::State;
@@ -249,7 +249,7 @@ fn encode_snapshot(s: &State, with_request_ids: bool, cache: &mut JobEncodings) 
         coordinators: coordinators_to_pb(s),
         tso_window_end_ms: s.tso_window_end_ms,
         usage: usage_to_pb(&s.usage),
-        segments: s.ledger.values().map(segment_to_pb).collect(),
+        segments: s.ledger.values().map(pb::Segment::from).collect(),
         next_segment_id: s.next_segment_id,
         tokens: tokens_to_pb(s),
         next_token_id: s.next_token_id,
