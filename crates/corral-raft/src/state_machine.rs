@@ -381,6 +381,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: OptionalSend,
     {
         let shared = &self.shared;
+        let entries: Vec<_> = entries.into_iter().collect();
+        // Every command decodes before one applies, outside the lock: an entry that does not (a
+        // newer format) stops this node before it changes the state.
+        for entry in &entries {
+            if let EntryPayload::Normal(request) = &entry.payload {
+                request.request().map_err(io_err)?;
+            }
+        }
         let mut responses = Vec::new();
         let applied = {
             let mut data = shared.data.write().unwrap_or_else(|p| p.into_inner());
@@ -390,7 +398,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 let response = match entry.payload {
                     EntryPayload::Blank => Ok(Outcome::Done),
                     EntryPayload::Normal(request) => {
-                        let (response, t) = data.state.apply_tracked(&request.0);
+                        let (response, t) = data.state.apply_tracked(request.request().map_err(io_err)?);
                         self.changes().record(entry.log_id.index, t.jobs.iter().copied());
                         touched.merge(t);
                         response
@@ -923,7 +931,7 @@ mod tests {
     async fn apply_at(store: &mut StateMachineStore, index: u64, ms: u64, command: Command) {
         let entry = openraft::Entry::<TypeConfig> {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-            payload: EntryPayload::Normal(crate::types::RaftRequest(Request {
+            payload: EntryPayload::Normal(crate::types::RaftRequest::new(Request {
                 ts: Timestamp::compose(ms, 0),
                 command,
             })),
