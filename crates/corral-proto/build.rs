@@ -13,6 +13,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("corral_descriptor.bin");
     tonic_prost_build::configure()
         .btree_map(".")
+        // A Raft entry's command and a snapshot chunk: shared with the log, not copied.
+        .bytes(".corral.raft.v1")
         .file_descriptor_set_path(descriptors)
         .compile_protos(&files, &[dir])?;
     Ok(())

@@ -3,10 +3,11 @@
 //! (`wire`), used by both ends of every connection.
 //!
 //! Boundary: depends on corral-types only, so a client does not compile the scheduler; how the
-//! state is stored is corral-raft's (`corral_raft::codec`). prost types stop here and in that
-//! codec; every other crate speaks corral-types. Conversions from the wire are fallible
-//! (`ProtoError`): a peer can send anything. Servers list their services for reflection through
-//! `reflection` (the one setup of coordinators and worker agents).
+//! state is stored is corral-raft's (`corral_raft::codec`). prost types stop here and in
+//! corral-raft (that codec, and its Raft wire over `corral.raft.v1`); every other crate speaks
+//! corral-types. Conversions from the wire are fallible (`ProtoError`): a peer can send
+//! anything. Servers list their services for reflection through `reflection` (the one setup of
+//! coordinators and worker agents).
 
 mod reflection;
 mod wire;

@@ -39,7 +39,7 @@ impl Applier {
         self.index += 1;
         let entry = openraft::Entry::<TypeConfig> {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), self.index),
-            payload: EntryPayload::Normal(RaftRequest(Request { ts: Timestamp::compose(ms, 0), command })),
+            payload: EntryPayload::Normal(RaftRequest::new(Request { ts: Timestamp::compose(ms, 0), command })),
         };
         for response in self.store.apply([entry]).await.expect("apply") {
             response.expect("applied");

@@ -1,6 +1,6 @@
 //! openraft glue for corral: type config, raft-log log store, state machine (its history in
-//! redb), gRPC network, and the persisted encoding of the replicated state (`codec`, over
-//! `proto/state.proto`).
+//! redb), gRPC network and its typed wire (`raft_wire`, over `proto/raft.proto`), and the
+//! persisted encoding of the replicated state (`codec`, over `proto/state.proto`).
 //!
 //! Boundary: the only crate that knows openraft, raft-log, redb and sled (read once, to move an
 //! earlier version's history into redb), and the only one that knows how the state is stored
@@ -15,6 +15,8 @@ mod history;
 pub mod log_store;
 mod network;
 mod node;
+pub mod raft_wire;
+mod request_ids;
 mod snapshot_store;
 mod state_machine;
 mod types;

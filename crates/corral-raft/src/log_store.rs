@@ -18,7 +18,8 @@
 //! - log id: [`StoredLogId`] = `((term, leader_node_id), index)`; tuple order equals openraft's
 //!   `LogId` order.
 //! - payload: [`StoredPayload`], a versioned tag + bytes: application data as bytes from
-//!   [`PayloadCodec`] (protobuf, owned by the caller), membership as JSON.
+//!   [`PayloadCodec`] (protobuf, owned by the caller, shared with the payload: the log neither
+//!   copies nor re-encodes them, and hands the same bytes to every reader), membership as JSON.
 //! - vote: [`StoredVote`] `{term, node_id, committed}`; field order equals openraft's `Vote` order.
 
 use std::fmt;
@@ -48,6 +49,7 @@ use openraft::RaftTypeConfig;
 use openraft::StorageError;
 use openraft::StorageIOError;
 use openraft::Vote;
+use prost::bytes::Bytes;
 use raft_log::api::raft_log_writer::RaftLogWriter;
 use raft_log::codeq::Decode;
 use raft_log::codeq::Encode;
@@ -56,11 +58,12 @@ use tokio::sync::oneshot;
 
 /// How an application payload (`C::D`) is stored in the log: protobuf bytes, owned by the caller.
 pub trait PayloadCodec: Sized {
-    /// Encode the payload into the bytes stored in the log.
-    fn encode_payload(&self) -> Vec<u8>;
+    /// The bytes stored in the log for the payload: a payload that holds its encoding hands
+    /// it over (a `Bytes` clone shares it).
+    fn encode_payload(&self) -> Bytes;
 
-    /// Decode bytes previously produced by [`PayloadCodec::encode_payload`].
-    fn decode_payload(bytes: &[u8]) -> Result<Self, io::Error>;
+    /// The payload of bytes previously produced by [`PayloadCodec::encode_payload`].
+    fn decode_payload(bytes: Bytes) -> Result<Self, io::Error>;
 }
 
 /// Log id as stored in raft-log: `((term, leader_node_id), index)`.
@@ -103,8 +106,9 @@ impl Decode for StoredVote {
 pub enum StoredPayload {
     /// openraft blank entry (leader's first entry of a term).
     Blank,
-    /// Application data, encoded by [`PayloadCodec`].
-    Normal(Vec<u8>),
+    /// Application data, encoded by [`PayloadCodec`] (shared, not copied, by the log's cache and
+    /// its readers).
+    Normal(Bytes),
     /// Membership config, as JSON.
     Membership(Vec<u8>),
 }
@@ -120,7 +124,8 @@ impl StoredPayload {
     fn size(&self) -> u64 {
         match self {
             StoredPayload::Blank => 0,
-            StoredPayload::Normal(b) | StoredPayload::Membership(b) => b.len() as u64,
+            StoredPayload::Normal(b) => b.len() as u64,
+            StoredPayload::Membership(b) => b.len() as u64,
         }
     }
 }
@@ -134,7 +139,10 @@ impl Encode for StoredPayload {
             }
             StoredPayload::Normal(bytes) => {
                 n += Self::TAG_NORMAL.encode(&mut w)?;
-                n += bytes.encode(&mut w)?;
+                // As a Vec<u8> is written: a big-endian u32 length, then the bytes.
+                w.write_all(&(bytes.len() as u32).to_be_bytes())?;
+                w.write_all(bytes)?;
+                n += 4 + bytes.len();
             }
             StoredPayload::Membership(bytes) => {
                 n += Self::TAG_MEMBERSHIP.encode(&mut w)?;
@@ -157,7 +165,7 @@ impl Decode for StoredPayload {
         let tag = u8::decode(&mut r)?;
         match tag {
             Self::TAG_BLANK => Ok(StoredPayload::Blank),
-            Self::TAG_NORMAL => Ok(StoredPayload::Normal(Vec::<u8>::decode(&mut r)?)),
+            Self::TAG_NORMAL => Ok(StoredPayload::Normal(Vec::<u8>::decode(&mut r)?.into())),
             Self::TAG_MEMBERSHIP => Ok(StoredPayload::Membership(Vec::<u8>::decode(&mut r)?)),
             _ => Err(io::Error::new(io::ErrorKind::InvalidData, format!("unknown log payload tag {tag}"))),
         }
@@ -398,7 +406,7 @@ where
     fn decode_entry(log_id: &StoredLogId, payload: StoredPayload) -> Result<Entry<C>, io::Error> {
         let payload = match payload {
             StoredPayload::Blank => EntryPayload::Blank,
-            StoredPayload::Normal(bytes) => EntryPayload::Normal(C::D::decode_payload(&bytes)?),
+            StoredPayload::Normal(bytes) => EntryPayload::Normal(C::D::decode_payload(bytes)?),
             StoredPayload::Membership(bytes) => {
                 let membership: Membership<u64, BasicNode> =
                     serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
@@ -578,5 +586,26 @@ where
         // purge record is on disk. Not waited for: losing it on a crash only keeps more log.
         log.flush(true, None).map_err(write_logs_err)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Application data is written as a `Vec<u8>` was before payloads shared their bytes: a
+    /// log written by an earlier build reads the same, and the other way round.
+    #[test]
+    fn a_payload_keeps_its_bytes_on_disk() {
+        let data = b"a command".to_vec();
+        let mut written = Vec::new();
+        StoredPayload::Normal(Bytes::from(data.clone())).encode(&mut written).expect("encode");
+        let mut earlier = vec![StoredPayload::VERSION, StoredPayload::TAG_NORMAL];
+        data.encode(&mut earlier).expect("encode");
+        assert_eq!(written, earlier);
+        assert_eq!(StoredPayload::decode(written.as_slice()).expect("decode"), StoredPayload::Normal(data.into()));
+        let mut blank = Vec::new();
+        StoredPayload::Blank.encode(&mut blank).expect("encode");
+        assert_eq!(StoredPayload::decode(blank.as_slice()).expect("decode"), StoredPayload::Blank);
     }
 }

@@ -1,9 +1,10 @@
 //! Raft RPCs over gRPC: the client side (`GrpcNetworkFactory`) and the server side (`RaftGrpcService`).
 //!
-//! openraft's request/response types travel as serde_json inside a `RaftMessage`; application
-//! commands inside entries are protobuf (see `RaftRequest`); a snapshot chunk travels raw in
-//! `RaftMessage.chunk`. A snapshot is sent only to a follower that accepts a TCP connection (the
-//! body it reads may first have to be written with the whole history).
+//! openraft's requests and replies travel as the typed messages of `raft.proto`
+//! (`raft_wire.rs`): an entry's command as the bytes the log stores for it, shared by every
+//! follower's request (never encoded per follower); a snapshot chunk as raw bytes. A snapshot
+//! is sent only to a follower that accepts a TCP connection (the body it reads may first have
+//! to be written with the whole history).
 //!
 //! AppendEntries is bounded twice over, because openraft 0.9 bounds it by entry count only and
 //! gives each request one heartbeat interval (50 ms) to complete:
@@ -14,10 +15,11 @@
 //!   the retry of the same range waits for it instead of starting over, so one slow request
 //!   (a large entry, a slow disk, a busy host) still completes.
 
+use crate::raft_wire::{self, WireError};
 use crate::types::{NodeId, Raft, TypeConfig};
+use corral_proto::raft as pb;
 use corral_proto::raft::raft_client::RaftClient;
 use corral_proto::raft::raft_server::{Raft as RaftRpc, RaftServer};
-use corral_proto::raft::RaftMessage;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -25,8 +27,8 @@ use openraft::raft::{
     VoteResponse,
 };
 use openraft::BasicNode;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
+use prost::Message;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
@@ -46,7 +48,7 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNetworkFactory {
     }
 }
 
-/// Most bytes (serialized) of entries one AppendEntries request carries.
+/// Most bytes (encoded) of entries one AppendEntries request carries.
 const APPEND_BUDGET: usize = 4 << 20;
 
 type AppendResult = Result<AppendEntriesResponse<NodeId>, RpcErr>;
@@ -99,21 +101,19 @@ impl GrpcNetwork {
         Ok(client)
     }
 
-    async fn call<Req, Resp, E>(
+    /// One RPC: `call` with a handle on the client, its reply decoded by `decode`.
+    async fn call<Reply, Resp, E, Fut>(
         &mut self,
-        kind: RpcKind,
-        req: &Req,
-        chunk: Vec<u8>,
         option: &RPCOption,
+        call: impl FnOnce(RaftClient<Channel>) -> Fut,
+        decode: Decode<Reply, Resp, E>,
     ) -> Result<Resp, RpcErr<E>>
     where
-        Req: Serialize,
-        Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
+        Fut: Future<Output = Result<tonic::Response<Reply>, tonic::Status>>,
+        E: std::error::Error,
     {
-        let data = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let client = self.client().map_err(RPCError::Unreachable)?;
-        let result = send(client, self.target, kind, RaftMessage { data, chunk }, option.hard_ttl()).await;
+        let result = send(self.target, option.hard_ttl(), call(client), decode).await;
         if result.is_err() {
             // A broken channel is reconnected on the next call.
             self.client = None;
@@ -126,7 +126,9 @@ impl GrpcNetwork {
     async fn append(&mut self, rpc: AppendEntriesRequest<TypeConfig>, option: RPCOption) -> AppendResult {
         if rpc.entries.is_empty() {
             // A heartbeat: it never disturbs a transfer in flight.
-            return self.call(RpcKind::Append, &rpc, Vec::new(), &option).await;
+            let (request, _) = raft_wire::append_request_to_pb(&rpc, APPEND_BUDGET);
+            let call = |mut client: RaftClient<Channel>| async move { client.append_entries(request).await };
+            return self.call(&option, call, raft_wire::append_reply_from_pb).await;
         }
         let last = rpc.entries.last().map(|e| e.log_id);
         let joinable =
@@ -135,13 +137,17 @@ impl GrpcNetwork {
             if let Some(stale) = self.in_flight.take() {
                 stale.task.abort();
             }
-            let (data, carried) = bounded_append(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-            let client = self.client().map_err(RPCError::Unreachable)?;
+            let (request, count) = raft_wire::append_request_to_pb(&rpc, APPEND_BUDGET);
+            if count < rpc.entries.len() {
+                tracing::debug!(entries = count, of = rpc.entries.len(), "append entries split by size");
+            }
+            let carried = rpc.entries[..count].last().map(|e| e.log_id);
+            let mut client = self.client().map_err(RPCError::Unreachable)?;
             let (target, ttl) = (self.target, option.hard_ttl());
             // The request may take longer than openraft waits: it runs on its own.
             let task = tokio::spawn(async move {
-                let msg = RaftMessage { data, chunk: Vec::new() };
-                send(client, target, RpcKind::Append, msg, ttl.max(APPEND_PATIENCE)).await
+                let call = client.append_entries(request);
+                send(target, ttl.max(APPEND_PATIENCE), call, raft_wire::append_reply_from_pb).await
             });
             self.in_flight = Some(InFlight { vote: rpc.vote, prev: rpc.prev_log_id, last: carried, task });
         }
@@ -168,78 +174,59 @@ impl GrpcNetwork {
 /// How long an AppendEntries request may run in the background before it is given up.
 const APPEND_PATIENCE: Duration = Duration::from_secs(30);
 
-/// The request serialized with as many entries as fit the budget (at least one), and the log
-/// id of the last one it carries. Each entry is serialized once: its size decides whether it
-/// fits, and its bytes go into the request as they are.
-fn bounded_append(
-    rpc: &AppendEntriesRequest<TypeConfig>,
-) -> Result<(Vec<u8>, Option<openraft::LogId<NodeId>>), serde_json::Error> {
-    /// `AppendEntriesRequest` as serde writes it, its entries already serialized.
-    #[derive(Serialize)]
-    struct Wire<'a> {
-        vote: &'a openraft::Vote<NodeId>,
-        prev_log_id: &'a Option<openraft::LogId<NodeId>>,
-        entries: Vec<Box<serde_json::value::RawValue>>,
-        leader_commit: &'a Option<openraft::LogId<NodeId>>,
-    }
-    let mut size = 0;
-    let mut entries = Vec::new();
-    for entry in &rpc.entries {
-        let raw = serde_json::value::to_raw_value(entry)?;
-        size += raw.get().len() + 1;
-        if !entries.is_empty() && size > APPEND_BUDGET {
-            break;
-        }
-        entries.push(raw);
-    }
-    let carried = entries.len().checked_sub(1).and_then(|last| rpc.entries.get(last)).map(|e| e.log_id);
-    if entries.len() < rpc.entries.len() {
-        tracing::debug!(entries = entries.len(), of = rpc.entries.len(), "append entries split by size");
-    }
-    let wire = Wire { vote: &rpc.vote, prev_log_id: &rpc.prev_log_id, entries, leader_commit: &rpc.leader_commit };
-    Ok((serde_json::to_vec(&wire)?, carried))
-}
+/// Decodes a reply: what the peer's Raft answered, or a reply that does not decode.
+type Decode<Reply, Resp, E> = fn(Reply) -> Result<Result<Resp, RaftError<NodeId, E>>, WireError>;
 
-/// One Raft RPC: `msg` (a serialized request) to `target`, its reply decoded.
-async fn send<Resp, E>(
-    mut client: RaftClient<Channel>,
+/// One Raft RPC to `target`: waits for `call` at most `ttl`, and decodes its reply.
+async fn send<Reply, Resp, E>(
     target: NodeId,
-    kind: RpcKind,
-    msg: RaftMessage,
     ttl: Duration,
+    call: impl Future<Output = Result<tonic::Response<Reply>, tonic::Status>>,
+    decode: Decode<Reply, Resp, E>,
 ) -> Result<Resp, RpcErr<E>>
 where
-    Resp: DeserializeOwned,
-    E: std::error::Error + DeserializeOwned,
+    E: std::error::Error,
 {
-    let call = async {
-        match kind {
-            RpcKind::Append => client.append_entries(msg).await,
-            RpcKind::Vote => client.vote(msg).await,
-            RpcKind::Snapshot => client.install_snapshot(msg).await,
-        }
-    };
     let reply = match tokio::time::timeout(ttl, call).await {
         Ok(Ok(reply)) => reply.into_inner(),
         Ok(Err(status)) => {
-            return Err(if status.code() == tonic::Code::Unavailable {
-                RPCError::Unreachable(Unreachable::new(&status))
-            } else {
-                RPCError::Network(NetworkError::new(&status))
+            return Err(match status.code() {
+                tonic::Code::Unavailable => RPCError::Unreachable(Unreachable::new(&status)),
+                code => {
+                    if matches!(code, tonic::Code::FailedPrecondition | tonic::Code::Internal) {
+                        warn_incompatible(target, &status);
+                    }
+                    RPCError::Network(NetworkError::new(&status))
+                }
             });
         }
         Err(elapsed) => return Err(RPCError::Network(NetworkError::new(&elapsed))),
     };
-    let result: Result<Resp, RaftError<NodeId, E>> =
-        serde_json::from_slice(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-    result.map_err(|e| RPCError::RemoteError(RemoteError::new(target, e)))
+    match decode(reply) {
+        Ok(Ok(response)) => Ok(response),
+        Ok(Err(refused)) => Err(RPCError::RemoteError(RemoteError::new(target, refused))),
+        Err(e) => {
+            warn_incompatible(target, &e);
+            Err(RPCError::Network(NetworkError::new(&e)))
+        }
+    }
 }
 
-#[derive(Clone, Copy)]
-enum RpcKind {
-    Append,
-    Vote,
-    Snapshot,
+/// Says, at most every ten seconds, that a peer refused a request or sent a reply this node
+/// cannot read: a coordinator of another wire version (see `raft.proto`) refuses every
+/// request, and the cluster waits until every coordinator is upgraded.
+fn warn_incompatible(target: NodeId, error: &dyn std::fmt::Display) {
+    static LAST: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    if last.is_some_and(|t| t.elapsed() < Duration::from_secs(10)) {
+        return;
+    }
+    *last = Some(std::time::Instant::now());
+    tracing::warn!(
+        target_node = target,
+        "a Raft RPC failed: {error} (a coordinator of another Raft wire version refuses every request: \
+         upgrade every coordinator together)"
+    );
 }
 
 impl RaftNetwork<TypeConfig> for GrpcNetwork {
@@ -256,9 +243,9 @@ impl RaftNetwork<TypeConfig> for GrpcNetwork {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<InstallSnapshotError>> {
-        let mut rpc = rpc;
-        let chunk = std::mem::take(&mut rpc.data);
-        self.call(RpcKind::Snapshot, &rpc, chunk, &option).await
+        let request = raft_wire::snapshot_request_to_pb(rpc);
+        let call = |mut client: RaftClient<Channel>| async move { client.install_snapshot(request).await };
+        self.call(&option, call, raft_wire::snapshot_reply_from_pb).await
     }
 
     /// Sends a snapshot in chunks, as openraft does, to a follower that accepts a connection:
@@ -284,7 +271,9 @@ impl RaftNetwork<TypeConfig> for GrpcNetwork {
     }
 
     async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> Result<VoteResponse<NodeId>, RpcErr> {
-        self.call(RpcKind::Vote, &rpc, Vec::new(), &option).await
+        let request = raft_wire::vote_request_to_pb(&rpc);
+        let call = |mut client: RaftClient<Channel>| async move { client.vote(request).await };
+        self.call(&option, call, raft_wire::vote_reply_from_pb).await
     }
 }
 
@@ -383,24 +372,15 @@ fn catching_up(commit: u64, carried: Option<u64>, last_log: Option<u64>, request
     lag >= CATCH_UP_LAG_ENTRIES && request_bytes >= CATCH_UP_REQUEST_BYTES
 }
 
-fn decode<T: DeserializeOwned>(msg: tonic::Request<RaftMessage>) -> Result<T, tonic::Status> {
-    serde_json::from_slice(&msg.into_inner().data)
-        .map_err(|e| tonic::Status::invalid_argument(format!("malformed raft message: {e}")))
-}
-
-fn encode<T: Serialize>(value: &T) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-    let data = serde_json::to_vec(value).map_err(|e| tonic::Status::internal(e.to_string()))?;
-    Ok(tonic::Response::new(RaftMessage { data, chunk: Vec::new() }))
-}
-
 #[tonic::async_trait]
 impl RaftRpc for RaftGrpcService {
     async fn append_entries(
         &self,
-        request: tonic::Request<RaftMessage>,
-    ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-        let request_bytes = request.get_ref().data.len();
-        let rpc: AppendEntriesRequest<TypeConfig> = decode(request)?;
+        request: tonic::Request<pb::AppendEntriesRequest>,
+    ) -> Result<tonic::Response<pb::AppendEntriesReply>, tonic::Status> {
+        let request = request.into_inner();
+        let request_bytes = request.encoded_len();
+        let rpc = raft_wire::append_request_from_pb(request)?;
         let leader_commit = rpc.leader_commit.map(|c| c.index);
         let carried = rpc.entries.last().map(|e| e.log_id.index).or(rpc.prev_log_id.map(|p| p.index));
         let response = self.raft.append_entries(rpc).await;
@@ -413,24 +393,23 @@ impl RaftRpc for RaftGrpcService {
             let last_log = self.raft.metrics().borrow().last_log_index;
             self.note_progress(leader_commit, carried, last_log, request_bytes);
         }
-        encode(&response)
+        Ok(tonic::Response::new(raft_wire::append_reply_to_pb(&response)))
     }
 
-    async fn vote(&self, request: tonic::Request<RaftMessage>) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-        let rpc: VoteRequest<NodeId> = decode(request)?;
-        encode(&self.raft.vote(rpc).await)
+    async fn vote(
+        &self,
+        request: tonic::Request<pb::VoteRequest>,
+    ) -> Result<tonic::Response<pb::VoteReply>, tonic::Status> {
+        let rpc = raft_wire::vote_request_from_pb(request.into_inner())?;
+        Ok(tonic::Response::new(raft_wire::vote_reply_to_pb(&self.raft.vote(rpc).await)))
     }
 
     async fn install_snapshot(
         &self,
-        mut request: tonic::Request<RaftMessage>,
-    ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-        let chunk = std::mem::take(&mut request.get_mut().chunk);
-        let mut rpc: InstallSnapshotRequest<TypeConfig> = decode(request)?;
-        if rpc.data.is_empty() {
-            rpc.data = chunk;
-        }
-        encode(&self.raft.install_snapshot(rpc).await)
+        request: tonic::Request<pb::InstallSnapshotRequest>,
+    ) -> Result<tonic::Response<pb::InstallSnapshotReply>, tonic::Status> {
+        let rpc = raft_wire::snapshot_request_from_pb(request.into_inner())?;
+        Ok(tonic::Response::new(raft_wire::snapshot_reply_to_pb(&self.raft.install_snapshot(rpc).await)))
     }
 }
 
@@ -451,14 +430,14 @@ mod tests {
         assert!(!catching_up(228, Some(225), Some(225), 4 << 20));
     }
 
-    /// What `bounded_append` writes decodes as the request it came from, cut after the last
-    /// entry that fits the budget (and never before the first).
+    /// An AppendEntries request carries the entries that fit the budget (at least one), each
+    /// command as the bytes the log holds (shared, not copied), and decodes as it was sent.
     #[test]
     fn an_append_request_is_cut_to_the_budget_and_decodes_as_sent() {
         use corral_core::{Command, Request};
         let entry = |index: u64, bytes: usize| openraft::Entry::<TypeConfig> {
             log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), index),
-            payload: openraft::EntryPayload::Normal(crate::RaftRequest(Request {
+            payload: openraft::EntryPayload::Normal(crate::RaftRequest::new(Request {
                 ts: corral_types::Timestamp(index),
                 command: Command::CancelJob { job_id: index, reason: "x".repeat(bytes) },
             })),
@@ -469,27 +448,37 @@ mod tests {
             entries,
             leader_commit: Some(openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), 10)),
         };
-        let decode = |bytes: &[u8]| serde_json::from_slice::<AppendEntriesRequest<TypeConfig>>(bytes).expect("decodes");
+        let decode = |request: pb::AppendEntriesRequest| {
+            let bytes = request.encode_to_vec();
+            raft_wire::append_request_from_pb(pb::AppendEntriesRequest::decode(bytes.as_slice()).expect("decodes"))
+                .expect("converts")
+        };
         let whole = rpc(vec![entry(10, 10), entry(11, 10), entry(12, 10)]);
-        let (bytes, carried) = bounded_append(&whole).expect("serialize");
-        assert_eq!(carried.map(|l| l.index), Some(12));
-        let back = decode(&bytes);
+        let (request, count) = raft_wire::append_request_to_pb(&whole, APPEND_BUDGET);
+        assert_eq!(count, 3);
+        let shared = |i: usize| match (&request.entries[i].payload, &whole.entries[i].payload) {
+            (Some(pb::entry::Payload::Command(sent)), openraft::EntryPayload::Normal(held)) => {
+                sent.as_ptr() == held.bytes().as_ptr()
+            }
+            _ => false,
+        };
+        assert!((0..3).all(shared), "each command is the log's bytes, not a copy");
+        let back = decode(request);
         assert_eq!(
             (back.vote, back.prev_log_id, back.leader_commit),
             (whole.vote, whole.prev_log_id, whole.leader_commit)
         );
         assert_eq!(back.entries, whole.entries);
-        assert_eq!(bytes, serde_json::to_vec(&whole).expect("serde"), "the same bytes as serde writes");
         // 3 MiB entries: two do not fit the 4 MiB budget, one more than the budget still goes alone.
         let big = rpc(vec![entry(10, 3 << 20), entry(11, 3 << 20), entry(12, 10)]);
-        let (bytes, carried) = bounded_append(&big).expect("serialize");
-        assert_eq!(carried.map(|l| l.index), Some(10));
-        assert_eq!(decode(&bytes).entries, big.entries[..1].to_vec());
+        let (request, count) = raft_wire::append_request_to_pb(&big, APPEND_BUDGET);
+        assert_eq!(count, 1);
+        assert_eq!(decode(request).entries, big.entries[..1].to_vec());
         let huge = rpc(vec![entry(10, 5 << 20)]);
-        let (bytes, carried) = bounded_append(&huge).expect("serialize");
-        assert_eq!((carried.map(|l| l.index), decode(&bytes).entries.len()), (Some(10), 1));
+        let (request, count) = raft_wire::append_request_to_pb(&huge, APPEND_BUDGET);
+        assert_eq!((count, decode(request).entries.len()), (1, 1));
         let heartbeat = rpc(vec![]);
-        let (bytes, carried) = bounded_append(&heartbeat).expect("serialize");
-        assert_eq!((carried, decode(&bytes).entries.len()), (None, 0));
+        let (request, count) = raft_wire::append_request_to_pb(&heartbeat, APPEND_BUDGET);
+        assert_eq!((count, decode(request).entries.len()), (0, 0));
     }
 }

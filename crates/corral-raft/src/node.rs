@@ -250,7 +250,7 @@ impl RaftNode {
     /// Replicates `request` and applies it; returns the state machine's answer and the log
     /// index it was applied at.
     pub async fn propose(&self, request: corral_core::Request) -> Result<(corral_core::Response, u64), RaftError> {
-        let reply = self.raft.client_write(RaftRequest(request)).await.map_err(write_error)?;
+        let reply = self.raft.client_write(RaftRequest::new(request)).await.map_err(write_error)?;
         Ok((reply.data, reply.log_id.index))
     }
 

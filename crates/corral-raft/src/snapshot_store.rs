@@ -9,7 +9,7 @@
 //! - `<index>-<n>.ids`: request ids (entries of `StateSnapshot.request_id_table`) of a
 //!   snapshot this store built; never changed once named. A built body leaves its request ids
 //!   out; CURRENT names the files that hold them: each build writes the ids recorded since the
-//!   one before, and drops files whose ids all expired (see the state machine).
+//!   one before, and drops files whose ids all expired (see `request_ids.rs`).
 //! - `send-<body>`: the body of a snapshot whose history is in the store, with its request ids
 //!   and history added: made the first time a follower needs it, kept until the next snapshot.
 //! - `*.tmp`: bodies being written or received, removed on open.

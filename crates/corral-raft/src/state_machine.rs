@@ -15,7 +15,7 @@
 //! to a day of them) are not re-encoded by every build either: each build writes the ids recorded
 //! since the one before into a file of its own, and the snapshot names every file that still holds
 //! an id that has not expired, merging the newest small files into the new one (see
-//! `request_ids_to_write`). When a follower needs the snapshot, its body is written again with the
+//! `request_ids.rs`). When a follower needs the snapshot, its body is written again with the
 //! history added (once per snapshot, into a file, read in chunks). A snapshot a follower receives
 //! carries the history and is installed into the history store as it is read; a received body is
 //! current from before its install until the next build, so a crash during the install installs it
@@ -24,9 +24,10 @@
 use crate::change_log::ChangeLog;
 use crate::codec::{self, HistoryRecord};
 use crate::history::History;
-use crate::snapshot_store::{Current, IdFiles, RequestIdFile, SnapshotDir, SnapshotFile, SnapshotMetaT, SyncedWriter};
+use crate::request_ids::{self, RequestIdLog};
+use crate::snapshot_store::{Current, IdFiles, SnapshotDir, SnapshotFile, SnapshotMetaT, SyncedWriter};
 use crate::types::{LogId, NodeId, StoredMembership, TypeConfig};
-use corral_core::{Outcome, RequestKey, RequestRecord, State, Touched};
+use corral_core::{Outcome, State, Touched};
 use corral_types::{Job, JobId, Segment};
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError};
@@ -34,11 +35,6 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use tokio::sync::watch;
-
-/// Most request-id files a snapshot names (they halve in size from the oldest, so only a
-/// pathological history needs more): a build that would name more writes every request id into
-/// one new file instead.
-const MAX_REQUEST_ID_FILES: usize = 64;
 
 /// Runs `f` on this thread at a lower CPU priority (nice 10), then restores it: a snapshot build
 /// yields the CPU to the threads that serve and replicate writes.
@@ -60,35 +56,6 @@ pub struct StateMachineData {
     pub(crate) last_applied: Option<LogId>,
     pub(crate) membership: StoredMembership,
     pub(crate) request_id_log: RequestIdLog,
-}
-
-/// How the request ids of the state stand against the current snapshot's request-id files.
-#[derive(Debug, Default)]
-pub(crate) struct RequestIdLog {
-    /// The current snapshot's files when they and `added` hold every request id of the state;
-    /// None when they may not (no snapshot built here yet, or one received): the next build
-    /// writes every request id.
-    files: Option<Vec<RequestIdFile>>,
-    /// Request ids recorded since the state of the current snapshot, in apply order, one slice
-    /// per applied batch: a build copies pointers under the lock, not the ids.
-    added: Vec<Arc<[(RequestKey, RequestRecord)]>>,
-    /// Changes when the state is replaced (a snapshot installed): a build that copied the log
-    /// before leaves it alone.
-    generation: u64,
-}
-
-impl RequestIdLog {
-    /// The log of a state replaced by a received snapshot.
-    fn after(&self) -> RequestIdLog {
-        RequestIdLog { files: None, added: Vec::new(), generation: self.generation + 1 }
-    }
-}
-
-/// What a build copies of the request-id log with the state.
-struct RequestIdCopy {
-    files: Option<Vec<RequestIdFile>>,
-    added: Vec<Arc<[(RequestKey, RequestRecord)]>>,
-    generation: u64,
 }
 
 impl StateMachineData {
@@ -146,18 +113,14 @@ impl StateMachineStore {
             Some(current) => {
                 let started = std::time::Instant::now();
                 let body = std::fs::File::open(snapshots.path(&current.body))?;
-                let (state, files) = if current.history_in_store {
+                let (state, request_id_log) = if current.history_in_store {
                     let mut state = load_hot_body(body)?;
-                    // A body of an earlier version holds its request ids itself.
-                    let inline = !state.request_ids.is_empty();
-                    for file in &current.request_ids {
-                        state.add_request_ids(read_request_id_file(&snapshots, file)?);
-                    }
-                    (state, (!inline).then(|| current.request_ids.clone()))
+                    let log = request_ids::load(&snapshots, &current.request_ids, &mut state)?;
+                    (state, log)
                 } else {
                     // A received body, current since before its install: the history may hold less
                     // than it (a crash during the install) or more (entries applied after it).
-                    (history.install(body)?, None)
+                    (history.install(body)?, RequestIdLog::default())
                 };
                 tracing::info!(
                     snapshot = %current.meta.snapshot_id,
@@ -169,7 +132,7 @@ impl StateMachineStore {
                     state,
                     last_applied: current.meta.last_log_id,
                     membership: current.meta.last_membership,
-                    request_id_log: RequestIdLog { files, ..Default::default() },
+                    request_id_log,
                 }
             }
         };
@@ -216,11 +179,9 @@ impl StateMachineStore {
     /// point, copied under the read lock (jobs are shared, not copied; the derived indexes are
     /// left out; the ids applied since the last build are slices, copied as pointers): encoding
     /// happens after the lock is released.
-    fn clone_hot(&self) -> (State, AppliedAt, RequestIdCopy) {
+    fn clone_hot(&self) -> (State, AppliedAt, request_ids::RequestIdCopy) {
         let data = self.read();
-        let log = &data.request_id_log;
-        let ids = RequestIdCopy { files: log.files.clone(), added: log.added.clone(), generation: log.generation };
-        (data.state.replicated_copy(), (data.last_applied, data.membership.clone()), ids)
+        (data.state.replicated_copy(), (data.last_applied, data.membership.clone()), data.request_id_log.copy())
     }
 
     /// Builds a snapshot of the hot state and publishes it; its history is the store's, its
@@ -236,9 +197,7 @@ impl StateMachineStore {
             let mut jobs = self.shared.job_encodings.lock().unwrap_or_else(|p| p.into_inner());
             codec::snapshot_without_request_ids_to_bytes(&state, &mut jobs)
         };
-        let added_len = ids.added.len();
-        let read = |f: &RequestIdFile| read_request_id_file(&self.shared.snapshots, f);
-        let (keep, new_ids) = request_ids_to_write(&state, ids.files, ids.added, read);
+        let to_write = ids.plan(&state, |f| request_ids::read_file(&self.shared.snapshots, f));
         drop(state);
         let encoded = started.elapsed();
         let snapshot_id = match last_applied {
@@ -249,19 +208,11 @@ impl StateMachineStore {
         let snapshots = &self.shared.snapshots;
         let (tmp, ids_tmp) = (snapshots.temp_path("build"), snapshots.temp_path("ids"));
         let written = (|| {
-            let new = match &new_ids {
-                Some(new) => {
-                    let mut out = SyncedWriter::create(&ids_tmp)?;
-                    out.write_all(&new.bytes)?;
-                    out.finish()?;
-                    Some((ids_tmp.as_path(), new.entries, new.max_at))
-                }
-                None => None,
-            };
+            let id_files = to_write.write(&ids_tmp)?;
             let mut out = SyncedWriter::create(&tmp)?;
             out.write_all(&bytes)?;
             out.finish()?;
-            snapshots.publish(&meta, &tmp, true, IdFiles { keep, new })
+            snapshots.publish(&meta, &tmp, true, id_files)
         })();
         if !matches!(written, Ok(Some(_))) {
             let _ = std::fs::remove_file(&tmp);
@@ -269,17 +220,13 @@ impl StateMachineStore {
         }
         if let Ok(Some(current)) = &written {
             let mut data = self.shared.data.write().unwrap_or_else(|p| p.into_inner());
-            let log = &mut data.request_id_log;
-            if log.generation == ids.generation {
-                log.added.drain(..added_len);
-                log.files = Some(current.request_ids.clone());
-            }
+            data.request_id_log.built(&ids, &current.request_ids);
         }
         let ms = |d: std::time::Duration| d.as_millis() as u64;
         tracing::info!(
             snapshot = %meta.snapshot_id,
             bytes = bytes.len(),
-            request_id_bytes = new_ids.as_ref().map_or(0, |n| n.bytes.len()),
+            request_id_bytes = to_write.new.as_ref().map_or(0, |n| n.bytes.len()),
             request_id_files = written.as_ref().ok().and_then(Option::as_ref).map_or(0, |c| c.request_ids.len()),
             clone_ms = ms(cloned),
             flush_ms = ms(flushed - cloned),
@@ -305,9 +252,7 @@ impl StateMachineStore {
         }
         // Opened now: a newer snapshot may replace this body and its files before the first read.
         let hot = std::fs::File::open(snapshots.path(&current.body))?;
-        let ids = (current.request_ids.iter())
-            .map(|f| std::fs::File::open(snapshots.path(&f.name)))
-            .collect::<std::io::Result<Vec<_>>>()?;
+        let ids = request_ids::open_files(snapshots, &current.request_ids)?;
         let (store, body) = (self.clone(), current.body.clone());
         Ok(SnapshotFile::lazy(move || at_low_priority(|| store.make_send_body(hot, ids, &body))))
     }
@@ -334,16 +279,7 @@ impl StateMachineStore {
         let written = (|| {
             let mut out = SyncedWriter::create(&tmp)?;
             out.write_all(&bytes)?;
-            let lens = ids.iter().map(|f| f.metadata().map(|m| m.len())).collect::<std::io::Result<Vec<_>>>()?;
-            let total: u64 = lens.iter().sum();
-            if total > 0 {
-                out.write_all(&codec::request_id_table_key(total))?;
-                for (mut file, len) in ids.into_iter().zip(lens) {
-                    if std::io::copy(&mut std::io::Read::take(&mut file, len), &mut out)? != len {
-                        return Err(std::io::Error::other("a request-id file ended early"));
-                    }
-                }
-            }
+            request_ids::write_table(ids, &mut out)?;
             self.shared.history.write_to(&bounds, &mut out)?;
             out.finish()?;
             std::fs::rename(&tmp, &path)
@@ -408,82 +344,6 @@ impl StateMachineStore {
     }
 }
 
-/// The entries of request-id file `file`.
-fn read_request_id_file(
-    snapshots: &SnapshotDir,
-    file: &RequestIdFile,
-) -> anyhow::Result<Vec<(RequestKey, RequestRecord)>> {
-    let bytes = std::fs::read(snapshots.path(&file.name))?;
-    Ok(codec::request_id_entries_from_bytes(&bytes)?)
-}
-
-/// A new request-id file a build writes.
-struct NewIds {
-    bytes: Vec<u8>,
-    entries: u64,
-    max_at: u64,
-}
-
-/// What a build of `state` writes of its request ids: the files of the current snapshot it
-/// keeps, and a new file.
-///
-/// With the current snapshot's `files` known, the new file holds the ids `added` since; files
-/// whose ids all expired are dropped, and the newest kept files are merged into the new one
-/// while each is at most twice its size. Each file is then more than twice the size of the next,
-/// so a snapshot names at most about log2(ids) files and an id is written again only as often.
-/// Else (or when a file cannot be read back) the new file holds every request id of the state.
-fn request_ids_to_write(
-    state: &State,
-    files: Option<Vec<RequestIdFile>>,
-    added: Vec<Arc<[(RequestKey, RequestRecord)]>>,
-    read: impl Fn(&RequestIdFile) -> anyhow::Result<Vec<(RequestKey, RequestRecord)>>,
-) -> (Vec<RequestIdFile>, Option<NewIds>) {
-    let expired_before = state.request_ids_expired_before.0;
-    let live = |(_, r): &(RequestKey, RequestRecord)| r.at.0 >= expired_before;
-    let new_file = |entries: &mut dyn Iterator<Item = (RequestKey, RequestRecord)>| {
-        let mut new = NewIds { bytes: Vec::new(), entries: 0, max_at: 0 };
-        codec::request_id_entries_to_bytes(
-            entries.inspect(|(_, r)| {
-                new.entries += 1;
-                new.max_at = new.max_at.max(r.at.0);
-            }),
-            &mut new.bytes,
-        );
-        (new.entries > 0).then_some(new)
-    };
-    let all = || (Vec::new(), new_file(&mut state.request_ids.iter().map(|(k, r)| (*k, *r))));
-    let Some(files) = files else { return all() };
-    let mut keep: Vec<RequestIdFile> = files.into_iter().filter(|f| f.max_at >= expired_before).collect();
-    // Every id of the state is in the files or added since (a check, not a proof: each kept
-    // file counts its expired ids too).
-    let held = keep.iter().map(|f| f.entries).sum::<u64>() + added.iter().map(|a| a.len() as u64).sum::<u64>();
-    if held < state.request_ids.len() as u64 {
-        tracing::warn!(held, ids = state.request_ids.len(), "the request-id files miss ids: writing them all again");
-        return all();
-    }
-    let mut entries: Vec<(RequestKey, RequestRecord)> =
-        added.iter().flat_map(|a| a.iter().copied()).filter(live).collect();
-    while let Some(last) = keep.last().filter(|f| !entries.is_empty() && f.entries <= 2 * entries.len() as u64) {
-        match read(last) {
-            Ok(older) => {
-                let mut merged: Vec<_> = older.into_iter().filter(live).collect();
-                merged.append(&mut entries);
-                entries = merged;
-                keep.pop();
-            }
-            Err(e) => {
-                tracing::warn!(file = %last.name, "cannot read a request-id file ({e:#}): writing every request id again");
-                return all();
-            }
-        }
-    }
-    if keep.len() >= MAX_REQUEST_ID_FILES {
-        return all();
-    }
-    let new = new_file(&mut entries.into_iter());
-    (keep, new)
-}
-
 /// The hot state of a body this store built (`history_in_store`): every segment in it is one of
 /// the hot ledger, and the history is the store's.
 fn load_hot_body(body: std::fs::File) -> anyhow::Result<State> {
@@ -521,6 +381,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: OptionalSend,
     {
         let shared = &self.shared;
+        let entries: Vec<_> = entries.into_iter().collect();
+        // Every command decodes before one applies, outside the lock: an entry that does not (a
+        // newer format) stops this node before it changes the state.
+        for entry in &entries {
+            if let EntryPayload::Normal(request) = &entry.payload {
+                request.request().map_err(io_err)?;
+            }
+        }
         let mut responses = Vec::new();
         let applied = {
             let mut data = shared.data.write().unwrap_or_else(|p| p.into_inner());
@@ -530,7 +398,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 let response = match entry.payload {
                     EntryPayload::Blank => Ok(Outcome::Done),
                     EntryPayload::Normal(request) => {
-                        let (response, t) = data.state.apply_tracked(&request.0);
+                        let (response, t) = data.state.apply_tracked(request.request().map_err(io_err)?);
                         self.changes().record(entry.log_id.index, t.jobs.iter().copied());
                         touched.merge(t);
                         response
@@ -542,10 +410,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 };
                 responses.push(response);
             }
-            let added = std::mem::take(&mut touched.request_ids);
-            if !added.is_empty() {
-                data.request_id_log.added.push(added.into());
-            }
+            data.request_id_log.record(std::mem::take(&mut touched.request_ids));
             shared.history.persist(&data.state, &touched).map_err(io_err)?;
             data.last_applied.map(|l| l.index).unwrap_or(0)
         };
@@ -1066,7 +931,7 @@ mod tests {
     async fn apply_at(store: &mut StateMachineStore, index: u64, ms: u64, command: Command) {
         let entry = openraft::Entry::<TypeConfig> {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-            payload: EntryPayload::Normal(crate::types::RaftRequest(Request {
+            payload: EntryPayload::Normal(crate::types::RaftRequest::new(Request {
                 ts: Timestamp::compose(ms, 0),
                 command,
             })),

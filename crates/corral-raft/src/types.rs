@@ -1,9 +1,11 @@
 //! openraft type configuration of corral and the log payload wrapper.
 
-use crate::codec;
+use crate::codec::{self, CodecError};
 use corral_core::Request;
+use prost::bytes::Bytes;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 openraft::declare_raft_types!(
     /// Raft types of the corral coordinator cluster.
@@ -22,38 +24,103 @@ pub type Raft = openraft::Raft<TypeConfig>;
 pub type LogId = openraft::LogId<NodeId>;
 pub type StoredMembership = openraft::StoredMembership<NodeId, openraft::BasicNode>;
 
-/// The application payload of a log entry: a TSO-stamped command, stored and sent as protobuf.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RaftRequest(pub Request);
+/// The application payload of a log entry: a TSO-stamped command, as the bytes the log stores
+/// for it (`codec::command_to_bytes`, encoded once, when it is proposed) and the command they
+/// decode to (decoded when first needed: to apply it, or to check an entry a follower
+/// receives). Clones share both, so the leader's replication streams send every follower the
+/// same bytes, and an entry read from the log only to be sent is never decoded.
+#[derive(Clone)]
+pub struct RaftRequest {
+    bytes: Bytes,
+    request: Arc<OnceLock<Request>>,
+}
 
-impl fmt::Display for RaftRequest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}@{}", std::mem::discriminant(&self.0.command), self.0.ts)
+impl RaftRequest {
+    /// A request to propose, encoded once.
+    pub fn new(request: Request) -> RaftRequest {
+        let bytes = Bytes::from(codec::command_to_bytes(&request));
+        RaftRequest { bytes, request: Arc::new(OnceLock::from(request)) }
+    }
+
+    /// The request the log stored as `bytes` (which it checksums), decoded when first needed.
+    pub(crate) fn stored(bytes: Bytes) -> RaftRequest {
+        RaftRequest { bytes, request: Arc::new(OnceLock::new()) }
+    }
+
+    /// The request a peer sent as `bytes`, decoded now: bytes that do not decode are refused.
+    pub fn received(bytes: Bytes) -> Result<RaftRequest, CodecError> {
+        let request = codec::command_from_bytes(&bytes)?;
+        Ok(RaftRequest { bytes, request: Arc::new(OnceLock::from(request)) })
+    }
+
+    /// The bytes the log stores, and the wire carries, for this request.
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    /// The request, decoded on first use.
+    pub fn request(&self) -> Result<&Request, CodecError> {
+        if let Some(request) = self.request.get() {
+            return Ok(request);
+        }
+        let request = codec::command_from_bytes(&self.bytes)?;
+        Ok(self.request.get_or_init(|| request))
     }
 }
 
+/// Equal bytes, equal requests: the encoding is deterministic.
+impl PartialEq for RaftRequest {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl Eq for RaftRequest {}
+
+impl fmt::Debug for RaftRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.request.get() {
+            Some(request) => f.debug_tuple("RaftRequest").field(request).finish(),
+            None => write!(f, "RaftRequest({} bytes, not decoded)", self.bytes.len()),
+        }
+    }
+}
+
+impl fmt::Display for RaftRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.request.get() {
+            Some(request) => write!(f, "{:?}@{}", std::mem::discriminant(&request.command), request.ts),
+            None => write!(f, "command of {} bytes", self.bytes.len()),
+        }
+    }
+}
+
+/// openraft asks its payloads for serde; corral never serializes one (the log stores, and the
+/// wire carries, [`RaftRequest::bytes`]). Written as those bytes.
 impl Serialize for RaftRequest {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let bytes = codec::command_to_bytes(&self.0);
-        if serializer.is_human_readable() {
-            // JSON would spell bytes as an array of numbers (~3.5x); base64 is 1.33x.
-            serializer.serialize_str(&base64::encode(&bytes))
-        } else {
-            serializer.serialize_bytes(&bytes)
-        }
+        serializer.serialize_bytes(&self.bytes)
     }
 }
 
 impl<'de> Deserialize<'de> for RaftRequest {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let bytes = serde_bytes_like::deserialize(deserializer)?;
+        RaftRequest::received(Bytes::from(bytes)).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Bytes from a serde format: as bytes, or as a sequence of numbers (JSON).
+mod serde_bytes_like {
+    use serde::Deserializer;
+    use std::fmt;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
         struct BytesVisitor;
         impl<'de> serde::de::Visitor<'de> for BytesVisitor {
             type Value = Vec<u8>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("protobuf-encoded command bytes")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Vec<u8>, E> {
-                base64::decode(v).map_err(E::custom)
             }
             fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
                 Ok(v.to_vec())
@@ -62,108 +129,24 @@ impl<'de> Deserialize<'de> for RaftRequest {
                 Ok(v)
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
                 while let Some(b) = seq.next_element::<u8>()? {
                     out.push(b);
                 }
                 Ok(out)
             }
         }
-        let bytes = if deserializer.is_human_readable() {
-            deserializer.deserialize_any(BytesVisitor)?
-        } else {
-            deserializer.deserialize_bytes(BytesVisitor)?
-        };
-        codec::command_from_bytes(&bytes).map(RaftRequest).map_err(serde::de::Error::custom)
+        deserializer.deserialize_bytes(BytesVisitor)
     }
 }
 
 impl crate::log_store::PayloadCodec for RaftRequest {
-    fn encode_payload(&self) -> Vec<u8> {
-        codec::command_to_bytes(&self.0)
+    fn encode_payload(&self) -> Bytes {
+        self.bytes.clone()
     }
 
-    fn decode_payload(bytes: &[u8]) -> Result<Self, std::io::Error> {
-        codec::command_from_bytes(bytes)
-            .map(RaftRequest)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-    }
-}
-
-/// Standard base64 (RFC 4648, padded), for command bytes inside JSON Raft messages.
-mod base64 {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-    pub fn encode(input: &[u8]) -> String {
-        let mut out = String::with_capacity(input.len().div_ceil(3) * 4);
-        for chunk in input.chunks(3) {
-            let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-            for i in 0..4 {
-                if i <= chunk.len() {
-                    out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-                } else {
-                    out.push('=');
-                }
-            }
-        }
-        out
-    }
-
-    pub fn decode(input: &str) -> Result<Vec<u8>, String> {
-        let bytes = input.as_bytes();
-        if !bytes.len().is_multiple_of(4) {
-            return Err("base64 length is not a multiple of 4".into());
-        }
-        let value = |c: u8| -> Result<u32, String> {
-            match c {
-                b'A'..=b'Z' => Ok(u32::from(c - b'A')),
-                b'a'..=b'z' => Ok(u32::from(c - b'a') + 26),
-                b'0'..=b'9' => Ok(u32::from(c - b'0') + 52),
-                b'+' => Ok(62),
-                b'/' => Ok(63),
-                _ => Err(format!("invalid base64 byte {c:#x}")),
-            }
-        };
-        let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
-        for (i, quad) in bytes.chunks(4).enumerate() {
-            let last = i + 1 == bytes.len() / 4;
-            let pad = quad.iter().rev().take_while(|c| **c == b'=').count();
-            if pad > 2 || (pad > 0 && !last) {
-                return Err("misplaced base64 padding".into());
-            }
-            let mut n = 0u32;
-            for (j, c) in quad.iter().enumerate() {
-                n <<= 6;
-                if j < 4 - pad {
-                    n |= value(*c)?;
-                }
-            }
-            out.push((n >> 16) as u8);
-            if pad < 2 {
-                out.push((n >> 8) as u8);
-            }
-            if pad < 1 {
-                out.push(n as u8);
-            }
-        }
-        Ok(out)
-    }
-
-    #[cfg(test)]
-    mod tests {
-        #[test]
-        fn round_trips_every_length() {
-            for len in 0..64usize {
-                let data: Vec<u8> = (0..len).map(|i| (i * 37 + 11) as u8).collect();
-                assert_eq!(super::decode(&super::encode(&data)).unwrap(), data, "len {len}");
-            }
-            assert_eq!(super::encode(b"foobar"), "Zm9vYmFy");
-            assert_eq!(super::encode(b"fo"), "Zm8=");
-            assert!(super::decode("Zm9").is_err());
-            assert!(super::decode("Zm=v").is_err());
-            assert!(super::decode("Z!9v").is_err());
-        }
+    fn decode_payload(bytes: Bytes) -> Result<Self, std::io::Error> {
+        Ok(RaftRequest::stored(bytes))
     }
 }
 
@@ -173,16 +156,23 @@ mod tests {
     use corral_core::{Command, Request};
     use corral_types::Timestamp;
 
+    /// A proposed request carries its encoding; a stored one decodes when asked, once; bytes
+    /// that do not decode are refused on receipt and reported when a stored one is asked for.
     #[test]
-    fn requests_survive_json_as_base64() {
-        let request = RaftRequest(Request { ts: Timestamp(42), command: Command::Noop });
-        let json = serde_json::to_string(&request).unwrap();
-        assert!(json.starts_with('"'), "a string, not an array of numbers: {json}");
-        let back: RaftRequest = serde_json::from_str(&json).unwrap();
-        assert_eq!(back, request);
-        // Older messages spelled the bytes as an array: still readable.
-        let bytes = codec::command_to_bytes(&request.0);
-        let legacy = serde_json::to_string(&bytes).unwrap();
-        assert_eq!(serde_json::from_str::<RaftRequest>(&legacy).unwrap(), request);
+    fn a_request_is_encoded_once_and_decoded_when_needed() {
+        let request = Request { ts: Timestamp(42), command: Command::CancelJob { job_id: 7, reason: "r".into() } };
+        let proposed = RaftRequest::new(request.clone());
+        assert_eq!(proposed.bytes().as_ref(), codec::command_to_bytes(&request).as_slice());
+        let stored = RaftRequest::stored(proposed.bytes().clone());
+        assert_eq!(stored.bytes().as_ptr(), proposed.bytes().as_ptr(), "the bytes are shared, not copied");
+        assert!(format!("{stored:?}").contains("not decoded"));
+        assert_eq!(stored.request().expect("decodes"), &request);
+        assert!(std::ptr::eq(stored.request().expect("decoded"), stored.clone().request().expect("decoded")));
+        assert_eq!(stored, proposed);
+        assert!(RaftRequest::received(Bytes::from_static(&[0xff, 0xff])).is_err());
+        assert!(RaftRequest::stored(Bytes::from_static(&[0xff, 0xff])).request().is_err());
+        // serde (which openraft asks for) writes the bytes and reads them back.
+        let json = serde_json::to_vec(&proposed).expect("serialize");
+        assert_eq!(serde_json::from_slice::<RaftRequest>(&json).expect("deserialize"), proposed);
     }
 }

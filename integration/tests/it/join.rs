@@ -237,13 +237,7 @@ fn a_peer_without_a_certificate_reaches_only_the_join_service() {
             ),
             ("cluster admin", refusal(admin.status(pb::ClusterStatusRequest::default()).await)),
             ("cluster admin", refusal(admin.create_join_token(pb::CreateJoinTokenRequest { ttl_ms: 60_000 }).await)),
-            (
-                "raft",
-                refusal(
-                    raft.append_entries(corral_proto::raft::RaftMessage { data: b"{}".to_vec(), chunk: Vec::new() })
-                        .await,
-                ),
-            ),
+            ("raft", refusal(raft.append_entries(corral_proto::raft::AppendEntriesRequest::default()).await)),
             // The join service answers, and refuses what is not a valid token.
             ("join", refusal(join.join(pb::JoinNodeRequest { secret: "guess".into(), csr: vec![1, 2, 3] }).await)),
         ]

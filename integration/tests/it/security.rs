@@ -197,7 +197,7 @@ fn certificates_are_checked_on_every_connection_and_denials_are_audited() {
         let channel = channel(&s.certs, Some("worker-w1"), &addr).await?;
         let mut client = corral_proto::raft::raft_client::RaftClient::new(channel);
         client
-            .append_entries(corral_proto::raft::RaftMessage { data: b"{}".to_vec(), chunk: Vec::new() })
+            .append_entries(corral_proto::raft::AppendEntriesRequest::default())
             .await
             .map(|_| ())
             .map_err(|status| format!("{:?}: {}", status.code(), status.message()))

@@ -47,6 +47,7 @@ use openraft::StorageError;
 use openraft::StorageIOError;
 use openraft::StoredMembership;
 use openraft::Vote;
+use prost::bytes::Bytes;
 use serde::Deserialize;
 use serde::Serialize;
 use tempfile::TempDir;
@@ -56,11 +57,11 @@ use tempfile::TempDir;
 pub struct Req(pub String);
 
 impl PayloadCodec for Req {
-    fn encode_payload(&self) -> Vec<u8> {
-        self.0.as_bytes().to_vec()
+    fn encode_payload(&self) -> Bytes {
+        Bytes::from(self.0.clone().into_bytes())
     }
 
-    fn decode_payload(bytes: &[u8]) -> Result<Self, io::Error> {
+    fn decode_payload(bytes: Bytes) -> Result<Self, io::Error> {
         String::from_utf8(bytes.to_vec()).map(Req).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }
 }
