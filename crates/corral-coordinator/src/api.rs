@@ -26,43 +26,56 @@ pub(crate) struct Api {
 }
 
 impl Api {
-    /// The job `job_id`, or task `array_index` of array `job_id`.
-    fn resolve(&self, job_id: u64, array_index: Option<u32>) -> Result<Target, CoordError> {
-        let Some(index) = array_index else { return self.job(job_id).map(Target::Job) };
+    /// The job `job_id`, or task `array_index` of array `job_id`, once `who` may `action` it:
+    /// the job's owner (for a task, its array's) is checked before anything about the task is
+    /// looked up. Bound: O(log jobs) under the state's read lock, plus O(ranges) of the array
+    /// (at most `MAX_ARRAY_RANGES`) without it, and a read of the history for a job that left
+    /// the hot state; a job's copy shares its script, environment and command.
+    fn resolve<T>(
+        &self,
+        request: &Request<T>,
+        action: &str,
+        who: &Principal,
+        job_id: u64,
+        array_index: Option<u32>,
+    ) -> Result<Target, Status> {
+        let owned = |job: &Job| self.coord.require_owner(request, action, action, who, job);
+        let not_an_array = |index: u32| {
+            CoordError::InvalidArgument(format!("job {job_id} is not an array: write {job_id}, not {job_id}_{index}"))
+        };
+        let Some(index) = array_index else {
+            let job = self.job(job_id)?;
+            owned(&job)?;
+            return Ok(Target::Job(job));
+        };
         let store = &self.coord.inner.node.state;
-        let data = store.read();
-        let Some(array) = data.state.jobs.get(&job_id) else {
-            drop(data);
+        let hot = store.read().state.jobs.get(&job_id).cloned();
+        let Some(array) = hot else {
             // An array that ended long ago: it and its tasks are in the history.
             let array =
                 store.archived_job(job_id).ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))?;
+            owned(&array)?;
             if array.spec.array.is_none() {
-                return Err(CoordError::InvalidArgument(format!(
-                    "job {job_id} is not an array: write {job_id}, not {job_id}_{index}"
-                )));
+                return Err(not_an_array(index).into());
             }
             return store.archived_task(job_id, index).map(Target::Job).ok_or_else(|| {
                 CoordError::NotFound(format!("array {job_id} ended without a task {index} (or it left the history)"))
+                    .into()
             });
         };
-        let Some(spec) = &array.spec.array else {
-            return Err(CoordError::InvalidArgument(format!(
-                "job {job_id} is not an array: write {job_id}, not {job_id}_{index}"
-            )));
+        owned(&array)?;
+        let Some(spec) = &array.spec.array else { return Err(not_an_array(index).into()) };
+        let task = {
+            let data = store.read();
+            data.state.array_task(job_id, index).and_then(|task| data.state.jobs.get(&task).cloned())
         };
-        if let Some(task) = data.state.array_task(job_id, index) {
-            return data
-                .state
-                .jobs
-                .get(&task)
-                .cloned()
-                .map(Target::Job)
-                .ok_or_else(|| CoordError::NotFound(format!("job {task} not found")));
+        if let Some(task) = task {
+            return Ok(Target::Job(task));
         }
-        if !(0..spec.len()).any(|n| spec.index_at(n) == Some(index)) {
-            return Err(CoordError::NotFound(format!("array {job_id} has no task {index}")));
+        if !spec.contains(index) {
+            return Err(CoordError::NotFound(format!("array {job_id} has no task {index}")).into());
         }
-        Ok(Target::Uncreated { array: array.clone(), index })
+        Ok(Target::Uncreated { array, index })
     }
 
     /// Job `job_id`, from the hot state or else the history of finished jobs.
@@ -71,7 +84,8 @@ impl Api {
     }
 
     /// The spec as `who` may submit it: a tenant submits only as itself (an empty tenant becomes
-    /// the token's tenant, or `default` for an admin).
+    /// the token's tenant, or `default` for an admin), and a job array only within this
+    /// coordinator's `[limits]` (checked once the tenant is, in O(ranges)).
     fn own_spec<T>(&self, request: &Request<T>, who: &Principal, mut spec: JobSpec) -> Result<JobSpec, Status> {
         if spec.tenant.is_empty() {
             spec.tenant = who.tenant().unwrap_or("default").to_string();
@@ -87,6 +101,9 @@ impl Api {
                     spec.tenant
                 )),
             ));
+        }
+        if let Some(array) = &mut spec.array {
+            self.coord.inner.config.array_limits.admit(array).map_err(|e| Status::invalid_argument(e.to_string()))?;
         }
         Ok(spec)
     }
@@ -227,6 +244,9 @@ fn watch_job(coord: Coordinator, job_id: u64, term: u64) -> tokio::sync::mpsc::R
 
 #[tonic::async_trait]
 impl Corral for Api {
+    /// Bound: the request (at most `MAX_USER_MESSAGE_BYTES`) and its spec's checks, linear in
+    /// the spec's size (`JobSpec::validate`'s limits); an array is one record plus at most its
+    /// window of tasks, each sharing the spec's script, environment and command.
     async fn submit(&self, request: Request<pb::SubmitRequest>) -> Result<Response<pb::SubmitResponse>, Status> {
         let who = self.coord.principal(&request, "submit")?;
         let spec = request.get_ref().spec.clone().ok_or_else(|| Status::invalid_argument("missing job spec"))?;
@@ -289,21 +309,20 @@ impl Corral for Api {
         Ok(Response::new(pb::SubmitBatchResponse { results }))
     }
 
+    /// Bound: `resolve`'s, and the reply's encoding (one job).
     async fn get_job(&self, request: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
         self.coord.linearizable().await?;
         let who = self.coord.principal(&request, "show")?;
         let req = request.get_ref();
-        let job = match self.resolve(req.job_id, req.array_index)? {
+        let job = match self.resolve(&request, "show", &who, req.job_id, req.array_index)? {
             Target::Job(job) => job,
             Target::Uncreated { array, index } => {
-                self.coord.require_owner(&request, "show", "show", &who, &array)?;
                 return Err(Status::not_found(format!(
                     "task {}_{index} was not created yet: it waits in array {} (corral show {})",
                     array.id, array.id, array.id
                 )));
             }
         };
-        self.coord.require_owner(&request, "show", "show", &who, &job)?;
         let reasons = self.coord.inner.pending_reasons.lock().unwrap_or_else(|p| p.into_inner());
         Ok(Response::new(job_reply(&job, &reasons)))
     }
@@ -335,13 +354,14 @@ impl Corral for Api {
         Ok(Response::new(pb::ListJobsResponse { jobs, next_page_token }))
     }
 
+    /// Bound: `resolve`'s, and one proposal whose apply costs O(ranges + log jobs) for a task,
+    /// or the array's unfinished tasks (at most its window) for an array.
     async fn cancel_job(&self, request: Request<pb::CancelJobRequest>) -> Result<Response<pb::Job>, Status> {
         let who = self.coord.principal(&request, "cancel")?;
         let req = request.get_ref();
-        let job = match self.resolve(req.job_id, req.array_index)? {
+        let job = match self.resolve(&request, "cancel", &who, req.job_id, req.array_index)? {
             Target::Job(job) => job,
             Target::Uncreated { array, index } => {
-                self.coord.require_owner(&request, "cancel", "cancel", &who, &array)?;
                 let command = Command::CancelArrayTask { array: array.id, index, reason: "cancelled by user".into() };
                 return match self.coord.propose(command).await? {
                     Outcome::Job(job) => Ok(Response::new((&*job).into())),
@@ -350,7 +370,6 @@ impl Corral for Api {
             }
         };
         let job_id = job.id;
-        self.coord.require_owner(&request, "cancel", "cancel", &who, &job)?;
         if job.state.is_terminal() {
             // Nothing to stop (and a job in the history is no longer in the state machine).
             return Ok(Response::new((&job).into()));
@@ -595,7 +614,7 @@ impl Corral for Api {
             )));
         }
         let who = self.coord.principal(&request, action)?;
-        let job = match self.resolve(req.job_id, req.array_index)? {
+        let job = match self.resolve(&request, action, &who, req.job_id, req.array_index)? {
             Target::Job(job) => job,
             Target::Uncreated { array, index } => {
                 return Err(Status::failed_precondition(format!(
@@ -604,7 +623,6 @@ impl Corral for Api {
                 )))
             }
         };
-        self.coord.require_owner(&request, action, action, &who, &job)?;
         if job.state.is_terminal() && !self.coord.inner.node.state.read().state.jobs.contains_key(&job.id) {
             return Err(Status::failed_precondition(format!(
                 "job {} ended ({}) and is in the history: it can no longer be changed",

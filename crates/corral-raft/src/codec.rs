@@ -96,8 +96,8 @@ impl From<&JobSpec> for pb::JobSpec {
             memory_bytes: s.memory_bytes,
             time_limit_secs: s.time_limit_secs,
             image: s.image.clone(),
-            command: s.command.clone(),
-            env: s.env.clone(),
+            command: s.command.to_vec(),
+            env: (*s.env).clone(),
             sched: (s.sched != SchedOptions::default()).then_some(pb::SchedOptions {
                 gpus_per_node: s.sched.gpus_per_node,
                 rdma: s.sched.rdma,
@@ -116,7 +116,7 @@ impl From<&JobSpec> for pb::JobSpec {
                 hold: s.sched.hold,
             }),
             workdir: s.workdir.clone(),
-            script: s.script.clone(),
+            script: s.script.as_deref().map(String::from),
             stdout_path: s.stdout_path.clone(),
             stderr_path: s.stderr_path.clone(),
             array: s.array.as_ref().map(|a| pb::ArraySpec {
@@ -144,8 +144,8 @@ impl TryFrom<pb::JobSpec> for JobSpec {
             memory_bytes: s.memory_bytes,
             time_limit_secs: s.time_limit_secs,
             image: s.image,
-            command: s.command,
-            env: s.env,
+            command: s.command.into(),
+            env: s.env.into(),
             sched: s
                 .sched
                 .map(|o| -> Result<SchedOptions, CodecError> {
@@ -169,7 +169,7 @@ impl TryFrom<pb::JobSpec> for JobSpec {
                 .transpose()?
                 .unwrap_or_default(),
             workdir: s.workdir,
-            script: s.script,
+            script: s.script.map(Into::into),
             stdout_path: s.stdout_path,
             stderr_path: s.stderr_path,
             array: s.array.map(|a| ArraySpec {
@@ -1577,8 +1577,8 @@ mod tests {
             memory_bytes: 1 << 30,
             time_limit_secs: Some(60),
             image: None,
-            command: vec!["sh".into(), "-c".into(), "echo hi".into()],
-            env: [("A".to_string(), "1".to_string())].into(),
+            command: vec!["sh".into(), "-c".into(), "echo hi".into()].into(),
+            env: std::sync::Arc::new([("A".to_string(), "1".to_string())].into()),
             sched: SchedOptions {
                 gpus_per_node: None,
                 rdma: true,
@@ -1626,7 +1626,7 @@ mod tests {
     fn unchanged_jobs_are_not_encoded_again() {
         let mut state = State::default();
         state.apply(&Request { ts: Timestamp(1), command: Command::Configure(ClusterConfig::dev_defaults()) }).unwrap();
-        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()], ..Default::default() };
+        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()].into(), ..Default::default() };
         let jobs = (0..3).map(|i| (format!("r{i}"), spec.clone())).collect();
         state.apply(&Request { ts: Timestamp(2), command: Command::SubmitJobs { jobs } }).unwrap();
         let mut cache = JobEncodings::default();
@@ -1812,7 +1812,7 @@ mod tests {
         // A gang whose parts ended apart keeps how each ended (a lost node has no report).
         let job = Job {
             id: 1,
-            spec: JobSpec { name: "g".into(), command: vec!["true".into()], ..JobSpec::default() },
+            spec: JobSpec { name: "g".into(), command: vec!["true".into()].into(), ..JobSpec::default() },
             state: JobState::Running,
             request_id: "r".into(),
             submitted_at: Timestamp(1),
@@ -1887,7 +1887,7 @@ mod tests {
             tenant: "team-a".into(),
             priority_class: "preemptible".into(),
             gpu_slice: Some(GpuSlice::Mps { thread_percent: 50, memory_mib: None }),
-            command: vec!["true".into()],
+            command: vec!["true".into()].into(),
             ..JobSpec::default()
         };
         apply(&mut state, 3, Command::SubmitJob { request_id: "a".into(), spec: low.clone() }).unwrap();
