@@ -338,11 +338,13 @@ impl Default for ArrayLimits {
 }
 
 impl ArrayLimits {
-    /// Checks `array` against these limits (after `ArraySpec::validate`), each refusal one
-    /// line naming the limit; an array without `%N` gets `max_window` when that is less than
-    /// `DEFAULT_ARRAY_WINDOW`. O(ranges).
+    /// Checks `array` against these limits, once normalized (`ArraySpec::normalize`: a client
+    /// may send its ranges as written) and valid (`ArraySpec::validate`), each refusal one line
+    /// naming the limit; an array without `%N` gets `max_window` when that is less than
+    /// `DEFAULT_ARRAY_WINDOW`. O(r log r) for the r ranges sent, at most `MAX_ARRAY_TASKS`.
     pub fn admit(&self, array: &mut ArraySpec) -> Result<(), JobSpecError> {
         let refuse = |reason: String| JobSpecError::Invalid { field: "array".into(), reason };
+        array.normalize().map_err(refuse)?;
         array.validate().map_err(refuse)?;
         match array.max_running {
             Some(n) if n > self.max_window => {
@@ -1054,18 +1056,33 @@ mod tests {
         let mut default = ArraySpec::parse("0-99999").unwrap();
         ArrayLimits::default().admit(&mut default).unwrap();
         assert_eq!(default.max_running, None, "the default window needs no %N");
-        // What did not come through `parse` is checked all the same.
-        let mut overlapping = ArraySpec {
-            ranges: vec![ArrayRange { first: 0, last: 9, step: 1 }, ArrayRange { first: 9, last: 9, step: 1 }],
+        // What did not come through `parse` is put in its form, and checked all the same.
+        let range = |first, last, step| ArrayRange { first, last, step };
+        let mut as_written = ArraySpec {
+            ranges: vec![range(9, 9, 1), range(12, 22, 4), range(4000, 4000, 7), range(1, 3, 1), range(0, 0, 1)],
             max_running: None,
         };
+        limits.admit(&mut as_written).unwrap();
+        assert_eq!(as_written.ranges, vec![range(0, 3, 1), range(9, 9, 1), range(12, 20, 4), range(4000, 4000, 1)]);
+        let mut overlapping = ArraySpec { ranges: vec![range(0, 9, 1), range(9, 9, 1)], max_running: None };
         let e = limits.admit(&mut overlapping).unwrap_err().to_string();
         assert!(e.starts_with("invalid array: 0-9 and 9 overlap"), "{e}");
-        let mut big = ArraySpec {
-            ranges: vec![ArrayRange { first: 0, last: 0, step: 1 }; MAX_ARRAY_RANGES + 1],
+        let singles =
+            |n: u32| ArraySpec { ranges: (0..n).map(|i| range(i * 3, i * 3, 1)).collect(), max_running: None };
+        let mut merged = singles(20_000);
+        ArrayLimits::default().admit(&mut merged).unwrap();
+        assert_eq!(merged.ranges, vec![range(0, 59_997, 3)], "20000 single indices evenly spaced: one range");
+        let mut apart = ArraySpec {
+            ranges: (0..MAX_ARRAY_RANGES as u32 + 1)
+                .map(|i| range(i * 10 + (i % 2) * 3, i * 10 + (i % 2) * 3, 1))
+                .collect(),
             max_running: None,
         };
-        assert!(limits.admit(&mut big).unwrap_err().to_string().contains("4097 ranges, at most 4096"));
+        assert!(limits.admit(&mut apart).unwrap_err().to_string().contains("4097 ranges even once"));
+        let mut too_many = singles(MAX_ARRAY_TASKS + 1);
+        assert!(limits.admit(&mut too_many).unwrap_err().to_string().contains("more than an array may have tasks"));
+        let big = ArraySpec { ranges: vec![range(0, 0, 1); MAX_ARRAY_RANGES + 1], max_running: None };
+        assert!(big.validate().unwrap_err().contains("4097 ranges, at most 4096"));
         let mut window = ArraySpec::parse("0-9").unwrap();
         window.max_running = Some(MAX_ARRAY_WINDOW + 1);
         assert_eq!(window.window(), MAX_ARRAY_WINDOW, "an earlier version's record runs within the cap");

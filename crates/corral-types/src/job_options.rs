@@ -79,18 +79,40 @@ impl ArraySpec {
             if first > last {
                 return Err(err(&format!("range {first}-{last} runs backwards")));
             }
+            ranges.push(ArrayRange { first, last, step });
+        }
+        let mut spec = ArraySpec { ranges, max_running };
+        spec.normalize().map_err(|why| err(&why))?;
+        Ok(spec)
+    }
+
+    /// Puts ranges as written (or as a client sent them) in the form `parse` gives: each range
+    /// ends on one of its indices, a single index has step 1, ranges sorted and merged into as
+    /// few as they allow. Refuses a backward range or zero step, an index listed twice or
+    /// ranges that overlap, and more than `MAX_ARRAY_RANGES` ranges once merged; more ranges
+    /// than an array may have tasks are refused before any work. O(r log r) for r ranges.
+    pub fn normalize(&mut self) -> Result<(), String> {
+        if self.ranges.len() > MAX_ARRAY_TASKS as usize {
+            return Err(format!("{} ranges, more than an array may have tasks", self.ranges.len()));
+        }
+        for r in &mut self.ranges {
+            if r.step == 0 || r.first > r.last {
+                return Err(format!("bad range {}-{}:{}", r.first, r.last, r.step));
+            }
             // The range as its indices are: `0-10:4` is `0-8:4`, a single index has step 1.
-            let last = first + (last - first) / step * step;
-            ranges.push(ArrayRange { first, last, step: if first == last { 1 } else { step } });
+            r.last = r.first + (r.last - r.first) / r.step * r.step;
+            if r.first == r.last {
+                r.step = 1;
+            }
         }
-        let ranges = merged(ranges).map_err(|why| err(&why))?;
-        if ranges.len() > MAX_ARRAY_RANGES {
-            return Err(err(&format!(
+        self.ranges = merged(std::mem::take(&mut self.ranges))?;
+        if self.ranges.len() > MAX_ARRAY_RANGES {
+            return Err(format!(
                 "{} ranges even once consecutive and evenly spaced indices are merged, at most {MAX_ARRAY_RANGES}",
-                ranges.len()
-            )));
+                self.ranges.len()
+            ));
         }
-        Ok(ArraySpec { ranges, max_running })
+        Ok(())
     }
 }
 
