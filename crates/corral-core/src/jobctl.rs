@@ -354,6 +354,8 @@ impl State {
         Ok(Outcome::Job(Box::new(self.jobs[&job_id].clone())))
     }
 
+    /// Updates a pending job, or an array and its pending tasks. O(spec) for the array and for
+    /// its tasks' shared spec, and O(log jobs) per task (at most the array's window).
     pub(crate) fn update_job(&mut self, job_id: JobId, update: &JobUpdate, admin: bool) -> Response {
         let job = self.jobs.get(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
         if !controllable_while_pending(job) {
@@ -369,7 +371,10 @@ impl State {
         }
         // Check every change first: the update applies to all or none. An array's own index set
         // does not change and is not checked again (an earlier version's record may not pass).
+        // An array's tasks share one spec: it is checked once, not once per task (comparing
+        // specs that share their large parts compares the small ones).
         let mut specs = Vec::new();
+        let mut last_checked: Option<(JobSpec, JobSpec)> = None;
         for id in &ids {
             let job = &self.jobs[id];
             let mut spec = JobSpec { array: None, ..job.spec.clone() };
@@ -393,7 +398,14 @@ impl State {
             if let Some(name) = &update.name {
                 spec.name = name.clone();
             }
-            let mut checked = self.check_submit(&spec)?;
+            let mut checked = match &last_checked {
+                Some((asked, checked)) if *asked == spec => checked.clone(),
+                _ => {
+                    let checked = self.check_submit(&spec)?;
+                    last_checked = Some((spec, checked.clone()));
+                    checked
+                }
+            };
             checked.array = job.spec.array.clone();
             specs.push((*id, checked));
         }

@@ -6,7 +6,7 @@
 //! Memory is measured by counting what this thread allocates (a counting global allocator),
 //! not by timing anything.
 
-use corral_core::{ClusterConfig, Command, Outcome, Request, State};
+use corral_core::{ClusterConfig, Command, JobUpdate, Outcome, Request, State};
 use corral_types::{
     ArrayRange, ArraySpec, JobId, JobSpec, JobState, Timestamp, MAX_ARGS, MAX_ARRAY_RANGES, MAX_ARRAY_TASKS,
     MAX_ARRAY_WINDOW, MAX_COMMAND_BYTES, MAX_ENV_BYTES, MAX_ENV_VARS, MAX_SCRIPT_BYTES,
@@ -138,6 +138,18 @@ fn the_largest_array_applies_in_memory_of_a_small_record_per_task() {
     }
     // The array's tasks not created yet count as pending jobs of its tenant.
     assert_eq!(state.pending_count_of("default"), u64::from(MAX_ARRAY_TASKS));
+    // An update of the array and its pending tasks keeps them sharing one copy.
+    let update = JobUpdate { name: Some("renamed".into()), ..JobUpdate::default() };
+    let (grown, _) =
+        growth(|| state.apply(&at(20, Command::UpdateJob { job_id: array, update, admin: true })).expect("update"));
+    println!("renaming it and its {MAX_ARRAY_WINDOW} tasks: state grew {grown} bytes");
+    assert!(grown < i64::from(MAX_ARRAY_WINDOW) * 1024, "{grown} bytes");
+    let array_spec = &state.jobs[&array].spec;
+    for task in state.array_tasks(array) {
+        let spec = &state.jobs[&task].spec;
+        assert_eq!(spec.name, "renamed");
+        assert!(std::sync::Arc::ptr_eq(spec.script.as_ref().unwrap(), array_spec.script.as_ref().unwrap()));
+    }
 }
 
 /// Lookups and cancels of tasks of an index set with the most ranges, created or not, answer
