@@ -17,7 +17,7 @@ pub fn trivial_job(name: &str) -> corral_types::JobSpec {
     corral_types::JobSpec {
         name: name.to_string(),
         tenant: "default".into(),
-        command: vec!["true".into()],
+        command: vec!["true".into()].into(),
         ..Default::default()
     }
 }

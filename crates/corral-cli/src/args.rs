@@ -458,6 +458,13 @@ pub struct JobFlags {
     #[arg(long = "stderr", value_name = "PATTERN")]
     pub stderr: Option<String>,
     /// A job array: task indices and at most how many run at once (0-999%16, 1,3,5-9, 0-15:4).
+    ///
+    /// Each index once (0,0 and overlapping ranges are refused), from 0 to 99999, in at most
+    /// 4096 ranges once consecutive and evenly spaced indices are merged (0,1,2,3 is 0-3). %N
+    /// caps how many tasks are pending or running at once (at most 10000; without it, 1024).
+    /// A pool may admit less: its coordinators' limits.max-array-window (default 1024) and
+    /// limits.max-array-size (default 100000 tasks). Every task not started yet counts against
+    /// the tenant's max-pending-jobs.
     #[arg(long, value_name = "SPEC")]
     pub array: Option<String>,
     /// Start only after other jobs: afterok:ID[:ID...], afterany:ID, afternotok:ID, singleton

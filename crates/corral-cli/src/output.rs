@@ -230,9 +230,7 @@ fn pending_indices(array: &Job, jobs: &[Job]) -> Vec<u32> {
     if let (Some(spec), Some(progress)) = (&array.spec.array, &array.array_progress) {
         if !array.state.is_terminal() && !array.cancel_requested {
             indices.extend(
-                (u64::from(progress.created)..spec.len())
-                    .filter_map(|n| spec.index_at(n))
-                    .filter(|i| !progress.skipped.contains(i)),
+                spec.indices_from(u64::from(progress.created)).filter(|i| progress.skipped.binary_search(i).is_err()),
             );
         }
     }

@@ -197,8 +197,12 @@ mod tests {
     use corral_types::{Allocation, JobSpec};
 
     fn job(id: u64, tenant: &str, state: JobState, gpus: Vec<u32>) -> Job {
-        let spec =
-            JobSpec { name: "j".into(), tenant: tenant.into(), command: vec!["true".into()], ..Default::default() };
+        let spec = JobSpec {
+            name: "j".into(),
+            tenant: tenant.into(),
+            command: vec!["true".into()].into(),
+            ..Default::default()
+        };
         let allocation =
             (!gpus.is_empty()).then(|| Allocation { node: "n1".into(), gpus, epoch: 1, ..Default::default() });
         Job {

@@ -6,7 +6,7 @@ use crate::{Coordinator, CoordinatorConfig, SecurityConfig};
 use anyhow::{bail, Context};
 use corral_raft::{RaftNode, RaftNodeConfig};
 use corral_security::TlsFiles;
-use corral_types::{describe_config_error, ConfigDuration};
+use corral_types::{describe_config_error, ArrayLimits, ConfigDuration, MAX_ARRAY_TASKS, MAX_ARRAY_WINDOW};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -46,7 +46,7 @@ pub struct CoordinatorFile {
     pub limits: LimitsSection,
 }
 
-/// The `[limits]` section: backpressure on clients.
+/// The `[limits]` section: backpressure on clients, and what one submit may ask for.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct LimitsSection {
@@ -54,11 +54,21 @@ pub struct LimitsSection {
     /// batches); past it submits are refused with RESOURCE_EXHAUSTED and a retry-after, which
     /// corral's client honours (default 100000).
     pub max_queued_submits: usize,
+    /// Most tasks of a job array unfinished at once: a larger `%N` is refused, an array without
+    /// one gets this when it is less than 1024 (default 1024, at most `MAX_ARRAY_WINDOW`).
+    pub max_array_window: u32,
+    /// Most tasks of one job array (default and at most `MAX_ARRAY_TASKS`, 100000).
+    pub max_array_size: u32,
 }
 
 impl Default for LimitsSection {
     fn default() -> Self {
-        LimitsSection { max_queued_submits: crate::group_commit::DEFAULT_MAX_QUEUED_SUBMITS }
+        let arrays = ArrayLimits::default();
+        LimitsSection {
+            max_queued_submits: crate::group_commit::DEFAULT_MAX_QUEUED_SUBMITS,
+            max_array_window: arrays.max_window,
+            max_array_size: arrays.max_size,
+        }
     }
 }
 
@@ -377,6 +387,12 @@ impl CoordinatorFile {
         if self.limits.max_queued_submits == 0 {
             return Err("limits.max-queued-submits: must be greater than 0".into());
         }
+        if !(1..=MAX_ARRAY_WINDOW).contains(&self.limits.max_array_window) {
+            return Err(format!("limits.max-array-window: must be 1 to {MAX_ARRAY_WINDOW}"));
+        }
+        if !(1..=MAX_ARRAY_TASKS).contains(&self.limits.max_array_size) {
+            return Err(format!("limits.max-array-size: must be 1 to {MAX_ARRAY_TASKS}"));
+        }
         self.history.config()?;
         if let Some(tls) = &self.tls {
             tls.files().validate()?;
@@ -465,6 +481,10 @@ impl Coordinator {
             security,
             history,
             max_queued_submits: file.limits.max_queued_submits,
+            array_limits: ArrayLimits {
+                max_window: file.limits.max_array_window,
+                max_size: file.limits.max_array_size,
+            },
             ..Default::default()
         };
         Ok(Coordinator::new(node, config))
@@ -526,6 +546,14 @@ mod tests {
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[limits]\nmax-queued-submits = 0\n",
                 "limits.max-queued-submits: must be greater than 0",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[limits]\nmax-array-window = 10001\n",
+                "limits.max-array-window: must be 1 to 10000",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[limits]\nmax-array-size = 0\n",
+                "limits.max-array-size: must be 1 to 100000",
             ),
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[history]\njob-retention = \"soon\"\n",

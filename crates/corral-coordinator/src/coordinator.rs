@@ -49,6 +49,8 @@ pub struct CoordinatorConfig {
     /// Most jobs waiting to be proposed (queued submits and batches waiting for the Raft
     /// pipeline); further submits are refused with RESOURCE_EXHAUSTED and a retry-after.
     pub max_queued_submits: usize,
+    /// What a submit may ask of a job array (`[limits]` max-array-window, max-array-size).
+    pub array_limits: corral_types::ArrayLimits,
 }
 
 impl Default for CoordinatorConfig {
@@ -62,6 +64,7 @@ impl Default for CoordinatorConfig {
             security: SecurityConfig::default(),
             history: HistoryConfig::default(),
             max_queued_submits: group_commit::DEFAULT_MAX_QUEUED_SUBMITS,
+            array_limits: corral_types::ArrayLimits::default(),
         }
     }
 }

@@ -227,7 +227,7 @@ mod tests {
                 name: "g".into(),
                 tenant: "default".into(),
                 gpus: 4,
-                command: vec!["true".into()],
+                command: vec!["true".into()].into(),
                 sched: SchedOptions { gpus_per_node: Some(2), ..Default::default() },
                 ..Default::default()
             },

@@ -95,7 +95,8 @@ mod tests {
         assert_eq!(status.metadata().get(RETRY_AFTER_METADATA).and_then(|v| v.to_str().ok()), Some("250"));
         assert!(status.message().contains("retry after 250ms"), "{}", status.message());
         // A quota refusal is RESOURCE_EXHAUSTED too, but nothing to retry soon: no retry-after.
-        let quota = CoordError::Rejected(ApplyError::TooManyPendingJobs { tenant: "a".into(), pending: 1 });
+        let quota =
+            CoordError::Rejected(ApplyError::TooManyPendingJobs { tenant: "a".into(), pending: 1, adding: 1, max: 1 });
         assert!(tonic::Status::from(quota).metadata().get(RETRY_AFTER_METADATA).is_none());
     }
 }

@@ -32,11 +32,11 @@ pub(crate) const PAGE_BYTES: usize = 8 << 20;
 /// About how many bytes `job` takes on the wire (its variable-size parts plus a margin).
 fn job_bytes(job: &Job) -> usize {
     let spec = &job.spec;
-    let strings = [Some(&spec.name), spec.image.as_ref(), spec.workdir.as_ref(), spec.script.as_ref()]
+    let strings = [Some(spec.name.as_str()), spec.image.as_deref(), spec.workdir.as_deref(), spec.script.as_deref()]
         .into_iter()
-        .chain([spec.stdout_path.as_ref(), spec.stderr_path.as_ref(), job.reason.as_ref()])
+        .chain([spec.stdout_path.as_deref(), spec.stderr_path.as_deref(), job.reason.as_deref()])
         .flatten()
-        .map(String::len)
+        .map(str::len)
         .sum::<usize>();
     let command: usize = spec.command.iter().map(|c| c.len() + 2).sum();
     let env: usize = spec.env.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
@@ -343,7 +343,7 @@ mod tests {
     fn big_jobs_make_short_pages() {
         let big = |id| {
             let mut j = job(id, "a", "x", JobState::Pending);
-            j.spec.script = Some("#".repeat(1 << 20));
+            j.spec.script = Some("#".repeat(1 << 20).into());
             j
         };
         let state = state_of((1..=20).map(big).collect());

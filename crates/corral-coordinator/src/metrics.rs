@@ -272,7 +272,13 @@ mod tests {
     }
 
     fn spec(tenant: &str, gpus: u32) -> JobSpec {
-        JobSpec { name: "t".into(), tenant: tenant.into(), gpus, command: vec!["true".into()], ..Default::default() }
+        JobSpec {
+            name: "t".into(),
+            tenant: tenant.into(),
+            gpus,
+            command: vec!["true".into()].into(),
+            ..Default::default()
+        }
     }
 
     #[test]

@@ -138,7 +138,7 @@ mod tests {
             name: "t".into(),
             tenant: "team-a".into(),
             gpus: 1,
-            command: vec!["true".into()],
+            command: vec!["true".into()].into(),
             ..Default::default()
         };
         apply(&mut state, 2_000, Command::SubmitJob { request_id: "a".into(), spec });

@@ -74,45 +74,57 @@ impl Snapshot {
         self.find_job(job_id).ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))
     }
 
-    /// The job `job_id`, or task `array_index` of array `job_id` (from the hot state, or else
-    /// from the history).
-    pub(crate) fn resolve(&self, job_id: JobId, array_index: Option<u32>) -> Result<Target, CoordError> {
-        let Some(index) = array_index else { return self.job(job_id).map(Target::Job) };
-        let data = self.store.read();
-        let Some(array) = data.state.jobs.get(&job_id) else {
-            drop(data);
+    /// The job `job_id`, or task `array_index` of array `job_id`, once `owned` accepts it: the
+    /// job's owner (for a task, its array's) is checked before anything about the task is
+    /// looked up. Bound: O(log jobs) under the state's read lock, plus O(ranges) of the array
+    /// (at most `MAX_ARRAY_RANGES`), and a read of the history for a job that left the hot
+    /// state; a job's copy shares its script, environment and command.
+    pub(crate) fn resolve<E>(
+        &self,
+        job_id: JobId,
+        array_index: Option<u32>,
+        owned: impl Fn(&Job) -> Result<(), E>,
+    ) -> Result<Target, E>
+    where
+        E: From<CoordError>,
+    {
+        let not_an_array = |index: u32| {
+            CoordError::InvalidArgument(format!("job {job_id} is not an array: write {job_id}, not {job_id}_{index}"))
+        };
+        let Some(index) = array_index else {
+            let job = self.job(job_id)?;
+            owned(&job)?;
+            return Ok(Target::Job(job));
+        };
+        let hot = self.store.read().state.jobs.get(&job_id).cloned();
+        let Some(array) = hot else {
             // An array that ended long ago: it and its tasks are in the history.
             let array = self
                 .store
                 .archived_job(job_id)
                 .ok_or_else(|| CoordError::NotFound(format!("job {job_id} not found")))?;
+            owned(&array)?;
             if array.spec.array.is_none() {
-                return Err(CoordError::InvalidArgument(format!(
-                    "job {job_id} is not an array: write {job_id}, not {job_id}_{index}"
-                )));
+                return Err(not_an_array(index).into());
             }
             return self.store.archived_task(job_id, index).map(Target::Job).ok_or_else(|| {
                 CoordError::NotFound(format!("array {job_id} ended without a task {index} (or it left the history)"))
+                    .into()
             });
         };
-        let Some(spec) = &array.spec.array else {
-            return Err(CoordError::InvalidArgument(format!(
-                "job {job_id} is not an array: write {job_id}, not {job_id}_{index}"
-            )));
+        owned(&array)?;
+        let Some(spec) = &array.spec.array else { return Err(not_an_array(index).into()) };
+        let task = {
+            let data = self.store.read();
+            data.state.array_task(job_id, index).and_then(|task| data.state.jobs.get(&task).cloned())
         };
-        if let Some(task) = data.state.array_task(job_id, index) {
-            return data
-                .state
-                .jobs
-                .get(&task)
-                .cloned()
-                .map(Target::Job)
-                .ok_or_else(|| CoordError::NotFound(format!("job {task} not found")));
+        if let Some(task) = task {
+            return Ok(Target::Job(task));
         }
-        if !(0..spec.len()).any(|n| spec.index_at(n) == Some(index)) {
-            return Err(CoordError::NotFound(format!("array {job_id} has no task {index}")));
+        if !spec.contains(index) {
+            return Err(CoordError::NotFound(format!("array {job_id} has no task {index}")).into());
         }
-        Ok(Target::Uncreated { array: array.clone(), index })
+        Ok(Target::Uncreated { array, index })
     }
 
     /// Judges the dependencies of `spec` on jobs that already left the hot state (they ended

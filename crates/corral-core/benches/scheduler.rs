@@ -114,8 +114,8 @@ fn spec(rng: &mut Rng, preload: bool) -> JobSpec {
         memory_bytes: (4 + rng.below(60)) << 30,
         time_limit_secs,
         image: None,
-        command: vec!["train".into()],
-        env: BTreeMap::new(),
+        command: vec!["train".into()].into(),
+        env: Default::default(),
         sched: SchedOptions { gpus_per_node: per_node, rdma: rng.below(10) == 0, ..SchedOptions::default() },
         ..Default::default()
     }

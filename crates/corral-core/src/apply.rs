@@ -324,8 +324,11 @@ impl State {
         }
         let spec = self.check_submit(spec)?;
         if let Some(max) = self.config.tenant_policy(&spec.tenant).and_then(|p| p.max_pending_jobs) {
-            if self.pending_count_of(&spec.tenant) >= max as usize {
-                return Err(ApplyError::TooManyPendingJobs { tenant: spec.tenant, pending: max });
+            // An array counts as its tasks, created or not (as Slurm's MaxSubmitJobs does).
+            let adding = spec.array.as_ref().map_or(1, |a| a.len());
+            let pending = self.pending_count_of(&spec.tenant);
+            if pending + adding > u64::from(max) {
+                return Err(ApplyError::TooManyPendingJobs { tenant: spec.tenant, pending, adding, max });
             }
         }
         let waiting_on = self.dependencies_of(&spec)?;
@@ -901,7 +904,6 @@ pub(crate) mod tests {
     use super::*;
     use crate::{place, Placement, ScheduleOutcome};
     use corral_types::{GpuDevice, GpuSlice, NodeGpus};
-    use std::collections::BTreeMap;
 
     pub(crate) fn req(ts: u64, command: Command) -> Request {
         Request { ts: Timestamp(ts), command }
@@ -938,8 +940,8 @@ pub(crate) mod tests {
             memory_bytes: 1 << 30,
             time_limit_secs: None,
             image: None,
-            command: vec!["true".into()],
-            env: BTreeMap::new(),
+            command: vec!["true".into()].into(),
+            env: Default::default(),
             sched: Default::default(),
             ..Default::default()
         }

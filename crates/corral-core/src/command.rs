@@ -320,10 +320,10 @@ pub enum ApplyError {
     InvalidToken(String),
     #[error("{0}")]
     PolicyStrandsJobs(String),
-    #[error(
-        "tenant '{tenant}' has {pending} pending jobs, its limit (max-pending-jobs): wait for some to start or end"
-    )]
-    TooManyPendingJobs { tenant: String, pending: u32 },
+    /// `pending` jobs not started yet (see `State::pending_count_of`), `adding` more asked for
+    /// (an array's tasks), `max` allowed.
+    #[error("{}", too_many_pending(tenant, *pending, *adding, *max))]
+    TooManyPendingJobs { tenant: String, pending: u64, adding: u64, max: u32 },
     #[error("job asks for a time limit of {requested} but class '{class}' allows at most {max} (max-time)")]
     TimeAboveClassMax { class: String, requested: String, max: String },
     #[error("{0}")]
@@ -334,4 +334,18 @@ pub enum ApplyError {
     InvalidDependency(String),
     #[error("{0}")]
     JobControl(String),
+}
+
+/// The message of `ApplyError::TooManyPendingJobs`.
+fn too_many_pending(tenant: &str, pending: u64, adding: u64, max: u32) -> String {
+    if adding <= 1 {
+        return format!(
+            "tenant '{tenant}' has {pending} pending jobs, its limit (max-pending-jobs): wait for some to start or end"
+        );
+    }
+    format!(
+        "an array of {adding} tasks would give tenant '{tenant}' {} pending jobs, above its limit of {max} \
+         (max-pending-jobs counts each task not started yet): wait for some to start or end, or submit a smaller array",
+        pending + adding
+    )
 }

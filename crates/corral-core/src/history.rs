@@ -111,11 +111,7 @@ impl State {
             if moved.len() >= MAX_ARCHIVED_PER_COMPACTION {
                 break;
             }
-            let tasks: Vec<JobId> = if self.jobs[&id].is_array() {
-                self.index.array_tasks.range((id, 0)..=(id, u32::MAX)).map(|(_, task)| *task).collect()
-            } else {
-                Vec::new()
-            };
+            let tasks: Vec<JobId> = if self.jobs[&id].is_array() { self.array_tasks(id).collect() } else { Vec::new() };
             if tasks.iter().any(|t| self.jobs.get(t).is_some_and(|task| !task.state.is_terminal())) {
                 continue;
             }

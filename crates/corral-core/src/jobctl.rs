@@ -4,17 +4,27 @@
 //!
 //! Invariant: what follows from a job's change (its dependents, its array) is applied in the same
 //! command (`follow_up`), so every replica sees the same consequences at the same log index.
-//! Invariant: a job array holds at most `max_running` (else `ARRAY_WINDOW`) unfinished tasks; the
-//! others exist only as the array's cursor, so an array of 100 000 tasks is one record.
+//! Invariant: a job array holds at most its window (`ArraySpec::window`: `%N`, else
+//! `DEFAULT_ARRAY_WINDOW`, never above `MAX_ARRAY_WINDOW`) unfinished tasks; the others exist
+//! only as the array's cursor, so an array of 100 000 tasks is one record. A task's record is
+//! small whatever the array's script, environment and command: its spec shares them with the
+//! array's (`JobSpec`'s shared parts). No two tasks of an array created here have the same
+//! index (apply refuses an array that lists an index twice); a record of an earlier version may
+//! have two, and cancels and compaction reach both (`Index::array_tasks` keeps every task).
 //! Invariant: a pending job that is held or waits on a dependency is not in the queue.
+//!
+//! Entries committed by an earlier version are applied with today's rules when replayed: an
+//! array whose index list overlaps itself, has more than `MAX_ARRAY_RANGES` ranges or a `%N`
+//! above `MAX_ARRAY_WINDOW` (`--array 0-99999%100000`) is refused, and creates nothing; an array
+//! of a tenant whose unstarted tasks would exceed its `max-pending-jobs` likewise. An array of an
+//! earlier version's state (a snapshot) that asks for more runs at most `MAX_ARRAY_WINDOW` tasks
+//! at once. Every replica replays the same entries with the same rules, so they agree; the jobs
+//! an earlier version had created from such an entry are not created again.
 
 use crate::{ApplyError, JobUpdate, Outcome, Response, State};
 use corral_types::{
     ArrayProgress, ArrayTask, DependencyKind, Job, JobId, JobSpec, JobState, Timestamp, REQUEUE_PREEMPTOR,
 };
-
-/// Unfinished tasks of an array without a `%N` throttle (created ahead of running).
-pub const ARRAY_WINDOW: u32 = 1024;
 
 /// Most signals `corral signal` may queue for one job.
 pub const MAX_SIGNALS: usize = 64;
@@ -119,25 +129,35 @@ impl State {
     }
 
     /// Creates the array's next tasks while its window has room, and brings the array's own
-    /// state along: running once a task ran, ended once every task ended.
+    /// state along: running once a task ran, ended once every task ended. Costs O(ranges) plus
+    /// O(log jobs) per task created, at most the window's worth.
     fn advance_array(&mut self, ts: Timestamp, array_id: JobId, task_started: bool) {
         let Some(array) = self.jobs.get(&array_id) else { return };
         let Some(spec) = array.spec.array.clone() else { return };
         if array.state.is_terminal() {
             return;
         }
-        let total = spec.len() as u32;
-        let window = spec.max_running.unwrap_or(ARRAY_WINDOW).max(1);
+        let total = spec.len();
+        let window = spec.window();
         let blocked = array.held || !array.waiting_on.is_empty() || array.cancel_requested;
         let mut progress = array.array_progress.clone().unwrap_or_default();
+        // Shares the array's script, environment and command: each task is a small record.
         let template = task_spec(&array.spec);
         let mut created = Vec::new();
-        while !blocked && progress.created < total && self.array_live_tasks(array_id) < window {
-            let Some(index) = spec.index_at(u64::from(progress.created)) else { break };
+        let mut indices = spec.indices_from(u64::from(progress.created));
+        while !blocked && u64::from(progress.created) < total && self.array_live_tasks(array_id) < window {
+            let Some(index) = indices.next() else { break };
             progress.created += 1;
             let id = self.next_job_id;
             self.next_job_id += 1;
-            let skipped = progress.skipped.contains(&index);
+            // A skipped index leaves the list as its (cancelled) task is created.
+            let skipped = match progress.skipped.binary_search(&index) {
+                Ok(at) => {
+                    progress.skipped.remove(at);
+                    true
+                }
+                Err(_) => false,
+            };
             let (state, reason) = if skipped {
                 (JobState::Cancelled, Some("cancelled before it started".to_string()))
             } else {
@@ -159,7 +179,7 @@ impl State {
         let live = self.array_live_tasks(array_id);
         let Some(array) = self.jobs.get_mut(&array_id) else { return };
         // Every task ended, or the array was cancelled and its last created task ended.
-        let done = live == 0 && (progress.created >= total || array.cancel_requested);
+        let done = live == 0 && (u64::from(progress.created) >= total || array.cancel_requested);
         array.array_progress = Some(progress);
         self.followed.insert(array_id);
         let new_state = if done {
@@ -178,6 +198,8 @@ impl State {
             }
             JobState::Running
         } else {
+            // Its tasks still to create changed: they count as pending jobs of its tenant.
+            self.refile(array_id);
             return;
         };
         if new_state.is_terminal() {
@@ -233,14 +255,17 @@ impl State {
         }
     }
 
-    /// Tasks of array `array_id` whose state passes `wanted`, in index order.
+    /// Tasks of array `array_id` whose state passes `wanted`, in index order (every one, should
+    /// an earlier version have created two of one index).
     fn tasks_of(&self, array_id: JobId, wanted: impl Fn(JobState) -> bool) -> Vec<JobId> {
-        self.index
-            .array_tasks
-            .range((array_id, 0)..=(array_id, u32::MAX))
-            .map(|(_, id)| *id)
-            .filter(|id| self.jobs.get(id).is_some_and(|j| wanted(j.state)))
-            .collect()
+        self.array_tasks(array_id).filter(|id| self.jobs.get(id).is_some_and(|j| wanted(j.state))).collect()
+    }
+
+    /// Files job `id` again as it is now (an array whose tasks still to create changed).
+    fn refile(&mut self, id: JobId) {
+        if let Some(job) = self.jobs.get(&id) {
+            self.index.set_state(job, job.state);
+        }
     }
 
     pub(crate) fn hold(&mut self, job_id: JobId, hold: bool) -> Response {
@@ -329,6 +354,8 @@ impl State {
         Ok(Outcome::Job(Box::new(self.jobs[&job_id].clone())))
     }
 
+    /// Updates a pending job, or an array and its pending tasks. O(spec) for the array and for
+    /// its tasks' shared spec, and O(log jobs) per task (at most the array's window).
     pub(crate) fn update_job(&mut self, job_id: JobId, update: &JobUpdate, admin: bool) -> Response {
         let job = self.jobs.get(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
         if !controllable_while_pending(job) {
@@ -342,11 +369,15 @@ impl State {
         if job.is_array() {
             ids.extend(self.tasks_of(job_id, |s| s == JobState::Pending));
         }
-        // Check every change first: the update applies to all or none.
+        // Check every change first: the update applies to all or none. An array's own index set
+        // does not change and is not checked again (an earlier version's record may not pass).
+        // An array's tasks share one spec: it is checked once, not once per task (comparing
+        // specs that share their large parts compares the small ones).
         let mut specs = Vec::new();
+        let mut last_checked: Option<(JobSpec, JobSpec)> = None;
         for id in &ids {
             let job = &self.jobs[id];
-            let mut spec = job.spec.clone();
+            let mut spec = JobSpec { array: None, ..job.spec.clone() };
             if let Some(t) = update.time_limit_secs {
                 if !admin && job.spec.time_limit_secs.is_none_or(|old| t > old) {
                     return Err(ApplyError::JobControl(format!(
@@ -367,7 +398,14 @@ impl State {
             if let Some(name) = &update.name {
                 spec.name = name.clone();
             }
-            let mut checked = self.check_submit(&spec)?;
+            let mut checked = match &last_checked {
+                Some((asked, checked)) if *asked == spec => checked.clone(),
+                _ => {
+                    let checked = self.check_submit(&spec)?;
+                    last_checked = Some((spec, checked.clone()));
+                    checked
+                }
+            };
             checked.array = job.spec.array.clone();
             specs.push((*id, checked));
         }
@@ -383,27 +421,40 @@ impl State {
         Ok(Outcome::Job(Box::new(self.jobs[&job_id].clone())))
     }
 
+    /// Cancels task `index` of an array: its task, or the index before its task is created.
+    /// O(ranges + log jobs), and O(skipped) to note an index not created yet.
     pub(crate) fn cancel_array_task(&mut self, ts: Timestamp, array_id: JobId, index: u32, reason: &str) -> Response {
         let array = self.jobs.get(&array_id).ok_or(ApplyError::NoSuchJob(array_id))?;
         let Some(spec) = &array.spec.array else {
             return Err(ApplyError::JobControl(format!("job {array_id} is not an array")));
         };
-        let exists = (0..spec.len()).any(|n| spec.index_at(n) == Some(index));
-        if !exists {
+        if !spec.contains(index) {
             return Err(ApplyError::JobControl(format!("array {array_id} has no task {index}")));
         }
-        if let Some(task) = self.array_task(array_id, index) {
-            return self.cancel(ts, task, reason);
+        let tasks: Vec<JobId> = self.array_tasks_at(array_id, index).collect();
+        if !tasks.is_empty() {
+            // One task, or each of an index an earlier version created twice.
+            let live: Vec<JobId> =
+                tasks.iter().copied().filter(|t| self.jobs.get(t).is_some_and(|j| !j.state.is_terminal())).collect();
+            let Some((&last, others)) = live.split_last() else { return self.cancel(ts, tasks[0], reason) };
+            for task in others {
+                self.cancel(ts, *task, reason)?;
+                self.followed.insert(*task);
+            }
+            return self.cancel(ts, last, reason);
         }
-        if array.state.is_terminal() {
+        let created = array.array_progress.as_ref().map_or(0, |p| p.created);
+        // Past the cursor but without a task: only in an earlier version's odd record.
+        let passed = spec.position_of(index).is_some_and(|n| n < u64::from(created));
+        if array.state.is_terminal() || passed {
             return Ok(Outcome::Stale);
         }
         let array = self.jobs.get_mut(&array_id).ok_or(ApplyError::NoSuchJob(array_id))?;
         let progress = array.array_progress.get_or_insert_with(ArrayProgress::default);
-        if !progress.skipped.contains(&index) {
-            progress.skipped.push(index);
-            progress.skipped.sort_unstable();
+        if let Err(at) = progress.skipped.binary_search(&index) {
+            progress.skipped.insert(at, index);
         }
+        self.refile(array_id);
         self.followed.insert(array_id);
         Ok(Outcome::Job(Box::new(self.jobs[&array_id].clone())))
     }
@@ -569,6 +620,83 @@ mod tests {
         );
         assert!(s.live_jobs().next().is_none(), "{:?}", s.live_jobs().map(|j| j.display_id()).collect::<Vec<_>>());
         assert_index_exact(&s);
+    }
+
+    #[test]
+    fn an_index_listed_twice_is_refused_and_counted_tasks_are_pending_jobs() {
+        let mut s = cluster();
+        let mut twice = array_spec(0, 0, None);
+        twice.array.as_mut().unwrap().ranges.push(ArrayRange { first: 0, last: 0, step: 1 });
+        let err = submit(&mut s, 10, twice).unwrap_err().to_string();
+        assert!(err.starts_with("invalid array: 0 and 0 overlap"), "{err}");
+        assert!(s.jobs.is_empty(), "nothing created");
+        // A tenant allowed 4 pending jobs: an array of 5 is refused, one of 3 counts 3, created
+        // or not, and then a job more fits, and no other.
+        let mut policy = s.config.clone();
+        policy.tenant_policies.entry("default".into()).or_default().max_pending_jobs = Some(4);
+        s.apply(&at(11, Command::Configure(policy))).unwrap();
+        let err = submit(&mut s, 12, array_spec(0, 4, Some(1))).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "an array of 5 tasks would give tenant 'default' 5 pending jobs, above its limit of 4 \
+             (max-pending-jobs counts each task not started yet): wait for some to start or end, or submit a smaller array"
+        );
+        let array = submit(&mut s, 13, array_spec(0, 2, Some(1))).unwrap();
+        assert_eq!((s.array_live_tasks(array), s.pending_count_of("default")), (1, 3));
+        submit(&mut s, 14, spec(1)).unwrap();
+        let err = submit(&mut s, 15, spec(1)).unwrap_err().to_string();
+        assert!(err.starts_with("tenant 'default' has 4 pending jobs, its limit"), "{err}");
+        // Cancelling an index not created yet takes it off the count.
+        s.apply(&at(16, Command::CancelArrayTask { array, index: 2, reason: "x".into() })).unwrap();
+        assert_eq!(s.pending_count_of("default"), 3);
+        assert_index_exact(&s);
+    }
+
+    /// A state an earlier version left: array 1 lists index 0 twice and created a task for
+    /// each. Cancelling the index, or the array, reaches both, and compaction archives them.
+    #[test]
+    fn tasks_an_earlier_version_created_twice_are_cancelled_and_archived() {
+        for cancel_array in [false, true] {
+            let mut s = cluster();
+            let mut old = array_spec(0, 0, None);
+            old.array.as_mut().unwrap().ranges.push(ArrayRange { first: 0, last: 0, step: 1 });
+            let ts = Timestamp::compose(10, 0);
+            let progress = ArrayProgress { created: 2, ..Default::default() };
+            let array = Job { array_progress: Some(progress), ..Job::pending(1, old.clone(), "r".into(), ts) };
+            s.jobs.insert(1, array);
+            for id in [2, 3] {
+                let task = Job {
+                    array_task: Some(ArrayTask { array: 1, index: 0 }),
+                    ..Job::pending(id, task_spec(&old), String::new(), ts)
+                };
+                s.jobs.insert(id, task);
+            }
+            s.next_job_id = 4;
+            s.rebuild_indexes();
+            assert_eq!(s.array_tasks_at(1, 0).collect::<Vec<_>>(), vec![2, 3]);
+            assert_eq!(s.array_task(1, 0), Some(3));
+            let command = if cancel_array {
+                Command::CancelJob { job_id: 1, reason: "x".into() }
+            } else {
+                Command::CancelArrayTask { array: 1, index: 0, reason: "x".into() }
+            };
+            s.apply(&at(20, command)).unwrap();
+            for id in [2, 3] {
+                assert_eq!(s.jobs[&id].state, JobState::Cancelled, "job {id}");
+            }
+            // Every task ended: so did the array (cancelled, or failed as its tasks were).
+            assert!(s.jobs[&1].state.is_terminal() && s.live_jobs().next().is_none());
+            let cutoffs = crate::CompactCutoffs {
+                archive_before: Timestamp::compose(30, 0),
+                request_ids_before: Timestamp::compose(30, 0),
+                jobs_before: None,
+                segments_before: None,
+            };
+            let (_, touched) = s.apply_tracked(&at(40, Command::Compact(cutoffs)));
+            assert_eq!(touched.archived.iter().map(|j| j.id).collect::<Vec<_>>(), vec![1, 2, 3]);
+            assert!(s.jobs.is_empty());
+            assert_index_exact(&s);
+        }
     }
 
     #[test]

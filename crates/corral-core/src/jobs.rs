@@ -113,7 +113,7 @@ mod tests {
     fn a_clone_shares_jobs_until_one_changes() {
         let mut state = State::default();
         state.apply(&Request { ts: Timestamp(1), command: Command::Configure(ClusterConfig::dev_defaults()) }).unwrap();
-        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()], ..Default::default() };
+        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()].into(), ..Default::default() };
         let batch = (0..3).map(|i| (format!("r{i}"), spec.clone())).collect();
         state.apply(&Request { ts: Timestamp(2), command: Command::SubmitJobs { jobs: batch } }).unwrap();
         let mut jobs = state.jobs.clone();

@@ -31,7 +31,7 @@ pub use apply::Touched;
 pub use command::{ApplyError, Command, JobUpdate, Outcome, Placement, Preemption, Request, Response, ScheduleOutcome};
 pub use config::{ClusterConfig, PriorityClass, SchedulerConfig, TenantPolicy, DEFAULT_GRACE_SECS};
 pub use history::{CompactCutoffs, Compacted, RequestKey, RequestRecord, MAX_ARCHIVED_PER_COMPACTION};
-pub use jobctl::{dep_status, DepStatus, ARRAY_WINDOW, MAX_SIGNALS};
+pub use jobctl::{dep_status, DepStatus, MAX_SIGNALS};
 pub use jobs::Jobs;
 pub use join_tokens::{
     valid_node_name, JoinTokenRecord, JoinTokenUse, JOIN_TOKEN_RETENTION_MS, MAX_JOIN_TOKENS, MAX_JOIN_TOKEN_TTL_MS,

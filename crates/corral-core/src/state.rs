@@ -177,16 +177,22 @@ pub(crate) struct Index {
     pub running: BTreeSet<JobId>,
     /// Number of running jobs per tenant (tenants with none are absent).
     pub running_by_tenant: BTreeMap<String, u32>,
-    /// Number of pending jobs per tenant, held and waiting ones included.
-    pub pending_by_tenant: BTreeMap<String, u32>,
+    /// Jobs not started yet per tenant, what `max-pending-jobs` limits: pending jobs, held and
+    /// waiting ones included, and the tasks of unfinished arrays not created yet (an array
+    /// itself is not one).
+    pub pending_by_tenant: BTreeMap<String, u64>,
+    /// Unfinished array -> its tasks still to be created (`uncreated_tasks`), as counted in
+    /// `pending_by_tenant` (arrays with none are absent).
+    pub array_uncreated: BTreeMap<JobId, u64>,
     /// Pending jobs kept out of the queue: held, or waiting on dependencies.
     pub blocked: BTreeSet<JobId>,
     /// Jobs of the hot state that ended: what a compaction looks at.
     pub ended: BTreeSet<JobId>,
     /// Job -> pending jobs waiting for it to end.
     pub dependents: BTreeMap<JobId, BTreeSet<JobId>>,
-    /// (array, index) -> the task's job id, for every task created.
-    pub array_tasks: BTreeMap<(JobId, u32), JobId>,
+    /// (array, index, task's job id) of every task in the hot state: an index that an earlier
+    /// version created twice has both.
+    pub array_tasks: BTreeSet<(JobId, u32, JobId)>,
     /// Array -> its unfinished tasks.
     pub array_live: BTreeMap<JobId, u32>,
     pub nodes: BTreeMap<String, NodeLoad>,
@@ -332,6 +338,32 @@ fn request_order(request_ids: &imbl::OrdMap<RequestKey, RequestRecord>) -> BTree
     request_ids.iter().map(|(key, r)| (r.at, *key)).collect()
 }
 
+/// Tasks of array `job` (in `state`) still to be created as pending jobs: none once it ended or
+/// was cancelled, and none for an index cancelled before its task was created. O(ranges).
+fn uncreated_tasks(job: &Job, state: JobState) -> u64 {
+    let (Some(spec), Some(progress)) = (&job.spec.array, &job.array_progress) else { return 0 };
+    if !job.is_array() || state.is_terminal() || job.cancel_requested {
+        return 0;
+    }
+    // Indices are created in increasing order: the skipped ones still to come are those from
+    // the next index on (an earlier version's record may list created ones too).
+    let skipped = match spec.index_at(u64::from(progress.created)) {
+        Some(next) => progress.skipped.len() - progress.skipped.partition_point(|&i| i < next),
+        None => 0,
+    };
+    spec.len().saturating_sub(u64::from(progress.created) + skipped as u64)
+}
+
+/// Takes `n` off `key`'s count, dropping it at zero.
+fn count_down_by<K: Ord>(counts: &mut BTreeMap<K, u64>, key: &K, n: u64) {
+    if let Some(c) = counts.get_mut(key) {
+        *c = c.saturating_sub(n);
+        if *c == 0 {
+            counts.remove(key);
+        }
+    }
+}
+
 fn count_down<K: Ord>(counts: &mut BTreeMap<K, u32>, key: &K) {
     if let Some(n) = counts.get_mut(key) {
         *n -= 1;
@@ -347,6 +379,10 @@ impl Index {
     pub(crate) fn set_state(&mut self, job: &Job, state: JobState) {
         let (id, spec) = (job.id, &job.spec);
         let was_live = self.live.contains(&id);
+        let array = job.is_array();
+        if let Some(n) = self.array_uncreated.remove(&id) {
+            count_down_by(&mut self.pending_by_tenant, &spec.tenant, n);
+        }
         if self.pending.remove(&id) {
             let key = (spec.tenant.clone(), spec.priority_class.clone());
             if let Some(group) = self.queue.get_mut(&key) {
@@ -356,7 +392,9 @@ impl Index {
                 }
             }
             self.blocked.remove(&id);
-            count_down(&mut self.pending_by_tenant, &spec.tenant);
+            if !array {
+                count_down_by(&mut self.pending_by_tenant, &spec.tenant, 1);
+            }
         }
         if self.running.remove(&id) {
             count_down(&mut self.running_by_tenant, &spec.tenant);
@@ -369,11 +407,12 @@ impl Index {
                 }
             }
         }
-        let array = job.is_array();
         match state {
             JobState::Pending => {
                 self.pending.insert(id);
-                *self.pending_by_tenant.entry(spec.tenant.clone()).or_default() += 1;
+                if !array {
+                    *self.pending_by_tenant.entry(spec.tenant.clone()).or_default() += 1;
+                }
                 for target in &job.waiting_on {
                     self.dependents.entry(*target).or_default().insert(id);
                 }
@@ -391,6 +430,11 @@ impl Index {
             }
             _ => {}
         }
+        let uncreated = uncreated_tasks(job, state);
+        if uncreated > 0 {
+            self.array_uncreated.insert(id, uncreated);
+            *self.pending_by_tenant.entry(spec.tenant.clone()).or_default() += uncreated;
+        }
         let live = !state.is_terminal();
         if live {
             self.live.insert(id);
@@ -400,7 +444,7 @@ impl Index {
             self.ended.insert(id);
         }
         if let Some(task) = job.array_task {
-            self.array_tasks.insert((task.array, task.index), id);
+            self.array_tasks.insert((task.array, task.index, id));
             match (was_live, live) {
                 (false, true) => *self.array_live.entry(task.array).or_default() += 1,
                 (true, false) => count_down(&mut self.array_live, &task.array),
@@ -414,7 +458,7 @@ impl Index {
         debug_assert!(job.state.is_terminal());
         self.ended.remove(&job.id);
         if let Some(task) = job.array_task {
-            self.array_tasks.remove(&(task.array, task.index));
+            self.array_tasks.remove(&(task.array, task.index, job.id));
         }
     }
 
@@ -595,14 +639,27 @@ impl State {
         self.index.pending.len()
     }
 
-    /// Number of pending jobs of `tenant` (held and waiting ones included).
-    pub fn pending_count_of(&self, tenant: &str) -> usize {
-        self.index.pending_by_tenant.get(tenant).copied().unwrap_or(0) as usize
+    /// Jobs of `tenant` not started yet, what its `max-pending-jobs` limits: pending jobs (held
+    /// and waiting ones included) and the tasks of its unfinished arrays not created yet.
+    pub fn pending_count_of(&self, tenant: &str) -> u64 {
+        self.index.pending_by_tenant.get(tenant).copied().unwrap_or(0)
     }
 
-    /// The task `index` of job array `array`, once it was created.
+    /// The task `index` of job array `array`, once it was created (the newest, should an
+    /// earlier version have created two). O(log jobs).
     pub fn array_task(&self, array: JobId, index: u32) -> Option<JobId> {
-        self.index.array_tasks.get(&(array, index)).copied()
+        self.array_tasks_at(array, index).next_back()
+    }
+
+    /// Every task of job array `array` with `index`, oldest first: one, or two an earlier
+    /// version created for an index it listed twice.
+    pub fn array_tasks_at(&self, array: JobId, index: u32) -> impl DoubleEndedIterator<Item = JobId> + '_ {
+        self.index.array_tasks.range((array, index, 0)..=(array, index, JobId::MAX)).map(|t| t.2)
+    }
+
+    /// Every task of job array `array` in the hot state, in index order.
+    pub fn array_tasks(&self, array: JobId) -> impl DoubleEndedIterator<Item = JobId> + '_ {
+        self.index.array_tasks.range((array, 0, 0)..=(array, u32::MAX, JobId::MAX)).map(|t| t.2)
     }
 
     /// Unfinished tasks of job array `array`.

@@ -63,8 +63,8 @@ impl From<&JobSpec> for pb::JobSpec {
             memory_bytes: s.memory_bytes,
             time_limit_secs: s.time_limit_secs,
             image: s.image.clone(),
-            command: s.command.clone(),
-            env: s.env.clone(),
+            command: s.command.to_vec(),
+            env: (*s.env).clone(),
             sched: (s.sched != SchedOptions::default()).then_some(pb::SchedOptions {
                 gpus_per_node: s.sched.gpus_per_node,
                 rdma: s.sched.rdma,
@@ -83,7 +83,7 @@ impl From<&JobSpec> for pb::JobSpec {
                 hold: s.sched.hold,
             }),
             workdir: s.workdir.clone(),
-            script: s.script.clone(),
+            script: s.script.as_deref().map(String::from),
             stdout_path: s.stdout_path.clone(),
             stderr_path: s.stderr_path.clone(),
             array: s.array.as_ref().map(|a| pb::ArraySpec {
@@ -111,8 +111,8 @@ impl TryFrom<pb::JobSpec> for JobSpec {
             memory_bytes: s.memory_bytes,
             time_limit_secs: s.time_limit_secs,
             image: s.image,
-            command: s.command,
-            env: s.env,
+            command: s.command.into(),
+            env: s.env.into(),
             sched: s
                 .sched
                 .map(|o| -> Result<SchedOptions, ProtoError> {
@@ -136,7 +136,7 @@ impl TryFrom<pb::JobSpec> for JobSpec {
                 .transpose()?
                 .unwrap_or_default(),
             workdir: s.workdir,
-            script: s.script,
+            script: s.script.map(Into::into),
             stdout_path: s.stdout_path,
             stderr_path: s.stderr_path,
             array: s.array.map(|a| ArraySpec {
@@ -536,8 +536,8 @@ mod tests {
                 memory_bytes: 1 << 30,
                 time_limit_secs: Some(60),
                 image: Some("img".into()),
-                command: vec!["true".into()],
-                env: [("A".to_string(), "1".to_string())].into(),
+                command: vec!["true".into()].into(),
+                env: std::sync::Arc::new([("A".to_string(), "1".to_string())].into()),
                 sched: SchedOptions {
                     gpus_per_node: Some(1),
                     rdma: true,

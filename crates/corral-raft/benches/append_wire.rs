@@ -111,8 +111,8 @@ fn request(i: u64) -> Request {
         cpu_millis: 4000,
         memory_bytes: 32 << 30,
         time_limit_secs: Some(3600),
-        command: vec!["python".into(), "train.py".into(), format!("--seed={j}")],
-        env: [("NCCL_DEBUG".to_string(), "INFO".to_string())].into(),
+        command: vec!["python".into(), "train.py".into(), format!("--seed={j}")].into(),
+        env: std::sync::Arc::new([("NCCL_DEBUG".to_string(), "INFO".to_string())].into()),
         ..Default::default()
     };
     let jobs = (0..8).map(|j| (format!("req-{i}-{j}"), spec(j))).collect();

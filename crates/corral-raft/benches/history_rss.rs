@@ -59,7 +59,7 @@ fn main() {
         let spec = JobSpec {
             name: "scale".into(),
             tenant: "default".into(),
-            command: vec!["true".into()],
+            command: vec!["true".into()].into(),
             gpus: 1,
             ..Default::default()
         };

@@ -565,7 +565,7 @@ mod tests {
         let spec = |i: usize| JobSpec {
             name: format!("job-{i}"),
             tenant: "default".into(),
-            command: vec!["sleep".into(), "x".repeat(64)],
+            command: vec!["sleep".into(), "x".repeat(64)].into(),
             ..Default::default()
         };
         let batch = (0..jobs).map(|i| (format!("r{i}"), spec(i))).collect();
@@ -887,7 +887,8 @@ mod tests {
             labels: vec![],
             rendezvous_ports: None,
         };
-        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()], gpus: 1, ..Default::default() };
+        let spec =
+            JobSpec { tenant: "default".into(), command: vec!["true".into()].into(), gpus: 1, ..Default::default() };
         let setup = [
             Command::Configure(ClusterConfig::dev_defaults()),
             Command::RegisterNode { spec: node },
@@ -942,7 +943,7 @@ mod tests {
 
     /// Submits `n` jobs with request ids `{prefix}{i}` at log index `index`.
     async fn submit_ids(store: &mut StateMachineStore, index: u64, ms: u64, prefix: &str, n: usize) {
-        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()], ..Default::default() };
+        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()].into(), ..Default::default() };
         let jobs = (0..n).map(|i| (format!("{prefix}{i}"), spec.clone())).collect();
         apply_at(store, index, ms, Command::SubmitJobs { jobs }).await;
     }
@@ -982,7 +983,7 @@ mod tests {
         submit_ids(&mut store, 4, 3_000, "c", 10).await;
         assert_eq!(store.read().state.request_ids, expected, "and the entry after it applied again");
         // A retried submit is a duplicate after the reopen, whichever file holds its id.
-        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()], ..Default::default() };
+        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()].into(), ..Default::default() };
         let retry =
             Request { ts: Timestamp::compose(3_500, 0), command: Command::SubmitJob { request_id: "a7".into(), spec } };
         assert!(matches!(store.read().state.clone().apply(&retry), Ok(Outcome::JobSubmitted { duplicate: true, .. })));

@@ -4,6 +4,7 @@ use crate::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 /// Cluster-wide job id, assigned by the replicated state machine in submit order.
 pub type JobId = u64;
@@ -79,6 +80,11 @@ impl fmt::Display for GpuSlice {
 }
 
 /// What a user submits.
+///
+/// Its large parts (`command`, `env`, `script`: up to `MAX_COMMAND_BYTES`, `MAX_ENV_BYTES` and
+/// `MAX_SCRIPT_BYTES`) are shared: a clone of a spec, such as the spec of each task of a job
+/// array, points at the same bytes, so a copy costs the small fields only. They serialize as
+/// the values they hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
     pub name: String,
@@ -95,8 +101,10 @@ pub struct JobSpec {
     pub time_limit_secs: Option<u64>,
     /// OCI rootfs to run the command in; `None` runs a bare process.
     pub image: Option<String>,
-    pub command: Vec<String>,
-    pub env: BTreeMap<String, String>,
+    /// Program and arguments (of a batch script: the script's arguments). Shared.
+    pub command: Arc<[String]>,
+    /// Environment of the job. Shared.
+    pub env: Arc<BTreeMap<String, String>>,
     /// How the job wants to be placed and preempted.
     #[serde(default)]
     pub sched: SchedOptions,
@@ -106,9 +114,9 @@ pub struct JobSpec {
     pub workdir: Option<String>,
     /// Body of a batch script (`corral sbatch`, at most `MAX_SCRIPT_BYTES`), stored with the job
     /// as Slurm's controller stores it. The worker writes it into the job's directory and runs
-    /// it with `command` as its arguments.
+    /// it with `command` as its arguments. Shared.
     #[serde(default)]
-    pub script: Option<String>,
+    pub script: Option<Arc<str>>,
     /// Where the job's stdout and stderr also go, as patterns (`%j` job id, `%A` array job id,
     /// `%a` array task id, `%x` name, `%N` node, `%%`), relative to the working directory.
     #[serde(default)]
@@ -123,21 +131,43 @@ pub struct JobSpec {
 /// Largest batch script a job may carry.
 pub const MAX_SCRIPT_BYTES: usize = 1 << 20;
 
-/// Most tasks one job array may have.
+/// Most tasks one job array may have, and one above its largest index (a coordinator may admit
+/// fewer tasks: `limits.max-array-size`). Tasks not created yet cost nothing: an array is one
+/// record, plus the tasks of its window.
 pub const MAX_ARRAY_TASKS: u32 = 100_000;
 
+/// Most tasks of one array unfinished at once: the largest `%N` (a coordinator may admit less:
+/// `limits.max-array-window`). Apply never creates more, whatever the array's record says.
+pub const MAX_ARRAY_WINDOW: u32 = 10_000;
+
+/// Unfinished tasks at once of an array without a `%N` throttle.
+pub const DEFAULT_ARRAY_WINDOW: u32 = 1024;
+
+/// Most ranges the index set of an array may have, once consecutive and evenly spaced indices
+/// are merged (`0,1,2,...,19999` is one range): finding a task walks them.
+pub const MAX_ARRAY_RANGES: usize = 4096;
+
 /// The task indices of a job array and how many may run at once.
+///
+/// Valid (`validate`) when its ranges are in increasing order and do not overlap, so that each
+/// index is listed once, and there are at most `MAX_ARRAY_RANGES` of them: every lookup below
+/// is then O(ranges), whatever the number of tasks. `ArraySpec::parse` builds such a set from
+/// what users write. Tasks are created in the order of their positions (index order).
+///
+/// A record written by an earlier version may list an index twice or its ranges out of order:
+/// the lookups still work on it (an index listed twice is found at its first position).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArraySpec {
     /// Inclusive ranges with a step (`1-9:2`); a single index is a range of one.
     pub ranges: Vec<ArrayRange>,
-    /// Most tasks pending-to-run or running at once (the `%N` of `--array`); `None`: no limit.
+    /// Most tasks pending-to-run or running at once (the `%N` of `--array`); `None`:
+    /// `DEFAULT_ARRAY_WINDOW`.
     #[serde(default)]
     pub max_running: Option<u32>,
 }
 
 impl ArraySpec {
-    /// Number of tasks.
+    /// Number of tasks. O(ranges).
     pub fn len(&self) -> u64 {
         self.ranges.iter().map(ArrayRange::len).sum()
     }
@@ -146,35 +176,109 @@ impl ArraySpec {
         self.len() == 0
     }
 
-    /// The index of the `n`-th task (0-based, in the order written).
-    pub fn index_at(&self, mut n: u64) -> Option<u32> {
+    /// The index of the `n`-th task (0-based, in position order). O(ranges).
+    pub fn index_at(&self, n: u64) -> Option<u32> {
+        self.indices_from(n).next()
+    }
+
+    /// The indices from position `n` on, in position order: O(ranges) to the first, then O(1)
+    /// each.
+    pub fn indices_from(&self, mut n: u64) -> impl Iterator<Item = u32> + '_ {
+        let mut skipped = 0;
         for r in &self.ranges {
             let len = r.len();
             if n < len {
-                return Some(r.first + (n as u32) * r.step.max(1));
+                break;
             }
             n -= len;
+            skipped += 1;
+        }
+        self.ranges[skipped..].iter().enumerate().flat_map(move |(i, r)| {
+            let from = if i == 0 { n } else { 0 };
+            // Below `len`, so at most `last`: no overflow.
+            (from..r.len()).map(move |k| r.first + k as u32 * r.step)
+        })
+    }
+
+    /// The position of task `index` (its first one, should an earlier version's record list it
+    /// twice). O(ranges).
+    pub fn position_of(&self, index: u32) -> Option<u64> {
+        let mut before = 0;
+        for r in &self.ranges {
+            if r.contains(index) {
+                return Some(before + u64::from((index - r.first) / r.step));
+            }
+            before += r.len();
         }
         None
     }
 
-    /// Refuses an empty array, a backward range, a zero step or throttle, or too many tasks.
+    /// True if the array has a task `index`. O(ranges).
+    pub fn contains(&self, index: u32) -> bool {
+        self.ranges.iter().any(|r| r.contains(index))
+    }
+
+    /// How many tasks may be unfinished at once: `%N`, else `DEFAULT_ARRAY_WINDOW`, never more
+    /// than `MAX_ARRAY_WINDOW` (a record written before that cap may ask for more).
+    pub fn window(&self) -> u32 {
+        self.max_running.unwrap_or(DEFAULT_ARRAY_WINDOW).clamp(1, MAX_ARRAY_WINDOW)
+    }
+
+    /// Refuses an empty array, more than `MAX_ARRAY_RANGES` ranges, a backward range or zero
+    /// step, an index of `MAX_ARRAY_TASKS` or more, ranges out of order or overlapping (an
+    /// index listed twice), and a `%N` of 0 or above `MAX_ARRAY_WINDOW`. O(ranges), the range
+    /// count checked first.
     pub fn validate(&self) -> Result<(), String> {
         if self.ranges.is_empty() {
             return Err("an array needs at least one index".into());
         }
+        if self.ranges.len() > MAX_ARRAY_RANGES {
+            return Err(format!(
+                "{} ranges, at most {MAX_ARRAY_RANGES}: write consecutive or evenly spaced indices as one range (0-99, 0-98:2)",
+                self.ranges.len()
+            ));
+        }
+        let mut previous: Option<&ArrayRange> = None;
         for r in &self.ranges {
             if r.step == 0 || r.first > r.last {
                 return Err(format!("bad range {}-{}:{}", r.first, r.last, r.step));
             }
+            if r.last >= MAX_ARRAY_TASKS {
+                return Err(format!("index {} is above {}", r.last, MAX_ARRAY_TASKS - 1));
+            }
+            if let Some(p) = previous {
+                if r.first <= p.last {
+                    return Err(format!(
+                        "{p} and {r} overlap or are out of order: list each index once, in increasing order"
+                    ));
+                }
+            }
+            previous = Some(r);
         }
-        if self.len() > u64::from(MAX_ARRAY_TASKS) {
-            return Err(format!("{} tasks, at most {MAX_ARRAY_TASKS}", self.len()));
+        // Distinct indices below MAX_ARRAY_TASKS: at most MAX_ARRAY_TASKS tasks.
+        match self.max_running {
+            Some(0) => Err("the %N throttle must be at least 1".into()),
+            Some(n) if n > MAX_ARRAY_WINDOW => {
+                Err(format!("%{n} asks for more than {MAX_ARRAY_WINDOW} tasks at once, the most an array may run"))
+            }
+            _ => Ok(()),
         }
-        if self.max_running == Some(0) {
-            return Err("the %N throttle must be at least 1".into());
+    }
+}
+
+impl fmt::Display for ArraySpec {
+    /// As `--array` takes it: `0-999%16`, `1,3,5-9`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, r) in self.ranges.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{r}")?;
         }
-        Ok(())
+        match self.max_running {
+            Some(n) => write!(f, "%{n}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -197,6 +301,69 @@ impl ArrayRange {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// True if `index` is one of the range's.
+    pub fn contains(&self, index: u32) -> bool {
+        !self.is_empty() && (self.first..=self.last).contains(&index) && (index - self.first).is_multiple_of(self.step)
+    }
+}
+
+impl fmt::Display for ArrayRange {
+    /// `7`, `0-9` or `0-15:4`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.first == self.last, self.step) {
+            (true, _) => write!(f, "{}", self.first),
+            (false, 1) => write!(f, "{}-{}", self.first, self.last),
+            (false, step) => write!(f, "{}-{}:{step}", self.first, self.last),
+        }
+    }
+}
+
+/// What a coordinator admits of a new job array (its `[limits]` `max-array-window` and
+/// `max-array-size`), within the absolute caps that apply enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArrayLimits {
+    /// Most tasks unfinished at once: the largest `%N`, and the window of an array without one
+    /// when less than `DEFAULT_ARRAY_WINDOW`. At most `MAX_ARRAY_WINDOW`.
+    pub max_window: u32,
+    /// Most tasks of one array. At most `MAX_ARRAY_TASKS`.
+    pub max_size: u32,
+}
+
+impl Default for ArrayLimits {
+    fn default() -> Self {
+        ArrayLimits { max_window: DEFAULT_ARRAY_WINDOW, max_size: MAX_ARRAY_TASKS }
+    }
+}
+
+impl ArrayLimits {
+    /// Checks `array` against these limits, once normalized (`ArraySpec::normalize`: a client
+    /// may send its ranges as written) and valid (`ArraySpec::validate`), each refusal one line
+    /// naming the limit; an array without `%N` gets `max_window` when that is less than
+    /// `DEFAULT_ARRAY_WINDOW`. O(r log r) for the r ranges sent, at most `MAX_ARRAY_TASKS`.
+    pub fn admit(&self, array: &mut ArraySpec) -> Result<(), JobSpecError> {
+        let refuse = |reason: String| JobSpecError::Invalid { field: "array".into(), reason };
+        array.normalize().map_err(refuse)?;
+        array.validate().map_err(refuse)?;
+        match array.max_running {
+            Some(n) if n > self.max_window => {
+                return Err(refuse(format!(
+                    "%{n} asks for {n} tasks at once, this pool allows at most {} (limits.max-array-window)",
+                    self.max_window
+                )))
+            }
+            None if self.max_window < DEFAULT_ARRAY_WINDOW => array.max_running = Some(self.max_window),
+            _ => {}
+        }
+        let len = array.len();
+        if len > u64::from(self.max_size) {
+            return Err(refuse(format!(
+                "{len} tasks, this pool allows at most {} in one array (limits.max-array-size)",
+                self.max_size
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -764,7 +931,8 @@ pub struct ArrayProgress {
     pub succeeded: u32,
     /// Ended other than successfully (failed, cancelled, preempted).
     pub unsuccessful: u32,
-    /// Indices cancelled before their task was created: created as cancelled when reached.
+    /// Indices cancelled before their task was created, sorted: created as cancelled when
+    /// reached, and then no longer listed (a record of an earlier version may still list it).
     #[serde(default)]
     pub skipped: Vec<u32>,
 }
@@ -784,8 +952,8 @@ mod tests {
             memory_bytes: 0,
             time_limit_secs: None,
             image: None,
-            command: vec!["true".into()],
-            env: BTreeMap::new(),
+            command: vec!["true".into()].into(),
+            env: BTreeMap::new().into(),
             sched: SchedOptions::default(),
             ..Default::default()
         }
@@ -795,10 +963,10 @@ mod tests {
     fn validate_rejects_bad_specs() {
         assert_eq!(spec().validate(), Ok(()));
         let mut s = spec();
-        s.command.clear();
+        s.command = Vec::new().into();
         assert_eq!(s.validate(), Err(JobSpecError::EmptyCommand));
         let mut s = spec();
-        s.command = vec!["  ".into()];
+        s.command = vec!["  ".into()].into();
         assert_eq!(s.validate(), Err(JobSpecError::EmptyCommand));
         let mut s = spec();
         s.gpu_slice = Some(GpuSlice::parse("mps:50").unwrap());
@@ -816,10 +984,10 @@ mod tests {
         s.sched.checkpoint_signal = Some(9);
         assert!(matches!(s.validate(), Err(JobSpecError::Invalid { .. })));
         let mut s = spec();
-        s.command.clear();
+        s.command = Vec::new().into();
         s.script = Some("#!/bin/sh\necho hi\n".into());
         assert_eq!(s.validate(), Ok(()), "a batch script needs no command");
-        s.script = Some("x".repeat(MAX_SCRIPT_BYTES + 1));
+        s.script = Some("x".repeat(MAX_SCRIPT_BYTES + 1).into());
         assert!(matches!(s.validate(), Err(JobSpecError::Invalid { field, .. }) if field == "script"));
         let mut s = spec();
         s.workdir = Some("relative/dir".into());
@@ -835,16 +1003,16 @@ mod tests {
             other => format!("{other:?}"),
         };
         let mut s = spec();
-        s.command = vec!["x".repeat(MAX_COMMAND_BYTES + 1)];
+        s.command = vec!["x".repeat(MAX_COMMAND_BYTES + 1)].into();
         assert!(field(&s).starts_with("command: "), "{}", field(&s));
         let mut s = spec();
-        s.command = vec!["a".into(); MAX_ARGS + 1];
+        s.command = vec!["a".into(); MAX_ARGS + 1].into();
         assert!(field(&s).starts_with("command: 4097 arguments"), "{}", field(&s));
         let mut s = spec();
-        s.env = (0..=MAX_ENV_VARS).map(|i| (format!("K{i}"), String::new())).collect();
+        s.env = Arc::new((0..=MAX_ENV_VARS).map(|i| (format!("K{i}"), String::new())).collect());
         assert!(field(&s).starts_with("env: "), "{}", field(&s));
         let mut s = spec();
-        s.env.insert("BIG".into(), "v".repeat(MAX_ENV_BYTES));
+        s.env = Arc::new([("BIG".into(), "v".repeat(MAX_ENV_BYTES))].into());
         assert!(field(&s).starts_with("env: "), "{}", field(&s));
         let mut s = spec();
         s.tenant = "t".repeat(MAX_SHORT_NAME + 1);
@@ -852,6 +1020,73 @@ mod tests {
         let mut s = spec();
         s.image = Some("/".repeat(MAX_PATH + 1));
         assert_eq!(field(&s), "image: longer than 4096 bytes");
+    }
+
+    #[test]
+    fn a_copy_of_a_spec_shares_its_large_parts_and_serializes_as_before() {
+        let mut s = spec();
+        s.script = Some("#!/bin/sh\n".into());
+        s.env = Arc::new([("K".to_string(), "v".to_string())].into());
+        let copy = s.clone();
+        assert!(Arc::ptr_eq(&copy.command, &s.command) && Arc::ptr_eq(&copy.env, &s.env));
+        assert!(Arc::ptr_eq(copy.script.as_ref().unwrap(), s.script.as_ref().unwrap()));
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["command"], serde_json::json!(["true"]));
+        assert_eq!(json["env"], serde_json::json!({"K": "v"}));
+        assert_eq!(json["script"], "#!/bin/sh\n");
+        assert_eq!(serde_json::from_value::<JobSpec>(json).unwrap(), s);
+    }
+
+    #[test]
+    fn array_limits_admit_within_the_pool_and_name_the_limit() {
+        let limits = ArrayLimits { max_window: 100, max_size: 5000 };
+        let admit = |text: &str| {
+            let mut array = ArraySpec::parse(text).unwrap();
+            limits.admit(&mut array).map(|()| array).map_err(|e| e.to_string())
+        };
+        assert_eq!(admit("0-4999%100").unwrap().max_running, Some(100));
+        assert_eq!(admit("0-9").unwrap().max_running, Some(100), "no %N: the pool's window");
+        let e = admit("0-9%101").unwrap_err();
+        assert_eq!(
+            e,
+            "invalid array: %101 asks for 101 tasks at once, this pool allows at most 100 (limits.max-array-window)"
+        );
+        let e = admit("0-5000").unwrap_err();
+        assert_eq!(e, "invalid array: 5001 tasks, this pool allows at most 5000 in one array (limits.max-array-size)");
+        let mut default = ArraySpec::parse("0-99999").unwrap();
+        ArrayLimits::default().admit(&mut default).unwrap();
+        assert_eq!(default.max_running, None, "the default window needs no %N");
+        // What did not come through `parse` is put in its form, and checked all the same.
+        let range = |first, last, step| ArrayRange { first, last, step };
+        let mut as_written = ArraySpec {
+            ranges: vec![range(9, 9, 1), range(12, 22, 4), range(4000, 4000, 7), range(1, 3, 1), range(0, 0, 1)],
+            max_running: None,
+        };
+        limits.admit(&mut as_written).unwrap();
+        assert_eq!(as_written.ranges, vec![range(0, 3, 1), range(9, 9, 1), range(12, 20, 4), range(4000, 4000, 1)]);
+        let mut overlapping = ArraySpec { ranges: vec![range(0, 9, 1), range(9, 9, 1)], max_running: None };
+        let e = limits.admit(&mut overlapping).unwrap_err().to_string();
+        assert!(e.starts_with("invalid array: 0-9 and 9 overlap"), "{e}");
+        let singles =
+            |n: u32| ArraySpec { ranges: (0..n).map(|i| range(i * 3, i * 3, 1)).collect(), max_running: None };
+        let mut merged = singles(20_000);
+        ArrayLimits::default().admit(&mut merged).unwrap();
+        assert_eq!(merged.ranges, vec![range(0, 59_997, 3)], "20000 single indices evenly spaced: one range");
+        let mut apart = ArraySpec {
+            ranges: (0..MAX_ARRAY_RANGES as u32 + 1)
+                .map(|i| range(i * 10 + (i % 2) * 3, i * 10 + (i % 2) * 3, 1))
+                .collect(),
+            max_running: None,
+        };
+        assert!(limits.admit(&mut apart).unwrap_err().to_string().contains("4097 ranges even once"));
+        let mut too_many = singles(MAX_ARRAY_TASKS + 1);
+        assert!(limits.admit(&mut too_many).unwrap_err().to_string().contains("more than an array may have tasks"));
+        let big = ArraySpec { ranges: vec![range(0, 0, 1); MAX_ARRAY_RANGES + 1], max_running: None };
+        assert!(big.validate().unwrap_err().contains("4097 ranges, at most 4096"));
+        let mut window = ArraySpec::parse("0-9").unwrap();
+        window.max_running = Some(MAX_ARRAY_WINDOW + 1);
+        assert_eq!(window.window(), MAX_ARRAY_WINDOW, "an earlier version's record runs within the cap");
+        assert!(window.validate().unwrap_err().contains("more than 10000 tasks at once"));
     }
 
     #[test]

@@ -12,9 +12,10 @@ mod timestamp;
 
 pub use billing::Segment;
 pub use job::{
-    Allocation, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuSlice, Job,
-    JobExitReport, JobId, JobRef, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd, PreemptionNotice, PriceBreak,
-    SchedOptions, SliceAssignment, DRAIN_PREEMPTOR, MAX_ARRAY_TASKS, MAX_ENV_BYTES, MAX_ENV_VARS, MAX_GPUS_PER_JOB,
+    Allocation, ArrayLimits, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuSlice,
+    Job, JobExitReport, JobId, JobRef, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd, PreemptionNotice,
+    PriceBreak, SchedOptions, SliceAssignment, DEFAULT_ARRAY_WINDOW, DRAIN_PREEMPTOR, MAX_ARGS, MAX_ARRAY_RANGES,
+    MAX_ARRAY_TASKS, MAX_ARRAY_WINDOW, MAX_COMMAND_BYTES, MAX_ENV_BYTES, MAX_ENV_VARS, MAX_GPUS_PER_JOB,
     MAX_SCRIPT_BYTES, REQUEUE_PREEMPTOR,
 };
 pub use job_options::parse_dependencies;

@@ -82,7 +82,7 @@ pub(crate) fn launch_spec(
         gpus.iter().filter_map(|i| info.iter().find(|d| d.device.index == *i)).collect();
     let uuids: Vec<String> = job_devices.iter().map(|d| d.device.uuid.clone()).collect();
     let in_container = job.spec.image.is_some();
-    let mut env = job.spec.env.clone();
+    let mut env = (*job.spec.env).clone();
     let ids: Vec<String> = match (mig_uuid, in_container) {
         (Some(mig), _) => vec![mig.to_owned()],
         // A container only has its own GPUs' nodes: CUDA numbers them from 0.
@@ -138,7 +138,7 @@ pub(crate) fn launch_spec(
     let (argv, files) = if in_container {
         // Containers keep their own directory and environment (workdir, script and output
         // files are for bare processes).
-        (job.spec.command.clone(), JobFiles::default())
+        (job.spec.command.to_vec(), JobFiles::default())
     } else {
         job_files(job, &work_dir, &config.node_name)
     };
@@ -220,14 +220,15 @@ pub(crate) fn job_files(job: &Job, work_dir: &Path, node: &str) -> (Vec<String>,
             argv.extend(spec.command.iter().cloned());
             argv
         }
-        None => spec.command.clone(),
+        None => spec.command.to_vec(),
     };
     let base = cwd.clone().unwrap_or_else(|| work_dir.to_path_buf());
     let output = |pattern: &str| base.join(expand_output_pattern(pattern, job, node));
     let stdout = spec.stdout_path.as_deref().map(output);
     // As in Slurm, stderr goes with stdout unless it has a file of its own.
     let stderr = spec.stderr_path.as_deref().map(output).or_else(|| stdout.clone());
-    let files = JobFiles { cwd, script: spec.script.clone(), stdout, stderr, truncate: job.attempts <= 1 };
+    let files =
+        JobFiles { cwd, script: spec.script.as_deref().map(String::from), stdout, stderr, truncate: job.attempts <= 1 };
     (argv, files)
 }
 
@@ -269,7 +270,7 @@ mod tests {
             spec: JobSpec {
                 name: "train".into(),
                 tenant: "default".into(),
-                command: vec!["--lr".into(), "0.1".into()],
+                command: vec!["--lr".into(), "0.1".into()].into(),
                 cpu_millis: 2500,
                 workdir: Some("/home/ana/exp".into()),
                 ..Default::default()

@@ -289,7 +289,7 @@ pub(crate) mod tests {
     pub(crate) fn job(id: JobId, epoch: u64) -> Arc<Job> {
         Arc::new(Job {
             id,
-            spec: JobSpec { command: vec!["true".into()], tenant: "default".into(), ..Default::default() },
+            spec: JobSpec { command: vec!["true".into()].into(), tenant: "default".into(), ..Default::default() },
             state: JobState::Running,
             request_id: String::new(),
             submitted_at: Timestamp(1),

@@ -77,7 +77,7 @@ async fn simulated_leak_and_overheat_make_gpus_unschedulable_until_healed() {
         name: "t".into(),
         tenant: "default".into(),
         gpus,
-        command: vec!["true".into()],
+        command: vec!["true".into()].into(),
         ..Default::default()
     };
     let first = client.submit(&spec(2)).await.expect("submit").job_id;

@@ -20,6 +20,11 @@ fn refused_submits_explain_themselves_and_create_nothing() {
         (&["show", "999"], "job 999 not found"),
         (&["cancel", "999"], "job 999 not found"),
         (&["show", "abc"], "invalid value 'abc'"),
+        (&["submit", "--array", "0,0", "--", "true"], "invalid array: '0,0': index 0 is listed twice"),
+        (&["submit", "--array", "0-9,5", "--", "true"], "0-9 and 5 overlap"),
+        (&["submit", "--array", "0-9%10001", "--", "true"], "the %limit is at most 10000 tasks at once"),
+        (&["submit", "--array", "0-9%2000", "--", "true"], "this pool allows at most 1024 (limits.max-array-window)"),
+        (&["submit", "--array", "0-100000", "--", "true"], "index 100000 is above 99999"),
     ];
     for (args, expected) in cases {
         let out = pool.corral(args);

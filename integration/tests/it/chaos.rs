@@ -192,7 +192,7 @@ impl Pool {
             name: format!("chaos-{id_hint}"),
             tenant: "default".into(),
             priority_class: priority.into(),
-            command: vec!["sh".into(), "-c".into(), script],
+            command: vec!["sh".into(), "-c".into(), script].into(),
             ..Default::default()
         };
         match kind {

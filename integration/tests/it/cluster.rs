@@ -185,7 +185,7 @@ fn a_follower_behind_by_80_mb_of_entries_catches_up_and_the_next_leader_writes()
             .map(|i| {
                 let rid = format!("big-{batch}-{i}");
                 let mut spec = spec(&rid);
-                spec.command = vec!["echo".into(), "x".repeat(8 * 1024)];
+                spec.command = vec!["echo".into(), "x".repeat(8 * 1024)].into();
                 (rid, spec)
             })
             .collect();

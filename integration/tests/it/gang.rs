@@ -88,7 +88,7 @@ fn a_failed_part_stops_the_gang_which_restarts_as_a_whole_then_fails() {
     let script = "echo attempt $CORRAL_ATTEMPT rank $NODE_RANK; if [ \"$NODE_RANK\" = 1 ]; then exit 1; fi; sleep 60";
     let mut spec = corral_integration::trivial_job("gang");
     spec.gpus = 4;
-    spec.command = vec!["sh".into(), "-c".into(), script.into()];
+    spec.command = vec!["sh".into(), "-c".into(), script.into()].into();
     spec.sched.gpus_per_node = Some(2);
     spec.sched.max_restarts = Some(1);
     let job = rt.block_on(client.submit(&spec)).expect("submit").job_id;

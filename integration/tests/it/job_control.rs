@@ -1,11 +1,16 @@
 //! Slurm-style job control on a real `corral dev`: a job array of 20 with a `%4` throttle never
 //! runs more than 4 tasks at once; an afterok chain runs in order and afternotok fires on a
 //! failure; hold and release; cancelling one task and a whole array; `corral jobs` collapses an
-//! array's pending tasks.
+//! array's pending tasks. The largest legal array (a 1 MiB script, 100 000 tasks, the largest
+//! window) on a coordinator alone.
 
 use corral_client::{Client, ClientConfig};
+use corral_integration::cluster::{Cluster, ClusterOptions};
 use corral_integration::{one_line_stderr, DevPool};
-use corral_types::{ArrayRange, ArraySpec, Dependency, DependencyKind, JobSpec, JobState};
+use corral_types::{
+    ArrayRange, ArraySpec, Dependency, DependencyKind, JobSpec, JobState, MAX_ARRAY_TASKS, MAX_ARRAY_WINDOW,
+    MAX_SCRIPT_BYTES,
+};
 use std::time::{Duration, Instant};
 
 fn client(pool: &DevPool) -> (Client, tokio::runtime::Runtime) {
@@ -18,7 +23,7 @@ fn sh(script: &str) -> JobSpec {
     JobSpec {
         name: "slurm-test".into(),
         tenant: "default".into(),
-        command: vec!["sh".into(), "-c".into(), script.into()],
+        command: vec!["sh".into(), "-c".into(), script.into()].into(),
         ..Default::default()
     }
 }
@@ -189,4 +194,45 @@ fn cancel_all_cancels_exactly_the_matching_jobs() {
     assert_eq!(pool.show(other)["state"], "cancelled");
     let again = pool.json(&["cancel", "--all"]);
     assert_eq!(again["cancelled"], 0, "nothing left: {again}");
+}
+
+/// The largest legal array through the real binary, on a coordinator without workers (every
+/// task stays pending): a script of `MAX_SCRIPT_BYTES`, `MAX_ARRAY_TASKS` indices and the
+/// largest window a pool may be configured with. Its window of tasks is created at submit,
+/// the last task is answered as not created yet, and cancelling it and then the array reaches
+/// every task.
+#[test]
+fn the_largest_array_is_submitted_shown_and_cancelled() {
+    let options = ClusterOptions {
+        extra_config: format!("\n[limits]\nmax-array-window = {MAX_ARRAY_WINDOW}\n"),
+        ..ClusterOptions::default()
+    };
+    let cluster = Cluster::start(1, options);
+    cluster.init_and_join_all();
+    cluster.leader();
+    let script = cluster.dir().join("big.sh");
+    let mut text = String::from("#!/bin/sh\n");
+    text.push_str(&"#".repeat(MAX_SCRIPT_BYTES - text.len() - "\nexit 0\n".len()));
+    text.push_str("\nexit 0\n");
+    std::fs::write(&script, &text).expect("script");
+    let spec = format!("0-{}%{MAX_ARRAY_WINDOW}", MAX_ARRAY_TASKS - 1);
+    let out = cluster.corral_at(0, &["sbatch", "--array", &spec, script.to_str().expect("utf-8")]);
+    assert!(out.status.success(), "sbatch: {}", String::from_utf8_lossy(&out.stderr));
+    let array: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("job id");
+    let status = cluster.status(0).expect("status");
+    assert_eq!(status["jobs_in_memory"], u64::from(MAX_ARRAY_WINDOW) + 1, "the array and its window: {status}");
+    let task = cluster.json(&["show", &format!("{array}_{}", MAX_ARRAY_WINDOW - 1)]);
+    assert_eq!(task["state"], "pending", "{task}");
+    let last = format!("{array}_{}", MAX_ARRAY_TASKS - 1);
+    let out = cluster.corral_at(0, &["cancel", &last]);
+    assert!(out.status.success(), "cancel {last}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("it will not start"));
+    let out = cluster.corral_at(0, &["cancel", &array.to_string()]);
+    assert!(out.status.success(), "cancel {array}: {}", String::from_utf8_lossy(&out.stderr));
+    cluster.wait_for(array, Duration::from_secs(30), "cancelled", |d| d["state"] == "cancelled");
+    assert_eq!(cluster.json(&["show", &format!("{array}_0")])["state"], "cancelled");
+    // Asking for more than this pool admits is one line naming the limit.
+    let out = cluster.corral_at(0, &["sbatch", "--array", "0-9%10001", script.to_str().expect("utf-8")]);
+    assert!(!out.status.success());
+    assert!(one_line_stderr(&out).contains("at most 10000 tasks at once"), "{}", one_line_stderr(&out));
 }

@@ -18,10 +18,10 @@ pub(super) async fn cancel_job(
 ) -> Result<Response<pb::Job>, Status> {
     let who = coord.principal(&request, "cancel")?;
     let req = request.get_ref();
-    let job = match coord.snapshot().resolve(req.job_id, req.array_index)? {
+    let owned = |job: &corral_types::Job| coord.require_owner(&request, "cancel", "cancel", &who, job);
+    let job = match coord.snapshot().resolve(req.job_id, req.array_index, owned)? {
         Target::Job(job) => job,
         Target::Uncreated { array, index } => {
-            coord.require_owner(&request, "cancel", "cancel", &who, &array)?;
             let command = Command::CancelArrayTask { array: array.id, index, reason: "cancelled by user".into() };
             return match coord.propose(command).await? {
                 Outcome::Job(job) => Ok(Response::new((&*job).into())),
@@ -30,7 +30,6 @@ pub(super) async fn cancel_job(
         }
     };
     let job_id = job.id;
-    coord.require_owner(&request, "cancel", "cancel", &who, &job)?;
     if job.state.is_terminal() {
         // Nothing to stop (and a job in the history is no longer in the state machine).
         return Ok(Response::new((&job).into()));
@@ -57,7 +56,8 @@ pub(super) async fn control_job(
     }
     let who = coord.principal(&request, action)?;
     let snapshot = coord.snapshot();
-    let job = match snapshot.resolve(req.job_id, req.array_index)? {
+    let owned = |job: &corral_types::Job| coord.require_owner(&request, action, action, &who, job);
+    let job = match snapshot.resolve(req.job_id, req.array_index, owned)? {
         Target::Job(job) => job,
         Target::Uncreated { array, index } => {
             return Err(Status::failed_precondition(format!(
@@ -66,7 +66,6 @@ pub(super) async fn control_job(
             )))
         }
     };
-    coord.require_owner(&request, action, action, &who, &job)?;
     if job.state.is_terminal() && !snapshot.read().state.jobs.contains_key(&job.id) {
         return Err(Status::failed_precondition(format!(
             "job {} ended ({}) and is in the history: it can no longer be changed",

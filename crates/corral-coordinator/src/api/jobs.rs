@@ -19,7 +19,8 @@ const MAX_BATCH: usize = 10_000;
 const WATCH_REFRESH: Duration = Duration::from_millis(500);
 
 /// The spec as `who` may submit it: a tenant submits only as itself (an empty tenant becomes
-/// the token's tenant, or `default` for an admin).
+/// the token's tenant, or `default` for an admin), and a job array only within this
+/// coordinator's `[limits]` (checked once the tenant is, in O(ranges)).
 fn own_spec<T>(
     coord: &Coordinator,
     request: &Request<T>,
@@ -40,6 +41,9 @@ fn own_spec<T>(
                 spec.tenant
             )),
         ));
+    }
+    if let Some(array) = &mut spec.array {
+        coord.config().array_limits.admit(array).map_err(|e| Status::invalid_argument(e.to_string()))?;
     }
     Ok(spec)
 }
@@ -99,17 +103,16 @@ pub(super) fn get_job(
 ) -> Result<Response<pb::Job>, Status> {
     let who = coord.principal(&request, "show")?;
     let req = request.get_ref();
-    let job = match snapshot.resolve(req.job_id, req.array_index)? {
+    let owned = |job: &corral_types::Job| coord.require_owner(&request, "show", "show", &who, job);
+    let job = match snapshot.resolve(req.job_id, req.array_index, owned)? {
         Target::Job(job) => job,
         Target::Uncreated { array, index } => {
-            coord.require_owner(&request, "show", "show", &who, &array)?;
             return Err(Status::not_found(format!(
                 "task {}_{index} was not created yet: it waits in array {} (corral show {})",
                 array.id, array.id, array.id
             )));
         }
     };
-    coord.require_owner(&request, "show", "show", &who, &job)?;
     Ok(Response::new(snapshot.job_reply(&job)))
 }
 

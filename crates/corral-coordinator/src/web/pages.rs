@@ -438,7 +438,7 @@ mod tests {
             name: name.into(),
             tenant: tenant.into(),
             gpus,
-            command: vec!["echo".into(), "<b>hi</b>".into()],
+            command: vec!["echo".into(), "<b>hi</b>".into()].into(),
             ..Default::default()
         }
     }

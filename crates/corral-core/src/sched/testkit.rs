@@ -106,8 +106,8 @@ impl World {
             memory_bytes: named.get("ram").map(|r| r.parse::<u64>().unwrap() << 30).unwrap_or(1 << 30),
             time_limit_secs: named.get("time").map(|t| parse_duration(t).unwrap().as_secs()),
             image: None,
-            command: vec!["true".into()],
-            env: BTreeMap::new(),
+            command: vec!["true".into()].into(),
+            env: Default::default(),
             sched: SchedOptions {
                 gpus_per_node: named.get("per-node").map(|g| g.parse().unwrap()),
                 rdma: flags.iter().any(|f| f == "rdma"),

@@ -2,10 +2,13 @@
 //! scheduling passes, exits, preemptions, node losses, drains and cordons, policy changes, job
 //! control (hold, release, requeue, update, cancels of tasks), compactions that move finished
 //! jobs to the history, and deliberately wrong proposals goes through apply(), no GPU, MIG or MPS slice, node CPU/memory or quota is ever
-//! over-committed, no job starts before its dependencies are met, no array runs more tasks than
-//! its throttle, a run is billed once (in contiguous pieces across price changes), the derived
-//! indexes match a rebuild, passes are deterministic, and only terminal jobs (an array with all
-//! its tasks) leave the hot state, never one a live job still waits on.
+//! over-committed, no job starts before its dependencies are met, no array has more unfinished
+//! tasks than its window nor two tasks of one index (whatever index list, valid or not, it was
+//! submitted with), a tenant's pending count is its pending jobs plus the tasks its arrays have
+//! yet to create and a submit never takes it above `max-pending-jobs`, a run is billed once (in
+//! contiguous pieces across price changes), the derived indexes match a rebuild, passes are
+//! deterministic, and only terminal jobs (an array with all its tasks) leave the hot state,
+//! never one a live job still waits on.
 
 use corral_core::{
     job_milli_gpus, schedule, ClusterConfig, Command, JobUpdate, Placement, Preemption, Request, State, TenantPolicy,
@@ -18,6 +21,8 @@ use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 
 const TENANTS: [&str; 3] = ["default", "team-a", "team-b"];
+/// team-b's `max-pending-jobs`.
+const MAX_PENDING_B: u32 = 8;
 const CLASSES: [&str; 3] = ["preemptible", "normal", "gpu-high-priority"];
 
 #[derive(Debug, Clone)]
@@ -28,10 +33,13 @@ enum Op {
         shape: usize,
         time_limit: Option<u64>,
         no_requeue: bool,
-        /// Bits: 1 an array of 3 (throttle 2), 2 held, 4 singleton; `dep`: a dependency on an
-        /// earlier job (kind, pick).
+        /// Bits: 1 an array (`array`), 2 held, 4 singleton; `dep`: a dependency on an earlier
+        /// job (kind, pick).
         extra: u8,
         dep: Option<(u8, usize)>,
+        /// The index list as written, (first, more, step) each, overlapping or out of order at
+        /// times, and the `%N`.
+        array: (Vec<(u32, u32, u32)>, Option<u32>),
     },
     /// Cordon (1), drain (2, with a deadline in seconds) or resume (0) a node.
     NodeMode {
@@ -116,12 +124,16 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (
             (0..3usize, 0..3usize, 0..12usize, proptest::option::of(60..7200u64), proptest::bool::weighted(0.2)),
-            (any::<u8>(), proptest::option::weighted(0.3, (0..3u8, any::<usize>())))
+            (any::<u8>(), proptest::option::weighted(0.3, (0..3u8, any::<usize>()))),
+            (
+                proptest::collection::vec((0..12u32, 0..4u32, 1..3u32), 1..4),
+                proptest::option::of(prop_oneof![1..5u32, Just(corral_types::MAX_ARRAY_WINDOW + 1)])
+            )
         )
-            .prop_map(|((tenant, class, shape, time_limit, no_requeue), (extra, dep))| {
+            .prop_map(|((tenant, class, shape, time_limit, no_requeue), (extra, dep), array)| {
                 // Arrays, held jobs and singletons are the rarer cases.
                 let extra = if extra % 3 == 0 { extra } else { 0 };
-                Op::Submit { tenant, class, shape, time_limit, no_requeue, extra, dep }
+                Op::Submit { tenant, class, shape, time_limit, no_requeue, extra, dep, array }
             }),
         1 => (0..3usize, 0..3u8, proptest::option::of(0..120u64))
             .prop_map(|(node, mode, deadline)| Op::NodeMode { node, mode, deadline }),
@@ -200,8 +212,8 @@ fn spec(tenant: usize, class: usize, shape: usize, time_limit: Option<u64>, no_r
         memory_bytes: (1 + shape as u64 % 4) << 30,
         time_limit_secs: time_limit,
         image: None,
-        command: vec!["true".into()],
-        env: BTreeMap::new(),
+        command: vec!["true".into()].into(),
+        env: Default::default(),
         sched: SchedOptions {
             gpus_per_node: per_node,
             rdma: shape == 3,
@@ -219,6 +231,7 @@ fn config() -> ClusterConfig {
     c.tenant_policies.get_mut("team-b").unwrap().borrowing_limit_milli_gpus = Some(2000);
     c.tenant_policies
         .insert("default".into(), TenantPolicy { quota_milli_gpus: Some(6000), ..TenantPolicy::default() });
+    c.tenant_policies.get_mut("team-b").unwrap().max_pending_jobs = Some(MAX_PENDING_B);
     c.scheduler.backfill_reservations = 2;
     c.scheduler.max_preemptors_per_pass = 4;
     c.scheduler.usage_half_life_secs = 3600;
@@ -268,12 +281,16 @@ impl Sim {
 
     fn step(&mut self, op: &Op) {
         match op {
-            Op::Submit { tenant, class, shape, time_limit, no_requeue, extra, dep } => {
+            Op::Submit { tenant, class, shape, time_limit, no_requeue, extra, dep, array } => {
                 self.submitted += 1;
                 let mut spec = spec(*tenant, *class, *shape, *time_limit, *no_requeue);
                 if extra & 1 != 0 {
-                    let ranges = vec![ArrayRange { first: 0, last: 2, step: 1 }];
-                    spec.array = Some(ArraySpec { ranges, max_running: Some(2) });
+                    let ranges = array
+                        .0
+                        .iter()
+                        .map(|&(first, more, step)| ArrayRange { first, last: first + more, step })
+                        .collect();
+                    spec.array = Some(ArraySpec { ranges, max_running: array.1 });
                 }
                 spec.sched.hold = extra & 2 != 0;
                 spec.sched.singleton = extra & 4 != 0;
@@ -285,7 +302,13 @@ impl Sim {
                         spec.sched.dependencies = vec![Dependency { kind, job_id: ids[pick % ids.len()] }];
                     }
                 }
+                let tenant = spec.tenant.clone();
+                let before = self.state.pending_count_of(&tenant);
                 self.apply(Command::SubmitJob { request_id: format!("r{}", self.submitted), spec });
+                let after = self.state.pending_count_of(&tenant);
+                if tenant == "team-b" && after > before {
+                    assert!(after <= u64::from(MAX_PENDING_B), "a submit took team-b to {after} pending jobs");
+                }
             }
             Op::NodeMode { node, mode, deadline } => {
                 let mode = [NodeMode::Active, NodeMode::Cordoned, NodeMode::Draining][*mode as usize % 3];
@@ -625,18 +648,43 @@ fn check_invariants(state: &State, archive: &BTreeMap<JobId, corral_types::Job>)
             assert!(!job.held && job.waiting_on.is_empty(), "job {} runs held or waiting", job.id);
         }
     }
-    // No array has more unfinished tasks than its throttle; a finished array has none.
+    // No array has more unfinished tasks than its window; a finished array has none.
     for array in state.jobs.values().filter(|j| j.is_array()) {
         let unfinished = state
             .jobs
             .values()
             .filter(|t| t.array_task.is_some_and(|a| a.array == array.id) && !t.state.is_terminal())
             .count();
-        let max = array.spec.array.as_ref().and_then(|a| a.max_running).unwrap_or(u32::MAX) as usize;
-        assert!(unfinished <= max, "array {} has {unfinished} unfinished tasks, throttle {max}", array.id);
+        let spec = array.spec.array.as_ref().expect("an array has its index set");
+        assert!(spec.validate().is_ok(), "array {} was created with a bad index set {spec:?}", array.id);
+        let window = spec.max_running.unwrap_or(corral_types::DEFAULT_ARRAY_WINDOW) as usize;
+        assert!(unfinished <= window, "array {} has {unfinished} unfinished tasks, window {window}", array.id);
         if array.state.is_terminal() {
             assert_eq!(unfinished, 0, "array {} ended with unfinished tasks", array.id);
         }
+    }
+    // No two tasks of an array, hot or archived, have the same index, and each is one of its.
+    let mut indices = BTreeSet::new();
+    for task in state.jobs.values().chain(archive.values()).filter_map(|j| j.array_task) {
+        assert!(indices.insert((task.array, task.index)), "array {} has task {} twice", task.array, task.index);
+        let spec = find(&task.array).spec.array.as_ref().expect("a task's array has its index set");
+        assert!(spec.contains(task.index), "array {} has no index {}", task.array, task.index);
+    }
+    // A tenant's pending count: its pending jobs (not arrays) and the tasks its unfinished,
+    // uncancelled arrays have yet to create, cancelled indices aside.
+    for tenant in TENANTS {
+        let mut expected = 0;
+        for job in state.jobs.values().filter(|j| j.spec.tenant == tenant) {
+            if !job.is_array() {
+                expected += u64::from(job.state == JobState::Pending);
+            } else if !job.state.is_terminal() && !job.cancel_requested {
+                let (spec, progress) = (job.spec.array.as_ref().unwrap(), job.array_progress.as_ref().unwrap());
+                expected +=
+                    spec.indices_from(u64::from(progress.created)).filter(|i| !progress.skipped.contains(i)).count()
+                        as u64;
+            }
+        }
+        assert_eq!(state.pending_count_of(tenant), expected, "pending jobs of {tenant}");
     }
     // Placements only on active nodes: a running job whose node is cordoned or draining was
     // placed before (it started earlier than the mode change); nothing to check statelessly.

@@ -48,8 +48,8 @@ impl From<&JobSpec> for pb::JobSpec {
             memory_bytes: s.memory_bytes,
             time_limit_secs: s.time_limit_secs,
             image: s.image.clone(),
-            command: s.command.clone(),
-            env: s.env.clone(),
+            command: s.command.to_vec(),
+            env: (*s.env).clone(),
             sched: (s.sched != SchedOptions::default()).then_some(pb::SchedOptions {
                 gpus_per_node: s.sched.gpus_per_node,
                 rdma: s.sched.rdma,
@@ -68,7 +68,7 @@ impl From<&JobSpec> for pb::JobSpec {
                 hold: s.sched.hold,
             }),
             workdir: s.workdir.clone(),
-            script: s.script.clone(),
+            script: s.script.as_deref().map(String::from),
             stdout_path: s.stdout_path.clone(),
             stderr_path: s.stderr_path.clone(),
             array: s.array.as_ref().map(|a| pb::ArraySpec {
@@ -96,8 +96,8 @@ impl TryFrom<pb::JobSpec> for JobSpec {
             memory_bytes: s.memory_bytes,
             time_limit_secs: s.time_limit_secs,
             image: s.image,
-            command: s.command,
-            env: s.env,
+            command: s.command.into(),
+            env: s.env.into(),
             sched: s
                 .sched
                 .map(|o| -> Result<SchedOptions, CodecError> {
@@ -121,7 +121,7 @@ impl TryFrom<pb::JobSpec> for JobSpec {
                 .transpose()?
                 .unwrap_or_default(),
             workdir: s.workdir,
-            script: s.script,
+            script: s.script.map(Into::into),
             stdout_path: s.stdout_path,
             stderr_path: s.stderr_path,
             array: s.array.map(|a| ArraySpec {

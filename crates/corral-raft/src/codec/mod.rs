@@ -255,7 +255,7 @@ mod tests {
         // A gang whose parts ended apart keeps how each ended (a lost node has no report).
         let job = Job {
             id: 1,
-            spec: JobSpec { name: "g".into(), command: vec!["true".into()], ..JobSpec::default() },
+            spec: JobSpec { name: "g".into(), command: vec!["true".into()].into(), ..JobSpec::default() },
             state: JobState::Running,
             request_id: "r".into(),
             submitted_at: Timestamp(1),
@@ -330,7 +330,7 @@ mod tests {
             tenant: "team-a".into(),
             priority_class: "preemptible".into(),
             gpu_slice: Some(GpuSlice::Mps { thread_percent: 50, memory_mib: None }),
-            command: vec!["true".into()],
+            command: vec!["true".into()].into(),
             ..JobSpec::default()
         };
         apply(&mut state, 3, Command::SubmitJob { request_id: "a".into(), spec: low.clone() }).unwrap();

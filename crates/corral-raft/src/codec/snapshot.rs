@@ -365,8 +365,8 @@ mod tests {
             memory_bytes: 1 << 30,
             time_limit_secs: Some(60),
             image: None,
-            command: vec!["sh".into(), "-c".into(), "echo hi".into()],
-            env: [("A".to_string(), "1".to_string())].into(),
+            command: vec!["sh".into(), "-c".into(), "echo hi".into()].into(),
+            env: std::sync::Arc::new([("A".to_string(), "1".to_string())].into()),
             sched: SchedOptions {
                 gpus_per_node: None,
                 rdma: true,
@@ -414,7 +414,7 @@ mod tests {
     fn unchanged_jobs_are_not_encoded_again() {
         let mut state = State::default();
         state.apply(&Request { ts: Timestamp(1), command: Command::Configure(ClusterConfig::dev_defaults()) }).unwrap();
-        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()], ..Default::default() };
+        let spec = JobSpec { tenant: "default".into(), command: vec!["true".into()].into(), ..Default::default() };
         let jobs = (0..3).map(|i| (format!("r{i}"), spec.clone())).collect();
         state.apply(&Request { ts: Timestamp(2), command: Command::SubmitJobs { jobs } }).unwrap();
         let mut cache = JobEncodings::default();

@@ -16,7 +16,7 @@ fn command(kind: u8, id: u64, n: u32) -> Command {
                 name: "j".into(),
                 tenant: ["default", "team-a", "team-b"][id as usize % 3].into(),
                 gpus: n % 5,
-                command: vec!["true".into()],
+                command: vec!["true".into()].into(),
                 ..Default::default()
             },
         },

@@ -63,8 +63,10 @@ fn full_spec() -> JobSpec {
         memory_bytes: 256 << 30,
         time_limit_secs: Some(86_400),
         image: Some("registry.example/llm:1.4".into()),
-        command: vec!["torchrun".into(), "--nproc-per-node=4".into(), "train.py".into()],
-        env: [("NCCL_DEBUG".to_string(), "INFO".to_string()), ("SEED".to_string(), "7".to_string())].into(),
+        command: vec!["torchrun".into(), "--nproc-per-node=4".into(), "train.py".into()].into(),
+        env: std::sync::Arc::new(
+            [("NCCL_DEBUG".to_string(), "INFO".to_string()), ("SEED".to_string(), "7".to_string())].into(),
+        ),
         sched: SchedOptions {
             gpus_per_node: Some(4),
             rdma: true,
@@ -85,7 +87,7 @@ fn mig_spec() -> JobSpec {
         gpu_slice: Some(GpuSlice::Mig { profile: "3g.40gb".into(), compute_slices: 3 }),
         cpu_millis: 2000,
         memory_bytes: 8 << 30,
-        command: vec!["jupyter".into(), "lab".into()],
+        command: vec!["jupyter".into(), "lab".into()].into(),
         ..JobSpec::default()
     }
 }
@@ -96,7 +98,7 @@ fn mps_spec() -> JobSpec {
         tenant: "default".into(),
         priority_class: "preemptible".into(),
         gpu_slice: Some(GpuSlice::Mps { thread_percent: 25, memory_mib: Some(16_384) }),
-        command: vec!["serve".into()],
+        command: vec!["serve".into()].into(),
         ..JobSpec::default()
     }
 }
