@@ -755,7 +755,7 @@ impl Corral for Api {
         self.coord.require_admin(&request, "node remove", &who)?;
         let node = request.get_ref().node.clone();
         let gpus = self.coord.inner.node.state.read().state.nodes.get(&node).map_or(0, |n| n.spec.gpus.len() as u32);
-        self.coord.propose(Command::RemoveNode { node: node.clone() }).await?;
+        self.coord.propose(Command::RemoveNode { node: node.clone(), revoke_certificates: true }).await?;
         self.coord.inner.liveness.forget(&node);
         self.coord.audit_admin(&request, "node remove", &who, format!("node {node} ({gpus} gpus)"));
         Ok(Response::new(pb::RemoveNodeResponse { gpus }))

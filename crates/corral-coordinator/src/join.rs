@@ -120,7 +120,7 @@ impl NodeJoin for Joins {
         let command =
             Command::ConsumeJoinToken { sha256, node: node.clone(), public_key_sha256: csr.public_key_sha256() };
         let (token_id, duplicate) = match coord.propose(command).await {
-            Ok(Outcome::JoinTokenConsumed { token_id, duplicate }) => (token_id, duplicate),
+            Ok(Outcome::JoinTokenConsumed { token_id, duplicate, .. }) => (token_id, duplicate),
             Ok(other) => return Err(Status::internal(format!("unexpected outcome of join: {other:?}"))),
             Err(CoordError::Rejected(e @ ApplyError::JoinTokenRefused(_))) => {
                 return Err(coord.deny_join(&request, Status::permission_denied(e.to_string())));

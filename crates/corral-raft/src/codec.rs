@@ -20,6 +20,8 @@ use corral_types::{
 use prost::Message;
 use std::collections::BTreeMap;
 
+mod revocations;
+
 /// Version of the persisted command encoding, written into every `Command` (and the store's
 /// scalar record); a build refuses versions newer than [`SNAPSHOT_FORMAT_VERSION`].
 /// 2: preemption, gang placements across nodes, GPU slices, quotas and fair-share usage.
@@ -804,7 +806,9 @@ fn command_to_pb(r: &Request) -> pb::Command {
             drain_deadline: drain_deadline.map(|t| t.0),
         }),
         Command::EvictDrainedJobs { node } => Kind::EvictDrainedJobs(pb::EvictDrainedJobs { node: node.clone() }),
-        Command::RemoveNode { node } => Kind::RemoveNode(pb::RemoveNode { node: node.clone() }),
+        Command::RemoveNode { node, revoke_certificates } => {
+            Kind::RemoveNode(pb::RemoveNode { node: node.clone(), revoke_certificates: *revoke_certificates })
+        }
         Command::HoldJob { job_id, hold } => Kind::HoldJob(pb::HoldJob { job_id: *job_id, hold: *hold }),
         Command::RequeueJob { job_id } => Kind::RequeueJob(pb::RequeueJob { job_id: *job_id }),
         Command::SignalJob { job_id, signal } => Kind::SignalJob(pb::SignalJob { job_id: *job_id, signal: *signal }),
@@ -896,7 +900,7 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
             drain_deadline: m.drain_deadline.map(Timestamp),
         },
         Kind::EvictDrainedJobs(e) => Command::EvictDrainedJobs { node: e.node },
-        Kind::RemoveNode(r) => Command::RemoveNode { node: r.node },
+        Kind::RemoveNode(r) => Command::RemoveNode { node: r.node, revoke_certificates: r.revoke_certificates },
         Kind::HoldJob(h) => Command::HoldJob { job_id: h.job_id, hold: h.hold },
         Kind::RequeueJob(r) => Command::RequeueJob { job_id: r.job_id },
         Kind::SignalJob(g) => Command::SignalJob { job_id: g.job_id, signal: g.signal },
@@ -1189,6 +1193,7 @@ fn encode_snapshot(s: &State, with_request_ids: bool, cache: &mut JobEncodings) 
         policy_history: policy_history_to_pb(s),
         join_tokens: join_tokens_to_pb(s),
         next_join_token_id: s.next_join_token_id,
+        revoked_workers: revocations::to_pb(&s.revoked_workers),
         segments_archived_below: s.segments_archived_below,
         archived_billed: billed_to_pb(&s.archived_billed),
         ..Default::default()
@@ -1393,6 +1398,7 @@ fn state_from_snapshot_pb(s: pb::StateSnapshot) -> Result<State, CodecError> {
     state.policy_history = policy_history_from_pb(s.policy_history);
     state.join_tokens = join_tokens_from_pb(s.join_tokens);
     state.next_join_token_id = s.next_join_token_id;
+    state.revoked_workers = revocations::from_pb(s.revoked_workers);
     Ok(state)
 }
 
@@ -1508,6 +1514,8 @@ pub struct StateMeta {
     /// Join tokens: set `State::join_tokens` to them after `State::from_parts`.
     pub join_tokens: BTreeMap<u64, JoinTokenRecord>,
     pub next_join_token_id: u64,
+    /// The deny list: set `State::revoked_workers` to it after `State::from_parts`.
+    pub revoked_workers: BTreeMap<String, u64>,
     /// Set `State::segments_archived_below` to it (load segments from there).
     pub segments_archived_below: u64,
     /// Set `State::archived_billed` to it.
@@ -1531,6 +1539,7 @@ pub fn meta_to_bytes(s: &State) -> Vec<u8> {
         policy_version: s.policy_version,
         join_tokens: join_tokens_to_pb(s),
         next_join_token_id: s.next_join_token_id,
+        revoked_workers: revocations::to_pb(&s.revoked_workers),
         segments_archived_below: s.segments_archived_below,
         archived_billed: billed_to_pb(&s.archived_billed),
         ..Default::default()
@@ -1556,6 +1565,7 @@ pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, CodecError> {
         policy_version: s.policy_version,
         join_tokens: join_tokens_from_pb(s.join_tokens),
         next_join_token_id: s.next_join_token_id,
+        revoked_workers: revocations::from_pb(s.revoked_workers),
         segments_archived_below: s.segments_archived_below,
         archived_billed: billed_from_pb(s.archived_billed),
     })
@@ -1718,7 +1728,8 @@ mod tests {
             assert_eq!(&policy_record_from_bytes(&policy_record_to_bytes(record)).unwrap(), record);
         }
         assert_eq!(node_from_bytes(&node_to_bytes(&state.nodes["n1"])).unwrap(), state.nodes["n1"]);
-        let remove = Request { ts: Timestamp(9), command: Command::RemoveNode { node: "n1".into() } };
+        let remove =
+            Request { ts: Timestamp(9), command: Command::RemoveNode { node: "n1".into(), revoke_certificates: true } };
         assert_eq!(command_from_bytes(&command_to_bytes(&remove)).unwrap(), remove);
     }
 
