@@ -395,6 +395,9 @@ impl Coordinator {
         let (submits, group_task) = group_commit::GroupCommit::start(self.clone(), self.inner.submit_queue.clone());
         let _ = self.inner.submits.set(submits);
         let security = &self.inner.config.security;
+        if let Some(tls) = &security.server_tls {
+            tls.set_revocations(join::revocations(self.inner.node.state.clone()));
+        }
         let incoming = corral_security::audited_incoming(listener, security.server_tls.clone(), security.audit.clone());
         let guard = |service: auth::Service| {
             let guard = service.guard(security);

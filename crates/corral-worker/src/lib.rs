@@ -20,6 +20,7 @@ mod metrics;
 pub mod mps;
 pub mod preflight;
 pub mod reconcile;
+mod renew;
 mod runtime;
 mod worker;
 

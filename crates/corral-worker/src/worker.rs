@@ -394,8 +394,12 @@ impl Worker {
             .add_service(InterceptedService::new(reflection_alpha, check))
             .serve_with_incoming(incoming);
         let agent = tokio::spawn(agent);
+        let renewal = self.shared.config.cert_renewal.clone().map(|r| tokio::spawn(crate::renew::run(r)));
         let result = crate::runtime::Runtime::new(self.shared.clone()).run(shutdown).await;
         agent.abort();
+        if let Some(renewal) = renewal {
+            renewal.abort();
+        }
         health_task.abort();
         let shared = Arc::clone(&self.shared);
         let _ = tokio::task::spawn_blocking(move || shared.mps.shutdown()).await;
