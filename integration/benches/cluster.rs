@@ -18,7 +18,7 @@ fn spec() -> JobSpec {
 }
 
 /// Mutual TLS of the clients, when the bench runs with `CORRAL_BENCH_TLS`.
-static CLIENT_TLS: std::sync::OnceLock<tonic::transport::ClientTlsConfig> = std::sync::OnceLock::new();
+static CLIENT_TLS: std::sync::OnceLock<corral_security::ClientTls> = std::sync::OnceLock::new();
 
 fn client_config(endpoints: &str) -> ClientConfig {
     let mut config = ClientConfig::new(endpoints.split(',').map(String::from).collect());
@@ -44,7 +44,7 @@ fn certs_init(dir: &std::path::Path, nodes: u64) {
         cert: dir.join("admin.pem"),
         key: dir.join("admin-key.pem"),
     };
-    let tls = corral_security::client_tls_config(&files).expect("client tls");
+    let tls = corral_security::ClientTls::load(&files).expect("client tls");
     CLIENT_TLS.set(tls).expect("set once");
 }
 

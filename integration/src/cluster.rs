@@ -23,6 +23,8 @@ pub struct ClusterOptions {
     /// With `tls`: every coordinator gets the CA key (`tls.ca-key`), so workers can join
     /// with a token.
     pub sign_joins: bool,
+    /// With `sign_joins`: `tls.worker-cert-lifetime` (e.g. "15s"; absent: the default).
+    pub worker_cert_lifetime: Option<String>,
     /// `raft.election-timeout-min` and `-max` in milliseconds.
     pub election_timeout_ms: (u64, u64),
     /// More TOML appended to every node's config (e.g. a `[history]` section).
@@ -43,6 +45,7 @@ impl Default for ClusterOptions {
             node_env: Vec::new(),
             tls: None,
             sign_joins: false,
+            worker_cert_lifetime: None,
             election_timeout_ms: (150, 300),
             extra_config: String::new(),
             watch_history: None,
@@ -125,6 +128,9 @@ impl Cluster {
             ));
             if self.options.sign_joins {
                 text.push_str(&format!("ca-key = \"{}/ca-key.pem\"\n", certs.display()));
+            }
+            if let Some(lifetime) = &self.options.worker_cert_lifetime {
+                text.push_str(&format!("worker-cert-lifetime = \"{lifetime}\"\n"));
             }
         } else if self.options.hosts.is_some() {
             // Namespaced hosts are off loopback: plaintext must be asked for.

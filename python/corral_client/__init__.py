@@ -18,6 +18,7 @@ from .errors import (
     ResourceExhausted,
     RevisionTooOld,
     ServerError,
+    TlsRefused,
     Unauthenticated,
     Unavailable,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "Unauthenticated",
     "ResourceExhausted",
     "Unavailable",
+    "TlsRefused",
     "DeadlineExceeded",
     "Cancelled",
     "Aborted",

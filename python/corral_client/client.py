@@ -1,7 +1,6 @@
 """The corral client: endpoint failover, leader redirects and retries that reuse a submit's
 request id (as the Rust client does), typed results and one exception per gRPC status."""
 
-import os
 import re
 import threading
 import time as _time
@@ -12,7 +11,8 @@ import grpc
 from . import errors
 from ._proto import corral_pb2 as pb
 from ._proto import corral_pb2_grpc as pb_grpc
-from .errors import CorralError, DeadlineExceeded, InvalidJob, Unavailable
+from ._tls import TlsBridge
+from .errors import CorralError, DeadlineExceeded, InvalidJob, TlsRefused, Unavailable
 from .types import JobEvent, STATES, datetime_to_tso, job_from_pb, node_from_pb, segment_from_pb
 
 # Set by a coordinator that does not lead on its refusal: the leader's API address.
@@ -50,11 +50,6 @@ def _tls_files(tls):
     if bool(cert) != bool(key):
         raise ValueError("tls: give both 'cert' and 'key', or neither")
     return ca, cert, key
-
-
-def _read(path):
-    with open(os.path.expanduser(path), "rb") as f:
-        return f.read()
 
 
 def parse_size(value):
@@ -119,8 +114,10 @@ class Client:
 
     endpoints: "host:port[,host:port...]" or a list of them (any coordinators; calls go to the
     leader). token: an access token (`corral token create`). tls: the cluster CA and a client
-    certificate, as a dict or object with `ca`, `cert` and `key` paths. timeout: seconds one
-    attempt of a call may take; retry_for: seconds spent retrying an unavailable cluster.
+    certificate, as a dict or object with `ca`, `cert` and `key` paths; every server must then
+    present a coordinator certificate of that CA valid for its address, or nothing is sent to
+    it and the call raises TlsRefused (see `_tls.py`). timeout: seconds one attempt of a call
+    may take; retry_for: seconds spent retrying an unavailable cluster.
     """
 
     def __init__(self, endpoints, token=None, tls=None, timeout=10.0, retry_for=10.0):
@@ -128,14 +125,10 @@ class Client:
         self.token = token
         self.timeout = timeout
         self.retry_for = retry_for
-        self._credentials = None
+        self._tls = None
         if tls is not None:
             ca, cert, key = _tls_files(tls)
-            self._credentials = grpc.ssl_channel_credentials(
-                root_certificates=_read(ca),
-                private_key=_read(key) if key else None,
-                certificate_chain=_read(cert) if cert else None,
-            )
+            self._tls = TlsBridge(ca, cert, key)
         self._lock = threading.Lock()
         self._channels = {}
         self._preferred = None
@@ -145,6 +138,8 @@ class Client:
             channels, self._channels = self._channels, {}
         for channel in channels.values():
             channel.close()
+        if self._tls is not None:
+            self._tls.close()
 
     def __enter__(self):
         return self
@@ -162,8 +157,10 @@ class Client:
             channel = self._channels.get(addr)
             if channel is None:
                 options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-                if self._credentials is not None:
-                    channel = grpc.secure_channel(addr, self._credentials, options)
+                if self._tls is not None:
+                    # Plaintext to the local end of the bridge, which does the TLS and its checks.
+                    options.append(("grpc.default_authority", addr))
+                    channel = grpc.insecure_channel(self._tls.target(addr), options)
                 else:
                     channel = grpc.insecure_channel(addr, options)
                 self._channels[addr] = channel
@@ -187,9 +184,14 @@ class Client:
                 try:
                     result = call(self._stub(addr))
                 except grpc.RpcError as e:
+                    refusal = self._tls.take_refusal(addr) if self._tls is not None else None
+                    if refusal is not None:
+                        raise TlsRefused(refusal, grpc.StatusCode.UNAVAILABLE) from None
                     if e.code() not in _RETRYABLE:
                         raise errors.from_rpc_error(e) from None
                     last = e.details() or str(e.code())
+                    if self._tls is not None and self._tls.last_error(addr):
+                        last = self._tls.last_error(addr)
                     leader = dict(e.trailing_metadata() or ()).get(LEADER_ADDR_METADATA)
                     if leader and leader != addr:
                         with self._lock:

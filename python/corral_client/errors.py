@@ -42,6 +42,12 @@ class Unavailable(CorralError):
     """No coordinator could answer in time (UNAVAILABLE), e.g. during an election."""
 
 
+class TlsRefused(Unavailable):
+    """A server failed the client's TLS checks: its certificate is not the cluster CA's, not
+    valid for its address, or not a coordinator's (the role it carries). Nothing was sent to
+    it, the token included; the message says which check failed, in one line."""
+
+
 class DeadlineExceeded(Unavailable, TimeoutError):
     """The call, or `wait(timeout=...)`, did not finish in time (DEADLINE_EXCEEDED)."""
 

@@ -7,6 +7,7 @@ import queue
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -206,3 +207,105 @@ def cluster3():
     cluster = Cluster3()
     yield cluster
     cluster.close()
+
+
+class TlsCoordinator:
+    """A coordinator serving mutual TLS (no worker), with the certificates of `corral certs init`
+    in `certs`: coordinator-1, worker-w1, admin."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="corral-py-tls-")
+        self.certs = os.path.join(self.dir, "certs")
+        subprocess.run(
+            [corral_bin(), "certs", "init", "--dir", self.certs, "--coordinators", "1", "--workers", "w1"],
+            check=True,
+            capture_output=True,
+        )
+        self.addr = f"127.0.0.1:{free_port()}"
+        config = os.path.join(self.dir, "coordinator.toml")
+        with open(config, "w") as f:
+            f.write(
+                f'node-id = 1\nlisten = "{self.addr}"\ndata-dir = "{self.dir}/data"\n\n'
+                f'[tls]\nca = "{self.certs}/ca.pem"\ncert = "{self.certs}/coordinator-1.pem"\n'
+                f'key = "{self.certs}/coordinator-1-key.pem"\n'
+            )
+        self.log = open(os.path.join(self.dir, "stderr.log"), "w+")
+        self.proc = subprocess.Popen([corral_bin(), "coordinator", "--config", config], stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + 60
+        while True:
+            out = subprocess.run(
+                [corral_bin(), "--endpoint", self.addr, *self.cli_tls("admin"), "cluster", "init"],
+                capture_output=True,
+                text=True,
+            )
+            if out.returncode == 0:
+                break
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.log.seek(0)
+                self.close()
+                pytest.fail(f"cannot init the TLS coordinator: {out.stderr}\n{self.log.read()[-4000:]}")
+            time.sleep(0.2)
+
+    def files(self, name):
+        """The `tls` argument of a Client presenting certificate `name`."""
+        return {
+            "ca": os.path.join(self.certs, "ca.pem"),
+            "cert": os.path.join(self.certs, f"{name}.pem"),
+            "key": os.path.join(self.certs, f"{name}-key.pem"),
+        }
+
+    def cli_tls(self, name):
+        files = self.files(name)
+        return ["--ca", files["ca"], "--cert", files["cert"], "--key", files["key"]]
+
+    def close(self):
+        stop(self.proc)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tls_coordinator():
+    coordinator = TlsCoordinator()
+    yield coordinator
+    coordinator.close()
+
+
+class Impostor:
+    """A TLS server on a free loopback port presenting `cert` (a worker's, say), answering
+    nothing and keeping what clients send after the handshake."""
+
+    def __init__(self, cert, key):
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(cert, key)
+        self.context.set_alpn_protocols(["h2"])
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.addr = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.received = bytearray()
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                raw, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            try:
+                conn = self.context.wrap_socket(raw, server_side=True)
+                conn.settimeout(5)
+                while True:
+                    data = conn.recv(4096)
+                    if not data:
+                        break
+                    self.received.extend(data)
+            except (OSError, ssl.SSLError):
+                pass
+            finally:
+                raw.close()
+
+    def close(self):
+        self.sock.close()

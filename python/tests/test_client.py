@@ -16,6 +16,7 @@ from corral_client import (
     PermissionDenied,
     RevisionTooOld,
     Segment,
+    TlsRefused,
     Unauthenticated,
     Unavailable,
 )
@@ -23,7 +24,7 @@ from corral_client.errors import DeadlineExceeded, error_for
 
 import grpc
 
-from conftest import free_port
+from conftest import Impostor, free_port
 
 
 @pytest.fixture
@@ -247,3 +248,38 @@ def test_a_tenant_sees_and_touches_only_its_own_jobs(secured):
         Client(secured.addr, token="crl_not_a_token").jobs()
     a.close()
     b.close()
+
+
+def test_over_tls_the_client_talks_to_a_coordinator(tls_coordinator):
+    with Client(tls_coordinator.addr, tls=tls_coordinator.files("admin")) as c:
+        assert c.nodes() == []
+        assert c.jobs() == []
+
+
+def test_a_server_without_the_coordinator_role_gets_nothing_not_even_the_token(tls_coordinator):
+    """The outage of the hardening issue: a worker certificate of the cluster CA on the address
+    the client dials. The client refuses it after the handshake and before grpc sends a byte."""
+    worker = tls_coordinator.files("worker-w1")
+    impostor = Impostor(worker["cert"], worker["key"])
+    try:
+        with Client(impostor.addr, token="crl_secret-for-the-impostor", tls=tls_coordinator.files("admin")) as c:
+            with pytest.raises(TlsRefused) as refused:
+                c.nodes()
+        assert str(refused.value) == (
+            f"TLS: the server at {impostor.addr} presented a certificate with role worker, not coordinator"
+        )
+        assert isinstance(refused.value, Unavailable)
+        assert impostor.connections >= 1
+        assert bytes(impostor.received) == b"", "the impostor received data"
+    finally:
+        impostor.close()
+
+
+def test_a_server_of_another_ca_is_refused_over_tls(tls_coordinator):
+    files = dict(tls_coordinator.files("admin"))
+    files["ca"] = files["cert"]  # a CA that did not sign the coordinator's certificate
+    with Client(tls_coordinator.addr, tls=files, retry_for=1) as c:
+        with pytest.raises(TlsRefused) as refused:
+            c.nodes()
+    assert str(refused.value).startswith(f"TLS: the server at {tls_coordinator.addr} failed verification")
+

@@ -92,7 +92,7 @@ pub enum Command {
     Billing(BillingCommand),
     /// Accounting history (like Slurm's sacct): job, tenant, GPUs, start, end, elapsed, state, cost.
     History(HistoryArgs),
-    /// Create a dev certificate authority and role certificates for mutual TLS.
+    /// A certificate authority and role certificates for mutual TLS: create them, renew them.
     #[command(subcommand)]
     Certs(CertsCommand),
     /// Access tokens of tenants and admins (admin only): create, list, revoke.
@@ -133,7 +133,26 @@ pub struct WorkerGuardArgs {
 #[derive(Debug, Subcommand)]
 pub enum CertsCommand {
     /// Write ca.pem and certificates carrying their role (coordinator, worker, admin, client).
+    /// The certificates are valid for --days (365 by default), the CA for ten years.
     Init(CertsInitArgs),
+    /// Issue the certificates in DIR again with the same CA, names, roles and keys, valid from
+    /// now for --days (never past the CA's expiry); ca.pem and the keys stay as they are.
+    ///
+    /// Copy the new files where the daemons and users read them, then restart each coordinator
+    /// and each worker whose certificate is in DIR (a daemon reads its certificate at start);
+    /// clients (the CLI, the Python client) read theirs at each start. Workers that joined with
+    /// a token renew their own certificates.
+    Renew(CertsRenewArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CertsRenewArgs {
+    /// The directory `corral certs init` wrote (ca.pem and ca-key.pem, and the certificates).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Days the renewed certificates are valid (at most 3650).
+    #[arg(long, default_value_t = corral_security::DEFAULT_CERT_DAYS)]
+    pub days: u32,
 }
 
 #[derive(Debug, Args)]
@@ -154,6 +173,10 @@ pub struct CertsInitArgs {
     /// Client certificates for users (client-NAME.pem); admin.pem is always written.
     #[arg(long, value_delimiter = ',', default_value = "user")]
     pub clients: Vec<String>,
+    /// Days the certificates are valid (at most 3650; the CA is valid ten years). Renew them
+    /// before they expire with `corral certs renew`.
+    #[arg(long, default_value_t = corral_security::DEFAULT_CERT_DAYS)]
+    pub days: u32,
 }
 
 #[derive(Debug, Subcommand)]
@@ -273,8 +296,10 @@ pub enum NodeCommand {
     },
     /// Let a cordoned or draining NODE take jobs again.
     Resume { node: String },
-    /// Forget NODE (only when it is empty and down, cordoned or drained): its GPUs leave the pool.
-    /// Stop its worker first, or it registers again.
+    /// Forget NODE (only when it is empty and down, cordoned or drained): its GPUs leave the pool,
+    /// and every worker certificate issued to it so far is revoked (coordinators refuse it). Stop
+    /// its worker first. It comes back only with a new certificate: join it with a new token (or
+    /// issue one with `corral certs renew`).
     Remove { node: String },
     /// Issue a single-use token a worker joins the cluster with (admin only, TLS clusters):
     /// `corral worker --config FILE --join ADDR --token TOKEN`.

@@ -21,7 +21,7 @@ pub fn client(global: &GlobalArgs) -> anyhow::Result<Client> {
         (None, None, None) => None,
         (Some(ca), Some(cert), Some(key)) => {
             let files = corral_security::TlsFiles { ca: ca.clone(), cert: cert.clone(), key: key.clone() };
-            Some(corral_security::client_tls_config(&files)?)
+            Some(corral_security::ClientTls::load(&files)?)
         }
         _ => bail!("TLS needs all of --ca, --cert and --key (or CORRAL_CA, CORRAL_CERT and CORRAL_KEY)"),
     };

@@ -154,6 +154,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Nodes => commands::nodes(&global).await,
         Command::Top(args) => top::run(&global, args).await,
         Command::Certs(args::CertsCommand::Init(args)) => security_cmd::certs_init(&global, args),
+        Command::Certs(args::CertsCommand::Renew(args)) => security_cmd::certs_renew(&global, args),
         Command::Token(command) => security_cmd::token(&global, command).await,
         Command::Admin(command) => admin_cmd::run(&global, command).await,
         Command::Ts { count } => commands::ts(&global, count).await,

@@ -1,6 +1,7 @@
-//! `corral certs init` (a dev CA and role certificates) and `corral token create|list|revoke`.
+//! `corral certs init` (a dev CA and role certificates), `corral certs renew` and `corral token
+//! create|list|revoke`.
 
-use crate::args::{CertsInitArgs, GlobalArgs, OutputFormat, TokenCommand};
+use crate::args::{CertsInitArgs, CertsRenewArgs, GlobalArgs, OutputFormat, TokenCommand};
 use crate::commands::client;
 use corral_proto::v1 as pb;
 use serde_json::json;
@@ -12,6 +13,7 @@ pub fn certs_init(global: &GlobalArgs, args: CertsInitArgs) -> anyhow::Result<Ex
         hosts: args.hosts.into_iter().filter(|h| !h.is_empty()).collect(),
         workers: args.workers.into_iter().filter(|w| !w.is_empty()).collect(),
         clients: args.clients.into_iter().filter(|c| !c.is_empty()).collect(),
+        days: args.days,
     };
     for name in spec.workers.iter().chain(&spec.clients) {
         if !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
@@ -28,7 +30,35 @@ pub fn certs_init(global: &GlobalArgs, args: CertsInitArgs) -> anyhow::Result<Ex
             for f in &files {
                 println!("{}", f.display());
             }
-            eprintln!("dev CA written to {}: keep ca-key.pem and the *-key.pem files private", args.dir.display());
+            eprintln!(
+                "dev CA written to {}: keep ca-key.pem and the *-key.pem files private; the certificates expire in {} days (renew them with `corral certs renew --dir {0}`)",
+                args.dir.display(),
+                args.days
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn certs_renew(global: &GlobalArgs, args: CertsRenewArgs) -> anyhow::Result<ExitCode> {
+    let files = corral_security::renew_dev_certs(&args.dir, args.days)?;
+    if files.is_empty() {
+        anyhow::bail!("no certificate of the CA {} in {}", args.dir.join("ca.pem").display(), args.dir.display());
+    }
+    match global.output {
+        OutputFormat::Json => {
+            let files: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+            println!("{}", serde_json::to_string_pretty(&json!({ "files": files, "days": args.days }))?);
+        }
+        OutputFormat::Table => {
+            for f in &files {
+                println!("{}", f.display());
+            }
+            eprintln!(
+                "{} certificate(s) renewed for {} days: restart the coordinators and workers that use them",
+                files.len(),
+                args.days
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -54,8 +54,9 @@ pub struct ClientConfig {
     /// `host:port` of one or more coordinators.
     pub endpoints: Vec<String>,
     pub token: Option<String>,
-    /// Mutual TLS: the cluster CA and our certificate; `None`: plaintext.
-    pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// Mutual TLS: the cluster CA and our certificate; `None`: plaintext. Every server must
+    /// present a coordinator certificate, or nothing is sent to it.
+    pub tls: Option<corral_security::ClientTls>,
     /// TLS without a client certificate, trusting only servers whose chain verifies against the
     /// CA with this hash (a worker joining with a token); used instead of `tls`.
     pub ca_pin: Option<corral_security::CaPin>,
@@ -217,33 +218,31 @@ impl Client {
         if let Some(c) = self.pool().channels.get(addr) {
             return Ok(c.clone());
         }
-        let scheme = if self.config.tls.is_some() && self.config.ca_pin.is_none() { "https" } else { "http" };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+        // Over TLS the connector does the handshake (and checks the server's role): the URI
+        // stays http:// so tonic adds none of its own.
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| e.to_string())?
             .connect_timeout(self.config.connect_timeout)
             .timeout(self.config.request_timeout)
             .tcp_nodelay(true);
-        if let Some(pin) = self.config.ca_pin {
-            // The connector does the TLS itself (the URI stays http:// so tonic adds none).
-            let channel = corral_security::pinned_channel(addr, pin, endpoint).await?;
-            self.pool().channels.insert(addr.to_string(), channel.clone());
-            return Ok(channel);
-        }
-        if let Some(tls) = &self.config.tls {
-            endpoint = endpoint.tls_config(tls.clone()).map_err(|e| e.to_string())?;
-        }
-        let channel = endpoint.connect().await.map_err(|e| {
-            let mut msg = e.to_string();
-            let mut chain = msg.clone();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                msg = s.to_string();
-                chain.push_str(": ");
-                chain.push_str(&msg);
-                source = s.source();
-            }
-            corral_security::describe_tls_error(&chain).unwrap_or(msg)
-        })?;
+        let channel = if let Some(pin) = self.config.ca_pin {
+            corral_security::pinned_channel(addr, pin, endpoint).await?
+        } else if let Some(tls) = &self.config.tls {
+            tls.connect(endpoint, addr, corral_security::ExpectedServer::Coordinator).await?
+        } else {
+            endpoint.connect().await.map_err(|e| {
+                let mut msg = e.to_string();
+                let mut chain = msg.clone();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    msg = s.to_string();
+                    chain.push_str(": ");
+                    chain.push_str(&msg);
+                    source = s.source();
+                }
+                corral_security::describe_tls_error(&chain).unwrap_or(msg)
+            })?
+        };
         self.pool().channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }
@@ -275,6 +274,7 @@ impl Client {
             for addr in self.candidates() {
                 let channel = match self.channel(&addr).await {
                     Ok(c) => c,
+                    Err(e) if e.starts_with("TLS:") && e.contains(&addr) => return Err(ClientError::Protocol(e)),
                     Err(e) if e.starts_with("TLS:") => return Err(ClientError::Protocol(format!("{e} ({addr})"))),
                     Err(e) => {
                         last_error = e;
@@ -760,6 +760,26 @@ impl Client {
                         .max_decoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
                         .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
                         .join(req)
+                        .await
+                }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// Renews the certificate this client presents (a worker's): `csr` (DER) asks for the same
+    /// node name. Answers the new certificate and the CA. A retry asks again (a lost reply
+    /// costs one more certificate, nothing else).
+    pub async fn renew_certificate(&self, csr: Vec<u8>) -> Result<pb::JoinNodeResponse, ClientError> {
+        let msg = pb::RenewCertificateRequest { csr };
+        let reply = self
+            .with_retry(|ch| {
+                let req = tonic::Request::new(msg.clone());
+                async move {
+                    corral_proto::v1::node_join_client::NodeJoinClient::new(ch)
+                        .max_decoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
+                        .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
+                        .renew(req)
                         .await
                 }
             })

@@ -21,8 +21,9 @@ use tonic::{Request, Status};
 pub struct SecurityConfig {
     /// Serve TLS with required client certificates of the cluster CA; `None`: plaintext.
     pub server_tls: Option<ServerTls>,
-    /// Our certificate towards worker agents (log streaming); needed with `server_tls`.
-    pub client_tls: Option<tonic::transport::ClientTlsConfig>,
+    /// Our certificate towards worker agents (log streaming); needed with `server_tls`. An
+    /// agent must present the worker certificate of its node.
+    pub client_tls: Option<corral_security::ClientTls>,
     /// Require a token on the user API even without TLS.
     pub require_tokens: bool,
     /// Hex SHA-256 of a bootstrap admin token from the config file.

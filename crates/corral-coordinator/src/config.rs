@@ -159,18 +159,38 @@ pub struct TlsSection {
     /// this coordinator sign worker certificates for `corral worker --join`. Give it to every
     /// coordinator (the leader signs). Absent: `corral node join-token` is refused.
     pub ca_key: Option<PathBuf>,
+    /// How long the worker certificates it signs (joins, renewals) are valid (default 30 days,
+    /// at least 10s, at most 10 years); a worker renews its own when two thirds of it have
+    /// passed, so a short lifetime means frequent renewals (each a signature on the leader).
+    pub worker_cert_lifetime: Option<ConfigDuration>,
 }
+
+/// The longest `tls.worker-cert-lifetime`: no certificate corral issues lives longer (its deny
+/// list keeps a revocation that long, `corral_core::REVOCATION_RETENTION_S`).
+const MAX_WORKER_CERT_LIFETIME: Duration = Duration::from_secs(corral_security::MAX_CERT_DAYS as u64 * 24 * 3600);
 
 impl TlsSection {
     /// The files every daemon has.
     pub fn files(&self) -> TlsFiles {
         TlsFiles { ca: self.ca.clone(), cert: self.cert.clone(), key: self.key.clone() }
     }
+
+    /// `worker-cert-lifetime`, or its default; the error names the key.
+    pub fn worker_cert_lifetime(&self) -> Result<Duration, String> {
+        let lifetime = self.worker_cert_lifetime.map_or(corral_security::DEFAULT_WORKER_CERT_LIFETIME, |d| d.get());
+        if lifetime < Duration::from_secs(10) || lifetime > MAX_WORKER_CERT_LIFETIME {
+            return Err(format!(
+                "tls.worker-cert-lifetime: must be between 10s and {}d",
+                MAX_WORKER_CERT_LIFETIME.as_secs() / 86_400
+            ));
+        }
+        Ok(lifetime)
+    }
 }
 
 impl From<TlsFiles> for TlsSection {
     fn from(files: TlsFiles) -> Self {
-        TlsSection { ca: files.ca, cert: files.cert, key: files.key, ca_key: None }
+        TlsSection { ca: files.ca, cert: files.cert, key: files.key, ca_key: None, worker_cert_lifetime: None }
     }
 }
 
@@ -399,6 +419,7 @@ impl CoordinatorFile {
             if tls.ca_key.as_ref().is_some_and(|k| k.as_os_str().is_empty()) {
                 return Err("tls.ca-key: must not be empty (leave it out to sign no worker certificates)".into());
             }
+            tls.worker_cert_lifetime()?;
         }
         let listen: SocketAddr =
             self.listen.parse().map_err(|_| format!("listen: '{}' is not IP:PORT", self.listen))?;
@@ -415,6 +436,9 @@ impl CoordinatorFile {
         Ok(())
     }
 }
+
+/// A daemon warns at start when its certificate expires within this.
+pub(crate) const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
 
 /// Refuses to open a data dir written by another node id.
 pub(crate) fn claim_data_dir(dir: &Path, node_id: u64) -> anyhow::Result<()> {
@@ -446,10 +470,15 @@ impl Coordinator {
             None => (None, None),
             Some(section @ TlsSection { ca_key: None, .. }) => (Some(section.files().load_for(role)?), None),
             Some(section @ TlsSection { ca_key: Some(ca_key), .. }) => {
-                let ca = corral_security::ClusterCa::load(&section.ca, ca_key)?;
+                let lifetime = section.worker_cert_lifetime().map_err(anyhow::Error::msg)?;
+                let ca = corral_security::ClusterCa::load(&section.ca, ca_key)?.with_worker_lifetime(lifetime);
                 (Some(section.files().load_accepting_joins(role)?), Some(Arc::new(ca)))
             }
         };
+        if let Some(warning) = file.tls.as_ref().and_then(|t| corral_security::expiry_warning(&t.cert, EXPIRY_WARNING))
+        {
+            tracing::warn!("tls.cert: {warning}");
+        }
         let security = SecurityConfig {
             cluster_ca,
             server_tls: tls.as_ref().map(|(server, _)| server.clone()),

@@ -40,15 +40,18 @@ impl Coordinator {
                 job.id
             ))
         };
-        let client_tls = self.security().client_tls.clone();
-        let scheme = if client_tls.is_some() { "https" } else { "http" };
-        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{address}"))
+        // Over TLS the connector does the handshake: the agent must hold the node's worker
+        // certificate, or the request is never sent.
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| unreachable(&e))?
             .connect_timeout(CONNECT_TIMEOUT);
-        if let Some(tls) = client_tls {
-            endpoint = endpoint.tls_config(tls).map_err(|e| unreachable(&e))?;
-        }
-        let channel = endpoint.connect().await.map_err(|e| unreachable(&e))?;
+        let channel = match &self.security().client_tls {
+            Some(tls) => tls
+                .connect(endpoint, &address, corral_security::ExpectedServer::Worker { node: node.clone() })
+                .await
+                .map_err(|e| unreachable(&e))?,
+            None => endpoint.connect().await.map_err(|e| unreachable(&e))?,
+        };
         let mut client = WorkerAgentClient::new(channel)
             .max_decoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
             .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES);

@@ -43,6 +43,9 @@ impl Coordinator {
             .add_service(InterceptedService::new(reflection_alpha, guard(&self, Service::Standard)));
 
         let security = self.security();
+        if let Some(tls) = &security.server_tls {
+            tls.set_revocations(crate::join::revocations(self.store().clone()));
+        }
         let incoming = corral_security::audited_incoming(listener, security.server_tls.clone(), security.audit.clone());
         let result = tonic::transport::Server::builder()
             .add_routes(routes.routes())

@@ -90,7 +90,7 @@ impl State {
             | Command::SetNodeState { node: name, .. }
             | Command::SetNodeMode { node: name, .. }
             | Command::EvictDrainedJobs { node: name }
-            | Command::RemoveNode { node: name } => {
+            | Command::RemoveNode { node: name, .. } => {
                 touched.jobs.extend(self.jobs_on_node(name).map(|j| j.id));
             }
             Command::SubmitJob { .. }
@@ -215,7 +215,13 @@ impl State {
                 self.set_node_mode(ts, node, *mode, reason, *drain_deadline)
             }
             Command::EvictDrainedJobs { node } => self.evict_drained_jobs(ts, node),
-            Command::RemoveNode { node } => self.remove_node(node),
+            Command::RemoveNode { node, revoke_certificates } => {
+                let removed = self.remove_node(node)?;
+                if *revoke_certificates {
+                    self.revoke_worker_certificates(ts, node);
+                }
+                Ok(removed)
+            }
             Command::HoldJob { job_id, hold } => self.hold(*job_id, *hold),
             Command::RequeueJob { job_id } => self.requeue_request(ts, *job_id),
             Command::SignalJob { job_id, signal } => self.signal_job(*job_id, *signal),

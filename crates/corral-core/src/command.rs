@@ -156,6 +156,11 @@ pub enum Command {
     /// Forgets an empty node that is down, cordoned or draining (`corral node remove`).
     RemoveNode {
         node: String,
+        /// Also refuse from now on every worker certificate of the node issued so far (the
+        /// replicated deny list, `revocations.rs`). Entries written before it existed carry
+        /// false and replay as they did.
+        #[serde(default)]
+        revoke_certificates: bool,
     },
     /// Issues a single-use join token for a worker node; only the SHA-256 of its secret is
     /// replicated. It expires `ttl_ms` after the request's timestamp.
@@ -264,6 +269,10 @@ pub enum Outcome {
     JoinTokenConsumed {
         token_id: u64,
         duplicate: bool,
+        /// The issue time (seconds since the Unix epoch) of the certificate the worker gets,
+        /// judged at this entry (`State::worker_certificate_issue_s`): a later removal of the
+        /// node revokes it, an earlier one does not.
+        issued_at_s: u64,
     },
 }
 

@@ -113,13 +113,14 @@ impl State {
             return Err(ApplyError::JoinTokenRefused("the public key hash must be 64 lower-case hex digits".into()));
         }
         let up = self.nodes.get(node).is_some_and(|n| n.state == NodeState::Up);
+        let issued_at_s = self.worker_certificate_issue_s(node);
         let Some(token) = self.join_tokens.values_mut().find(|t| t.sha256 == sha256) else {
             return Err(ApplyError::JoinTokenRefused("unknown join token: not issued by this cluster".into()));
         };
         if let Some(used) = &token.used {
             if used.node == node && used.public_key_sha256 == public_key_sha256 {
                 // The same worker asking again (its first reply was lost): nothing new is admitted.
-                return Ok(Outcome::JoinTokenConsumed { token_id: token.id, duplicate: true });
+                return Ok(Outcome::JoinTokenConsumed { token_id: token.id, duplicate: true, issued_at_s });
             }
             return Err(ApplyError::JoinTokenRefused(format!(
                 "join token {} was already used by node '{}': issue a new one with `corral node join-token`",
@@ -139,7 +140,7 @@ impl State {
         }
         token.used =
             Some(JoinTokenUse { node: node.to_string(), public_key_sha256: public_key_sha256.to_string(), at: ts });
-        Ok(Outcome::JoinTokenConsumed { token_id: token.id, duplicate: false })
+        Ok(Outcome::JoinTokenConsumed { token_id: token.id, duplicate: false, issued_at_s })
     }
 }
 
@@ -178,10 +179,10 @@ mod tests {
         let mut s = State::default();
         assert_eq!(s.apply(&at(1_000, create('a', HOUR_MS))), Ok(Outcome::JoinTokenCreated { token_id: 1 }));
         let first = s.apply(&at(2_000, consume('a', "gpu-1", 'c')));
-        assert_eq!(first, Ok(Outcome::JoinTokenConsumed { token_id: 1, duplicate: false }));
+        assert_eq!(first, Ok(Outcome::JoinTokenConsumed { token_id: 1, duplicate: false, issued_at_s: 2 }));
         // The same worker with the same key retrying: answered again, nobody new admitted.
         let retry = s.apply(&at(3_000, consume('a', "gpu-1", 'c')));
-        assert_eq!(retry, Ok(Outcome::JoinTokenConsumed { token_id: 1, duplicate: true }));
+        assert_eq!(retry, Ok(Outcome::JoinTokenConsumed { token_id: 1, duplicate: true, issued_at_s: 3 }));
         // Anyone else (another key, another name) is refused as a reuse.
         let other_key = refusal(s.apply(&at(4_000, consume('a', "gpu-1", 'd'))));
         assert!(other_key.contains("join token 1 was already used by node 'gpu-1'"), "{other_key}");

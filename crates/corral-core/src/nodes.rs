@@ -216,21 +216,30 @@ mod tests {
     fn only_an_empty_node_out_of_service_can_be_removed_and_its_gpus_leave_the_pool() {
         let mut s = cluster();
         s.apply(&at(5, Command::RegisterNode { spec: node("n2", 2) })).unwrap();
-        let err = s.apply(&at(10, Command::RemoveNode { node: "n1".into() })).unwrap_err().to_string();
+        let err = s
+            .apply(&at(10, Command::RemoveNode { node: "n1".into(), revoke_certificates: true }))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("up and takes jobs"), "{err}");
         let job = new_job(&mut s, 20, "a", 8);
         pass(&mut s, 30);
         mode(&mut s, 40, "n1", NodeMode::Draining, None).unwrap();
-        let err = s.apply(&at(50, Command::RemoveNode { node: "n1".into() })).unwrap_err().to_string();
+        let err = s
+            .apply(&at(50, Command::RemoveNode { node: "n1".into(), revoke_certificates: true }))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("still holds 1 job(s)"), "{err}");
         s.apply(&at(60, Command::CancelJob { job_id: job, reason: String::new() })).unwrap();
         let epoch = s.jobs[&job].allocation.as_ref().unwrap().epoch;
         let report = JobExitReport { signal: Some(15), run_time_ms: 10, ..Default::default() };
         s.apply(&at(70, Command::JobFinished { job_id: job, epoch, node: "n1".into(), report })).unwrap();
-        s.apply(&at(80, Command::RemoveNode { node: "n1".into() })).unwrap();
+        s.apply(&at(80, Command::RemoveNode { node: "n1".into(), revoke_certificates: true })).unwrap();
         assert!(!s.nodes.contains_key("n1"));
         let err = submit(&mut s, 90, "big", spec(8)).unwrap_err();
         assert!(matches!(err, ApplyError::TooManyGpus { largest: 2, .. }), "{err}");
-        assert!(matches!(s.apply(&at(95, Command::RemoveNode { node: "n1".into() })), Err(ApplyError::NoSuchNode(_))));
+        assert!(matches!(
+            s.apply(&at(95, Command::RemoveNode { node: "n1".into(), revoke_certificates: true })),
+            Err(ApplyError::NoSuchNode(_))
+        ));
     }
 }

@@ -78,6 +78,11 @@ pub struct State {
     /// Next join token id (0 means 1: a state that never issued one encodes as before).
     #[serde(default)]
     pub next_join_token_id: u64,
+    /// The deny list of worker certificates: node name -> the second (since the Unix epoch)
+    /// before which its certificates were issued that are refused (`revocations.rs`). Persist
+    /// it with the scalar state.
+    #[serde(default)]
+    pub revoked_workers: BTreeMap<String, u64>,
     /// Derived indexes. Rebuilt on load, not persisted.
     #[serde(skip)]
     pub(crate) index: Index,
@@ -287,6 +292,7 @@ impl Default for State {
             policy_history: Vec::new(),
             join_tokens: BTreeMap::new(),
             next_join_token_id: 0,
+            revoked_workers: BTreeMap::new(),
             index: Index::default(),
             follow_ups: Vec::new(),
             followed: BTreeSet::new(),
@@ -324,6 +330,7 @@ impl State {
             policy_history: self.policy_history.clone(),
             join_tokens: self.join_tokens.clone(),
             next_join_token_id: self.next_join_token_id,
+            revoked_workers: self.revoked_workers.clone(),
             index: Index::default(),
             follow_ups: Vec::new(),
             followed: BTreeSet::new(),
@@ -585,6 +592,7 @@ impl State {
             policy_history: Vec::new(),
             join_tokens: BTreeMap::new(),
             next_join_token_id: 0,
+            revoked_workers: BTreeMap::new(),
             index,
             follow_ups: Vec::new(),
             followed: BTreeSet::new(),

@@ -36,8 +36,9 @@ use tonic::transport::{Channel, Endpoint};
 /// Creates one gRPC client per peer.
 #[derive(Debug, Clone, Default)]
 pub struct GrpcNetworkFactory {
-    /// Our coordinator certificate and the cluster CA; `None`: plaintext.
-    pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// Our coordinator certificate and the cluster CA; `None`: plaintext. A peer must present
+    /// a coordinator certificate, or nothing is sent to it.
+    pub tls: Option<corral_security::ClientTls>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for GrpcNetworkFactory {
@@ -66,7 +67,7 @@ struct InFlight {
 pub struct GrpcNetwork {
     target: NodeId,
     addr: String,
-    tls: Option<tonic::transport::ClientTlsConfig>,
+    tls: Option<corral_security::ClientTls>,
     client: Option<RaftClient<Channel>>,
     in_flight: Option<InFlight>,
 }
@@ -86,15 +87,18 @@ impl GrpcNetwork {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", self.addr))
+        // Over TLS the connector does the handshake (and checks the peer's role).
+        let endpoint = Endpoint::from_shared(format!("http://{}", self.addr))
             .map_err(|e| Unreachable::new(&e))?
             .connect_timeout(Duration::from_millis(500))
             .tcp_nodelay(true);
-        if let Some(tls) = &self.tls {
-            endpoint = endpoint.tls_config(tls.clone()).map_err(|e| Unreachable::new(&e))?;
-        }
-        let client = RaftClient::new(endpoint.connect_lazy())
+        let channel = match &self.tls {
+            Some(tls) => tls
+                .connect_lazy(endpoint, &self.addr, corral_security::ExpectedServer::Coordinator)
+                .map_err(|e| Unreachable::new(&std::io::Error::other(e)))?,
+            None => endpoint.connect_lazy(),
+        };
+        let client = RaftClient::new(channel)
             .max_decoding_message_size(corral_proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(corral_proto::MAX_MESSAGE_BYTES);
         self.client = Some(client.clone());
@@ -191,7 +195,11 @@ where
         Ok(Ok(reply)) => reply.into_inner(),
         Ok(Err(status)) => {
             return Err(match status.code() {
-                tonic::Code::Unavailable => RPCError::Unreachable(Unreachable::new(&status)),
+                // A peer refused by TLS (not a coordinator, a foreign CA) says so in one line.
+                tonic::Code::Unavailable => match corral_security::describe_tls_error(&error_chain(&status)) {
+                    Some(line) => RPCError::Unreachable(Unreachable::new(&std::io::Error::other(line))),
+                    None => RPCError::Unreachable(Unreachable::new(&status)),
+                },
                 code => {
                     if matches!(code, tonic::Code::FailedPrecondition | tonic::Code::Internal) {
                         warn_incompatible(target, &status);
@@ -227,6 +235,18 @@ fn warn_incompatible(target: NodeId, error: &dyn std::fmt::Display) {
         "a Raft RPC failed: {error} (a coordinator of another Raft wire version refuses every request: \
          upgrade every coordinator together)"
     );
+}
+
+/// An error and its sources, joined by ": ".
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut chain = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        chain.push_str(": ");
+        chain.push_str(&s.to_string());
+        source = s.source();
+    }
+    chain
 }
 
 impl RaftNetwork<TypeConfig> for GrpcNetwork {
@@ -480,5 +500,32 @@ mod tests {
         let heartbeat = rpc(vec![]);
         let (request, count) = raft_wire::append_request_to_pb(&heartbeat, APPEND_BUDGET);
         assert_eq!((count, decode(request).entries.len()), (0, 0));
+    }
+
+    #[test]
+    fn a_peer_that_is_not_a_coordinator_gets_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spec = corral_security::DevCerts { coordinators: 1, workers: vec!["w1".into()], ..Default::default() };
+        corral_security::generate_dev_certs(dir.path(), &spec).expect("certs");
+        let files = |name: &str| corral_security::TlsFiles {
+            ca: dir.path().join("ca.pem"),
+            cert: dir.path().join(format!("{name}.pem")),
+            key: dir.path().join(format!("{name}-key.pem")),
+        };
+        let impostor = corral_security::testing::Impostor::start(&files("worker-w1")).expect("impostor");
+        let addr = impostor.addr().to_string();
+        let tls = corral_security::ClientTls::load(&files("coordinator-1")).expect("tls");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let err = runtime.block_on(async {
+            let mut factory = GrpcNetworkFactory { tls: Some(tls) };
+            let mut network = factory.new_client(2, &BasicNode { addr: addr.clone() }).await;
+            let vote = VoteRequest::new(openraft::Vote::new(3, 1), None);
+            let option = RPCOption::new(Duration::from_secs(5));
+            network.vote(vote, option).await.expect_err("refused").to_string()
+        });
+        let line = format!("the server at {addr} presented a certificate with role worker, not coordinator");
+        assert!(err.contains(&line), "{err}");
+        let seen = impostor.seen();
+        assert_eq!((seen.handshakes, seen.received.len()), (0, 0), "{seen:?}");
     }
 }

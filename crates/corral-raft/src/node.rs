@@ -31,7 +31,7 @@ pub struct RaftNodeConfig {
     /// Job changes remembered for `WatchJobs` clients that resume from a revision.
     pub watch_history: usize,
     /// TLS towards peers (our coordinator certificate, the cluster CA); `None`: plaintext.
-    pub client_tls: Option<tonic::transport::ClientTlsConfig>,
+    pub client_tls: Option<corral_security::ClientTls>,
 }
 
 impl RaftNodeConfig {

@@ -55,15 +55,15 @@ impl RoleGuard {
         }
         let peer = request.extensions().get::<Peer>();
         let role = peer.and_then(Peer::role);
-        if role.is_some_and(|r| self.allowed.contains(&r)) {
+        let revoked = peer.and_then(Peer::revoked);
+        if role.is_some_and(|r| self.allowed.contains(&r)) && revoked.is_none() {
             return Ok(request);
         }
-        let mut detail = match role {
-            Some(role) => format!("{} {role} certificate cannot call the {} service", article(role), self.service),
-            None if peer.is_some_and(|p| !p.certificate) => {
-                format!("a peer without a client certificate cannot call the {} service", self.service)
+        let mut detail = match (role, revoked) {
+            (Some(role), Some(why)) => {
+                format!("a revoked {role} certificate cannot call the {} service: {why}", self.service)
             }
-            None => format!("a certificate without a corral role cannot call the {} service", self.service),
+            (role, _) => self.refusal(role, peer),
         };
         if let Some(hint) = self.hint {
             detail = format!("{detail}: {hint}");
@@ -72,11 +72,22 @@ impl RoleGuard {
         self.audit.record(AuditEvent::denied(format!("{} service", self.service), who, "-", detail.clone()));
         Err(Status::permission_denied(format!("permission denied: {detail}")))
     }
+
+    /// Why a peer with `role` (none: no usable certificate) may not call this service.
+    fn refusal(&self, role: Option<Role>, peer: Option<&Peer>) -> String {
+        match role {
+            Some(role) => format!("{} {role} certificate cannot call the {} service", article(role), self.service),
+            None if peer.is_some_and(|p| !p.certificate) => {
+                format!("a peer without a client certificate cannot call the {} service", self.service)
+            }
+            None => format!("a certificate without a corral role cannot call the {} service", self.service),
+        }
+    }
 }
 
 /// "an admin", "a worker".
 fn article(role: Role) -> &'static str {
-    if role.to_string().starts_with(['a', 'e', 'i', 'o', 'u']) {
+    if role.as_str().starts_with(['a', 'e', 'i', 'o', 'u']) {
         "an"
     } else {
         "a"
@@ -93,8 +104,9 @@ mod tests {
         request.extensions_mut().insert(Peer {
             addr: "127.0.0.1:4242".parse().ok(),
             tls: true,
-            identity: role.map(|role| PeerIdentity { role, name: "w1".into() }),
+            identity: role.map(|role| PeerIdentity { role, name: "w1".into(), not_before_s: 0, not_after_s: 0 }),
             certificate: true,
+            revocations: None,
         });
         request
     }
@@ -123,6 +135,7 @@ mod tests {
             tls: true,
             identity: None,
             certificate: false,
+            revocations: None,
         });
         let refused = RoleGuard::new("user API", &[Role::Client, Role::Admin], true, audit.clone())
             .check(anonymous)
@@ -136,5 +149,31 @@ mod tests {
 
         let plaintext = RoleGuard::new("raft", &[Role::Coordinator], false, audit);
         assert!(plaintext.check(Request::new(())).is_ok());
+    }
+
+    #[test]
+    fn a_certificate_revoked_after_the_handshake_is_refused_on_its_next_request() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let audit = Arc::new(AuditLog::in_dir(dir.path()));
+        let guard = RoleGuard::new("worker gateway", &[Role::Worker], true, audit);
+        let revoked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = revoked.clone();
+        let revocations = crate::Revocations::new(move |identity| {
+            flag.load(std::sync::atomic::Ordering::SeqCst).then(|| format!("node {} was removed", identity.name))
+        });
+        let request = || {
+            let mut request = request(Some(Role::Worker));
+            if let Some(peer) = request.extensions_mut().get_mut::<Peer>() {
+                peer.revocations = Some(revocations.clone());
+            }
+            request
+        };
+        assert!(guard.check(request()).is_ok());
+        revoked.store(true, std::sync::atomic::Ordering::SeqCst);
+        let refused = guard.check(request()).expect_err("revoked");
+        assert_eq!(
+            refused.message(),
+            "permission denied: a revoked worker certificate cannot call the worker gateway service: node w1 was removed"
+        );
     }
 }

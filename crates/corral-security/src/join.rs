@@ -20,22 +20,24 @@ use rcgen::{
     KeyUsagePurpose, PublicKeyData, SanType,
 };
 use sha2::{Digest, Sha256};
-use std::future::Future;
-use std::net::IpAddr;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, CertificateSigningRequestDer, ServerName, UnixTime};
 use tokio_rustls::rustls::{DigitallySignedStruct, SignatureScheme};
 
+/// How long a worker certificate signed by a coordinator is valid unless
+/// `tls.worker-cert-lifetime` says otherwise.
+pub const DEFAULT_WORKER_CERT_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// Prefix (and format version) of a join token.
 const TOKEN_PREFIX: &str = "crlj1";
-/// Most host names and addresses a joining worker's certificate may be valid for.
-const MAX_WORKER_HOSTS: usize = 16;
+/// Most subject alternative names a worker's certificate request may carry (what is read of
+/// one, whatever its size).
+const MAX_REQUESTED_NAMES: usize = 16;
 /// What the verifier says when the coordinator's CA is not the token's: found in error chains.
 pub const PIN_MISMATCH: &str = "the coordinator's CA certificate does not match the join token's CA hash";
 
@@ -149,28 +151,49 @@ pub struct WorkerRequest {
 }
 
 /// Makes a key for worker `node` and a request for a certificate with that name, valid as a
-/// server for `hosts` (the address the coordinators reach its agent at).
-pub fn worker_request(node: &str, hosts: &[String]) -> Result<WorkerRequest, TlsError> {
-    let mut params = CertificateParams::default();
-    params.distinguished_name.push(DnType::CommonName, node);
-    for host in hosts.iter().take(MAX_WORKER_HOSTS) {
-        params.subject_alt_names.push(crate::certs::san(host)?);
-    }
+/// server for the name and for `address` (the host the coordinators reach its agent at).
+pub fn worker_request(node: &str, address: &str) -> Result<WorkerRequest, TlsError> {
     let key = KeyPair::generate().map_err(crate::certs::gen_err)?;
-    let csr = params.serialize_request(&key).map_err(crate::certs::gen_err)?;
-    Ok(WorkerRequest { key_pem: key.serialize_pem(), csr_der: csr.der().to_vec() })
+    let csr_der = request_der(node, address, &key)?;
+    Ok(WorkerRequest { key_pem: key.serialize_pem(), csr_der })
 }
 
-/// A verified certificate request of a joining worker.
+/// A certificate request of worker `node` for its renewal, signed with the key it holds
+/// already (`key_pem`, the key of its current certificate): the key file is never rewritten,
+/// so a renewal interrupted at any point leaves a certificate and key that belong together.
+pub fn renewal_request(node: &str, address: &str, key_pem: &str) -> Result<Vec<u8>, TlsError> {
+    let key = KeyPair::from_pem(key_pem).map_err(|e| TlsError::Generate(format!("unusable private key: {e}")))?;
+    request_der(node, address, &key)
+}
+
+fn request_der(node: &str, address: &str, key: &KeyPair) -> Result<Vec<u8>, TlsError> {
+    let mut params = CertificateParams::default();
+    params.distinguished_name.push(DnType::CommonName, node);
+    if let Ok(name) = crate::certs::san(node) {
+        params.subject_alt_names.push(name);
+    }
+    let address = crate::certs::san(address)?;
+    if !params.subject_alt_names.contains(&address) {
+        params.subject_alt_names.push(address);
+    }
+    let csr = params.serialize_request(key).map_err(crate::certs::gen_err)?;
+    Ok(csr.der().to_vec())
+}
+
+/// A verified certificate request of a worker.
 pub struct VerifiedRequest {
     params: CertificateSigningRequestParams,
     node: String,
-    hosts: Vec<SanType>,
+    /// The one host besides the node name the certificate is valid for (its agent's address).
+    address: Option<SanType>,
 }
 
 impl VerifiedRequest {
     /// Parses `csr_der` and checks its signature (the sender holds the key): the node name is
-    /// its subject CN; DNS names and IP addresses it asks for are kept as server names.
+    /// its subject CN. Of its subject alternative names, DNS names and IP addresses are kept
+    /// as server names: the node name and at most one more (the address the coordinators reach
+    /// its agent at); a wildcard or any further name is refused, since a worker certificate
+    /// valid for other hosts' names could answer in their place.
     pub fn parse(csr_der: &[u8]) -> Result<VerifiedRequest, String> {
         let params = CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(csr_der))
             .map_err(|e| format!("unusable certificate request: {e}"))?;
@@ -181,15 +204,31 @@ impl VerifiedRequest {
             .map(dn_text)
             .filter(|n| !n.is_empty())
             .ok_or("the certificate request names no node (subject CN)")?;
-        let hosts: Vec<SanType> = params
-            .params
-            .subject_alt_names
-            .iter()
-            .filter(|s| matches!(s, SanType::DnsName(_) | SanType::IpAddress(_)))
-            .take(MAX_WORKER_HOSTS)
-            .cloned()
-            .collect();
-        Ok(VerifiedRequest { params, node, hosts })
+        let names = &params.params.subject_alt_names;
+        if names.len() > MAX_REQUESTED_NAMES {
+            return Err(format!("the certificate request carries more than {MAX_REQUESTED_NAMES} names"));
+        }
+        let mut address = None;
+        for name in names {
+            let text = match name {
+                SanType::DnsName(dns) => dns.as_str().to_string(),
+                SanType::IpAddress(ip) => ip.to_string(),
+                _ => continue,
+            };
+            if text.contains('*') {
+                return Err(format!("the certificate request asks for the wildcard name '{text}'"));
+            }
+            if text == node {
+                continue;
+            }
+            if address.is_some() {
+                return Err(format!(
+                    "the certificate request asks for more than the node name '{node}' and one address: a worker certificate is valid for its node name and its advertised address only"
+                ));
+            }
+            address = Some(name.clone());
+        }
+        Ok(VerifiedRequest { params, node, address })
     }
 
     /// The node name the worker asks for.
@@ -219,6 +258,9 @@ pub struct ClusterCa {
     issuer: Issuer<'static, KeyPair>,
     ca_pem: String,
     pin: CaPin,
+    /// The CA certificate's notAfter (seconds since the epoch): no certificate outlives it.
+    ca_not_after_s: u64,
+    worker_lifetime: Duration,
 }
 
 impl std::fmt::Debug for ClusterCa {
@@ -248,12 +290,33 @@ impl ClusterCa {
         }
         let issuer = Issuer::from_ca_cert_der(&der, key)
             .map_err(|e| TlsError::Pem { path: ca.to_path_buf(), what: format!("not a usable CA certificate: {e}") })?;
+        let ca_not_after_s = u64::try_from(cert.validity().not_after.timestamp()).unwrap_or(0);
         let ca_pem = String::from_utf8_lossy(&crate::read(ca)?).into_owned();
-        Ok(ClusterCa { issuer, ca_pem, pin: CaPin::of_der(der.as_ref()) })
+        Ok(ClusterCa {
+            issuer,
+            ca_pem,
+            pin: CaPin::of_der(der.as_ref()),
+            ca_not_after_s,
+            worker_lifetime: DEFAULT_WORKER_CERT_LIFETIME,
+        })
+    }
+
+    /// How long the worker certificates it signs are valid (`tls.worker-cert-lifetime`).
+    pub fn with_worker_lifetime(mut self, lifetime: Duration) -> ClusterCa {
+        self.worker_lifetime = lifetime;
+        self
+    }
+
+    pub fn worker_lifetime(&self) -> Duration {
+        self.worker_lifetime
     }
 
     pub fn pin(&self) -> CaPin {
         self.pin
+    }
+
+    pub(crate) fn into_issuer(self) -> Issuer<'static, KeyPair> {
+        self.issuer
     }
 
     /// The CA certificate(s), PEM, as the worker stores them.
@@ -262,8 +325,11 @@ impl ClusterCa {
     }
 
     /// A worker certificate for `request`: role worker, the node name as CN and server name,
-    /// the host names it asked for. Nothing else the request asks for is granted.
-    pub fn sign_worker(&self, request: &VerifiedRequest) -> Result<String, TlsError> {
+    /// the one address it asked for (see [`VerifiedRequest::parse`]); issued at `issued_at_s`
+    /// (seconds since the epoch: notBefore is [`crate::CERT_BACKDATE`] earlier) and valid for
+    /// the worker lifetime, or until the CA expires if that comes first. Nothing else the
+    /// request asks for is granted.
+    pub fn sign_worker(&self, request: &VerifiedRequest, issued_at_s: u64) -> Result<String, TlsError> {
         let role = Role::Worker;
         let mut params = CertificateParams::default();
         params.distinguished_name.push(DnType::CommonName, request.node.as_str());
@@ -272,11 +338,11 @@ impl ClusterCa {
         if let Ok(san) = crate::certs::san(&request.node) {
             params.subject_alt_names.push(san);
         }
-        for host in &request.hosts {
-            if !params.subject_alt_names.contains(host) {
-                params.subject_alt_names.push(host.clone());
-            }
+        if let Some(address) = &request.address {
+            params.subject_alt_names.push(address.clone());
         }
+        let not_after_s = issued_at_s.saturating_add(self.worker_lifetime.as_secs()).min(self.ca_not_after_s);
+        crate::certs::set_validity(&mut params, issued_at_s, not_after_s);
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         let cert = params.signed_by(&request.params.public_key, &self.issuer).map_err(crate::certs::gen_err)?;
@@ -297,6 +363,21 @@ pub fn check_issued(cert_pem: &str, ca_pem: &str, node: &str, pin: CaPin) -> Res
             "the coordinator issued a {} certificate for '{}', not a worker certificate for '{node}'",
             identity.role, identity.name
         ));
+    }
+    Ok(())
+}
+
+/// Checks what a coordinator returned to a renewing worker: [`check_issued`] against the CA it
+/// holds (`pin`), and the certificate certifies the key it holds (`key_pem`), so that storing
+/// it keeps a certificate and key that belong together.
+pub fn check_renewed(cert_pem: &str, key_pem: &str, ca_pem: &str, node: &str, pin: CaPin) -> Result<(), String> {
+    check_issued(cert_pem, ca_pem, node, pin)?;
+    let der = CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|e| format!("invalid certificate: {e}"))?;
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(der.as_ref()).map_err(|e| format!("unreadable certificate: {e}"))?;
+    let key = KeyPair::from_pem(key_pem).map_err(|e| format!("unusable private key: {e}"))?;
+    if cert.public_key().raw != key.subject_public_key_info().as_slice() {
+        return Err("the coordinator certified another key than this worker's".into());
     }
     Ok(())
 }
@@ -374,72 +455,13 @@ pub async fn pinned_channel(
     pin: CaPin,
     endpoint: tonic::transport::Endpoint,
 ) -> Result<tonic::transport::Channel, String> {
-    let (host, _) = addr.rsplit_once(':').ok_or_else(|| format!("'{addr}' is not host:port"))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let server_name = match host.parse::<IpAddr>() {
-        Ok(ip) => ServerName::IpAddress(ip.into()),
-        Err(_) => ServerName::try_from(host.to_string()).map_err(|_| format!("'{host}' is not a valid host name"))?,
-    };
-    let mut config = rustls::ClientConfig::builder_with_provider(crate::server::provider())
+    let config = rustls::ClientConfig::builder_with_provider(crate::server::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(PinnedCaVerifier::new(pin)))
         .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let connector = PinnedConnector {
-        tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
-        server_name,
-        addr: addr.to_string(),
-    };
-    endpoint.connect_with_connector(connector).await.map_err(|e| {
-        let mut chain = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            chain.push_str(": ");
-            chain.push_str(&s.to_string());
-            source = s.source();
-        }
-        crate::describe_tls_error(&chain).unwrap_or(chain)
-    })
-}
-
-#[derive(Clone)]
-struct PinnedConnector {
-    tls: tokio_rustls::TlsConnector,
-    server_name: ServerName<'static>,
-    addr: String,
-}
-
-type Connecting = Pin<
-    Box<
-        dyn Future<
-                Output = Result<
-                    hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
-                    std::io::Error,
-                >,
-            > + Send,
-    >,
->;
-
-impl tonic::codegen::Service<tonic::codegen::http::Uri> for PinnedConnector {
-    type Response = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
-    type Error = std::io::Error;
-    type Future = Connecting;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: tonic::codegen::http::Uri) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move {
-            let tcp = tokio::net::TcpStream::connect(&this.addr).await?;
-            let _ = tcp.set_nodelay(true);
-            let tls = this.tls.connect(this.server_name.clone(), tcp).await?;
-            Ok(hyper_util::rt::TokioIo::new(tls))
-        })
-    }
+    crate::connector::TlsConnector::new(addr, config)?.channel(endpoint).await
 }
 
 #[cfg(test)]
@@ -520,11 +542,13 @@ mod tests {
         generate_dev_certs(dir.path(), &DevCerts { coordinators: 1, ..Default::default() }).expect("certs");
         let ca = ClusterCa::load(&dir.path().join("ca.pem"), &dir.path().join("ca-key.pem")).expect("ca");
         assert_eq!(ca.pin(), CaPin::of_file(&dir.path().join("ca.pem")).expect("pin"));
-        let request = worker_request("gpu-7", &["10.0.0.7".into()]).expect("request");
+        let request = worker_request("gpu-7", "10.0.0.7").expect("request");
         let verified = VerifiedRequest::parse(&request.csr_der).expect("verified");
         assert_eq!(verified.node(), "gpu-7");
         assert_eq!(verified.public_key_sha256().len(), 64);
-        let cert = ca.sign_worker(&verified).expect("signed");
+        let issued = crate::certs::now_s();
+        let ca = ca.with_worker_lifetime(Duration::from_secs(3600));
+        let cert = ca.sign_worker(&verified, issued).expect("signed");
         check_issued(&cert, ca.ca_pem(), "gpu-7", ca.pin()).expect("a worker certificate for gpu-7");
         assert!(check_issued(&cert, ca.ca_pem(), "gpu-8", ca.pin()).is_err());
         assert!(check_issued(&cert, ca.ca_pem(), "gpu-7", CaPin::of_der(b"x"))
@@ -538,6 +562,11 @@ mod tests {
         let ca_der = der_of(ca.ca_pem());
         let (_, ca_parsed) = x509_parser::parse_x509_certificate(ca_der.as_ref()).expect("ca");
         parsed.verify_signature(Some(ca_parsed.public_key())).expect("signed by the CA");
+        // Valid for the node name and its address only, for the worker lifetime.
+        assert_eq!(server_names(&parsed), ["gpu-7", "10.0.0.7"]);
+        let identity = identity_of(der.as_ref()).expect("identity");
+        assert_eq!(identity.issued_at_s(), issued);
+        assert_eq!(identity.not_after_s, issued + 3600);
         // A tampered request is refused.
         let mut bad = request.csr_der.clone();
         let last = bad.len() - 1;
@@ -552,5 +581,92 @@ mod tests {
 
     fn der_of(pem: &str) -> CertificateDer<'static> {
         CertificateDer::from_pem_slice(pem.as_bytes()).expect("pem")
+    }
+
+    /// The DNS names and IP addresses of a certificate.
+    fn server_names(cert: &x509_parser::certificate::X509Certificate<'_>) -> Vec<String> {
+        use x509_parser::extensions::GeneralName;
+        let san = cert.subject_alternative_name().expect("san").expect("a SAN extension");
+        san.value
+            .general_names
+            .iter()
+            .filter_map(|g| match g {
+                GeneralName::DNSName(d) => Some(d.to_string()),
+                GeneralName::IPAddress(b) if b.len() == 4 => {
+                    Some(std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*b).expect("4 bytes")).to_string())
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A request as a worker of an earlier version (or a hostile one) could make it.
+    fn request_for(node: &str, hosts: &[&str]) -> Vec<u8> {
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, node);
+        for host in hosts {
+            params.subject_alt_names.push(crate::certs::san(host).expect("san"));
+        }
+        let key = KeyPair::generate().expect("key");
+        params.serialize_request(&key).expect("csr").der().to_vec()
+    }
+
+    #[test]
+    fn a_worker_certificate_carries_only_its_node_name_and_one_address() {
+        for (hosts, refusal) in [
+            (&["*.example"][..], "wildcard name '*.example'"),
+            (&["gpu-7", "10.0.0.7", "coordinator.example"], "more than the node name 'gpu-7' and one address"),
+            (&["10.0.0.7", "10.0.0.8"], "more than the node name"),
+        ] {
+            let err = VerifiedRequest::parse(&request_for("gpu-7", hosts)).err().expect("refused");
+            assert!(err.contains(refusal), "{hosts:?}: {err}");
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        generate_dev_certs(dir.path(), &DevCerts { coordinators: 1, ..Default::default() }).expect("certs");
+        let ca = ClusterCa::load(&dir.path().join("ca.pem"), &dir.path().join("ca-key.pem")).expect("ca");
+        assert_eq!(ca.worker_lifetime(), DEFAULT_WORKER_CERT_LIFETIME);
+        // Other kinds of names (a role URI, say) are not granted.
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, "gpu-7");
+        params.subject_alt_names.push(SanType::URI(Role::Coordinator.uri().try_into().expect("uri")));
+        params.subject_alt_names.push(crate::certs::san("gpu-7.example").expect("san"));
+        let key = KeyPair::generate().expect("key");
+        let csr = params.serialize_request(&key).expect("csr").der().to_vec();
+        let issued = crate::certs::now_s();
+        let cert = ca.sign_worker(&VerifiedRequest::parse(&csr).expect("verified"), issued).expect("signed");
+        let der = der_of(&cert);
+        assert_eq!(identity_of(der.as_ref()).expect("identity").role, Role::Worker);
+        let (_, parsed) = x509_parser::parse_x509_certificate(der.as_ref()).expect("parse");
+        assert_eq!(server_names(&parsed), ["gpu-7", "gpu-7.example"]);
+        // Never past the CA's own expiry.
+        let identity = identity_of(der.as_ref()).expect("identity");
+        assert_eq!(identity.not_after_s, issued + DEFAULT_WORKER_CERT_LIFETIME.as_secs());
+        let late =
+            ca.sign_worker(&VerifiedRequest::parse(&csr).expect("verified"), issued + 3649 * 86400).expect("late");
+        let ca_der = der_of(ca.ca_pem());
+        let (_, ca_parsed) = x509_parser::parse_x509_certificate(ca_der.as_ref()).expect("ca");
+        let ca_until = u64::try_from(ca_parsed.validity().not_after.timestamp()).expect("after 1970");
+        assert_eq!(identity_of(der_of(&late).as_ref()).expect("identity").not_after_s, ca_until);
+    }
+
+    #[test]
+    fn a_renewal_request_keeps_the_key() {
+        let request = worker_request("gpu-7", "gpu-7.example").expect("request");
+        let renewal = renewal_request("gpu-7", "gpu-7.example", &request.key_pem).expect("renewal");
+        let (first, again) = (
+            VerifiedRequest::parse(&request.csr_der).expect("first"),
+            VerifiedRequest::parse(&renewal).expect("renewal"),
+        );
+        assert_eq!(first.public_key_sha256(), again.public_key_sha256());
+        assert_eq!(again.node(), "gpu-7");
+        assert!(renewal_request("gpu-7", "gpu-7.example", "not a key").is_err());
+        let dir = tempfile::tempdir().expect("tempdir");
+        generate_dev_certs(dir.path(), &DevCerts { coordinators: 1, ..Default::default() }).expect("certs");
+        let ca = ClusterCa::load(&dir.path().join("ca.pem"), &dir.path().join("ca-key.pem")).expect("ca");
+        let cert = ca.sign_worker(&again, crate::certs::now_s()).expect("signed");
+        check_renewed(&cert, &request.key_pem, ca.ca_pem(), "gpu-7", ca.pin()).expect("our key");
+        let other = worker_request("gpu-7", "gpu-7.example").expect("another key");
+        let err = check_renewed(&cert, &other.key_pem, ca.ca_pem(), "gpu-7", ca.pin()).expect_err("another key");
+        assert!(err.contains("another key"), "{err}");
     }
 }

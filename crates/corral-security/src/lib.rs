@@ -7,27 +7,41 @@
 //! that signs joining workers' certificates also lets certificate-less clients in, whom every
 //! role check refuses: only its join service answers them, see [`JoinToken`]); each
 //! connection's [`Peer`] (role and name) reaches every request, and services check the role.
+//! Clients check the server the same way ([`ClientTls`]): a chain to the cluster CA valid for
+//! the address, and the role they expect (a coordinator; the named worker's agent), before any
+//! request leaves. Certificates live a finite time; a coordinator refuses revoked worker
+//! certificates ([`Revocations`]: by node name and issue time, replicated by corral-core).
 //! Boundary: the only crate that knows rustls, rcgen and x509-parser.
 
 mod audit;
 mod certs;
 mod client;
+mod connector;
+mod credentials;
 mod guard;
 mod join;
 mod server;
+pub mod testing;
 
 pub use audit::{AuditEvent, AuditLog};
-pub use certs::{generate_dev_certs, DevCerts};
-pub use client::{client_tls_config, describe_tls_error};
+pub use certs::{expiry_warning, generate_dev_certs, renew_dev_certs, DevCerts, DEFAULT_CERT_DAYS, MAX_CERT_DAYS};
+pub use client::{describe_tls_error, ClientTls, ExpectedServer};
 pub use guard::{audited_incoming, RoleGuard};
 pub use join::{
-    check_issued, pinned_channel, worker_request, CaPin, ClusterCa, JoinToken, PinnedCaVerifier, VerifiedRequest,
-    WorkerRequest, PIN_MISMATCH,
+    check_issued, check_renewed, pinned_channel, renewal_request, worker_request, CaPin, ClusterCa, JoinToken,
+    PinnedCaVerifier, VerifiedRequest, WorkerRequest, DEFAULT_WORKER_CERT_LIFETIME, PIN_MISMATCH,
 };
 pub use server::{incoming, Conn, Refusal, ServerTls};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How far before its issue a certificate corral issues is valid (its notBefore), so that a
+/// peer whose clock lags a little accepts it at once. A certificate's issue time is its
+/// notBefore plus this ([`PeerIdentity::issued_at_s`]).
+pub const CERT_BACKDATE: Duration = Duration::from_secs(5 * 60);
 
 /// Prefix of the SAN URI that carries a certificate's role.
 pub const ROLE_URI_PREFIX: &str = "corral://role/";
@@ -102,21 +116,27 @@ impl TlsFiles {
     }
 
     /// Loads the files of a daemon whose certificate must carry `role`: what it serves with
-    /// and what it calls others with.
-    pub fn load_for(&self, role: Role) -> Result<(ServerTls, tonic::transport::ClientTlsConfig), TlsError> {
-        let identity = certificate_identity(&self.cert)?;
-        if identity.role != role {
-            return Err(TlsError::WrongRole { path: self.cert.clone(), found: identity.role, needed: role });
-        }
-        Ok((ServerTls::load(self)?, client_tls_config(self)?))
+    /// and what it calls others with. Both present the same certificate:
+    /// [`ClientTls::reload`] replaces it in both.
+    pub fn load_for(&self, role: Role) -> Result<(ServerTls, ClientTls), TlsError> {
+        self.load_daemon(role, false)
     }
 
     /// Like [`TlsFiles::load_for`], with a server that also lets clients without a certificate
     /// complete the handshake (a coordinator that signs joining workers' certificates); every
     /// role check still refuses them.
-    pub fn load_accepting_joins(&self, role: Role) -> Result<(ServerTls, tonic::transport::ClientTlsConfig), TlsError> {
-        let (_, client) = self.load_for(role)?;
-        Ok((ServerTls::load_accepting_joins(self)?, client))
+    pub fn load_accepting_joins(&self, role: Role) -> Result<(ServerTls, ClientTls), TlsError> {
+        self.load_daemon(role, true)
+    }
+
+    fn load_daemon(&self, role: Role, accept_joins: bool) -> Result<(ServerTls, ClientTls), TlsError> {
+        let identity = certificate_identity(&self.cert)?;
+        if identity.role != role {
+            return Err(TlsError::WrongRole { path: self.cert.clone(), found: identity.role, needed: role });
+        }
+        let credentials = credentials::Credentials::load(self)?;
+        let server = ServerTls::build(self, credentials.clone(), accept_joins)?;
+        Ok((server, ClientTls::with_credentials(self, credentials)?))
     }
 }
 
@@ -126,7 +146,53 @@ pub struct PeerIdentity {
     pub role: Role,
     /// The subject common name (a node name, "admin", a client name).
     pub name: String,
+    /// The certificate's validity, in seconds since the Unix epoch.
+    pub not_before_s: u64,
+    pub not_after_s: u64,
 }
+
+impl PeerIdentity {
+    /// When the certificate was issued, in seconds since the Unix epoch: its notBefore plus
+    /// the backdate every certificate corral issues carries ([`CERT_BACKDATE`]).
+    pub fn issued_at_s(&self) -> u64 {
+        self.not_before_s.saturating_add(CERT_BACKDATE.as_secs())
+    }
+}
+
+/// Which verified client certificates a server refuses although the CA signed them (on a
+/// coordinator: worker certificates of a removed node, issued before its removal). `check`
+/// answers why a certificate is refused, or `None`.
+#[derive(Clone)]
+pub struct Revocations(Arc<RevocationCheck>);
+
+/// Why a certificate is refused, or `None`.
+type RevocationCheck = dyn Fn(&PeerIdentity) -> Option<String> + Send + Sync;
+
+impl Revocations {
+    pub fn new(check: impl Fn(&PeerIdentity) -> Option<String> + Send + Sync + 'static) -> Revocations {
+        Revocations(Arc::new(check))
+    }
+
+    /// Why `identity` is refused, if it is.
+    pub fn check(&self, identity: &PeerIdentity) -> Option<String> {
+        (self.0)(identity)
+    }
+}
+
+impl std::fmt::Debug for Revocations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Revocations")
+    }
+}
+
+/// Two peers are alike whatever revocation check their server applies.
+impl PartialEq for Revocations {
+    fn eq(&self, _: &Revocations) -> bool {
+        true
+    }
+}
+
+impl Eq for Revocations {}
 
 /// The other end of a server connection, attached to every request it carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,11 +205,19 @@ pub struct Peer {
     /// The client presented a certificate the CA signed (false: plaintext, or a TLS client
     /// without a certificate on a server that accepts joins).
     pub certificate: bool,
+    /// The server's revocation check, asked again on every request: a certificate revoked
+    /// after the connection was made is refused from then on.
+    pub revocations: Option<Revocations>,
 }
 
 impl Peer {
     pub fn role(&self) -> Option<Role> {
         self.identity.as_ref().map(|i| i.role)
+    }
+
+    /// Why this peer's certificate is refused now, if it is (see [`Revocations`]).
+    pub fn revoked(&self) -> Option<String> {
+        self.revocations.as_ref()?.check(self.identity.as_ref()?)
     }
 
     /// "worker w1 at 127.0.0.1:4242", for audit lines and errors.
@@ -189,7 +263,14 @@ pub fn identity_of(cert_der: &[u8]) -> Result<PeerIdentity, String> {
         return Err("certificate carries more than one corral role".into());
     }
     let role = Role::parse(role).ok_or_else(|| format!("unknown role '{role}' in certificate"))?;
-    Ok(PeerIdentity { role, name })
+    let validity = cert.validity();
+    let seconds = |t: &x509_parser::time::ASN1Time| u64::try_from(t.timestamp()).unwrap_or(0);
+    Ok(PeerIdentity {
+        role,
+        name,
+        not_before_s: seconds(&validity.not_before),
+        not_after_s: seconds(&validity.not_after),
+    })
 }
 
 /// The role and name of the (first) certificate in a PEM file.

@@ -2,21 +2,26 @@
 //! signed by the cluster CA (or plaintext, where TLS is off), each tagged with its [`Peer`].
 //!
 //! Handshakes run in their own tasks, so a slow or hostile client never blocks the accept loop;
-//! every refused handshake (no certificate, a foreign CA, not TLS at all) is reported to the
-//! caller's `on_refused` for the audit log.
+//! every refused handshake (no certificate, a foreign CA, a revoked certificate, not TLS at
+//! all) is reported to the caller's `on_refused` for the audit log. The server presents its
+//! certificate through the daemon's reloadable credentials (a renewed certificate serves new
+//! connections).
 
-use crate::{identity_of, read, Peer, TlsError, TlsFiles};
+use crate::credentials::Credentials;
+use crate::{identity_of, read, Peer, Revocations, TlsError, TlsFiles};
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::rustls;
+use tokio_rustls::rustls::client::danger::HandshakeSignatureValid;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use tokio_rustls::rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use tokio_stream::Stream;
 
 /// Longest a client may take to complete the TLS handshake.
@@ -43,10 +48,13 @@ pub(crate) fn load_key(path: &std::path::Path) -> Result<PrivateKeyDer<'static>,
         .map_err(|e| TlsError::Pem { path: path.to_path_buf(), what: format!("no usable PEM private key: {e}") })
 }
 
-/// A server's TLS setup: its certificate, and the CA every client certificate must chain to.
+/// A server's TLS setup: its certificate, the CA every client certificate must chain to, and
+/// the revocations a coordinator checks.
 #[derive(Clone)]
 pub struct ServerTls {
     acceptor: tokio_rustls::TlsAcceptor,
+    /// Set once by [`ServerTls::set_revocations`]; shared with the handshake's verifier.
+    revocations: Arc<RwLock<Option<Revocations>>>,
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -60,21 +68,36 @@ impl ServerTls {
     /// CA against its token's pin: see `join`); every client must present a certificate the CA
     /// signed.
     pub fn load(files: &TlsFiles) -> Result<ServerTls, TlsError> {
-        ServerTls::build(files, false)
+        ServerTls::build(files, Credentials::load(files)?, false)
     }
 
     /// Like [`ServerTls::load`], but a client without a certificate completes the handshake
     /// too, as a [`Peer`] without identity whom every role check refuses: only the join service
     /// (which needs no role) serves it. A certificate that is presented must still be the CA's.
     pub fn load_accepting_joins(files: &TlsFiles) -> Result<ServerTls, TlsError> {
-        ServerTls::build(files, true)
+        ServerTls::build(files, Credentials::load(files)?, true)
     }
 
-    fn build(files: &TlsFiles, accept_without_certificate: bool) -> Result<ServerTls, TlsError> {
+    /// Refuses the client certificates `revocations` names, at the handshake (with the
+    /// certificate_revoked alert, which the client reads) and on every later request of a
+    /// connection made before (the role guard asks the connection's [`Peer`]). Applies to
+    /// every clone of this `ServerTls`.
+    pub fn set_revocations(&self, revocations: Revocations) {
+        *self.revocations.write().unwrap_or_else(|p| p.into_inner()) = Some(revocations);
+    }
+
+    fn revocations(&self) -> Option<Revocations> {
+        self.revocations.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn build(
+        files: &TlsFiles,
+        credentials: Arc<Credentials>,
+        accept_without_certificate: bool,
+    ) -> Result<ServerTls, TlsError> {
         let mut roots = rustls::RootCertStore::empty();
-        let cas = load_certs(&files.ca)?;
-        for ca in &cas {
-            roots.add(ca.clone()).map_err(|e| TlsError::Pem {
+        for ca in load_certs(&files.ca)? {
+            roots.add(ca).map_err(|e| TlsError::Pem {
                 path: files.ca.clone(),
                 what: format!("not a usable CA certificate: {e}"),
             })?;
@@ -84,20 +107,75 @@ impl ServerTls {
             verifier = verifier.allow_unauthenticated();
         }
         let verifier = verifier.build().map_err(|e| TlsError::Config(format!("client verifier: {e}")))?;
-        let mut chain = load_certs(&files.cert)?;
-        for ca in cas {
-            if !chain.contains(&ca) {
-                chain.push(ca);
-            }
-        }
+        let revocations = Arc::new(RwLock::new(None));
+        let verifier = Arc::new(RevocationVerifier { inner: verifier, revocations: revocations.clone() });
         let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Config(e.to_string()))?
             .with_client_cert_verifier(verifier)
-            .with_single_cert(chain, load_key(&files.key)?)
-            .map_err(|e| TlsError::Config(format!("{}: {e}", files.cert.display())))?;
+            .with_cert_resolver(credentials);
         config.alpn_protocols = vec![b"h2".to_vec()];
-        Ok(ServerTls { acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)) })
+        Ok(ServerTls { acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)), revocations })
+    }
+}
+
+/// The cluster CA's verification of a client certificate, then the revocation check.
+#[derive(Debug)]
+struct RevocationVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    revocations: Arc<RwLock<Option<Revocations>>>,
+}
+
+impl ClientCertVerifier for RevocationVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        let revocations = self.revocations.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let (Some(revocations), Ok(identity)) = (revocations, identity_of(end_entity.as_ref())) {
+            if let Some(why) = revocations.check(&identity) {
+                tracing::warn!(role = %identity.role, name = %identity.name, reason = %why, "refused a revoked client certificate");
+                return Err(rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked));
+            }
+        }
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }
 
@@ -115,7 +193,9 @@ fn refusal_reason(e: &io::Error) -> String {
         "no client certificate".into()
     } else if text.contains("UnknownIssuer") || text.contains("BadSignature") {
         "client certificate not signed by the cluster CA".into()
-    } else if text.contains("Expired") {
+    } else if text.contains("Revoked") {
+        "client certificate revoked".into()
+    } else if text.contains("Expired") || text.contains("expired") {
         "client certificate expired".into()
     } else if text.contains("corrupt message") || text.contains("InvalidContentType") {
         "not a TLS client (plaintext connection to a TLS port)".into()
@@ -225,7 +305,7 @@ pub fn incoming(
             let Some(tls) = tls.clone() else {
                 let conn = Conn {
                     io: Io::Plain(stream),
-                    peer: Peer { addr: Some(addr), identity: None, tls: false, certificate: false },
+                    peer: Peer { addr: Some(addr), identity: None, tls: false, certificate: false, revocations: None },
                 };
                 if tx.send(Ok(conn)).await.is_err() {
                     return;
@@ -253,9 +333,10 @@ pub fn incoming(
                     }
                     None => None,
                 };
+                let revocations = tls.revocations();
                 let conn = Conn {
                     io: Io::Tls(Box::new(stream)),
-                    peer: Peer { addr: Some(addr), identity, tls: true, certificate },
+                    peer: Peer { addr: Some(addr), identity, tls: true, certificate, revocations },
                 };
                 let _ = tx.send(Ok(conn)).await;
             });

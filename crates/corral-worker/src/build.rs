@@ -41,8 +41,7 @@ impl Worker {
         // A host that could not run jobs does not spend the token.
         crate::preflight::check(file, gpus.as_ref())?;
         let advertise = advertise_addr(file, agent)?;
-        let host = advertise.rsplit_once(':').map_or(advertise.as_str(), |(h, _)| h);
-        crate::join::join(file, host.trim_start_matches('[').trim_end_matches(']'), join).await?;
+        crate::join::join(file, advertise_host(&advertise), join).await?;
         options.gpus = Some(gpus);
         Worker::build(file, agent, options)
     }
@@ -89,13 +88,36 @@ impl Worker {
             None => None,
         };
         config.advertise_addr = advertise_addr(&file, agent)?;
+        if let Some(warning) = tls_files.as_ref().and_then(|f| corral_security::expiry_warning(&f.cert, EXPIRY_WARNING))
+        {
+            tracing::warn!("tls.cert: {warning}");
+        }
         let mut client_config = ClientConfig::new(file.coordinators.clone());
         client_config.token = file.token.clone().or(options.token);
         client_config.tls = tls.as_ref().map(|(_, client)| client.clone());
-        config.agent_tls = tls.map(|(server, _)| server);
         let client = Client::new(client_config)?;
+        // A certificate the worker got by joining is its own to renew; `[tls]` files are not.
+        if let (None, Some(files), Some((_, client_tls))) = (&file.tls, &tls_files, &tls) {
+            config.cert_renewal = Some(crate::renew::CertRenewal {
+                files: files.clone(),
+                node: config.node_name.clone(),
+                address: advertise_host(&config.advertise_addr).to_string(),
+                client: client.clone(),
+                tls: client_tls.clone(),
+            });
+        }
+        config.agent_tls = tls.map(|(server, _)| server);
         Ok(Worker::new(config, client.gateway(), executor, gpus))
     }
+}
+
+/// A daemon warns at start when its certificate expires within this.
+const EXPIRY_WARNING: std::time::Duration = std::time::Duration::from_secs(14 * 24 * 3600);
+
+/// The host of an advertised `host:port` (an IPv6 address without its brackets).
+fn advertise_host(advertise: &str) -> &str {
+    let host = advertise.rsplit_once(':').map_or(advertise, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
 }
 
 /// The address the coordinators reach the agent at.

@@ -5,7 +5,8 @@
 //! The worker talks to the coordinator at ADDR over TLS verified against the CA whose hash the
 //! token carries (corral-security's pinned verifier), sends its certificate request, checks
 //! that what comes back is a worker certificate for its node name from that CA, and stores it.
-//! A later start without `--join` finds the credentials there when its config has no `[tls]`.
+//! A later start without `--join` finds the credentials there when its config has no `[tls]`,
+//! and renews the certificate before it expires (`renew.rs`).
 
 use crate::config::WorkerFile;
 use anyhow::{bail, Context};
@@ -30,7 +31,7 @@ impl std::fmt::Debug for JoinOptions {
     }
 }
 
-fn credential_files(data_dir: &Path) -> TlsFiles {
+pub(crate) fn credential_files(data_dir: &Path) -> TlsFiles {
     let dir = data_dir.join(CREDENTIALS_DIR);
     TlsFiles { ca: dir.join("ca.pem"), cert: dir.join("cert.pem"), key: dir.join("key.pem") }
 }
@@ -41,8 +42,9 @@ pub fn stored_credentials(data_dir: &Path) -> Option<TlsFiles> {
     files.cert.exists().then_some(files)
 }
 
-/// Writes `text` to `path` with `mode`, through a temporary file renamed over it.
-fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
+/// Writes `text` to `path` with `mode`, through a synced temporary file renamed over it (the
+/// directory synced after), so a crash leaves the old file or the new one.
+pub(crate) fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
     let mut options = std::fs::OpenOptions::new();
@@ -53,6 +55,11 @@ fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
         .and_then(|()| f.sync_all())
         .with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("cannot sync {}", dir.display()))?;
+    }
     Ok(())
 }
 
@@ -75,11 +82,7 @@ pub async fn join(file: &WorkerFile, advertise_host: &str, options: &JoinOptions
         return Ok(files);
     }
     let node = file.node_name();
-    let mut hosts = vec![advertise_host.to_string()];
-    if node != advertise_host {
-        hosts.push(node.clone());
-    }
-    let request = corral_security::worker_request(&node, &hosts)?;
+    let request = corral_security::worker_request(&node, advertise_host)?;
     let mut config = ClientConfig::new(vec![options.addr.clone()]);
     config.ca_pin = Some(token.ca());
     config.retry_for = Duration::from_secs(15);

@@ -27,6 +27,7 @@ mod module_graph;
 pub mod mps;
 pub mod preflight;
 pub mod reconcile;
+mod renew;
 mod runtime;
 mod worker;
 

@@ -73,6 +73,7 @@ impl Worker {
             .add_service(InterceptedService::new(reflection_alpha, check))
             .serve_with_incoming(incoming);
         let agent = tokio::spawn(agent);
+        let renewal = self.config.cert_renewal.clone().map(|r| tokio::spawn(crate::renew::run(r)));
         let runtime = crate::runtime::Runtime::new(
             self.config.clone(),
             self.executor.clone(),
@@ -82,6 +83,9 @@ impl Worker {
         );
         let result = runtime.run(shutdown).await;
         agent.abort();
+        if let Some(renewal) = renewal {
+            renewal.abort();
+        }
         health_task.abort();
         let devices = Arc::clone(&self.devices);
         let _ = tokio::task::spawn_blocking(move || devices.shutdown_mps()).await;

@@ -2,7 +2,9 @@
 //! worker --join ADDR --token T`): a worker joins through a follower, runs a job over mutual
 //! TLS and restarts without its token; reused (also after a failover), unknown and expired
 //! tokens are refused and audited; a client without a certificate reaches the join service
-//! and nothing else; a cluster without TLS refuses to issue join tokens.
+//! and nothing else; a cluster without TLS refuses to issue join tokens. A joined worker's
+//! certificate lives `tls.worker-cert-lifetime` and names only the node and its address; the
+//! worker renews it with the certificate itself; `corral node remove` revokes it.
 
 use corral_integration::cluster::{Cluster, ClusterOptions};
 use corral_integration::corral_bin;
@@ -15,6 +17,11 @@ use std::time::{Duration, Instant};
 
 /// A TLS cluster of `n` coordinators holding the CA key, initialized, and its temp dir.
 fn signing_cluster(n: u64) -> (Cluster, tempfile::TempDir) {
+    signing_cluster_with(n, None)
+}
+
+/// [`signing_cluster`] whose worker certificates live `worker_cert_lifetime` (e.g. "20s").
+fn signing_cluster_with(n: u64, worker_cert_lifetime: Option<&str>) -> (Cluster, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     // Jobs run as nobody: let them into their work dirs under the worker's data dir.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -26,7 +33,13 @@ fn signing_cluster(n: u64) -> (Cluster, tempfile::TempDir) {
         .output()
         .expect("certs init");
     assert!(out.status.success(), "certs init: {}", String::from_utf8_lossy(&out.stderr));
-    let options = ClusterOptions { tls: Some(certs), sign_joins: true, node_ttl: "3s".into(), ..Default::default() };
+    let options = ClusterOptions {
+        tls: Some(certs),
+        sign_joins: true,
+        worker_cert_lifetime: worker_cert_lifetime.map(String::from),
+        node_ttl: "3s".into(),
+        ..Default::default()
+    };
     let cluster = Cluster::start(n, options);
     cluster.init_and_join_all();
     (cluster, dir)
@@ -266,4 +279,125 @@ fn a_cluster_without_tls_issues_no_join_tokens() {
     let stderr = corral_integration::one_line_stderr(&out);
     assert!(!out.status.success(), "join-token succeeded without TLS");
     assert!(stderr.contains("join tokens need TLS"), "{stderr}");
+}
+
+/// What a joined worker's stored certificate says.
+fn stored_identity(worker: &WorkerProc) -> corral_security::PeerIdentity {
+    corral_security::certificate_identity(&worker.data_dir.join("tls").join("cert.pem")).expect("stored certificate")
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs()
+}
+
+/// A joined worker's certificate is valid for `tls.worker-cert-lifetime` and for its node name
+/// and advertised address only; two thirds into its life the worker renews it over a
+/// connection made with it (no token), and keeps working once the first one expired: the
+/// coordinator reaches its agent, which serves the new certificate, and a restarted worker
+/// connects with it.
+#[test]
+fn a_joined_worker_renews_its_certificate_before_it_expires() {
+    let (cluster, dir) = signing_cluster_with(1, Some("20s"));
+    let (_, token) = join_token(&cluster, "10m");
+    let mut worker = WorkerProc::configure(dir.path(), "joined", &cluster.endpoints(), 2);
+    worker.join_with(Some((&cluster.nodes[0].addr, &token)));
+    worker.start();
+    worker.wait_registered(&cluster);
+    let first = stored_identity(&worker);
+    assert_eq!((first.role, first.name.as_str()), (corral_security::Role::Worker, "joined"));
+    assert_eq!(first.not_after_s - first.issued_at_s(), 20, "{first:?}");
+    assert!(first.issued_at_s().abs_diff(now_s()) < 30, "{first:?}");
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stored_identity(&worker).not_after_s <= first.not_after_s {
+        assert!(Instant::now() < deadline, "the certificate was not renewed: {}", worker.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(worker.log().contains("renewed the worker certificate"), "{}", worker.log());
+    let lines = audit(&cluster.data_dir(0).join("audit.jsonl"));
+    assert!(
+        lines.iter().any(|l| l["outcome"] == "admin" && l["action"] == "node renew" && l["principal"] == "node joined"),
+        "{lines:#?}"
+    );
+    // Past the first certificate's expiry the worker still runs jobs and serves their logs.
+    while now_s() <= first.not_after_s + 1 {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    run_job(&cluster, "after-the-first-certificate-expired");
+    worker.kill();
+    worker.join_with(None);
+    worker.start();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while worker.log().matches("registered with the leader").count() < 2 {
+        assert!(Instant::now() < deadline, "the restarted worker did not register: {}", worker.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    run_job(&cluster, "after-a-restart-with-the-renewed-certificate");
+}
+
+/// `corral node remove` revokes the node's certificates: its worker, still running, is refused
+/// on its next call and at every new handshake, cannot renew and cannot register again; the
+/// node comes back only by joining again with a new token, under the same name.
+#[test]
+fn removing_a_node_revokes_its_certificate_until_it_joins_again() {
+    let (cluster, dir) = signing_cluster(1);
+    let (_, token) = join_token(&cluster, "10m");
+    let mut worker = WorkerProc::configure(dir.path(), "joined", &cluster.endpoints(), 1);
+    worker.join_with(Some((&cluster.nodes[0].addr, &token)));
+    worker.start();
+    worker.wait_registered(&cluster);
+    let cordon = cluster.corral_at(0, &["node", "cordon", "joined"]);
+    assert!(cordon.status.success(), "cordon: {}", String::from_utf8_lossy(&cordon.stderr));
+    let remove = cluster.corral_at(0, &["node", "remove", "joined"]);
+    assert!(remove.status.success(), "remove: {}", String::from_utf8_lossy(&remove.stderr));
+
+    // The worker, left running, is refused: on its open connection, then at its handshakes.
+    let revoked = |l: &Value| l["outcome"] == "denied" && l["detail"].as_str().is_some_and(|d| d.contains("revoked"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !audit(&cluster.data_dir(0).join("audit.jsonl")).iter().any(revoked) {
+        assert!(Instant::now() < deadline, "no revoked certificate refused: {}", worker.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The worker hears why, and its node stays gone.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !worker.log().contains("was revoked") {
+        assert!(Instant::now() < deadline, "the worker was not told its certificate is revoked: {}", worker.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let nodes = cluster.json(&["nodes"]);
+    assert!(
+        nodes.as_array().is_some_and(|n| n.iter().all(|n| n["name"] != "joined")),
+        "the removed worker registered again: {nodes}"
+    );
+    // A new connection with the revoked certificate fails its handshake.
+    let stored = worker.data_dir.join("tls");
+    let out = Command::new(corral_bin())
+        .args(["--ca"])
+        .arg(stored.join("ca.pem"))
+        .args(["--cert"])
+        .arg(stored.join("cert.pem"))
+        .args(["--key"])
+        .arg(stored.join("key.pem"))
+        .args(["--endpoint", &cluster.endpoints(), "jobs"])
+        .output()
+        .expect("corral");
+    let stderr = corral_integration::one_line_stderr(&out);
+    assert!(!out.status.success(), "a revoked certificate was served");
+    assert!(stderr.contains("revoked"), "{stderr}");
+    let lines = audit(&cluster.data_dir(0).join("audit.jsonl"));
+    assert!(
+        lines.iter().any(|l| l["action"] == "tls-handshake" && l["detail"] == "client certificate revoked"),
+        "{lines:#?}"
+    );
+
+    // It joins again under its name with a new token: a certificate issued after the removal.
+    worker.kill();
+    std::fs::remove_dir_all(&stored).expect("remove the revoked credentials");
+    let (_, token) = join_token(&cluster, "10m");
+    worker.join_with(Some((&cluster.nodes[0].addr, &token)));
+    worker.start();
+    worker.wait_registered(&cluster);
+    let resume = cluster.corral_at(0, &["node", "resume", "joined"]);
+    assert!(resume.status.success(), "resume: {}", String::from_utf8_lossy(&resume.stderr));
+    run_job(&cluster, "back-after-joining-again");
 }

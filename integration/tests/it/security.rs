@@ -389,3 +389,148 @@ fn tenants_see_and_control_only_their_own_jobs_and_every_denial_is_audited() {
     let admin_token = s.token(&["--admin"]);
     s.ok("client-user", Some(&admin_token), &["cancel", &job_b.to_string()]);
 }
+
+/// PEM files of `name` (`admin`, `worker-w1`, ...) in a `corral certs init` directory.
+fn files(certs: &Path, name: &str) -> corral_security::TlsFiles {
+    corral_security::TlsFiles {
+        ca: certs.join("ca.pem"),
+        cert: certs.join(format!("{name}.pem")),
+        key: certs.join(format!("{name}-key.pem")),
+    }
+}
+
+/// Waits until `impostor` saw the client give up on its handshake; asserts that it got no
+/// request (so no bearer token) and no completed handshake.
+fn assert_refused_before_sending(impostor: &corral_security::testing::Impostor) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while impostor.seen().refusals.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let seen = impostor.seen();
+    assert!(!seen.refusals.is_empty(), "the client never refused the impostor: {seen:?}");
+    assert_eq!(seen.handshakes, 0, "a handshake with the impostor completed: {seen:?}");
+    assert!(seen.received.is_empty(), "the impostor received {} bytes", seen.received.len());
+}
+
+/// The outage of the hardening issue: a server presenting a worker certificate of the cluster CA
+/// (there an `openssl s_server`) received the admin CLI's requests, bearer token included.
+/// Every client now refuses a server without the role it expects before sending anything, and
+/// says so in one line: the CLI a worker certificate where it expects a coordinator, the
+/// coordinator a coordinator certificate where it expects the node's worker agent.
+#[test]
+fn clients_refuse_a_server_without_the_role_they_expect_and_send_it_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let certs = dir.path().join("certs");
+    certs_init(&certs, &[]);
+
+    // The CLI (and every Rust client) expects a coordinator.
+    let impostor = corral_security::testing::Impostor::start(&files(&certs, "worker-w1")).expect("impostor");
+    let addr = impostor.addr().to_string();
+    let out = Command::new(corral_bin())
+        .args(tls_args(&certs, "admin"))
+        .args(["--endpoint", &addr, "--token", "crl_a-bearer-token-for-the-impostor", "jobs"])
+        .output()
+        .expect("corral");
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!out.status.success(), "the CLI talked to a worker certificate: {}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        stderr,
+        format!("error: TLS: the server at {addr} presented a certificate with role worker, not coordinator")
+    );
+    assert_refused_before_sending(&impostor);
+
+    // The coordinator reading job logs expects the node's worker: w1 advertises the address of
+    // an impostor holding a coordinator certificate.
+    let options = ClusterOptions { tls: Some(certs.clone()), node_ttl: "3s".into(), ..Default::default() };
+    let cluster = Cluster::start(1, options);
+    let init = cluster.corral_at(0, &["cluster", "init"]);
+    assert!(init.status.success(), "init: {}", String::from_utf8_lossy(&init.stderr));
+    let fake_agent = corral_security::testing::Impostor::start(&files(&certs, "coordinator-1")).expect("impostor");
+    let mut worker = WorkerProc::configure(dir.path(), "w1", &cluster.endpoints(), 1);
+    worker.use_tls(&certs);
+    worker.edit_config(|config| format!("advertise = \"{}\"\n{config}", fake_agent.addr()));
+    worker.start();
+    worker.wait_registered(&cluster);
+    let job = cluster.json(&["submit", "--", "echo", "for-the-real-agent-only"])["id"].as_u64().expect("job id");
+    let doc = cluster
+        .wait_for(job, Duration::from_secs(60), "ended", |d| d["state"] == "succeeded" || d["state"] == "failed");
+    assert_eq!(doc["state"], "succeeded", "{doc}\n{}", worker.log());
+    let out = Command::new(corral_bin())
+        .args(cluster.admin_tls_args())
+        .args(["--endpoint", &cluster.endpoints(), "logs", &job.to_string()])
+        .output()
+        .expect("logs");
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(
+        !out.status.success(),
+        "logs came from a coordinator certificate: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let line = format!("the server at {} presented a certificate with role coordinator, not worker", fake_agent.addr());
+    assert!(stderr.contains(&line) && stderr.lines().count() == 1, "{stderr}");
+    assert_refused_before_sending(&fake_agent);
+}
+
+/// `corral certs init` certificates live `--days` (365 by default), `corral certs renew` issues
+/// them again for longer with the same CA, names and keys; a daemon whose certificate expires
+/// within 14 days says so at start.
+#[test]
+fn dev_certificates_are_finite_and_renewed_in_place() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = dir.path().join("certs");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
+    let day = 24 * 3600;
+    certs_init(&certs, &["--days", "3"]);
+    let identity =
+        |name: &str| corral_security::certificate_identity(&certs.join(format!("{name}.pem"))).expect("identity");
+    for name in ["coordinator-1", "worker-w1", "admin", "client-user"] {
+        let until = identity(name).not_after_s;
+        assert!(until.abs_diff(now + 3 * day) < 120, "{name} expires at {until}, not in 3 days");
+    }
+    let default = dir.path().join("default");
+    certs_init(&default, &[]);
+    let until = corral_security::certificate_identity(&default.join("admin.pem")).expect("identity").not_after_s;
+    assert!(until.abs_diff(now + 365 * day) < 120, "expires at {until}, not in 365 days");
+
+    // A coordinator started with a certificate that expires within 14 days warns.
+    let options = ClusterOptions { tls: Some(certs.clone()), ..Default::default() };
+    let mut cluster = Cluster::start(1, options);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cluster.log_of(0).contains("expires on") {
+        assert!(Instant::now() < deadline, "no expiry warning: {}", cluster.log_of(0));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(cluster.log_of(0).contains("corral certs renew"), "{}", cluster.log_of(0));
+    cluster.stop(0);
+
+    let key = std::fs::read(certs.join("worker-w1-key.pem")).expect("key");
+    let ca = std::fs::read(certs.join("ca.pem")).expect("ca");
+    let out = Command::new(corral_bin())
+        .args(["certs", "renew", "--dir"])
+        .arg(&certs)
+        .args(["--days", "90"])
+        .output()
+        .expect("renew");
+    assert!(out.status.success(), "certs renew: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 4, "{}", String::from_utf8_lossy(&out.stdout));
+    for name in ["coordinator-1", "worker-w1", "admin", "client-user"] {
+        let renewed = identity(name);
+        assert!(renewed.not_after_s.abs_diff(now + 90 * day) < 120, "{name}: {renewed:?}");
+    }
+    assert_eq!(identity("worker-w1").name, "w1");
+    assert_eq!(std::fs::read(certs.join("worker-w1-key.pem")).expect("key"), key, "keys are kept");
+    assert_eq!(std::fs::read(certs.join("ca.pem")).expect("ca"), ca, "the CA is kept");
+    // The renewed certificates work: the restarted coordinator serves the admin CLI.
+    cluster.restart(0);
+    let init = cluster.corral_at(0, &["cluster", "init"]);
+    assert!(init.status.success(), "init: {}", String::from_utf8_lossy(&init.stderr));
+    let out = Command::new(corral_bin())
+        .args(["certs", "renew", "--dir"])
+        .arg(&certs)
+        .args(["--days", "0"])
+        .output()
+        .expect("renew");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--days must be between 1 and 3650"), "{stderr}");
+}

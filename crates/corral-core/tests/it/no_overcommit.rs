@@ -317,7 +317,9 @@ impl Sim {
                 self.apply(Command::SetNodeMode { node, mode, reason: "prop".into(), drain_deadline });
             }
             Op::EvictDrained { node } => self.apply(Command::EvictDrainedJobs { node: node_spec(*node).name }),
-            Op::RemoveNode { node } => self.apply(Command::RemoveNode { node: node_spec(*node).name }),
+            Op::RemoveNode { node } => {
+                self.apply(Command::RemoveNode { node: node_spec(*node).name, revoke_certificates: true })
+            }
             Op::Hold { pick, hold } => {
                 if let Some(id) = self.pick(JobState::Pending, *pick, |_| true) {
                     self.apply(Command::HoldJob { job_id: id, hold: *hold });

@@ -97,7 +97,9 @@ fn command_to_pb(r: &Request) -> pb::Command {
             drain_deadline: drain_deadline.map(|t| t.0),
         }),
         Command::EvictDrainedJobs { node } => Kind::EvictDrainedJobs(pb::EvictDrainedJobs { node: node.clone() }),
-        Command::RemoveNode { node } => Kind::RemoveNode(pb::RemoveNode { node: node.clone() }),
+        Command::RemoveNode { node, revoke_certificates } => {
+            Kind::RemoveNode(pb::RemoveNode { node: node.clone(), revoke_certificates: *revoke_certificates })
+        }
         Command::HoldJob { job_id, hold } => Kind::HoldJob(pb::HoldJob { job_id: *job_id, hold: *hold }),
         Command::RequeueJob { job_id } => Kind::RequeueJob(pb::RequeueJob { job_id: *job_id }),
         Command::SignalJob { job_id, signal } => Kind::SignalJob(pb::SignalJob { job_id: *job_id, signal: *signal }),
@@ -189,7 +191,7 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
             drain_deadline: m.drain_deadline.map(Timestamp),
         },
         Kind::EvictDrainedJobs(e) => Command::EvictDrainedJobs { node: e.node },
-        Kind::RemoveNode(r) => Command::RemoveNode { node: r.node },
+        Kind::RemoveNode(r) => Command::RemoveNode { node: r.node, revoke_certificates: r.revoke_certificates },
         Kind::HoldJob(h) => Command::HoldJob { job_id: h.job_id, hold: h.hold },
         Kind::RequeueJob(r) => Command::RequeueJob { job_id: r.job_id },
         Kind::SignalJob(g) => Command::SignalJob { job_id: g.job_id, signal: g.signal },

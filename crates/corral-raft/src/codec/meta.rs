@@ -31,6 +31,8 @@ pub struct StateMeta {
     /// Join tokens: set `State::join_tokens` to them after `State::from_parts`.
     pub join_tokens: BTreeMap<u64, JoinTokenRecord>,
     pub next_join_token_id: u64,
+    /// The deny list: set `State::revoked_workers` to it after `State::from_parts`.
+    pub revoked_workers: BTreeMap<String, u64>,
     /// Set `State::segments_archived_below` to it (load segments from there).
     pub segments_archived_below: u64,
     /// Set `State::archived_billed` to it.
@@ -54,6 +56,7 @@ pub fn meta_to_bytes(s: &State) -> Vec<u8> {
         policy_version: s.policy_version,
         join_tokens: join_tokens_to_pb(s),
         next_join_token_id: s.next_join_token_id,
+        revoked_workers: super::revocations::to_pb(&s.revoked_workers),
         segments_archived_below: s.segments_archived_below,
         archived_billed: billed_to_pb(&s.archived_billed),
         ..Default::default()
@@ -79,6 +82,7 @@ pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, CodecError> {
         policy_version: s.policy_version,
         join_tokens: join_tokens_from_pb(s.join_tokens),
         next_join_token_id: s.next_join_token_id,
+        revoked_workers: super::revocations::from_pb(s.revoked_workers),
         segments_archived_below: s.segments_archived_below,
         archived_billed: billed_from_pb(s.archived_billed),
     })

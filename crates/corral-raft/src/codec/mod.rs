@@ -26,6 +26,7 @@ mod mirror;
 mod node;
 mod policy;
 mod request_id;
+mod revocations;
 mod segment;
 mod snapshot;
 mod tokens;
@@ -161,7 +162,8 @@ mod tests {
             assert_eq!(&policy_record_from_bytes(&policy_record_to_bytes(record)).unwrap(), record);
         }
         assert_eq!(node_from_bytes(&node_to_bytes(&state.nodes["n1"])).unwrap(), state.nodes["n1"]);
-        let remove = Request { ts: Timestamp(9), command: Command::RemoveNode { node: "n1".into() } };
+        let remove =
+            Request { ts: Timestamp(9), command: Command::RemoveNode { node: "n1".into(), revoke_certificates: true } };
         assert_eq!(command_from_bytes(&command_to_bytes(&remove)).unwrap(), remove);
     }
 

@@ -257,6 +257,7 @@ fn encode_snapshot(s: &State, with_request_ids: bool, cache: &mut JobEncodings) 
         policy_history: policy_history_to_pb(s),
         join_tokens: join_tokens_to_pb(s),
         next_join_token_id: s.next_join_token_id,
+        revoked_workers: super::revocations::to_pb(&s.revoked_workers),
         segments_archived_below: s.segments_archived_below,
         archived_billed: billed_to_pb(&s.archived_billed),
         ..Default::default()
@@ -343,6 +344,7 @@ fn state_from_snapshot_pb(s: pb::StateSnapshot) -> Result<State, CodecError> {
     state.policy_history = policy_history_from_pb(s.policy_history);
     state.join_tokens = join_tokens_from_pb(s.join_tokens);
     state.next_join_token_id = s.next_join_token_id;
+    state.revoked_workers = super::revocations::from_pb(s.revoked_workers);
     Ok(state)
 }
 

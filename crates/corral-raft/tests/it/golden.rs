@@ -559,6 +559,19 @@ fn a_snapshot_keeps_its_bytes() {
     check("snapshot-v3", &full_state_v3(), snapshot_to_bytes, snapshot_from_bytes);
 }
 
+/// The deny list of worker certificates, added to format version 3 as new fields only: a
+/// removal that revokes, and a snapshot that holds revocations (a state without any encodes as
+/// before: `a_snapshot_keeps_its_bytes`).
+#[test]
+fn the_deny_list_keeps_its_bytes() {
+    let command = Command::RemoveNode { node: "gpu-02".into(), revoke_certificates: true };
+    let remove = Request { ts: ts(1_700_000_100_000, 0), command };
+    check("command-remove-node-revoking", &remove, command_to_bytes, command_from_bytes);
+    let mut state = full_state_v3();
+    state.revoked_workers = [("gpu-02".to_string(), 1_700_000_101), ("gpu-09".to_string(), 1_690_000_000)].into();
+    check("snapshot-deny-list", &state, snapshot_to_bytes, snapshot_from_bytes);
+}
+
 /// Version 2 wrote request ids as strings; they decode to the keys version 3 keeps.
 #[test]
 fn a_version_2_snapshot_still_decodes() {
@@ -594,6 +607,7 @@ fn the_scalar_meta_keeps_its_bytes() {
         policy_version: 0,
         join_tokens: state.join_tokens.clone(),
         next_join_token_id: state.next_join_token_id,
+        revoked_workers: BTreeMap::new(),
         segments_archived_below: 0,
         archived_billed: BTreeMap::new(),
     };

@@ -96,6 +96,9 @@ pub struct WorkerConfig {
     pub pids_max: Option<u64>,
     /// Serve the agent over TLS, to coordinator certificates only; `None`: plaintext.
     pub agent_tls: Option<corral_security::ServerTls>,
+    /// Renew the certificate a join stored before it expires (`renew.rs`); `None`: the
+    /// certificate is the operator's, or there is none.
+    pub cert_renewal: Option<crate::renew::CertRenewal>,
     /// How to start the fence guard, the process that kills this worker's jobs when its lease
     /// runs out even if the worker is frozen or dead (see `fence`). `None`: no guard (jobs of a
     /// frozen worker keep running; only for tests that run the worker in-process).
@@ -125,6 +128,7 @@ impl WorkerConfig {
             mig_manage: false,
             pids_max: Some(DEFAULT_PIDS_MAX),
             agent_tls: None,
+            cert_renewal: None,
             fence_guard: None,
         }
     }
