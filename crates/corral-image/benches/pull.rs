@@ -133,7 +133,8 @@ fn main() {
     );
 
     // Ten jobs of the uncached image at once on one node.
-    let before: u64 = blobs.iter().map(|d| registry.blob_bytes_served(d)).sum();
+    // Each run fetched every blob twice (corral, skopeo).
+    let before: u64 = registry.wait_blob_bytes(&blobs, 2 * runs).iter().sum();
     let node = node(u64::MAX, registry_config(), 3);
     let started = Instant::now();
     rt.block_on(async {
@@ -147,7 +148,7 @@ fn main() {
             pull.await.expect("task").expect("pull");
         }
     });
-    let fetched: u64 = blobs.iter().map(|d| registry.blob_bytes_served(d)).sum::<u64>() - before;
+    let fetched: u64 = registry.wait_blob_bytes(&blobs, 2 * runs + 1).iter().sum::<u64>() - before;
     println!(
         "10 pulls at once: {:.1} MB of layers fetched for a {mb:.1} MB image ({:.2}x), all done in {:.2?}",
         fetched as f64 / 1e6,

@@ -6,8 +6,8 @@
 //! A layer download streams the blob into a decompressing, unpacking thread while hashing
 //! every byte; a broken stream resumes from the last byte received (a `Range` request; a
 //! registry that ignores ranges sends it again from the start and the bytes already had are
-//! skipped). The layer joins the store only when the blob's digest and the unpacked tar's
-//! diff_id both matched.
+//! skipped). The layer joins the store, under its blob digest, only when the digest matched
+//! every byte received.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -92,7 +92,7 @@ struct Inflight {
     transfer: Arc<Transfer>,
 }
 
-/// Downloads in progress, by layer diff_id.
+/// Downloads in progress, by blob digest.
 type InflightMap = Arc<Mutex<HashMap<Digest, Inflight>>>;
 
 /// A node's images: store, registry client, download limits and job roots.
@@ -170,12 +170,9 @@ impl Images {
         let config = self.registry.small_blob(&pinned, &config_digest, MAX_CONFIG).await?;
         let diff_ids = ImageConfig::parse(&config).map_err(|e| e.context(&pinned))?.rootfs.diff_ids;
         let blobs = layer_blobs(&resolved.manifest, &diff_ids).map_err(|e| e.context(&pinned))?;
-        let lease = self.store.lease(&diff_ids);
-        let waits: Vec<LayerFuture> = blobs
-            .iter()
-            .zip(&diff_ids)
-            .filter_map(|(blob, diff_id)| self.layer(&pinned, blob, diff_id, progress))
-            .collect();
+        let digests: Vec<Digest> = blobs.iter().map(|b| b.digest.clone()).collect();
+        let lease = self.store.lease(&digests);
+        let waits: Vec<LayerFuture> = blobs.iter().filter_map(|blob| self.layer(&pinned, blob, progress)).collect();
         futures::future::try_join_all(waits).await?;
         let now = now_ms();
         let record = ImageRecord {
@@ -185,14 +182,9 @@ impl Images {
             config_digest,
             config: String::from_utf8(config)
                 .map_err(|_| ImageError::unsupported(format!("{pinned}: config is not UTF-8")))?,
-            layers: blobs
-                .iter()
-                .zip(&diff_ids)
-                .map(|(blob, diff_id)| LayerRef {
-                    diff_id: diff_id.clone(),
-                    blob: Some(blob.digest.clone()),
-                    size: self.store.layer_size(diff_id).unwrap_or(0),
-                })
+            layers: digests
+                .into_iter()
+                .map(|digest| LayerRef { size: self.store.layer_size(&digest).unwrap_or(0), digest })
                 .collect(),
             pulled_ms: now,
             last_used_ms: now,
@@ -208,19 +200,13 @@ impl Images {
 
     /// The download of one layer, started unless it is in the store (`None`) or another pull
     /// is fetching it (whose download is joined).
-    fn layer(
-        &self,
-        image: &ImageRef,
-        blob: &LayerBlob,
-        diff_id: &Digest,
-        progress: &PullProgress,
-    ) -> Option<LayerFuture> {
+    fn layer(&self, image: &ImageRef, blob: &LayerBlob, progress: &PullProgress) -> Option<LayerFuture> {
         let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
         // Checked under the lock: a download commits its layer before leaving the map.
-        if self.store.has_layer(diff_id) {
+        if self.store.has_layer(&blob.digest) {
             return None;
         }
-        if let Some(running) = inflight.get(diff_id) {
+        if let Some(running) = inflight.get(&blob.digest) {
             progress.add(Arc::clone(&running.transfer));
             return Some(running.done.clone());
         }
@@ -233,7 +219,6 @@ impl Images {
             inflight: Arc::clone(&self.inflight),
             image: image.clone(),
             blob: blob.clone(),
-            diff_id: diff_id.clone(),
             transfer: Arc::clone(&transfer),
         };
         // Spawned: it finishes for the others even if the pull that started it is dropped.
@@ -242,7 +227,7 @@ impl Images {
             task.await.unwrap_or_else(|e| Err(ImageError::new(ErrorKind::Io, format!("layer download failed: {e}"))))
         });
         let done = done.shared();
-        inflight.insert(diff_id.clone(), Inflight { done: done.clone(), transfer });
+        inflight.insert(blob.digest.clone(), Inflight { done: done.clone(), transfer });
         Some(done)
     }
 
@@ -280,7 +265,6 @@ struct LayerDownload {
     inflight: InflightMap,
     image: ImageRef,
     blob: LayerBlob,
-    diff_id: Digest,
     transfer: Arc<Transfer>,
 }
 
@@ -290,7 +274,7 @@ impl LayerDownload {
         if let Err(e) = &result {
             warn!(layer = %self.blob.digest, image = %self.image, error = %e, "layer download failed");
         }
-        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.diff_id);
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.blob.digest);
         result
     }
 
@@ -299,23 +283,18 @@ impl LayerDownload {
         let tmp = self.store.tmp_dir()?;
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
         let dest = tmp.path().to_path_buf();
-        let unpacker =
-            tokio::task::spawn_blocking(move || unpack_layer(ChannelReader { rx, current: Bytes::new() }, &dest));
+        let unpacker = tokio::task::spawn_blocking(move || {
+            unpack_layer(ChannelReader { rx, current: Bytes::new() }, &dest, false)
+        });
         let downloaded = self.download(tx).await;
         let unpacked = unpacker
             .await
             .unwrap_or_else(|e| Err(ImageError::new(ErrorKind::Io, format!("unpacking thread failed: {e}"))));
         downloaded?;
         let unpacked = unpacked.map_err(|e| e.context(format!("layer {} of {}", self.blob.digest, self.image)))?;
-        if unpacked.diff_id != self.diff_id {
-            return Err(ImageError::digest_mismatch(format!(
-                "layer {} of {} unpacks to {} but its config says {}",
-                self.blob.digest, self.image, unpacked.diff_id, self.diff_id
-            )));
-        }
         let store = Arc::clone(&self.store);
-        let blob = self.blob.digest.clone();
-        tokio::task::spawn_blocking(move || store.commit_layer(tmp, &unpacked, Some(&blob)))
+        let digest = self.blob.digest.clone();
+        tokio::task::spawn_blocking(move || store.commit_layer(tmp, &digest, &unpacked))
             .await
             .unwrap_or_else(|e| Err(ImageError::new(ErrorKind::Io, format!("commit failed: {e}"))))
     }

@@ -1,8 +1,8 @@
 //! `corral image load`: images from a `docker save` archive (`manifest.json`, configs, layer
 //! tars), an OCI archive (a tar of an OCI image layout, as `docker save` writes since Docker 25
 //! and `skopeo copy … oci-archive:` writes) or an OCI layout directory. Every blob is checked
-//! against its digest (layers also against their config's diff_ids) before the store keeps it,
-//! exactly as a pull is.
+//! against its digest before the store keeps it, as a pull is (a layer of an older `docker
+//! save`, which names none, against its config's diff_id).
 //!
 //! An archive is read in place: its members are indexed once (name, offset, size) and each blob
 //! is read from its offset, so nothing is extracted to disk but the unpacked layers. Paths in
@@ -189,14 +189,14 @@ fn load_oci(store: &Arc<ImageStore>, source: &Source) -> Result<Vec<ImageRecord>
         let config_digest = Digest::parse(&manifest.config.digest)?;
         let config = source.blob(&config_digest, MAX_CONFIG)?;
         let diff_ids = ImageConfig::parse(&config)?.rootfs.diff_ids;
-        let blobs = manifest::layer_blobs(&manifest, &diff_ids)?;
-        let members = blobs.iter().map(|b| blob_path(&b.digest)).collect();
-        let layers = blobs.into_iter().map(|b| Some(b.digest)).zip(diff_ids).collect::<Vec<_>>();
+        let layers = manifest::layer_blobs(&manifest, &diff_ids)?
+            .into_iter()
+            .map(|b| Layer { member: blob_path(&b.digest), expect: Expect::Blob(b.digest) })
+            .collect();
         let record = store_image(
             store,
             source,
-            &layers,
-            members,
+            layers,
             ImageRecordParts { id: manifest_digest, index: index_digest, names, config_digest, config },
         )?;
         loaded.push(record);
@@ -228,8 +228,17 @@ fn load_docker(store: &Arc<ImageStore>, source: &Source) -> Result<Vec<ImageReco
                 diff_ids.len()
             )));
         }
-        let layers: Vec<(Option<Digest>, Digest)> =
-            entry.layers.iter().map(|l| digest_in_name(l)).zip(diff_ids).collect();
+        let layers = entry
+            .layers
+            .iter()
+            .zip(diff_ids)
+            .map(|(member, diff_id)| Layer {
+                member: member.clone(),
+                // Docker 25 names layers by their blob digest; earlier versions write
+                // uncompressed `<id>/layer.tar`, checked against the config's diff_id.
+                expect: digest_in_name(member).map_or(Expect::DiffId(diff_id), Expect::Blob),
+            })
+            .collect();
         let names = entry
             .repo_tags
             .unwrap_or_default()
@@ -240,8 +249,7 @@ fn load_docker(store: &Arc<ImageStore>, source: &Source) -> Result<Vec<ImageReco
         loaded.push(store_image(
             store,
             source,
-            &layers,
-            entry.layers,
+            layers,
             ImageRecordParts { id: config_digest.clone(), index: None, names, config_digest, config },
         )?);
     }
@@ -267,53 +275,70 @@ struct ImageRecordParts {
     config: Vec<u8>,
 }
 
-/// Unpacks the layers the store lacks (each checked against the blob digest its name carries
-/// and its diff_id) and records the image.
+/// A layer of an archive and what its bytes must match.
+struct Layer {
+    member: String,
+    expect: Expect,
+}
+
+enum Expect {
+    /// The blob's digest: the layer is stored under it.
+    Blob(Digest),
+    /// The uncompressed tar's digest (no blob digest is known): the layer is stored under the
+    /// digest of its member's bytes, the same for an uncompressed tar.
+    DiffId(Digest),
+}
+
+impl Expect {
+    fn key(&self) -> &Digest {
+        match self {
+            Expect::Blob(d) | Expect::DiffId(d) => d,
+        }
+    }
+}
+
+/// Unpacks the layers the store lacks, each checked against its digest, and records the image.
 fn store_image(
     store: &Arc<ImageStore>,
     source: &Source,
-    layers: &[(Option<Digest>, Digest)],
-    members: Vec<String>,
+    layers: Vec<Layer>,
     parts: ImageRecordParts,
 ) -> Result<ImageRecord, ImageError> {
-    let diff_ids: Vec<Digest> = layers.iter().map(|(_, d)| d.clone()).collect();
-    let _lease = store.lease(&diff_ids);
-    for ((blob, diff_id), name) in layers.iter().zip(members) {
-        if store.has_layer(diff_id) {
-            continue;
-        }
-        let tmp = store.tmp_dir()?;
-        let mut reader = HashingReader::new(source.reader(&name)?);
-        let unpacked = unpack_layer(&mut reader, tmp.path());
-        let (actual, _) =
-            reader.finish().map_err(|e| ImageError::io(format!("read '{}' of the archive", clip(&name)), &e))?;
-        if let Some(blob) = blob {
-            if &actual != blob {
-                return Err(ImageError::digest_mismatch(format!(
-                    "layer '{}' of the archive has digest {actual}",
-                    clip(&name)
-                )));
+    let keys: Vec<Digest> = layers.iter().map(|l| l.expect.key().clone()).collect();
+    let _lease = store.lease(&keys);
+    let mut refs = Vec::new();
+    for layer in &layers {
+        let name = &layer.member;
+        let mut digest = layer.expect.key().clone();
+        if !store.has_layer(&digest) {
+            let tmp = store.tmp_dir()?;
+            let mut reader = HashingReader::new(source.reader(name)?);
+            let unpacked = unpack_layer(&mut reader, tmp.path(), matches!(layer.expect, Expect::DiffId(_)));
+            let (actual, _) =
+                reader.finish().map_err(|e| ImageError::io(format!("read '{}' of the archive", clip(name)), &e))?;
+            if let Expect::Blob(blob) = &layer.expect {
+                if &actual != blob {
+                    return Err(ImageError::digest_mismatch(format!(
+                        "layer '{}' of the archive has digest {actual}",
+                        clip(name)
+                    )));
+                }
             }
+            let unpacked = unpacked.map_err(|e| e.context(format!("layer '{}'", clip(name))))?;
+            if let (Expect::DiffId(diff_id), Some(got)) = (&layer.expect, &unpacked.diff_id) {
+                if got != diff_id {
+                    return Err(ImageError::digest_mismatch(format!(
+                        "layer '{}' unpacks to {got} but the config says {diff_id}",
+                        clip(name)
+                    )));
+                }
+            }
+            digest = actual;
+            store.commit_layer(tmp, &digest, &unpacked)?;
         }
-        let unpacked = unpacked.map_err(|e| e.context(format!("layer '{}'", clip(&name))))?;
-        if &unpacked.diff_id != diff_id {
-            return Err(ImageError::digest_mismatch(format!(
-                "layer '{}' unpacks to {} but the config says {diff_id}",
-                clip(&name),
-                unpacked.diff_id
-            )));
-        }
-        store.commit_layer(tmp, &unpacked, blob.as_ref().filter(|b| *b != diff_id))?;
+        refs.push(LayerRef { size: store.layer_size(&digest).unwrap_or(0), digest });
     }
     let now = now_ms();
-    let layers = layers
-        .iter()
-        .map(|(blob, diff_id)| LayerRef {
-            diff_id: diff_id.clone(),
-            blob: blob.clone(),
-            size: store.layer_size(diff_id).unwrap_or(0),
-        })
-        .collect();
     let config =
         String::from_utf8(parts.config).map_err(|_| ImageError::unsupported("the image config is not UTF-8"))?;
     store.put_image(ImageRecord {
@@ -322,7 +347,7 @@ fn store_image(
         names: parts.names,
         config_digest: parts.config_digest,
         config,
-        layers,
+        layers: refs,
         pulled_ms: now,
         last_used_ms: now,
     })

@@ -1,13 +1,19 @@
 //! The node's content-addressed layer store: each layer unpacked once into a directory named by
-//! its uncompressed digest (`diff_id`), image records naming their layers, pins held for the
-//! jobs placed on or running on the node, and garbage collection of the least recently used
-//! images not pinned once the store passes its size budget.
+//! its blob digest (the bytes its manifest names, checked as they arrived), image records naming
+//! their layers, pins held for the jobs placed on or running on the node, and garbage collection
+//! of the least recently used images not pinned once the store passes its size budget.
+//!
+//! Layers are keyed by what was verified: the blob's digest. (A key taken from the config's
+//! `diff_ids` unverified would let one tenant's image claim another's base layer; verifying it
+//! would hash every layer a second time, uncompressed.) The manifests a coordinator sees name
+//! the same digests, so the layers a worker reports compare with them directly. A layer
+//! published in two compressions is stored twice.
 //!
 //! Layout under the root:
 //!
 //! ```text
 //! layers/<hex>        an unpacked layer, an overlayfs lower directory (read-only by use)
-//! layers/<hex>.json   its record: diff_id, size, the blob digests it was fetched as
+//! layers/<hex>.json   its record: digest and unpacked size
 //! images/<hex>.json   an image record (manifest digest, names, config, layers)
 //! tmp/                layers being unpacked (emptied at open)
 //! trash/              layers being deleted (emptied at open)
@@ -77,10 +83,9 @@ pub struct ImageRecord {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct LayerRef {
-    pub diff_id: Digest,
-    /// The compressed blob its manifest names (`None` for a layer loaded without one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub blob: Option<Digest>,
+    /// The blob digest its manifest names (for a layer of an old `docker save` archive, the
+    /// digest of the tar in the archive, which is its diff_id).
+    pub digest: Digest,
     /// Unpacked bytes.
     pub size: u64,
 }
@@ -102,16 +107,14 @@ impl ImageRecord {
     }
 }
 
-/// A layer held by the store, as a worker reports it for placement.
+/// A layer held by the store, as a worker reports it for placement: the blob digest manifests
+/// name and the bytes it takes here.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct StoredLayer {
-    pub diff_id: Digest,
+    pub digest: Digest,
     /// Unpacked bytes.
     pub size: u64,
-    /// The compressed blobs (manifest layer digests) it is known to come from.
-    #[serde(default)]
-    pub blobs: BTreeSet<Digest>,
 }
 
 /// An image and whether jobs hold it, for `corral image ls`.
@@ -156,7 +159,7 @@ struct State {
     layers: BTreeMap<Digest, StoredLayer>,
     /// Pins per digest (an image's id, index or config digest).
     pins: BTreeMap<Digest, usize>,
-    /// Leases per layer diff_id, held by pulls and loads in progress.
+    /// Leases per layer digest, held by pulls and loads in progress.
     leases: BTreeMap<Digest, usize>,
 }
 
@@ -172,7 +175,7 @@ impl State {
     }
 
     fn referenced_layers(&self) -> BTreeSet<Digest> {
-        self.images.values().flat_map(|r| r.layers.iter().map(|l| l.diff_id.clone())).collect()
+        self.images.values().flat_map(|r| r.layers.iter().map(|l| l.digest.clone())).collect()
     }
 
     fn find(&self, digest: &Digest) -> Option<&ImageRecord> {
@@ -224,8 +227,8 @@ impl ImageStore {
             let path = entry.path();
             if let Some(hex) = name.strip_suffix(".json") {
                 match read_record::<StoredLayer>(&path) {
-                    Some(layer) if layer.diff_id.hex() == hex => {
-                        state.layers.insert(layer.diff_id.clone(), layer);
+                    Some(layer) if layer.digest.hex() == hex => {
+                        state.layers.insert(layer.digest.clone(), layer);
                     }
                     _ => {
                         warn!(path = %path.display(), "unreadable layer record removed");
@@ -254,7 +257,7 @@ impl ImageStore {
             let record = read_record::<ImageRecord>(&path)
                 .filter(|r| path.file_name().is_some_and(|n| n.to_string_lossy() == format!("{}.json", r.id.hex())));
             match record {
-                Some(record) if record.layers.iter().all(|l| state.layers.contains_key(&l.diff_id)) => {
+                Some(record) if record.layers.iter().all(|l| state.layers.contains_key(&l.digest)) => {
                     state.images.insert(record.id.clone(), record);
                 }
                 _ => {
@@ -308,8 +311,8 @@ impl ImageStore {
         state.images.values().map(|r| ImageEntry { record: r.clone(), pins: state.pins_of(r) }).collect()
     }
 
-    /// Every layer held, by diff_id: what a worker reports so placement can prefer nodes that
-    /// hold an image's layers.
+    /// Every layer held: what a worker reports so placement can prefer nodes that hold an
+    /// image's layers.
     pub fn layers(&self) -> Vec<StoredLayer> {
         self.lock().layers.values().cloned().collect()
     }
@@ -325,13 +328,13 @@ impl ImageStore {
     }
 
     /// The directory of a layer (held or not).
-    pub fn layer_dir(&self, diff_id: &Digest) -> PathBuf {
-        self.root.join("layers").join(diff_id.hex())
+    pub fn layer_dir(&self, digest: &Digest) -> PathBuf {
+        self.root.join("layers").join(digest.hex())
     }
 
     /// The overlayfs lower directories of an image, top layer first (overlayfs's order).
     pub fn lower_dirs(&self, record: &ImageRecord) -> Vec<PathBuf> {
-        record.layers.iter().rev().map(|l| self.layer_dir(&l.diff_id)).collect()
+        record.layers.iter().rev().map(|l| self.layer_dir(&l.digest)).collect()
     }
 
     /// Pins the image `digest` names (it need not be in the store yet: a job placed here pins
@@ -415,12 +418,12 @@ impl ImageStore {
                     .filter(|d| !referenced.contains(*d) && !state.leases.contains_key(*d))
                     .cloned()
                     .collect();
-                for diff_id in orphans {
+                for digest in orphans {
                     if state.bytes() <= limit {
                         break;
                     }
                     report.layers_removed += 1;
-                    self.drop_layer(&mut state, &diff_id, &mut trash);
+                    self.drop_layer(&mut state, &digest, &mut trash);
                 }
                 let mut candidates: Vec<(u64, Digest)> = state
                     .images
@@ -461,25 +464,24 @@ impl ImageStore {
         let referenced = state.referenced_layers();
         let mut removed = 0;
         for layer in &record.layers {
-            if !referenced.contains(&layer.diff_id)
-                && !state.leases.contains_key(&layer.diff_id)
-                && state.layers.contains_key(&layer.diff_id)
+            if !referenced.contains(&layer.digest)
+                && !state.leases.contains_key(&layer.digest)
+                && state.layers.contains_key(&layer.digest)
             {
-                self.drop_layer(state, &layer.diff_id, trash);
+                self.drop_layer(state, &layer.digest, trash);
                 removed += 1;
             }
         }
         removed
     }
 
-    fn drop_layer(&self, state: &mut State, diff_id: &Digest, trash: &mut Vec<PathBuf>) {
-        state.layers.remove(diff_id);
-        let _ = fs::remove_file(self.layer_record_path(diff_id));
-        let to =
-            self.root.join("trash").join(format!("{}-{}", diff_id.hex(), self.seq.fetch_add(1, Ordering::Relaxed)));
-        match fs::rename(self.layer_dir(diff_id), &to) {
+    fn drop_layer(&self, state: &mut State, digest: &Digest, trash: &mut Vec<PathBuf>) {
+        state.layers.remove(digest);
+        let _ = fs::remove_file(self.layer_record_path(digest));
+        let to = self.root.join("trash").join(format!("{}-{}", digest.hex(), self.seq.fetch_add(1, Ordering::Relaxed)));
+        match fs::rename(self.layer_dir(digest), &to) {
             Ok(()) => trash.push(to),
-            Err(e) => warn!(layer = %diff_id, error = %e, "could not move a removed layer to the trash"),
+            Err(e) => warn!(layer = %digest, error = %e, "could not move a removed layer to the trash"),
         }
     }
 
@@ -493,21 +495,21 @@ impl ImageStore {
 
     /// Takes leases on layers a pull is about to use, so garbage collection keeps those
     /// already held until the image record names them.
-    pub(crate) fn lease(self: &Arc<Self>, diff_ids: &[Digest]) -> LayerLease {
+    pub(crate) fn lease(self: &Arc<Self>, digests: &[Digest]) -> LayerLease {
         let mut state = self.lock();
-        for d in diff_ids {
+        for d in digests {
             *state.leases.entry(d.clone()).or_insert(0) += 1;
         }
-        LayerLease { store: Arc::clone(self), diff_ids: diff_ids.to_vec() }
+        LayerLease { store: Arc::clone(self), digests: digests.to_vec() }
     }
 
-    pub(crate) fn has_layer(&self, diff_id: &Digest) -> bool {
-        self.lock().layers.contains_key(diff_id)
+    pub(crate) fn has_layer(&self, digest: &Digest) -> bool {
+        self.lock().layers.contains_key(digest)
     }
 
     /// Unpacked bytes of a layer held.
-    pub(crate) fn layer_size(&self, diff_id: &Digest) -> Option<u64> {
-        self.lock().layers.get(diff_id).map(|l| l.size)
+    pub(crate) fn layer_size(&self, digest: &Digest) -> Option<u64> {
+        self.lock().layers.get(digest).map(|l| l.size)
     }
 
     /// A fresh directory under `tmp/`, removed when the guard drops unless committed.
@@ -518,40 +520,25 @@ impl ImageStore {
         Ok(TmpDir(Some(path)))
     }
 
-    /// Makes an unpacked, verified layer part of the store. If another pull committed the same
-    /// layer first, this copy is deleted.
-    pub(crate) fn commit_layer(
-        &self,
-        mut tmp: TmpDir,
-        unpacked: &Unpacked,
-        blob: Option<&Digest>,
-    ) -> Result<(), ImageError> {
+    /// Makes an unpacked layer whose blob matched `digest` part of the store. If another pull
+    /// committed the same layer first, this copy is deleted.
+    pub(crate) fn commit_layer(&self, mut tmp: TmpDir, digest: &Digest, unpacked: &Unpacked) -> Result<(), ImageError> {
         let mut state = self.lock();
-        if let Some(layer) = state.layers.get_mut(&unpacked.diff_id) {
-            if let Some(blob) = blob {
-                if layer.blobs.insert(blob.clone()) {
-                    let layer = layer.clone();
-                    let _ = self.write_layer(&layer);
-                }
-            }
+        if state.layers.contains_key(digest) {
             return Ok(()); // `tmp` is deleted on drop
         }
         let path = tmp.0.take().expect("tmp dir");
-        let dest = self.layer_dir(&unpacked.diff_id);
+        let dest = self.layer_dir(digest);
         if let Err(e) = fs::rename(&path, &dest) {
             tmp.0 = Some(path);
-            return Err(ImageError::io(format!("move layer {} into the store", unpacked.diff_id), &e));
+            return Err(ImageError::io(format!("move layer {digest} into the store"), &e));
         }
-        let layer = StoredLayer {
-            diff_id: unpacked.diff_id.clone(),
-            size: unpacked.size,
-            blobs: blob.into_iter().cloned().collect(),
-        };
+        let layer = StoredLayer { digest: digest.clone(), size: unpacked.size };
         if let Err(e) = self.write_layer(&layer) {
             let _ = fs::remove_dir_all(&dest);
             return Err(e);
         }
-        state.layers.insert(layer.diff_id.clone(), layer);
+        state.layers.insert(layer.digest.clone(), layer);
         Ok(())
     }
 
@@ -559,10 +546,10 @@ impl ImageStore {
     /// the names; a name moves from any other image to this one.
     pub(crate) fn put_image(&self, mut record: ImageRecord) -> Result<ImageRecord, ImageError> {
         let mut state = self.lock();
-        if let Some(missing) = record.layers.iter().find(|l| !state.layers.contains_key(&l.diff_id)) {
+        if let Some(missing) = record.layers.iter().find(|l| !state.layers.contains_key(&l.digest)) {
             return Err(ImageError::new(
                 ErrorKind::Io,
-                format!("layer {} of {} is not in the store", missing.diff_id, record.id),
+                format!("layer {} of {} is not in the store", missing.digest, record.id),
             ));
         }
         if let Some(existing) = state.images.get(&record.id) {
@@ -591,8 +578,8 @@ impl ImageStore {
         self.root.join("images").join(format!("{}.json", id.hex()))
     }
 
-    fn layer_record_path(&self, diff_id: &Digest) -> PathBuf {
-        self.root.join("layers").join(format!("{}.json", diff_id.hex()))
+    fn layer_record_path(&self, digest: &Digest) -> PathBuf {
+        self.root.join("layers").join(format!("{}.json", digest.hex()))
     }
 
     fn write_image(&self, record: &ImageRecord) -> Result<(), ImageError> {
@@ -600,7 +587,7 @@ impl ImageStore {
     }
 
     fn write_layer(&self, layer: &StoredLayer) -> Result<(), ImageError> {
-        self.write_record(&self.layer_record_path(&layer.diff_id), layer)
+        self.write_record(&self.layer_record_path(&layer.digest), layer)
     }
 
     /// Writes a record next to its place and renames it there: readers see the old or the new.
@@ -661,13 +648,13 @@ impl Drop for ImagePin {
 /// Leases on layers while a pull or load uses them.
 pub(crate) struct LayerLease {
     store: Arc<ImageStore>,
-    diff_ids: Vec<Digest>,
+    digests: Vec<Digest>,
 }
 
 impl Drop for LayerLease {
     fn drop(&mut self) {
         let mut state = self.store.lock();
-        for d in &self.diff_ids {
+        for d in &self.digests {
             if let Some(count) = state.leases.get_mut(d) {
                 *count -= 1;
                 if *count == 0 {
@@ -733,9 +720,10 @@ mod tests {
         builder.append_data(&mut header, "file", content).expect("append");
         let tar = builder.into_inner().expect("tar");
         let tmp = store.tmp_dir().expect("tmp");
-        let unpacked = unpack::unpack_layer(&tar[..], tmp.path()).expect("unpack");
-        store.commit_layer(tmp, &unpacked, None).expect("commit");
-        unpacked.diff_id
+        let unpacked = unpack::unpack_layer(&tar[..], tmp.path(), false).expect("unpack");
+        let digest = Digest::of(&tar);
+        store.commit_layer(tmp, &digest, &unpacked).expect("commit");
+        digest
     }
 
     fn image(store: &ImageStore, name: &str, layers: &[&Digest], used: u64) -> ImageRecord {
@@ -748,7 +736,7 @@ mod tests {
             config,
             layers: layers
                 .iter()
-                .map(|d| LayerRef { diff_id: (*d).clone(), blob: None, size: store.lock().layers[*d].size })
+                .map(|d| LayerRef { digest: (*d).clone(), size: store.lock().layers[*d].size })
                 .collect(),
             pulled_ms: used,
             last_used_ms: used,

@@ -1,6 +1,6 @@
 //! Unpacks one layer tar (plain, gzip or zstd, told apart by their first bytes) into a fresh
-//! directory that will be an overlayfs lower directory, and returns the digest of the
-//! uncompressed tar (the layer's `diff_id`) and the bytes it holds.
+//! directory that will be an overlayfs lower directory, and returns the bytes it holds (and,
+//! when asked, the digest of the uncompressed tar: the layer's `diff_id`).
 //!
 //! OCI whiteouts become overlayfs ones: `.wh.NAME` a character device 0/0 named `NAME`, an
 //! opaque marker `.wh..wh..opq` the `trusted.overlay.opaque=y` attribute on its directory.
@@ -41,10 +41,10 @@ const COPY_BUFFER: usize = 256 * 1024;
 /// What one unpacked layer holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Unpacked {
-    /// The digest of the uncompressed tar.
-    pub diff_id: Digest,
     /// Bytes of file contents and symlink targets: what the layer costs the store.
     pub size: u64,
+    /// The digest of the uncompressed tar, when asked for.
+    pub diff_id: Option<Digest>,
 }
 
 /// How a layer blob is compressed, from its first bytes (as Docker tells them apart).
@@ -67,9 +67,25 @@ impl Compression {
     }
 }
 
-/// Unpacks the layer read from `input` into `dest` (an empty directory). Reads `input` to its
-/// end unless an entry is refused or the data is corrupt.
-pub(crate) fn unpack_layer(mut input: impl Read, dest: &Path) -> Result<Unpacked, ImageError> {
+/// The uncompressed tar, hashed on the way when its digest is wanted.
+enum TarInput<'a> {
+    Hashed(HashingReader<Box<dyn Read + 'a>>),
+    Plain(Box<dyn Read + 'a>),
+}
+
+impl Read for TarInput<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            TarInput::Hashed(r) => r.read(buf),
+            TarInput::Plain(r) => r.read(buf),
+        }
+    }
+}
+
+/// Unpacks the layer read from `input` into `dest` (an empty directory), reading `input` to its
+/// end unless an entry is refused or the data is corrupt. `diff_id` asks for the digest of the
+/// uncompressed tar (a pull needs none: the blob's own digest identifies the layer).
+pub(crate) fn unpack_layer<'a>(mut input: impl Read + 'a, dest: &Path, diff_id: bool) -> Result<Unpacked, ImageError> {
     let mut magic = [0u8; 4];
     let mut got = 0;
     while got < magic.len() {
@@ -81,22 +97,31 @@ pub(crate) fn unpack_layer(mut input: impl Read, dest: &Path) -> Result<Unpacked
         }
     }
     let input = io::Cursor::new(magic[..got].to_vec()).chain(input);
-    let decoded: Box<dyn Read> = match Compression::sniff(&magic[..got]) {
+    let decoded: Box<dyn Read + 'a> = match Compression::sniff(&magic[..got]) {
         Compression::None => Box::new(input),
         Compression::Gzip => {
             Box::new(flate2::read::MultiGzDecoder::new(io::BufReader::with_capacity(COPY_BUFFER, input)))
         }
         Compression::Zstd => Box::new(zstd::stream::read::Decoder::new(input).map_err(|e| corrupt(&e))?),
     };
-    let mut archive = tar::Archive::new(HashingReader::new(decoded));
+    let tar_input = if diff_id { TarInput::Hashed(HashingReader::new(decoded)) } else { TarInput::Plain(decoded) };
+    let mut archive = tar::Archive::new(tar_input);
     let mut unpacker = Unpacker { root: dest, dirs: BTreeMap::new(), size: 0, buffer: vec![0; COPY_BUFFER] };
     for entry in archive.entries().map_err(|e| corrupt(&e))? {
         let mut entry = entry.map_err(|e| corrupt(&e))?;
         unpacker.entry(&mut entry)?;
     }
     unpacker.finish_dirs()?;
-    let (diff_id, _) = archive.into_inner().finish().map_err(|e| corrupt(&e))?;
-    Ok(Unpacked { diff_id, size: unpacker.size })
+    // The rest (the tar's end blocks, the compressor's trailer) is read too: all of it is hashed
+    // and checked.
+    let diff_id = match archive.into_inner() {
+        TarInput::Hashed(r) => Some(r.finish().map_err(|e| corrupt(&e))?.0),
+        TarInput::Plain(mut r) => {
+            io::copy(&mut r, &mut io::sink()).map_err(|e| corrupt(&e))?;
+            None
+        }
+    };
+    Ok(Unpacked { size: unpacker.size, diff_id })
 }
 
 fn corrupt(error: &io::Error) -> ImageError {
@@ -498,8 +523,8 @@ mod tests {
         ]);
         for compressed in [layer.clone(), gzip(&layer), zstd::encode_all(&layer[..], 1).expect("zstd")] {
             let dir = tempfile::tempdir().expect("tempdir");
-            let out = unpack_layer(&compressed[..], dir.path()).expect("unpack");
-            assert_eq!(out.diff_id, Digest::of(&layer), "the diff id is the uncompressed tar's digest");
+            let out = unpack_layer(&compressed[..], dir.path(), true).expect("unpack");
+            assert_eq!(out.diff_id, Some(Digest::of(&layer)), "the diff id is the uncompressed tar's digest");
             assert_eq!(out.size, 4 + 10 + "/usr/bin/tool".len() as u64 + 1);
             let root = dir.path();
             let conf = fs::metadata(root.join("etc/app.conf")).expect("conf");
@@ -555,7 +580,7 @@ mod tests {
             let dir = tempfile::tempdir().expect("tempdir");
             let root = dir.path().join("root");
             fs::create_dir(&root).expect("root");
-            let e = unpack_layer(&layer[..], &root).expect_err(needle);
+            let e = unpack_layer(&layer[..], &root, false).expect_err(needle);
             assert_eq!(e.kind(), ErrorKind::InvalidLayer, "{e}");
             assert!(e.to_string().contains(needle), "{e} does not say {needle}");
             assert!(!dir.path().join("evil").exists() && !dir.path().join("root/evil").exists());
@@ -570,11 +595,11 @@ mod tests {
         let layer = gzip(&tar(&[E::File("a", &[7u8; 4096], 0o644)]));
         let cut = &layer[..layer.len() / 2];
         let dir = tempfile::tempdir().expect("tempdir");
-        let e = unpack_layer(cut, dir.path()).expect_err("truncated");
+        let e = unpack_layer(cut, dir.path(), false).expect_err("truncated");
         assert_eq!(e.kind(), ErrorKind::InvalidLayer, "{e}");
         assert!(e.to_string().contains("corrupt"), "{e}");
         // An empty blob is an empty tar: some images have one.
-        let empty = unpack_layer(&[][..], tempfile::tempdir().expect("tempdir").path()).expect("empty");
+        let empty = unpack_layer(&[][..], tempfile::tempdir().expect("tempdir").path(), false).expect("empty");
         assert_eq!(empty.size, 0);
     }
 
@@ -591,7 +616,7 @@ mod tests {
             E::Symlink("x", "elsewhere"),
         ]);
         let dir = tempfile::tempdir().expect("tempdir");
-        unpack_layer(&layer[..], dir.path()).expect("unpack");
+        unpack_layer(&layer[..], dir.path(), false).expect("unpack");
         assert_eq!(fs::read(dir.path().join("d")).expect("d"), b"now a file");
         assert_eq!(fs::read_link(dir.path().join("x")).expect("x"), Path::new("elsewhere"));
     }

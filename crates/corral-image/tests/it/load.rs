@@ -80,7 +80,7 @@ fn an_oci_archive_and_an_oci_layout_load_with_their_manifest_digests() {
     assert!(loaded[0].names.contains("registry.lab/team/app:v1"), "{:?}", loaded[0].names);
     let from_dir = store.load(&layout).expect("load layout dir");
     assert_eq!(from_dir[0].id, manifest);
-    assert_eq!(std::fs::read(store.layer_dir(&loaded[0].layers[0].diff_id).join("hello")).expect("file"), b"world");
+    assert_eq!(std::fs::read(store.layer_dir(&loaded[0].layers[0].digest).join("hello")).expect("file"), b"world");
     let pinned = ImageRef::parse(&format!("registry.lab/team/app@{manifest}")).expect("reference");
     assert!(store.find(&pinned).is_some(), "a job pinned to the digest finds it");
 }

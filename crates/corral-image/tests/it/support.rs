@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
-use std::time::Duration;
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use corral_image::{Digest, ImageStore, Images, Registry, RegistryConfig, RootsDir};
 
@@ -70,7 +70,8 @@ pub struct TestRegistry {
     child: Child,
     pub addr: String,
     pub dir: tempfile::TempDir,
-    log: Arc<Mutex<Vec<Served>>>,
+    /// Requests logged so far, and a signal for each new one.
+    log: Arc<(Mutex<Vec<Served>>, Condvar)>,
 }
 
 impl TestRegistry {
@@ -108,7 +109,7 @@ impl TestRegistry {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start docker-registry");
-        let log = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
         let (tx, rx) = mpsc::channel();
         for stream in [
             Box::new(child.stdout.take().expect("stdout")) as Box<dyn std::io::Read + Send>,
@@ -123,7 +124,8 @@ impl TestRegistry {
                         let _ = tx.send(addr);
                     }
                     if let Some(served) = parse_access(&line) {
-                        log.lock().expect("log").push(served);
+                        log.0.lock().expect("log").push(served);
+                        log.1.notify_all();
                     }
                 }
             });
@@ -132,19 +134,24 @@ impl TestRegistry {
         TestRegistry { child, addr, dir, log }
     }
 
-    /// Requests served so far.
-    pub fn served(&self) -> Vec<Served> {
-        self.log.lock().expect("log").clone()
+    /// Waits (at most 30 s) until the log of requests satisfies `done`, and returns it. The
+    /// registry logs a request after answering it, so a client may be done before its line is.
+    pub fn wait_for(&self, what: &str, done: impl Fn(&[Served]) -> bool) -> Vec<Served> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut log = self.log.0.lock().expect("log");
+        while !done(&log) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "the registry never logged {what}: {:?}", *log);
+            log = self.log.1.wait_timeout(log, left).expect("log").0;
+        }
+        log.clone()
     }
 
-    /// Body bytes of successful GETs of a blob, all requests together.
-    pub fn blob_bytes_served(&self, digest: &Digest) -> u64 {
-        let suffix = format!("/blobs/{digest}");
-        self.served()
-            .iter()
-            .filter(|s| s.method == "GET" && s.path.ends_with(&suffix) && s.status < 300)
-            .map(|s| s.bytes)
-            .sum()
+    /// Waits until every blob has been served `times` times (logged), then returns the body
+    /// bytes of all successful GETs of each.
+    pub fn wait_blob_bytes(&self, blobs: &[Digest], times: usize) -> Vec<u64> {
+        let log = self.wait_for("the GETs of every blob", |log| blobs.iter().all(|d| blob_gets(log, d).len() >= times));
+        blobs.iter().map(|d| blob_gets(&log, d).iter().sum()).collect()
     }
 
     /// The file the registry keeps a blob in.
@@ -163,6 +170,12 @@ impl Drop for TestRegistry {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Body bytes of each successful GET of a blob in a log.
+pub fn blob_gets(log: &[Served], digest: &Digest) -> Vec<u64> {
+    let suffix = format!("/blobs/{digest}");
+    log.iter().filter(|s| s.method == "GET" && s.path.ends_with(&suffix) && s.status < 300).map(|s| s.bytes).collect()
 }
 
 /// `127.0.0.1 - - [date] "GET /v2/x/blobs/sha256:… HTTP/1.1" 200 1234 "" "agent"`
