@@ -7,7 +7,8 @@
 //!
 //! Run (as root, with docker-registry and skopeo installed):
 //! `cargo bench -p corral-image --bench pull`; `CORRAL_PULL_RUNS` sets the runs (default 3),
-//! `CORRAL_PULL_MB` the image's size (default 200).
+//! `CORRAL_PULL_MB` the image's size (default 200), `CORRAL_PULL_DOWNLOADS` corral's
+//! `max-concurrent-downloads` (default 3, the setting's default and Docker's).
 
 #[allow(dead_code)]
 #[path = "../tests/it/support.rs"]
@@ -57,6 +58,7 @@ fn main() {
     }
     let runs: usize = std::env::var("CORRAL_PULL_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
     let total_mb: usize = std::env::var("CORRAL_PULL_MB").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let downloads: usize = std::env::var("CORRAL_PULL_DOWNLOADS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let registry = TestRegistry::start();
     let work = tempfile::tempdir().expect("tempdir");
@@ -95,7 +97,7 @@ fn main() {
         let order: [bool; 2] = if run % 2 == 0 { [true, false] } else { [false, true] };
         for corral_first in order {
             if corral_first {
-                let node = node(u64::MAX, registry_config(), 3);
+                let node = node(u64::MAX, registry_config(), downloads);
                 let (started, cpu_before) = (Instant::now(), cpu(libc::RUSAGE_SELF));
                 rt.block_on(node.images.pull(&image, &PullProgress::new())).expect("pull");
                 corral.push(started.elapsed());
@@ -117,6 +119,7 @@ fn main() {
         }
     }
     let (c, s) = (median(corral.clone()), median(skopeo.clone()));
+    println!("corral's max-concurrent-downloads: {downloads}");
     println!(
         "corral pull (download + verify + unpack): median {c:.2?} = {:.0} MB/s  runs {corral:.2?}",
         mb / c.as_secs_f64()

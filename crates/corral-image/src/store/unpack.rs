@@ -20,12 +20,13 @@ use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
+use std::sync::mpsc;
 
 use filetime::FileTime;
 use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 use tar::EntryType;
 
-use crate::digest::{clip, Digest, HashingReader};
+use crate::digest::{clip, Digest, Hasher};
 use crate::error::ImageError;
 
 /// The prefix of a whiteout entry's name.
@@ -67,25 +68,14 @@ impl Compression {
     }
 }
 
-/// The uncompressed tar, hashed on the way when its digest is wanted.
-enum TarInput<'a> {
-    Hashed(HashingReader<Box<dyn Read + 'a>>),
-    Plain(Box<dyn Read + 'a>),
-}
-
-impl Read for TarInput<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            TarInput::Hashed(r) => r.read(buf),
-            TarInput::Plain(r) => r.read(buf),
-        }
-    }
-}
-
 /// Unpacks the layer read from `input` into `dest` (an empty directory), reading `input` to its
 /// end unless an entry is refused or the data is corrupt. `diff_id` asks for the digest of the
 /// uncompressed tar (a pull needs none: the blob's own digest identifies the layer).
-pub(crate) fn unpack_layer<'a>(mut input: impl Read + 'a, dest: &Path, diff_id: bool) -> Result<Unpacked, ImageError> {
+///
+/// Decompression runs on a thread of its own, ahead of the thread that writes the files (as
+/// Docker and containerd hand gzip to `unpigz`): a large layer is unpacked at the pace of the
+/// slower of the two rather than of both in turn.
+pub(crate) fn unpack_layer(mut input: impl Read + Send, dest: &Path, diff_id: bool) -> Result<Unpacked, ImageError> {
     let mut magic = [0u8; 4];
     let mut got = 0;
     while got < magic.len() {
@@ -96,32 +86,111 @@ pub(crate) fn unpack_layer<'a>(mut input: impl Read + 'a, dest: &Path, diff_id: 
             Err(e) => return Err(corrupt(&e)),
         }
     }
+    let compression = Compression::sniff(&magic[..got]);
     let input = io::Cursor::new(magic[..got].to_vec()).chain(input);
-    let decoded: Box<dyn Read + 'a> = match Compression::sniff(&magic[..got]) {
+    std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::sync_channel(DECODED_BATCHES);
+        let decoder = scope.spawn(move || decode(input, compression, diff_id, tx));
+        let size = unpack_tar(PipeReader { rx, current: Vec::new(), at: 0 }, dest);
+        // The pipe is closed now: a decoder still sending stops.
+        let decoded = decoder.join().unwrap_or_else(|_| Err(io::Error::other("the decompressing thread panicked")));
+        let size = size?;
+        let diff_id = decoded.map_err(|e| corrupt(&e))?;
+        Ok(Unpacked { size, diff_id })
+    })
+}
+
+/// Decompressed bytes handed from the decoding thread to the unpacking one at a time.
+const DECODED_BATCH: usize = 256 * 1024;
+/// Batches in flight between them.
+const DECODED_BATCHES: usize = 8;
+
+/// The decoding thread: decompresses `input` to its end in batches (hashing them when the
+/// diff_id is wanted). An error is sent down the pipe; a closed pipe ends it early.
+fn decode(
+    input: impl Read,
+    compression: Compression,
+    diff_id: bool,
+    tx: mpsc::SyncSender<io::Result<Vec<u8>>>,
+) -> io::Result<Option<Digest>> {
+    let mut decoded: Box<dyn Read> = match compression {
         Compression::None => Box::new(input),
         Compression::Gzip => {
             Box::new(flate2::read::MultiGzDecoder::new(io::BufReader::with_capacity(COPY_BUFFER, input)))
         }
-        Compression::Zstd => Box::new(zstd::stream::read::Decoder::new(input).map_err(|e| corrupt(&e))?),
+        Compression::Zstd => match zstd::stream::read::Decoder::new(input) {
+            Ok(decoder) => Box::new(decoder),
+            Err(e) => {
+                let _ = tx.send(Err(io::Error::new(e.kind(), e.to_string())));
+                return Err(e);
+            }
+        },
     };
-    let tar_input = if diff_id { TarInput::Hashed(HashingReader::new(decoded)) } else { TarInput::Plain(decoded) };
-    let mut archive = tar::Archive::new(tar_input);
+    let mut hasher = diff_id.then(Hasher::new);
+    loop {
+        let mut batch = vec![0u8; DECODED_BATCH];
+        let mut filled = 0;
+        while filled < batch.len() {
+            match decoded.read(&mut batch[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let _ = tx.send(Err(io::Error::new(e.kind(), e.to_string())));
+                    return Err(e);
+                }
+            }
+        }
+        if filled == 0 {
+            return Ok(hasher.map(Hasher::finish));
+        }
+        batch.truncate(filled);
+        if let Some(hasher) = hasher.as_mut() {
+            hasher.update(&batch);
+        }
+        if tx.send(Ok(batch)).is_err() {
+            return Err(io::Error::other("the unpacking stopped"));
+        }
+    }
+}
+
+/// The unpacking thread's end of the pipe.
+struct PipeReader {
+    rx: mpsc::Receiver<io::Result<Vec<u8>>>,
+    current: Vec<u8>,
+    at: usize,
+}
+
+impl Read for PipeReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.at == self.current.len() {
+            match self.rx.recv() {
+                Ok(batch) => {
+                    self.current = batch?;
+                    self.at = 0;
+                }
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len() - self.at);
+        buf[..n].copy_from_slice(&self.current[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// Writes the entries of an uncompressed tar; returns the bytes they hold. The rest of the
+/// stream (the tar's end blocks, padding) is read too, so the decoder sees it all.
+fn unpack_tar(input: PipeReader, dest: &Path) -> Result<u64, ImageError> {
+    let mut archive = tar::Archive::new(input);
     let mut unpacker = Unpacker { root: dest, dirs: BTreeMap::new(), size: 0, buffer: vec![0; COPY_BUFFER] };
     for entry in archive.entries().map_err(|e| corrupt(&e))? {
         let mut entry = entry.map_err(|e| corrupt(&e))?;
         unpacker.entry(&mut entry)?;
     }
     unpacker.finish_dirs()?;
-    // The rest (the tar's end blocks, the compressor's trailer) is read too: all of it is hashed
-    // and checked.
-    let diff_id = match archive.into_inner() {
-        TarInput::Hashed(r) => Some(r.finish().map_err(|e| corrupt(&e))?.0),
-        TarInput::Plain(mut r) => {
-            io::copy(&mut r, &mut io::sink()).map_err(|e| corrupt(&e))?;
-            None
-        }
-    };
-    Ok(Unpacked { size: unpacker.size, diff_id })
+    io::copy(&mut archive.into_inner(), &mut io::sink()).map_err(|e| corrupt(&e))?;
+    Ok(unpacker.size)
 }
 
 fn corrupt(error: &io::Error) -> ImageError {
