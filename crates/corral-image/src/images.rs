@@ -282,9 +282,9 @@ impl LayerDownload {
         let _permit = self.downloads.acquire().await.expect("the download semaphore is never closed");
         let tmp = self.store.tmp_dir()?;
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
-        let dest = tmp.path().to_path_buf();
+        let (dest, limit) = (tmp.path().to_path_buf(), self.store.max_size());
         let unpacker = tokio::task::spawn_blocking(move || {
-            unpack_layer(ChannelReader { rx, current: Bytes::new() }, &dest, false)
+            unpack_layer(ChannelReader { rx, current: Bytes::new() }, &dest, false, limit)
         });
         let downloaded = self.download(tx).await;
         let unpacked = unpacker

@@ -313,7 +313,8 @@ fn store_image(
         if !store.has_layer(&digest) {
             let tmp = store.tmp_dir()?;
             let mut reader = HashingReader::new(source.reader(name)?);
-            let unpacked = unpack_layer(&mut reader, tmp.path(), matches!(layer.expect, Expect::DiffId(_)));
+            let diff_id = matches!(layer.expect, Expect::DiffId(_));
+            let unpacked = unpack_layer(&mut reader, tmp.path(), diff_id, store.max_size());
             let (actual, _) =
                 reader.finish().map_err(|e| ImageError::io(format!("read '{}' of the archive", clip(name)), &e))?;
             if let Expect::Blob(blob) = &layer.expect {

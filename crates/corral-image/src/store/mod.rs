@@ -75,7 +75,8 @@ pub struct ImageRecord {
     pub layers: Vec<LayerRef>,
     /// Unix milliseconds.
     pub pulled_ms: u64,
-    /// Unix milliseconds of the last pull, pin or unpin: the order of garbage collection.
+    /// Unix milliseconds of the last pull, pin or unpin: the order of garbage collection (two
+    /// uses never get the same value, so the order is strict).
     pub last_used_ms: u64,
 }
 
@@ -161,9 +162,17 @@ struct State {
     pins: BTreeMap<Digest, usize>,
     /// Leases per layer digest, held by pulls and loads in progress.
     leases: BTreeMap<Digest, usize>,
+    /// The last use given out.
+    clock: u64,
 }
 
 impl State {
+    /// A use time: now, or just after the last one given.
+    fn tick(&mut self) -> u64 {
+        self.clock = now_ms().max(self.clock + 1);
+        self.clock
+    }
+
     fn pins_of(&self, record: &ImageRecord) -> usize {
         [Some(&record.id), record.index.as_ref(), Some(&record.config_digest)]
             .into_iter()
@@ -267,6 +276,7 @@ impl ImageStore {
             }
         }
         info!(root = %root.display(), images = state.images.len(), layers = state.layers.len(), bytes = state.bytes(), "image store open");
+        state.clock = state.images.values().map(|r| r.last_used_ms).max().unwrap_or(0);
         Ok(Arc::new(ImageStore {
             root: root.to_path_buf(),
             max_size,
@@ -368,8 +378,9 @@ impl ImageStore {
     /// Marks an image used now (the least recently used go first).
     pub fn touch(&self, id: &Digest) {
         let mut state = self.lock();
+        let used = state.tick();
         if let Some(record) = state.images.get_mut(id) {
-            record.last_used_ms = now_ms();
+            record.last_used_ms = used;
             let record = record.clone();
             if let Err(e) = self.write_image(&record) {
                 warn!(image = %id, error = %e, "could not record the image's last use");
@@ -552,6 +563,7 @@ impl ImageStore {
                 format!("layer {} of {} is not in the store", missing.digest, record.id),
             ));
         }
+        record.last_used_ms = state.tick();
         if let Some(existing) = state.images.get(&record.id) {
             record.names.extend(existing.names.iter().cloned());
             record.index = record.index.or_else(|| existing.index.clone());
@@ -720,7 +732,7 @@ mod tests {
         builder.append_data(&mut header, "file", content).expect("append");
         let tar = builder.into_inner().expect("tar");
         let tmp = store.tmp_dir().expect("tmp");
-        let unpacked = unpack::unpack_layer(&tar[..], tmp.path(), false).expect("unpack");
+        let unpacked = unpack::unpack_layer(&tar[..], tmp.path(), false, u64::MAX).expect("unpack");
         let digest = Digest::of(&tar);
         store.commit_layer(tmp, &digest, &unpacked).expect("commit");
         digest

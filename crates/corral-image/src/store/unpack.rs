@@ -70,12 +70,19 @@ impl Compression {
 
 /// Unpacks the layer read from `input` into `dest` (an empty directory), reading `input` to its
 /// end unless an entry is refused or the data is corrupt. `diff_id` asks for the digest of the
-/// uncompressed tar (a pull needs none: the blob's own digest identifies the layer).
+/// uncompressed tar (a pull needs none: the blob's own digest identifies the layer). A layer
+/// that unpacks to more than `limit` bytes (file contents, and 512 bytes per entry) is refused
+/// as it goes: a small blob cannot fill the disk.
 ///
 /// Decompression runs on a thread of its own, ahead of the thread that writes the files (as
 /// Docker and containerd hand gzip to `unpigz`): a large layer is unpacked at the pace of the
 /// slower of the two rather than of both in turn.
-pub(crate) fn unpack_layer(mut input: impl Read + Send, dest: &Path, diff_id: bool) -> Result<Unpacked, ImageError> {
+pub(crate) fn unpack_layer(
+    mut input: impl Read + Send,
+    dest: &Path,
+    diff_id: bool,
+    limit: u64,
+) -> Result<Unpacked, ImageError> {
     let mut magic = [0u8; 4];
     let mut got = 0;
     while got < magic.len() {
@@ -91,7 +98,7 @@ pub(crate) fn unpack_layer(mut input: impl Read + Send, dest: &Path, diff_id: bo
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::sync_channel(DECODED_BATCHES);
         let decoder = scope.spawn(move || decode(input, compression, diff_id, tx));
-        let size = unpack_tar(PipeReader { rx, current: Vec::new(), at: 0 }, dest);
+        let size = unpack_tar(PipeReader { rx, current: Vec::new(), at: 0 }, dest, limit);
         // The pipe is closed now: a decoder still sending stops.
         let decoded = decoder.join().unwrap_or_else(|_| Err(io::Error::other("the decompressing thread panicked")));
         let size = size?;
@@ -181,9 +188,10 @@ impl Read for PipeReader {
 
 /// Writes the entries of an uncompressed tar; returns the bytes they hold. The rest of the
 /// stream (the tar's end blocks, padding) is read too, so the decoder sees it all.
-fn unpack_tar(input: PipeReader, dest: &Path) -> Result<u64, ImageError> {
+fn unpack_tar(input: PipeReader, dest: &Path, limit: u64) -> Result<u64, ImageError> {
     let mut archive = tar::Archive::new(input);
-    let mut unpacker = Unpacker { root: dest, dirs: BTreeMap::new(), size: 0, buffer: vec![0; COPY_BUFFER] };
+    let mut unpacker =
+        Unpacker { root: dest, dirs: BTreeMap::new(), size: 0, charged: 0, limit, buffer: vec![0; COPY_BUFFER] };
     for entry in archive.entries().map_err(|e| corrupt(&e))? {
         let mut entry = entry.map_err(|e| corrupt(&e))?;
         unpacker.entry(&mut entry)?;
@@ -211,15 +219,37 @@ struct Unpacker<'a> {
     /// time), by path.
     dirs: BTreeMap<PathBuf, Meta>,
     size: u64,
+    /// What the layer has cost so far against `limit`: `size` and a header's worth per entry.
+    charged: u64,
+    limit: u64,
     buffer: Vec<u8>,
 }
 
 impl Unpacker<'_> {
+    fn charge(&mut self, bytes: u64, rel: &Path) -> Result<(), ImageError> {
+        self.charged = self.charged.saturating_add(bytes);
+        if self.charged > self.limit {
+            return Err(ImageError::invalid_layer(format!(
+                "the layer unpacks to more than {} bytes (the store's max-size), at entry '{}'",
+                self.limit,
+                shown(rel)
+            )));
+        }
+        Ok(())
+    }
+
     fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), ImageError> {
         let raw_path = entry.path_bytes().into_owned();
         let rel = relative_path(&raw_path)?;
         let meta = entry_meta(entry)?;
         let kind = entry.header().entry_type();
+        self.charge(512, &rel)?;
+        if rel.as_os_str().is_empty() && kind != EntryType::Directory {
+            return Err(ImageError::invalid_layer(format!(
+                "entry '{}' names the layer's root but is not a directory",
+                clip(&String::from_utf8_lossy(&raw_path))
+            )));
+        }
 
         let name = rel.file_name().map(OsStr::as_bytes).unwrap_or_default();
         if name == OPAQUE_MARKER.as_bytes() {
@@ -271,6 +301,7 @@ impl Unpacker<'_> {
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                         Err(e) => return Err(corrupt(&e).context(format!("entry '{}'", shown(&rel)))),
                     };
+                    self.charge(n as u64, &rel)?;
                     file.write_all(&self.buffer[..n])
                         .map_err(|e| ImageError::io(format!("write {}", shown(&rel)), &e))?;
                     self.size += n as u64;
@@ -592,7 +623,7 @@ mod tests {
         ]);
         for compressed in [layer.clone(), gzip(&layer), zstd::encode_all(&layer[..], 1).expect("zstd")] {
             let dir = tempfile::tempdir().expect("tempdir");
-            let out = unpack_layer(&compressed[..], dir.path(), true).expect("unpack");
+            let out = unpack_layer(&compressed[..], dir.path(), true, u64::MAX).expect("unpack");
             assert_eq!(out.diff_id, Some(Digest::of(&layer)), "the diff id is the uncompressed tar's digest");
             assert_eq!(out.size, 4 + 10 + "/usr/bin/tool".len() as u64 + 1);
             let root = dir.path();
@@ -649,7 +680,7 @@ mod tests {
             let dir = tempfile::tempdir().expect("tempdir");
             let root = dir.path().join("root");
             fs::create_dir(&root).expect("root");
-            let e = unpack_layer(&layer[..], &root, false).expect_err(needle);
+            let e = unpack_layer(&layer[..], &root, false, u64::MAX).expect_err(needle);
             assert_eq!(e.kind(), ErrorKind::InvalidLayer, "{e}");
             assert!(e.to_string().contains(needle), "{e} does not say {needle}");
             assert!(!dir.path().join("evil").exists() && !dir.path().join("root/evil").exists());
@@ -664,11 +695,12 @@ mod tests {
         let layer = gzip(&tar(&[E::File("a", &[7u8; 4096], 0o644)]));
         let cut = &layer[..layer.len() / 2];
         let dir = tempfile::tempdir().expect("tempdir");
-        let e = unpack_layer(cut, dir.path(), false).expect_err("truncated");
+        let e = unpack_layer(cut, dir.path(), false, u64::MAX).expect_err("truncated");
         assert_eq!(e.kind(), ErrorKind::InvalidLayer, "{e}");
         assert!(e.to_string().contains("corrupt"), "{e}");
         // An empty blob is an empty tar: some images have one.
-        let empty = unpack_layer(&[][..], tempfile::tempdir().expect("tempdir").path(), false).expect("empty");
+        let empty =
+            unpack_layer(&[][..], tempfile::tempdir().expect("tempdir").path(), false, u64::MAX).expect("empty");
         assert_eq!(empty.size, 0);
     }
 
@@ -685,8 +717,33 @@ mod tests {
             E::Symlink("x", "elsewhere"),
         ]);
         let dir = tempfile::tempdir().expect("tempdir");
-        unpack_layer(&layer[..], dir.path(), false).expect("unpack");
+        unpack_layer(&layer[..], dir.path(), false, u64::MAX).expect("unpack");
         assert_eq!(fs::read(dir.path().join("d")).expect("d"), b"now a file");
         assert_eq!(fs::read_link(dir.path().join("x")).expect("x"), Path::new("elsewhere"));
+    }
+
+    #[test]
+    fn a_layer_larger_unpacked_than_the_store_allows_is_refused() {
+        if !crate::test_needs_root() {
+            return;
+        }
+        // 4 MB of zeros compress to a few kilobytes.
+        let bomb = gzip(&tar(&[E::File("zeros", &vec![0u8; 4 << 20], 0o644)]));
+        assert!(bomb.len() < 64 << 10);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let e = unpack_layer(&bomb[..], dir.path(), false, 1 << 20).expect_err("too big");
+        assert_eq!(e.kind(), ErrorKind::InvalidLayer, "{e}");
+        assert!(e.to_string().contains("more than 1048576 bytes (the store's max-size), at entry 'zeros'"), "{e}");
+        let many = tar(&(0..100)
+            .map(|i| format!("f{i}"))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(|n| E::File(n, b"", 0o644))
+            .collect::<Vec<_>>());
+        assert!(unpack_layer(&many[..], dir.path(), false, 10 * 512).is_err(), "entries count too");
+        let root_file = tar(&[E::File("./", b"x", 0o644)]);
+        let e = unpack_layer(&root_file[..], tempfile::tempdir().expect("tempdir").path(), false, u64::MAX)
+            .expect_err("root");
+        assert!(e.to_string().contains("names the layer's root but is not a directory"), "{e}");
     }
 }

@@ -407,8 +407,8 @@ async fn garbage_collection_never_removes_a_running_jobs_image() {
     for (name, seed) in [("gc-a:1", 1), ("gc-b:1", 2), ("gc-c:1", 3)] {
         push(&registry, work.path(), name, one_layer(&[Entry::File("data", &noise(100_000, seed))]));
     }
-    // A budget smaller than any image: every collection removes all it may.
-    let node = node(1, registry_config(), 3);
+    // A budget that holds one of the three images (100 kB each), not two.
+    let node = node(150_000, registry_config(), 3);
     let running = node.images.registry().resolve(&image(&registry, "gc-a:1")).await.expect("resolve");
     let pin = node.images.pin(&running).expect("pin");
     let a = node.images.pull(&running, &PullProgress::new()).await.expect("pull a");
@@ -423,10 +423,12 @@ async fn garbage_collection_never_removes_a_running_jobs_image() {
     assert!(store.get(&a.id).is_some() && store.get(&c.id).is_some());
     assert_eq!(std::fs::read(root.path().join("data")).expect("the running job still reads its image").len(), 100_000);
 
+    // The job ends: its image was used last (the end of a use counts), so the other goes.
     root.remove().expect("job ends");
     let report = node.images.gc().await;
-    assert!(report.removed.contains(&a.id), "{report:?}");
-    assert_eq!(store.usage().bytes, 0);
+    assert_eq!(report.removed, std::slice::from_ref(&c.id), "{report:?}");
+    assert!(store.get(&a.id).is_some());
+    assert_eq!(store.usage().images, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
