@@ -5,7 +5,8 @@
 //!
 //! How the rest of corral uses it:
 //! - at submit, a coordinator parses `--image` ([`ImageSpec::parse`]) and pins a tag to the
-//!   digest it names now ([`Registry::resolve`]): the job runs bytes, not names;
+//!   digest it names now ([`Registry::resolve`]): the job runs bytes, not names; the image's
+//!   layers ([`Registry::layers`]) are what placement compares with what nodes hold;
 //! - a worker opens [`Images`] from its `[images]` table ([`ImagesSection`]); for a job placed
 //!   on it, it pins the image ([`Images::pin`]), pulls it ([`Images::pull`], progress in
 //!   [`PullProgress`]), mounts the job's root ([`Images::mount`], a [`JobRoot`]) and builds the
@@ -32,7 +33,7 @@ pub use config::{resolve_user, ExecConfig, ImageConfig, JobOverrides};
 pub use digest::Digest;
 pub use error::{ErrorKind, ImageError};
 pub use images::{Images, ProgressSnapshot, PullProgress, Transfer};
-pub use manifest::Platform;
+pub use manifest::{LayerBlob, Platform};
 pub use reference::{ImageRef, ImageSpec};
 pub use registry::{Registry, RegistryConfig};
 pub use rootfs::{JobRoot, RootsDir};

@@ -72,9 +72,10 @@ impl Manifest {
     }
 }
 
-/// A manifest's layer, checked: a filesystem layer with a sha256 digest.
+/// A manifest's layer, checked: a filesystem layer with a sha256 digest, and its compressed
+/// size. The store keeps layers under these digests.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct LayerBlob {
+pub struct LayerBlob {
     pub digest: Digest,
     pub size: u64,
 }
@@ -91,7 +92,7 @@ pub(crate) fn layer_blobs(manifest: &OciImageManifest, diff_ids: &[Digest]) -> R
     manifest.layers.iter().map(layer_blob).collect()
 }
 
-fn layer_blob(descriptor: &OciDescriptor) -> Result<LayerBlob, ImageError> {
+pub(crate) fn layer_blob(descriptor: &OciDescriptor) -> Result<LayerBlob, ImageError> {
     if !LAYER_MEDIA_TYPES.contains(&descriptor.media_type.as_str()) {
         return Err(ImageError::unsupported(format!(
             "layer media type '{}' is not a filesystem layer",

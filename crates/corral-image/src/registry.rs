@@ -24,7 +24,7 @@ use tracing::{debug, warn};
 use crate::auth::Credentials;
 use crate::digest::Digest;
 use crate::error::{ErrorKind, ImageError};
-use crate::manifest::{Manifest, Platform, MAX_MANIFEST};
+use crate::manifest::{layer_blob, LayerBlob, Manifest, Platform, MAX_MANIFEST};
 use crate::reference::{is_loopback_host, ImageRef};
 
 /// Media types a manifest request accepts.
@@ -186,6 +186,21 @@ impl Registry {
                 }
             }
             Err(last.expect("at least the registry itself"))
+        };
+        tokio::time::timeout(timeout, work)
+            .await
+            .unwrap_or_else(|_| Err(ImageError::unreachable(format!("{image}: no answer within {timeout:?}"))))
+    }
+
+    /// The layers of the image a reference names (resolved to this client's platform): what
+    /// placement compares with the layers nodes hold ([`crate::ImageStore::layers`]). Bounded
+    /// by `resolve_timeout` in all, as [`Registry::resolve`].
+    pub async fn layers(&self, image: &ImageRef) -> Result<Vec<LayerBlob>, ImageError> {
+        let timeout = self.inner.config.resolve_timeout;
+        let work = async {
+            let pinned = self.resolve(image).await?;
+            let resolved = self.image_manifest(&pinned).await?;
+            resolved.manifest.layers.iter().map(layer_blob).collect()
         };
         tokio::time::timeout(timeout, work)
             .await

@@ -295,6 +295,10 @@ async fn an_index_resolves_to_this_nodes_platform() {
     let dir = node.images.store().layer_dir(&record.layers[0].digest);
     assert_eq!(std::fs::read_to_string(dir.join("arch")).expect("arch"), host_arch());
     assert_eq!(node.images.store().get(&index).expect("found by the index digest").id, record.id);
+    // What a coordinator learns at submit for placement: the layers nodes report.
+    let layers = node.images.registry().layers(&pinned).await.expect("layers");
+    let held: Vec<_> = node.images.store().layers().into_iter().map(|l| l.digest).collect();
+    assert_eq!(layers.iter().map(|l| l.digest.clone()).collect::<Vec<_>>(), held);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
