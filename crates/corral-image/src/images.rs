@@ -189,11 +189,12 @@ impl Images {
             pulled_ms: now,
             last_used_ms: now,
         };
+        // Pinned before it is recorded: the image just pulled survives the collections that
+        // run meanwhile and the one its own pull starts.
+        let _pulled = self.store.pin(record.id.clone());
         let record = self.store.put_image(record)?;
         drop(lease);
         info!(image = %pinned, id = %record.id, bytes = record.size(), "image pulled");
-        // The image just pulled survives the collection its own pull starts.
-        let _pulled = self.store.pin(record.id.clone());
         self.gc().await;
         Ok(record)
     }
