@@ -14,7 +14,9 @@ const ONLY_IN: &[(&str, &[&str])] = &[
     ("tonic-prost", &["corral-proto"]),
     ("tonic-prost-build", &["corral-proto"]),
     ("prost-build", &["corral-raft"]),
-    ("rustls", &["corral-security"]),
+    // corral-image installs ring as the process's rustls provider for registry HTTPS (reqwest
+    // inside oci-client asks for the default one); it builds no TLS configuration.
+    ("rustls", &["corral-security", "corral-image"]),
     ("tokio-rustls", &["corral-security"]),
     ("rcgen", &["corral-security"]),
     ("x509-parser", &["corral-security"]),
@@ -22,6 +24,10 @@ const ONLY_IN: &[(&str, &[&str])] = &[
     ("nvml-wrapper-sys", &["corral-worker"]),
     ("cgroups-rs", &["corral-worker"]),
     ("oci-spec", &["corral-worker"]),
+    ("oci-client", &["corral-image"]),
+    ("tar", &["corral-image"]),
+    ("flate2", &["corral-image"]),
+    ("zstd", &["corral-image"]),
 ];
 
 /// Crates whose normal dependencies are limited to these (pure crates: no I/O, no runtime; imbl
@@ -33,7 +39,13 @@ const PURE: &[(&str, &[&str])] = &[
 
 /// Workspace crates that must not reach these others through their normal dependencies, directly
 /// or through another member: the wire protocol and its client do not compile the scheduler.
-const NEVER_REACHES: &[(&str, &[&str])] = &[("corral-proto", &["corral-core"]), ("corral-client", &["corral-core"])];
+/// The image library sits below the daemons: it knows references, registries and layers, not
+/// jobs, Raft or the wire protocol.
+const NEVER_REACHES: &[(&str, &[&str])] = &[
+    ("corral-proto", &["corral-core"]),
+    ("corral-client", &["corral-core"]),
+    ("corral-image", &["corral-core", "corral-raft", "corral-proto", "corral-worker", "corral-coordinator"]),
+];
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
@@ -147,7 +159,8 @@ fn dependency_path(
 #[test]
 fn every_crate_keeps_to_its_dependency_boundaries() {
     let members = members();
-    for expected in ["corral-raft", "corral-coordinator", "corral-worker", "corral-core", "corral-cli"] {
+    for expected in ["corral-raft", "corral-coordinator", "corral-worker", "corral-core", "corral-cli", "corral-image"]
+    {
         assert!(members.contains_key(expected), "{expected} not found among {:?}", members.keys());
     }
     let bad = violations(&members);
@@ -165,7 +178,21 @@ fn the_boundary_check_catches_a_crossing() {
         .or_default()
         .push("openraft".into());
     members.get_mut("corral-core").expect("core").entry("dependencies".into()).or_default().push("tokio".into());
+    members
+        .get_mut("corral-worker")
+        .expect("worker")
+        .entry("dependencies".into())
+        .or_default()
+        .push("oci-client".into());
+    members
+        .get_mut("corral-image")
+        .expect("image")
+        .entry("dependencies".into())
+        .or_default()
+        .push("corral-proto".into());
     let bad = violations(&members);
+    assert!(bad.iter().any(|b| b.contains("corral-worker") && b.contains("oci-client")), "{bad:?}");
+    assert!(bad.iter().any(|b| b.starts_with("corral-image must not depend on corral-proto")), "{bad:?}");
     assert!(bad.iter().any(|b| b.contains("corral-coordinator") && b.contains("openraft")), "{bad:?}");
     assert!(bad.iter().any(|b| b.contains("corral-core") && b.contains("tokio")), "{bad:?}");
 }
