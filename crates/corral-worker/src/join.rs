@@ -9,6 +9,7 @@
 //! and renews the certificate before it expires (`renew.rs`).
 
 use crate::config::WorkerFile;
+use crate::renew::write_file;
 use anyhow::{bail, Context};
 use corral_client::{Client, ClientConfig};
 use corral_security::{CaPin, JoinToken, TlsFiles};
@@ -40,27 +41,6 @@ pub(crate) fn credential_files(data_dir: &Path) -> TlsFiles {
 pub fn stored_credentials(data_dir: &Path) -> Option<TlsFiles> {
     let files = credential_files(data_dir);
     files.cert.exists().then_some(files)
-}
-
-/// Writes `text` to `path` with `mode`, through a synced temporary file renamed over it (the
-/// directory synced after), so a crash leaves the old file or the new one.
-pub(crate) fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("tmp");
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
-    let mut f = options.open(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.write_all(text.as_bytes())
-        .and_then(|()| f.sync_all())
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .with_context(|| format!("cannot sync {}", dir.display()))?;
-    }
-    Ok(())
 }
 
 /// Joins the cluster unless this data dir holds credentials already; returns the credentials.

@@ -10,8 +10,10 @@
 //! Certificates from the config's `[tls]` section are the operator's (`corral certs renew`):
 //! the worker only warns when they expire soon.
 
+use anyhow::Context;
 use corral_client::Client;
 use corral_security::{CaPin, ClientTls, TlsFiles};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 /// What the renewal needs: the stored credentials, the worker's name and address, its client
@@ -105,9 +107,30 @@ async fn renew(renewal: &CertRenewal) -> anyhow::Result<u64> {
     let pin = CaPin::of_file(&files.ca)?;
     corral_security::check_renewed(&reply.certificate, &key_pem, &reply.ca, &renewal.node, pin)
         .map_err(anyhow::Error::msg)?;
-    crate::join::write_file(&files.cert, &reply.certificate, 0o644)?;
+    write_file(&files.cert, &reply.certificate, 0o644)?;
     renewal.tls.reload()?;
     Ok(corral_security::certificate_identity(&files.cert)?.not_after_s)
+}
+
+/// Writes `text` to `path` with `mode`, through a synced temporary file renamed over it (the
+/// directory synced after), so a crash leaves the old file or the new one.
+pub(crate) fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
+    let mut f = options.open(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("cannot sync {}", dir.display()))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
