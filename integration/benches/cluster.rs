@@ -4,7 +4,9 @@
 //!
 //! Run: `cargo build --release -p corral-cli && cargo bench -p corral-integration --bench cluster`
 //! (set `CORRAL_BENCH_SECS` to change the length of each phase, default 5; `CORRAL_BENCH_TLS=1`
-//! runs every connection, Raft and clients, over mutual TLS with the admin certificate).
+//! runs every connection, Raft and clients, over mutual TLS with the admin certificate;
+//! `CORRAL_BENCH_ONLY_FAILOVER=1` measures only idle failover through the CLI: the time from a
+//! leader kill -9 to the success of a `corral submit` started at once, over 10 kills).
 
 use corral_client::{Client, ClientConfig};
 use corral_integration::cluster::{Cluster, ClusterOptions};
@@ -166,6 +168,36 @@ async fn batches(endpoints: &str, callers: usize, batch: usize, secs: u64) -> f6
     done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
+/// Idle failover as a user sees it: `kills` times, the leader is killed with SIGKILL and a
+/// `corral submit` (a new process, every endpoint given) is started at once; prints the median
+/// and max time from the kill to its success.
+fn idle_failover_through_cli(cluster: &mut Cluster, kills: usize) {
+    let endpoints = cluster.endpoints();
+    let mut failovers = Vec::new();
+    for round in 0..kills {
+        std::thread::sleep(Duration::from_millis(1000));
+        let leader = cluster.leader();
+        let started = Instant::now();
+        cluster.kill(leader);
+        let out = std::process::Command::new(corral_integration::corral_bin())
+            .args(cluster.admin_tls_args())
+            .args(["--endpoint", &endpoints, "submit", "--hold", "--", "true"])
+            .output()
+            .expect("corral");
+        let took = started.elapsed();
+        assert!(out.status.success(), "submit after failover: {}", String::from_utf8_lossy(&out.stderr));
+        failovers.push(took);
+        eprintln!("round {round}: killed node {} ({took:?} to a submit through the CLI)", leader + 1);
+        cluster.restart(leader);
+    }
+    failovers.sort();
+    println!(
+        "idle leader kill -9 to a `corral submit` ({kills} kills): median {} ms  max {} ms",
+        percentile(&failovers, 0.5).as_millis(),
+        percentile(&failovers, 1.0).as_millis()
+    );
+}
+
 fn main() {
     let secs: u64 = std::env::var("CORRAL_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
@@ -189,6 +221,10 @@ fn main() {
             percentile(&lat, 0.99),
             percentile(&lat, 1.0)
         );
+        return;
+    }
+    if std::env::var("CORRAL_BENCH_ONLY_FAILOVER").is_ok() {
+        idle_failover_through_cli(&mut cluster, 10);
         return;
     }
     if std::env::var("CORRAL_BENCH_ONLY_BATCH").is_ok() {

@@ -120,6 +120,13 @@ fn tls_refusal(status: &Status) -> Option<String> {
     corral_security::describe_tls_error(&chain)
 }
 
+/// The pause between rounds over the coordinators while none answers, for the first
+/// `FAST_POLL_FOR` of a call: a failover is over about when an election is, not a backoff later.
+const FAST_POLL: Duration = Duration::from_millis(10);
+const FAST_POLL_FOR: Duration = Duration::from_secs(1);
+/// The longest pause between rounds after that.
+const SLOW_POLL: Duration = Duration::from_millis(100);
+
 /// The longest single wait after a full submit queue's refusal, whatever it asks.
 const MAX_OVERLOAD_WAIT: Duration = Duration::from_secs(5);
 
@@ -262,8 +269,9 @@ impl Client {
         F: Fn(Channel) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
-        let deadline = Instant::now() + self.config.retry_for;
-        let mut backoff = Duration::from_millis(20);
+        let started = Instant::now();
+        let deadline = started + self.config.retry_for;
+        let mut backoff = FAST_POLL;
         let mut last_error = String::from("no endpoint tried");
         // Addresses that refused a connection during this call: a stale leader hint naming one
         // of them (followers keep naming a dead leader until they elect a new one) is ignored.
@@ -324,8 +332,12 @@ impl Client {
                 return Err(ClientError::Unreachable { endpoints: self.config.endpoints.join(","), last_error });
             }
             tokio::time::sleep(backoff).await;
-            // Elections take a few hundred milliseconds: keep polling at that pace.
-            backoff = (backoff * 2).min(Duration::from_millis(100));
+            // An election takes a few hundred milliseconds, and the survivors name the new
+            // leader as soon as they know it: poll them at FAST_POLL for the first
+            // FAST_POLL_FOR (a few cheap refusals per round), then back off to SLOW_POLL.
+            if started.elapsed() >= FAST_POLL_FOR {
+                backoff = (backoff * 2).min(SLOW_POLL);
+            }
             // A node that refused may be back (restarted) by the next round.
             unreachable.clear();
         }

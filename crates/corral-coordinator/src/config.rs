@@ -59,6 +59,10 @@ pub struct LimitsSection {
     pub max_array_window: u32,
     /// Most tasks of one job array (default and at most `MAX_ARRAY_TASKS`, 100000).
     pub max_array_size: u32,
+    /// Most client requests (other than submits, which the submit queue admits) served at
+    /// once; past it a request is refused with RESOURCE_EXHAUSTED and a retry-after (default
+    /// 256).
+    pub max_client_requests: usize,
 }
 
 impl Default for LimitsSection {
@@ -68,6 +72,7 @@ impl Default for LimitsSection {
             max_queued_submits: crate::group_commit::DEFAULT_MAX_QUEUED_SUBMITS,
             max_array_window: arrays.max_window,
             max_array_size: arrays.max_size,
+            max_client_requests: crate::client_work::DEFAULT_MAX_CLIENT_REQUESTS,
         }
     }
 }
@@ -407,6 +412,9 @@ impl CoordinatorFile {
         if self.limits.max_queued_submits == 0 {
             return Err("limits.max-queued-submits: must be greater than 0".into());
         }
+        if self.limits.max_client_requests == 0 {
+            return Err("limits.max-client-requests: must be greater than 0".into());
+        }
         if !(1..=MAX_ARRAY_WINDOW).contains(&self.limits.max_array_window) {
             return Err(format!("limits.max-array-window: must be 1 to {MAX_ARRAY_WINDOW}"));
         }
@@ -510,6 +518,7 @@ impl Coordinator {
             security,
             history,
             max_queued_submits: file.limits.max_queued_submits,
+            max_client_requests: file.limits.max_client_requests,
             array_limits: ArrayLimits {
                 max_window: file.limits.max_array_window,
                 max_size: file.limits.max_array_size,

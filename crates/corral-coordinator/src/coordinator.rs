@@ -7,6 +7,7 @@
 //! Raft) and the leadership checks every service answers by (`leader_term_within_lease`,
 //! `worker_term`, `linearizable`).
 
+use crate::client_work::ClientWork;
 use crate::group_commit::Submits;
 use crate::liveness::Liveness;
 use crate::metrics::SchedulerMetrics;
@@ -25,6 +26,9 @@ use std::time::Duration;
 const MAX_FOLLOWER_LAG: u64 = 8;
 /// The longest one client write waits for a lagging follower.
 const FOLLOWER_LAG_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Most threads of the client runtime (at most one per core).
+const CLIENT_THREADS: usize = 4;
 
 /// Tunables of a coordinator.
 #[derive(Debug, Clone)]
@@ -51,6 +55,8 @@ pub struct CoordinatorConfig {
     pub max_queued_submits: usize,
     /// What a submit may ask of a job array (`[limits]` max-array-window, max-array-size).
     pub array_limits: corral_types::ArrayLimits,
+    /// Most client requests (submits aside) served at once (`client_work.rs`).
+    pub max_client_requests: usize,
 }
 
 impl Default for CoordinatorConfig {
@@ -65,6 +71,7 @@ impl Default for CoordinatorConfig {
             history: HistoryConfig::default(),
             max_queued_submits: group_commit::DEFAULT_MAX_QUEUED_SUBMITS,
             array_limits: corral_types::ArrayLimits::default(),
+            max_client_requests: crate::client_work::DEFAULT_MAX_CLIENT_REQUESTS,
         }
     }
 }
@@ -85,11 +92,17 @@ struct Inner {
     liveness: Liveness,
     /// Scheduler counters and pass latency, exported while this node leads.
     scheduler_metrics: SchedulerMetrics,
+    /// The runtime client requests are served on, apart from the control loop.
+    client_work: Arc<ClientWork>,
     config: CoordinatorConfig,
 }
 
 impl Coordinator {
+    /// A coordinator over `node`. Its control loop runs on the caller's runtime; client
+    /// requests get a runtime of their own (`client_work.rs`), started here.
     pub fn new(node: RaftNode, config: CoordinatorConfig) -> Self {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(CLIENT_THREADS));
+        let client_work = ClientWork::new(threads, config.max_client_requests).expect("the client runtime starts");
         Coordinator {
             inner: Arc::new(Inner {
                 node,
@@ -98,6 +111,7 @@ impl Coordinator {
                 tso: Tso::default(),
                 liveness: Liveness::default(),
                 scheduler_metrics: SchedulerMetrics::default(),
+                client_work: Arc::new(client_work),
                 config,
             }),
         }
@@ -135,6 +149,11 @@ impl Coordinator {
     /// The submit path: group commit, batch admission and the bound on queued submits.
     pub(crate) fn submits(&self) -> &Submits {
         &self.inner.submits
+    }
+
+    /// The runtime and admission of client requests.
+    pub(crate) fn client_work(&self) -> &Arc<ClientWork> {
+        &self.inner.client_work
     }
 
     /// Scheduler counters and pass latency, exported while this node leads.

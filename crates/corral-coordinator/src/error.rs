@@ -21,6 +21,10 @@ pub enum CoordError {
     /// The leader's queue of submits is full: the client retries after `retry_after`.
     #[error("the leader's submit queue is full ({queued} jobs waiting, at most {capacity}): retry after {}ms", .retry_after.as_millis())]
     Overloaded { queued: usize, capacity: usize, retry_after: Duration },
+    /// As many client requests as `limits.max-client-requests` are being served: the client
+    /// retries after `retry_after`.
+    #[error("the coordinator is serving as many client requests as it admits at once ({capacity}): retry after {}ms", .retry_after.as_millis())]
+    Busy { capacity: usize, retry_after: Duration },
     /// A watch resumed from a revision this coordinator no longer remembers.
     #[error("{0}")]
     OutOfRange(String),
@@ -70,7 +74,7 @@ impl From<CoordError> for tonic::Status {
                 status
             }
             CoordError::Raft(_) | CoordError::Unavailable(_) => Status::unavailable(message),
-            CoordError::Overloaded { retry_after, .. } => {
+            CoordError::Overloaded { retry_after, .. } | CoordError::Busy { retry_after, .. } => {
                 let mut status = Status::resource_exhausted(message);
                 let ms = retry_after.as_millis().max(1).to_string();
                 if let Ok(value) = ms.parse() {

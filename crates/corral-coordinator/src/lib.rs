@@ -16,6 +16,7 @@ mod tso;
 // Client-facing: the user API and what it serves with (submits, listings, watches, replies,
 // the logs proxy), the web view.
 mod api;
+mod client_work;
 mod filter;
 mod group_commit;
 mod leader_writes;
@@ -43,6 +44,7 @@ pub mod policy;
 mod testing;
 
 pub use auth::{token_sha256, SecurityConfig};
+pub use client_work::DEFAULT_MAX_CLIENT_REQUESTS;
 pub use compaction::HistoryConfig;
 pub use config::{
     AuthSection, CoordinatorFile, HistorySection, LimitsSection, RaftSection, Retention, SchedulerSection, TlsSection,

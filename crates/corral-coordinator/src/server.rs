@@ -7,6 +7,11 @@
 //!   service (`join.rs`, the one service without a role check);
 //! - the cluster's members: Raft and cluster admin (`cluster.rs`);
 //! - health and reflection (`grpc_health.rs`), which every role may probe.
+//!
+//! The control loop — Raft, the worker gateway, health, the leader's loops and the
+//! connections themselves — runs on the runtime `serve` is called on; the user API, cluster
+//! admin and joins are served on the client runtime, admitted a bounded number at a time
+//! (`client_work.rs`), so that no client load delays a vote, an append or a heartbeat.
 
 use crate::auth::Service;
 use crate::{api, cluster, compaction, gateway, grpc_health, join, leader_writes, scheduler, Coordinator};
@@ -58,24 +63,27 @@ impl Coordinator {
         result.map_err(Into::into)
     }
 
-    /// The user API, for clients and admins.
+    /// The user API, for clients and admins, on the client runtime.
     fn add_client_services(&self, routes: &mut RoutesBuilder) {
         let api = leader_writes::LeaderWrites::new(api::server(self.clone()), self.clone());
-        routes.add_service(InterceptedService::new(api, guard(self, Service::Api)));
+        routes.add_service(self.client_work().wrap(InterceptedService::new(api, guard(self, Service::Api))));
     }
 
-    /// The worker gateway, and the join service of workers that have no certificate yet.
+    /// The worker gateway (on the control loop's runtime), and the join service of workers
+    /// that have no certificate yet (client work).
     fn add_worker_services(&self, routes: &mut RoutesBuilder) {
         routes.add_service(InterceptedService::new(gateway::server(self.clone()), guard(self, Service::Gateway)));
         // The one service without a role check: a joining worker has no certificate yet. It
         // answers nothing but a valid, unused join token (see `join.rs`).
-        routes.add_service(join::server(self.clone()));
+        routes.add_service(self.client_work().wrap(join::server(self.clone())));
     }
 
-    /// Raft between the coordinators, and cluster admin.
+    /// Raft between the coordinators, and cluster admin (on the client runtime: its status
+    /// digest and snapshots are client work).
     fn add_member_services(&self, routes: &mut RoutesBuilder) {
         let raft = self.raft_node().grpc_service();
         routes.add_service(InterceptedService::new(raft, guard(self, Service::Raft)));
-        routes.add_service(InterceptedService::new(cluster::server(self.clone()), guard(self, Service::ClusterAdmin)));
+        let admin = InterceptedService::new(cluster::server(self.clone()), guard(self, Service::ClusterAdmin));
+        routes.add_service(self.client_work().wrap(admin));
     }
 }

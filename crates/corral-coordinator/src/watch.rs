@@ -53,31 +53,41 @@ fn compacted(e: corral_raft::Compacted) -> CoordError {
 
 /// The first batch of a watch: every matching job now (`from` absent) or every matching job
 /// changed after `from`.
+///
+/// The state's read lock is held only to copy the jobs' persistent map (constant time): the
+/// walk over every job and the replies are made after it, so apply never waits for them.
 fn first_batch(snapshot: &Snapshot, filter: &JobFilter, from: Option<u64>) -> Result<Batch, CoordError> {
-    let data = snapshot.read();
-    let changes = snapshot.store().changes();
-    let upto = data.applied_index();
-    let jobs = match from {
-        None => data.state.jobs.values().filter(|j| filter.matches(j)).map(|j| (upto, snapshot.job_reply(j))).collect(),
-        Some(from) if from > upto => {
-            return Err(CoordError::InvalidArgument(format!(
-            "revision {from} is ahead of this cluster (at revision {upto}): resume only from a revision a watch sent"
-        )))
-        }
-        Some(from) => {
-            let changed = changes.changed_since(from).map_err(compacted)?;
-            changed_jobs(&data.state.jobs, changed, filter, snapshot.pending())
-        }
+    let (all, upto, changed) = {
+        let data = snapshot.read();
+        let changes = snapshot.store().changes();
+        let upto = data.applied_index();
+        let changed = match from {
+            None => None,
+            Some(from) if from > upto => {
+                return Err(CoordError::InvalidArgument(format!(
+                "revision {from} is ahead of this cluster (at revision {upto}): resume only from a revision a watch sent"
+            )))
+            }
+            Some(from) => Some(changes.changed_since(from).map_err(compacted)?),
+        };
+        (data.state.jobs.clone(), upto, changed)
+    };
+    let jobs = match changed {
+        None => all.values().filter(|j| filter.matches(j)).map(|j| (upto, snapshot.job_reply(j))).collect(),
+        Some(changed) => changed_jobs(&all, changed, filter, snapshot.pending()),
     };
     Ok(Batch { jobs, upto })
 }
 
 /// The matching jobs changed after `after`, up to the applied revision.
 fn next_batch(snapshot: &Snapshot, filter: &JobFilter, after: u64) -> Result<Batch, CoordError> {
-    let data = snapshot.read();
-    let changes = snapshot.store().changes();
-    let changed = changes.changed_since(after).map_err(compacted)?;
-    Ok(Batch { jobs: changed_jobs(&data.state.jobs, changed, filter, snapshot.pending()), upto: data.applied_index() })
+    let (jobs, upto, changed) = {
+        let data = snapshot.read();
+        let changes = snapshot.store().changes();
+        let changed = changes.changed_since(after).map_err(compacted)?;
+        (data.state.jobs.clone(), data.applied_index(), changed)
+    };
+    Ok(Batch { jobs: changed_jobs(&jobs, changed, filter, snapshot.pending()), upto })
 }
 
 /// Starts a watch for the leader of `term`: the first batch is computed now from `snapshot`

@@ -205,7 +205,9 @@ impl RaftNode {
     /// leader then dies, the new leader can commit nothing until that follower has caught up:
     /// every write waits for seconds. Holding new writes back while a live follower lags keeps
     /// that catch-up short. A follower whose index has not moved for a second is down or stuck,
-    /// not slow: it is not waited for (the cluster runs on without it).
+    /// not slow: it is not waited for (the cluster runs on without it); nor is one that has not
+    /// answered this leader at all, such as the leader it replaced: a new leader's first write
+    /// would wait out `patience` for a dead node.
     pub async fn wait_for_followers(&self, max_lag: u64, patience: Duration) {
         let deadline = Instant::now() + patience;
         let mut metrics = self.raft.metrics();
@@ -213,10 +215,12 @@ impl RaftNode {
             let lagging = {
                 let m = metrics.borrow_and_update();
                 let Some(replication) = m.replication.as_ref() else { return };
+                // A follower that has not acknowledged anything to this leader yet (the leader
+                // a failover replaced, still in the membership) is not known to replicate.
                 let followers = replication
                     .iter()
                     .filter(|(id, _)| **id != self.id)
-                    .map(|(id, matched)| (*id, matched.as_ref().map_or(0, |l| l.index)));
+                    .filter_map(|(id, matched)| matched.as_ref().map(|l| (*id, l.index)));
                 let mut progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
                 live_follower_lags(&mut progress, followers, m.last_log_index.unwrap_or(0), max_lag, Instant::now())
             };

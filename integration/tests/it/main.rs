@@ -8,6 +8,7 @@ mod billing;
 mod boundaries;
 mod chaos;
 mod cluster;
+mod cluster_control;
 mod gang;
 mod grpc_services;
 mod history;

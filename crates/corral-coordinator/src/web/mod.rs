@@ -183,8 +183,16 @@ fn form_value(body: &[u8], key: &str) -> Option<String> {
 }
 
 impl Coordinator {
-    /// Answers one request to the web view (any path but `/metrics`).
+    /// Answers one request to the web view (any path but `/metrics`), on the client runtime
+    /// (`client_work.rs`): rendering a page is client work, whoever serves the listener.
     pub async fn web(&self, request: WebRequest) -> WebResponse {
+        let coordinator = self.clone();
+        let page = self.client_work().run(async move { coordinator.web_page(request).await });
+        page.await.unwrap_or_else(|| error_page(503, "Unavailable", "the coordinator is shutting down"))
+    }
+
+    /// [`Coordinator::web`], on the runtime it is called on.
+    async fn web_page(&self, request: WebRequest) -> WebResponse {
         let read = matches!(request.method.as_str(), "GET" | "HEAD");
         match (request.method.as_str(), request.path.as_str()) {
             (_, "/login") if read => {
