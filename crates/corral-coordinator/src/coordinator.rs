@@ -51,6 +51,9 @@ pub struct CoordinatorConfig {
     pub max_queued_submits: usize,
     /// What a submit may ask of a job array (`[limits]` max-array-window, max-array-size).
     pub array_limits: corral_types::ArrayLimits,
+    /// How image tags are resolved to digests at submit (`[images]`: insecure registries,
+    /// credentials, mirrors, the resolve timeout).
+    pub registries: corral_image::RegistryConfig,
 }
 
 impl Default for CoordinatorConfig {
@@ -65,6 +68,7 @@ impl Default for CoordinatorConfig {
             history: HistoryConfig::default(),
             max_queued_submits: group_commit::DEFAULT_MAX_QUEUED_SUBMITS,
             array_limits: corral_types::ArrayLimits::default(),
+            registries: corral_image::RegistryConfig::default(),
         }
     }
 }
@@ -85,6 +89,8 @@ struct Inner {
     liveness: Liveness,
     /// Scheduler counters and pass latency, exported while this node leads.
     scheduler_metrics: SchedulerMetrics,
+    /// Resolves image tags at submit (built from `config.registries`).
+    registry: corral_image::Registry,
     config: CoordinatorConfig,
 }
 
@@ -98,6 +104,7 @@ impl Coordinator {
                 tso: Tso::default(),
                 liveness: Liveness::default(),
                 scheduler_metrics: SchedulerMetrics::default(),
+                registry: corral_image::Registry::new(config.registries.clone()),
                 config,
             }),
         }
@@ -120,6 +127,11 @@ impl Coordinator {
 
     pub(crate) fn config(&self) -> &CoordinatorConfig {
         &self.inner.config
+    }
+
+    /// The registry client that pins image tags at submit.
+    pub(crate) fn registry(&self) -> &corral_image::Registry {
+        &self.inner.registry
     }
 
     /// The leader's memory of its last scheduling pass.

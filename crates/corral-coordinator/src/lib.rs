@@ -18,6 +18,7 @@ mod tso;
 mod api;
 mod filter;
 mod group_commit;
+mod images;
 mod leader_writes;
 mod listing;
 mod log_proxy;
@@ -45,7 +46,8 @@ mod testing;
 pub use auth::{token_sha256, SecurityConfig};
 pub use compaction::HistoryConfig;
 pub use config::{
-    AuthSection, CoordinatorFile, HistorySection, LimitsSection, RaftSection, Retention, SchedulerSection, TlsSection,
+    AuthSection, CoordinatorFile, HistorySection, ImagesSection, LimitsSection, RaftSection, Retention,
+    SchedulerSection, TlsSection,
 };
 pub use coordinator::{Coordinator, CoordinatorConfig};
 pub use error::CoordError;

@@ -11,6 +11,7 @@ mod cluster;
 mod gang;
 mod grpc_services;
 mod history;
+mod images;
 mod isolation;
 mod job_control;
 mod job_path;
