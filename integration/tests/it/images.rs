@@ -62,6 +62,14 @@ fn a_tag_is_pinned_to_its_digest_at_submit() {
     let doc = pool.show(rootfs);
     assert_eq!((doc["image"].as_str(), doc["image_digest"].as_str()), (Some("/srv/rootfs"), None));
 
+    // Workers run containers from root filesystem directories only: a registry image's run
+    // ends with a launch error that says so, on one line.
+    pool.ok(&["release", &later.to_string()]);
+    let doc = pool.wait_for(later, "ended with a launch error", |d| {
+        d["reason"].as_str().is_some_and(|r| r.contains("is a registry image"))
+    });
+    assert!(!doc["reason"].as_str().unwrap_or_default().contains('\n'), "{doc}");
+
     // What does not resolve is refused with one line, and nothing is queued.
     let missing = pool.corral(&["submit", "--image", &format!("{}/train:nope", registry.addr), "--", "true"]);
     assert!(!missing.status.success());
