@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod netns;
+pub mod registry;
 pub mod worker;
 
 use serde_json::Value;

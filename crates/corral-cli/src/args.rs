@@ -443,8 +443,10 @@ pub struct JobFlags {
     /// Job name (default: the program name).
     #[arg(long)]
     pub name: Option<String>,
-    /// Root filesystem to run the command in (OCI container via runc).
-    #[arg(long)]
+    /// Run the command in a container (runc): an image reference [REGISTRY/]NAME[:TAG|@sha256:DIGEST]
+    /// (no registry: Docker Hub; no tag: latest), pinned to its digest at submit, or the absolute
+    /// path of an unpacked root filesystem on every worker.
+    #[arg(long, visible_alias = "container-image", value_name = "REF|DIR")]
     pub image: Option<String>,
     /// Gang across nodes: whole GPUs per node (--gpus must be a multiple); all parts start together.
     #[arg(long)]

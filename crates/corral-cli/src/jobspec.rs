@@ -178,6 +178,8 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
         stdout_path: flags.stdout,
         stderr_path: flags.stderr,
         array,
+        // The coordinator pins the image's tag at submit.
+        image_digest: None,
     };
     let mut checked = spec.clone();
     if checked.tenant.is_empty() {

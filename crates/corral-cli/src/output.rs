@@ -62,6 +62,7 @@ pub fn job_json(job: &Job) -> Value {
         "mem_bytes": job.spec.memory_bytes,
         "time_limit_secs": job.spec.time_limit_secs,
         "image": job.spec.image,
+        "image_digest": job.spec.image_digest,
         "command": job.spec.command,
         "exit_code": job.exit_code,
         "signal": job.signal,
@@ -372,6 +373,12 @@ pub fn job_details(job: &Job) -> String {
         ("gpus", resources(job)),
         ("command", job.spec.command.join(" ")),
     ];
+    if let Some(image) = &job.spec.image {
+        lines.push(("image", image.clone()));
+    }
+    if let Some(digest) = &job.spec.image_digest {
+        lines.push(("digest", digest.clone()));
+    }
     if let Some(a) = &job.allocation {
         for (node, gpus) in a.parts() {
             let gpus: Vec<String> = gpus.iter().map(u32::to_string).collect();

@@ -297,6 +297,8 @@ fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<V
             "dependency" => flag("--dependency", value),
             "signal" => flag("--signal", slurm_signal(&value)),
             "chdir" => flag("--chdir", value),
+            // Pyxis's name.
+            "container-image" => flag("--image", value),
             "export" => flag("--export", value),
             "partition" => flag("--partition", value),
             "constraint" => {
@@ -333,6 +335,7 @@ const KNOWN_WITH_VALUE: &[&str] = &[
     "dependency",
     "signal",
     "chdir",
+    "container-image",
     "export",
     "partition",
     "constraint",
@@ -532,5 +535,20 @@ python train.py
         let ok = dir.path().join("ok.sh");
         std::fs::write(&ok, "#!/bin/sh\necho hi\n").unwrap();
         assert_eq!(read_script(&ok).unwrap(), "#!/bin/sh\necho hi\n");
+    }
+
+    #[test]
+    fn container_image_directives_name_the_image() {
+        for script in [
+            "#SBATCH --container-image=nvcr.io/nvidia/pytorch:24.01-py3\n",
+            "#CORRAL --container-image nvcr.io/nvidia/pytorch:24.01-py3\n",
+        ] {
+            let d = parse_directives("s", script, true).unwrap();
+            assert_eq!(d.flags.image.as_deref(), Some("nvcr.io/nvidia/pytorch:24.01-py3"), "{script}");
+        }
+        assert_eq!(
+            parse_directives("s", "#SBATCH --container-image\n", false).unwrap_err(),
+            "s line 1: #SBATCH --container-image: --container-image needs a value"
+        );
     }
 }

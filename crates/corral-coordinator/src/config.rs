@@ -44,6 +44,43 @@ pub struct CoordinatorFile {
     pub history: HistorySection,
     #[serde(default)]
     pub limits: LimitsSection,
+    #[serde(default)]
+    pub images: ImagesSection,
+}
+
+/// The `[images]` section: how the coordinator reaches registries to pin an image tag to its
+/// digest at submit. The same keys as in a worker's `[images]` table; the other keys of that
+/// table are the worker's only.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct ImagesSection {
+    /// Registries (`host[:port]`; `host` for every port) reached over plain HTTP. Loopback
+    /// registries always are.
+    pub insecure_registries: Vec<String>,
+    /// A Docker `config.json` whose `auths` hold registry credentials.
+    pub auth_file: Option<PathBuf>,
+    /// Per registry, mirrors (`host[:port]`) asked in order before it.
+    pub mirrors: std::collections::BTreeMap<String, Vec<String>>,
+    /// The whole of resolving one tag (default 10s): a submit naming a tag waits at most this
+    /// long for its registry.
+    pub resolve_timeout: Option<ConfigDuration>,
+}
+
+impl ImagesSection {
+    /// The registry client's settings (reads `auth-file`); errors name the key.
+    pub fn registry_config(&self) -> Result<corral_image::RegistryConfig, String> {
+        let defaults = corral_image::ImagesSection::default();
+        corral_image::ImagesSection {
+            insecure_registries: self.insecure_registries.clone(),
+            auth_file: self.auth_file.clone(),
+            mirrors: self.mirrors.clone(),
+            resolve_timeout: self.resolve_timeout.unwrap_or(defaults.resolve_timeout),
+            // A submit waits for one answer: no retries.
+            download_attempts: 1,
+            ..defaults
+        }
+        .registry_config()
+    }
 }
 
 /// The `[limits]` section: backpressure on clients, and what one submit may ask for.
@@ -353,6 +390,7 @@ impl CoordinatorFile {
             auth: AuthSection::default(),
             history: HistorySection::default(),
             limits: LimitsSection::default(),
+            images: ImagesSection::default(),
         }
     }
 
@@ -422,6 +460,7 @@ impl CoordinatorFile {
             return Err(format!("limits.max-array-size: must be 1 to {MAX_ARRAY_TASKS}"));
         }
         self.history.config()?;
+        self.images.registry_config()?;
         if let Some(tls) = &self.tls {
             tls.files().validate()?;
             if tls.ca_key.as_ref().is_some_and(|k| k.as_os_str().is_empty()) {
@@ -511,6 +550,7 @@ impl Coordinator {
         let (node_ttl, fence_after) = file.scheduler.lease().map_err(anyhow::Error::msg)?;
         let advertise_addr = file.advertise.clone().unwrap_or_else(|| bound.to_string());
         let history = file.history.config().map_err(anyhow::Error::msg)?;
+        let registries = file.images.registry_config().map_err(anyhow::Error::msg)?;
         let config = CoordinatorConfig {
             node_ttl,
             fence_after,
@@ -523,6 +563,7 @@ impl Coordinator {
                 max_window: file.limits.max_array_window,
                 max_size: file.limits.max_array_size,
             },
+            registries,
             ..Default::default()
         };
         Ok(Coordinator::new(node, config))
@@ -592,6 +633,14 @@ mod tests {
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[limits]\nmax-array-size = 0\n",
                 "limits.max-array-size: must be 1 to 100000",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[images]\ninsecure-registries = [\"http://r\"]\n",
+                "images.insecure-registries: 'http://r' must be host[:port]",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[images]\nauth-file = \"/nonexistent/auth.json\"\n",
+                "images.auth-file: ",
             ),
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[history]\njob-retention = \"soon\"\n",

@@ -57,6 +57,9 @@ pub struct CoordinatorConfig {
     pub array_limits: corral_types::ArrayLimits,
     /// Most client requests (submits aside) served at once (`client_work.rs`).
     pub max_client_requests: usize,
+    /// How image tags are resolved to digests at submit (`[images]`: insecure registries,
+    /// credentials, mirrors, the resolve timeout).
+    pub registries: corral_image::RegistryConfig,
 }
 
 impl Default for CoordinatorConfig {
@@ -72,6 +75,7 @@ impl Default for CoordinatorConfig {
             max_queued_submits: group_commit::DEFAULT_MAX_QUEUED_SUBMITS,
             array_limits: corral_types::ArrayLimits::default(),
             max_client_requests: crate::client_work::DEFAULT_MAX_CLIENT_REQUESTS,
+            registries: corral_image::RegistryConfig::default(),
         }
     }
 }
@@ -94,6 +98,8 @@ struct Inner {
     scheduler_metrics: SchedulerMetrics,
     /// The runtime client requests are served on, apart from the control loop.
     client_work: Arc<ClientWork>,
+    /// Resolves image tags at submit (built from `config.registries`).
+    registry: corral_image::Registry,
     config: CoordinatorConfig,
 }
 
@@ -112,6 +118,7 @@ impl Coordinator {
                 liveness: Liveness::default(),
                 scheduler_metrics: SchedulerMetrics::default(),
                 client_work: Arc::new(client_work),
+                registry: corral_image::Registry::new(config.registries.clone()),
                 config,
             }),
         }
@@ -134,6 +141,11 @@ impl Coordinator {
 
     pub(crate) fn config(&self) -> &CoordinatorConfig {
         &self.inner.config
+    }
+
+    /// The registry client that pins image tags at submit.
+    pub(crate) fn registry(&self) -> &corral_image::Registry {
+        &self.inner.registry
     }
 
     /// The leader's memory of its last scheduling pass.

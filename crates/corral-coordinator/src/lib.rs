@@ -19,6 +19,7 @@ mod api;
 mod client_work;
 mod filter;
 mod group_commit;
+mod images;
 mod leader_writes;
 mod listing;
 mod log_proxy;
@@ -47,7 +48,8 @@ pub use auth::{token_sha256, SecurityConfig};
 pub use client_work::DEFAULT_MAX_CLIENT_REQUESTS;
 pub use compaction::HistoryConfig;
 pub use config::{
-    AuthSection, CoordinatorFile, HistorySection, LimitsSection, RaftSection, Retention, SchedulerSection, TlsSection,
+    AuthSection, CoordinatorFile, HistorySection, ImagesSection, LimitsSection, RaftSection, Retention,
+    SchedulerSection, TlsSection,
 };
 pub use coordinator::{Coordinator, CoordinatorConfig};
 pub use error::CoordError;

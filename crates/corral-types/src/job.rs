@@ -99,7 +99,9 @@ pub struct JobSpec {
     pub memory_bytes: u64,
     /// Wall-clock limit in seconds; the job is killed after it.
     pub time_limit_secs: Option<u64>,
-    /// OCI rootfs to run the command in; `None` runs a bare process.
+    /// What the command runs in: the absolute path of an unpacked root filesystem on every
+    /// worker, or an image reference (normalised: `docker.io/library/busybox:latest`); `None`
+    /// runs a bare process.
     pub image: Option<String>,
     /// Program and arguments (of a batch script: the script's arguments). Shared.
     pub command: Arc<[String]>,
@@ -126,6 +128,11 @@ pub struct JobSpec {
     /// A job array (`--array 0-999%16`): one record whose tasks are created as they can run.
     #[serde(default)]
     pub array: Option<ArraySpec>,
+    /// The digest (`sha256:…`) the image reference named when the job was submitted: what
+    /// every part, retry and step of the job runs, whatever the tag names later. Set by the
+    /// coordinator at submit; `None` for a rootfs path or a bare process.
+    #[serde(default)]
+    pub image_digest: Option<String>,
 }
 
 /// Largest batch script a job may carry.
@@ -507,6 +514,15 @@ impl JobSpec {
             .or_else(|| too_long("image", self.image.as_deref().map_or(0, str::len), MAX_PATH))
         {
             return Err(e);
+        }
+        if let Some(digest) = &self.image_digest {
+            let hex = digest.strip_prefix("sha256:").unwrap_or_default();
+            if self.image.is_none() || hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+                return Err(JobSpecError::Invalid {
+                    field: "image digest".into(),
+                    reason: "must be sha256: and 64 lowercase hex digits, with an image".into(),
+                });
+            }
         }
         if self.command.len() > MAX_ARGS {
             return Err(JobSpecError::Invalid {
@@ -1020,6 +1036,17 @@ mod tests {
         let mut s = spec();
         s.image = Some("/".repeat(MAX_PATH + 1));
         assert_eq!(field(&s), "image: longer than 4096 bytes");
+        let mut s = spec();
+        s.image = Some("localhost:5000/x:1".into());
+        s.image_digest = Some(format!("sha256:{}", "ab".repeat(32)));
+        assert!(s.validate().is_ok());
+        s.image_digest = Some(format!("sha256:{}", "AB".repeat(32)));
+        assert!(field(&s).starts_with("image digest: "), "{}", field(&s));
+        s.image_digest = Some("sha512:00".into());
+        assert!(field(&s).starts_with("image digest: "), "{}", field(&s));
+        s.image = None;
+        s.image_digest = Some(format!("sha256:{}", "ab".repeat(32)));
+        assert!(field(&s).starts_with("image digest: "), "{}", field(&s));
     }
 
     #[test]

@@ -76,6 +76,7 @@ pub(crate) fn launch_spec(
     mig_uuid: Option<&str>,
     addrs: &PartAddrs,
 ) -> Result<LaunchSpec, String> {
+    check_rootfs_image(job)?;
     let user = config.users.resolve(&job.spec.tenant)?;
     let info = devices.info();
     let job_devices: Vec<&DeviceInfo> =
@@ -163,6 +164,18 @@ pub(crate) fn launch_spec(
         binds,
         files,
     })
+}
+
+/// Refuses a job whose image is a registry reference (the coordinator pinned it to a digest):
+/// this worker runs containers from root filesystem directories only, and the launch error
+/// says so rather than calling the reference a bad directory.
+fn check_rootfs_image(job: &Job) -> Result<(), String> {
+    match (&job.spec.image, &job.spec.image_digest) {
+        (Some(image), Some(digest)) => Err(format!(
+            "image {image} ({digest}) is a registry image: this worker runs containers from root filesystem directories only (--image /abs/dir)"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The variables the worker sets for every job, on top of the submitted environment: corral's
@@ -351,6 +364,19 @@ echo hi
             )
         );
         assert_eq!((files.stdout, files.stderr, files.truncate), (None, None, true));
+    }
+
+    #[test]
+    fn registry_images_are_refused_with_one_line() {
+        let mut j = job();
+        assert_eq!(check_rootfs_image(&j), Ok(()));
+        j.spec.image = Some("/srv/rootfs".into());
+        assert_eq!(check_rootfs_image(&j), Ok(()));
+        j.spec.image = Some("docker.io/library/busybox:1".into());
+        j.spec.image_digest = Some(format!("sha256:{}", "ab".repeat(32)));
+        let error = check_rootfs_image(&j).expect_err("a registry image");
+        assert!(error.starts_with("image docker.io/library/busybox:1 (sha256:abab"), "{error}");
+        assert!(!error.contains('\n'), "{error}");
     }
 
     #[test]

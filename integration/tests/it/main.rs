@@ -12,6 +12,7 @@ mod cluster_control;
 mod gang;
 mod grpc_services;
 mod history;
+mod images;
 mod isolation;
 mod job_control;
 mod job_path;

@@ -4,6 +4,7 @@
 use super::{filter_tenant, own_tenant_filter, JobEventStream, JobStream, LogStream};
 use crate::auth::Principal;
 use crate::filter::JobFilter;
+use crate::images::ImagePinner;
 use crate::snapshot::{Snapshot, Target};
 use crate::{listing, CoordError, Coordinator};
 use corral_proto::v1::{self as pb};
@@ -55,6 +56,7 @@ pub(super) async fn submit(
     let who = coord.principal(&request, "submit")?;
     let spec = request.get_ref().spec.clone().ok_or_else(|| Status::invalid_argument("missing job spec"))?;
     let spec = own_spec(coord, &request, &who, spec.try_into()?)?;
+    let spec = ImagePinner::new(coord.registry()).pin(spec).await?;
     let snapshot = coord.snapshot();
     let spec = snapshot.settle_archived_dependencies(spec)?;
     let req = request.into_inner();
@@ -77,11 +79,13 @@ pub(super) async fn submit_batch(
         )));
     }
     let snapshot = coord.snapshot();
+    let mut pinner = ImagePinner::new(coord.registry());
     let mut jobs = Vec::with_capacity(request.get_ref().jobs.len());
     for (i, job) in request.get_ref().jobs.iter().enumerate() {
         let spec =
             job.spec.clone().ok_or_else(|| Status::invalid_argument(format!("job {i} of the batch has no spec")))?;
         let spec = own_spec(coord, &request, &who, spec.try_into()?)?;
+        let spec = pinner.pin(spec).await?;
         let spec = snapshot.settle_archived_dependencies(spec)?;
         jobs.push((job.request_id.clone(), spec));
     }

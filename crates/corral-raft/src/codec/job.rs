@@ -79,6 +79,7 @@ impl From<&JobSpec> for pb::JobSpec {
                     .collect(),
                 max_running: a.max_running,
             }),
+            image_digest: s.image_digest.clone(),
         }
     }
 }
@@ -132,6 +133,7 @@ impl TryFrom<pb::JobSpec> for JobSpec {
                     .collect(),
                 max_running: a.max_running,
             }),
+            image_digest: s.image_digest,
         })
     }
 }

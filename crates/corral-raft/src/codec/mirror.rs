@@ -87,13 +87,13 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
             btree_map(text(), text(), 0..3),
             prop_oneof![Just(SchedOptions::default()), sched_options()],
         ),
-        (of(text()), of(text()), of(text()), of(text()), of(array_spec())),
+        (of(text()), of(text()), of(text()), of(text()), of(array_spec()), of(text())),
     )
         .prop_map(
             |(
                 (name, tenant, priority_class, gpus, gpu_slice, cpu_millis, memory_bytes, time_limit_secs),
                 (image, command, env, sched),
-                (workdir, script, stdout_path, stderr_path, array),
+                (workdir, script, stdout_path, stderr_path, array, image_digest),
             )| JobSpec {
                 name,
                 tenant,
@@ -112,6 +112,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                 stdout_path,
                 stderr_path,
                 array,
+                image_digest,
             },
         )
 }

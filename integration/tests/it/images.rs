@@ -1,0 +1,121 @@
+//! Container images at submit, against a real distribution registry on loopback: `--image`
+//! with a tag is pinned to the digest the tag names then (`corral show` shows both), a tag
+//! moved later does not change what a submitted job runs, and a reference that does not
+//! resolve (not found, unauthorized, unreachable) is refused with one line. Registry
+//! credentials are the coordinator's `[images] auth-file`.
+
+use corral_integration::cluster::{free_port, Cluster, ClusterOptions};
+use corral_integration::registry::{auth_file, push, ready, umoci_busybox, TestRegistry};
+use corral_integration::{one_line_stderr, DevPool};
+use std::process::Command;
+
+const TOOLS: &[&str] = &["docker-registry", "skopeo", "umoci"];
+
+/// The digest a tag names now, as skopeo reads it.
+fn digest_of(reference: &str, extra: &[&str]) -> String {
+    let out = Command::new("skopeo")
+        .args(["inspect", "--tls-verify=false", "--format", "{{.Digest}}"])
+        .args(extra)
+        .arg(format!("docker://{reference}"))
+        .output()
+        .expect("skopeo inspect");
+    assert!(out.status.success(), "skopeo inspect {reference}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("utf8").trim().to_string()
+}
+
+#[test]
+fn a_tag_is_pinned_to_its_digest_at_submit() {
+    if !ready(TOOLS) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let one = umoci_busybox(dir.path(), &[("STAGE", "one")], "/work", "one");
+    push(&one, &registry, "train:v1", &[]);
+    let reference = format!("{}/train:v1", registry.addr);
+    let first = digest_of(&reference, &[]);
+    let pool = DevPool::start(&["--gpus", "1"]);
+
+    let held = pool.submit(&["--hold", "--image", &reference, "--", "cat", "/etc/marker"]);
+    let doc = pool.show(held);
+    assert_eq!(doc["image"], reference.as_str(), "{doc}");
+    assert_eq!(doc["image_digest"], first.as_str(), "{doc}");
+    let table = pool.ok(&["show", &held.to_string()]);
+    assert!(table.contains(&format!("image:      {reference}\n")), "{table}");
+    assert!(table.contains(&format!("digest:     {first}\n")), "{table}");
+
+    // The tag moves: the held job keeps the bytes it was submitted with, a new job gets the new.
+    let two = umoci_busybox(dir.path(), &[("STAGE", "two")], "/work", "two");
+    push(&two, &registry, "train:v1", &[]);
+    let second = digest_of(&reference, &[]);
+    assert_ne!(first, second);
+    assert_eq!(pool.show(held)["image_digest"], first.as_str());
+    let later = pool.submit(&["--hold", "--container-image", &reference, "--", "true"]);
+    assert_eq!(pool.show(later)["image_digest"], second.as_str());
+
+    // A digest is kept as given, without a tag; a rootfs directory keeps today's meaning.
+    let by_digest = format!("{}/train@{first}", registry.addr);
+    let pinned = pool.submit(&["--hold", "--image", &by_digest, "--", "true"]);
+    let doc = pool.show(pinned);
+    assert_eq!((doc["image"].as_str(), doc["image_digest"].as_str()), (Some(by_digest.as_str()), Some(first.as_str())));
+    let rootfs = pool.submit(&["--hold", "--image", "/srv/rootfs", "--", "true"]);
+    let doc = pool.show(rootfs);
+    assert_eq!((doc["image"].as_str(), doc["image_digest"].as_str()), (Some("/srv/rootfs"), None));
+
+    // Workers run containers from root filesystem directories only: a registry image's run
+    // ends with a launch error that says so, on one line.
+    pool.ok(&["release", &later.to_string()]);
+    let doc = pool.wait_for(later, "ended with a launch error", |d| {
+        d["reason"].as_str().is_some_and(|r| r.contains("is a registry image"))
+    });
+    assert!(!doc["reason"].as_str().unwrap_or_default().contains('\n'), "{doc}");
+
+    // What does not resolve is refused with one line, and nothing is queued.
+    let missing = pool.corral(&["submit", "--image", &format!("{}/train:nope", registry.addr), "--", "true"]);
+    assert!(!missing.status.success());
+    let line = one_line_stderr(&missing);
+    assert!(line.contains("not found"), "{line}");
+    let closed = pool.corral(&["submit", "--image", &format!("127.0.0.1:{}/train:v1", free_port()), "--", "true"]);
+    assert!(!closed.status.success());
+    let line = one_line_stderr(&closed);
+    assert!(line.contains("registry unreachable"), "{line}");
+    let bad = pool.corral(&["submit", "--image", "Not/A:Ref:At:All", "--", "true"]);
+    assert!(!bad.status.success());
+    let line = one_line_stderr(&bad);
+    assert!(line.contains("invalid image reference"), "{line}");
+    let jobs = pool.json(&["jobs", "--all"]);
+    assert_eq!(jobs.as_array().map(Vec::len), Some(4), "{jobs}");
+}
+
+#[test]
+fn private_registries_need_the_coordinators_credentials() {
+    if !ready(&[TOOLS, &["htpasswd"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start_with_auth("ml", "s3cret");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = umoci_busybox(dir.path(), &[], "/", "private");
+    push(&image, &registry, "private:1", &["--dest-creds", "ml:s3cret"]);
+    let reference = format!("{}/private:1", registry.addr);
+    let digest = digest_of(&reference, &["--creds", "ml:s3cret"]);
+
+    // Without credentials: refused, and the reason says so.
+    let pool = DevPool::start(&["--gpus", "1"]);
+    let out = pool.corral(&["submit", "--image", &reference, "--", "true"]);
+    assert!(!out.status.success());
+    let line = one_line_stderr(&out);
+    assert!(line.contains("unauthorized"), "{line}");
+
+    // With the coordinator's auth file: pinned.
+    let auth = auth_file(dir.path(), &registry.addr, "ml", "s3cret");
+    let options = ClusterOptions {
+        extra_config: format!("[images]\nauth-file = \"{}\"\nresolve-timeout = \"20s\"\n", auth.display()),
+        ..ClusterOptions::default()
+    };
+    let cluster = Cluster::start(1, options);
+    let init = cluster.corral_at(0, &["cluster", "init"]);
+    assert!(init.status.success(), "{}", one_line_stderr(&init));
+    let doc = cluster.json(&["submit", "--hold", "--image", &reference, "--", "true"]);
+    let job = doc["id"].as_u64().expect("id");
+    assert_eq!(cluster.show(job)["image_digest"], digest.as_str());
+}
