@@ -35,7 +35,8 @@ pub struct CoordinatorFile {
     /// Mutual TLS for every connection (Raft peers, workers, clients).
     pub tls: Option<TlsSection>,
     /// Serve plaintext on a non-loopback address (without [tls]): anyone who can reach the
-    /// port is admin. Only for isolated networks.
+    /// port is admin. Only for isolated networks. Also serves the web view's pages on a
+    /// non-loopback `metrics-addr` without TLS or tokens (otherwise it serves `/metrics` only).
     #[serde(default)]
     pub insecure: bool,
     #[serde(default)]
@@ -439,6 +440,7 @@ impl Coordinator {
             server_tls: tls.as_ref().map(|(server, _)| server.clone()),
             client_tls: tls.as_ref().map(|(_, client)| client.clone()),
             require_tokens: file.auth.require_tokens,
+            insecure: file.insecure,
             admin_token_sha256: file.auth.admin_token_sha256.clone(),
             audit: Arc::new(corral_security::AuditLog::in_dir(&file.data_dir)),
         };
