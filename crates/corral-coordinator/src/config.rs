@@ -55,11 +55,18 @@ pub struct LimitsSection {
     /// batches); past it submits are refused with RESOURCE_EXHAUSTED and a retry-after, which
     /// corral's client honours (default 100000).
     pub max_queued_submits: usize,
+    /// Most watches one principal (a token, an admin certificate; everyone, without auth)
+    /// holds open at once: `WatchJobs` streams, `corral wait` and `corral logs -f`; one more is
+    /// refused with RESOURCE_EXHAUSTED naming this key (default 64).
+    pub max_watches_per_principal: usize,
 }
 
 impl Default for LimitsSection {
     fn default() -> Self {
-        LimitsSection { max_queued_submits: crate::group_commit::DEFAULT_MAX_QUEUED_SUBMITS }
+        LimitsSection {
+            max_queued_submits: crate::group_commit::DEFAULT_MAX_QUEUED_SUBMITS,
+            max_watches_per_principal: crate::watch::DEFAULT_MAX_WATCHES_PER_PRINCIPAL,
+        }
     }
 }
 
@@ -378,6 +385,9 @@ impl CoordinatorFile {
         if self.limits.max_queued_submits == 0 {
             return Err("limits.max-queued-submits: must be greater than 0".into());
         }
+        if self.limits.max_watches_per_principal == 0 {
+            return Err("limits.max-watches-per-principal: must be greater than 0".into());
+        }
         self.history.config()?;
         if let Some(tls) = &self.tls {
             tls.files().validate()?;
@@ -467,6 +477,7 @@ impl Coordinator {
             security,
             history,
             max_queued_submits: file.limits.max_queued_submits,
+            max_watches_per_principal: file.limits.max_watches_per_principal,
             ..Default::default()
         };
         Ok(Coordinator::new(node, config))
@@ -528,6 +539,10 @@ mod tests {
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[limits]\nmax-queued-submits = 0\n",
                 "limits.max-queued-submits: must be greater than 0",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[limits]\nmax-watches-per-principal = 0\n",
+                "limits.max-watches-per-principal: must be greater than 0",
             ),
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[history]\njob-retention = \"soon\"\n",

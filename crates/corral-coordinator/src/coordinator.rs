@@ -49,6 +49,9 @@ pub struct CoordinatorConfig {
     /// Most jobs waiting to be proposed (queued submits and batches waiting for the Raft
     /// pipeline); further submits are refused with RESOURCE_EXHAUSTED and a retry-after.
     pub max_queued_submits: usize,
+    /// Most watches (`WatchJobs`, `WatchJob`, `ReadLogs` with follow) one principal holds open
+    /// at once; one more is refused with RESOURCE_EXHAUSTED.
+    pub max_watches_per_principal: usize,
 }
 
 impl Default for CoordinatorConfig {
@@ -62,6 +65,7 @@ impl Default for CoordinatorConfig {
             security: SecurityConfig::default(),
             history: HistoryConfig::default(),
             max_queued_submits: group_commit::DEFAULT_MAX_QUEUED_SUBMITS,
+            max_watches_per_principal: crate::watch::DEFAULT_MAX_WATCHES_PER_PRINCIPAL,
         }
     }
 }

@@ -11,10 +11,13 @@ use super::{filter_tenant, own_tenant_filter, JobEventStream, JobStream, LogStre
 use crate::auth::Principal;
 use crate::filter::{JobFilter, MAX_FILTER_JOB_IDS};
 use crate::snapshot::{Snapshot, Target};
+use crate::watch::{WatchPermit, Watches};
 use crate::{listing, CoordError, Coordinator};
 use corral_proto::v1::{self as pb};
 use corral_types::{JobSpec, Timestamp};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 
 /// Most jobs one `SubmitBatch` call may carry.
@@ -210,8 +213,13 @@ pub(super) fn list_jobs(
     Ok(Response::new(pb::ListJobsResponse { jobs, next_page_token }))
 }
 
+/// `Corral.WatchJob` (`corral wait`, `corral logs -f`). Cost: one of the caller's
+/// `limits.max-watches-per-principal` watches while it lasts; the job is read and sent again
+/// at each applied change (or every `WATCH_REFRESH`), only when it changed, at most 4 replies
+/// buffered.
 pub(super) fn watch_job(
     coord: &Coordinator,
+    watches: &Arc<Watches>,
     snapshot: &Snapshot,
     request: Request<pb::WatchJobRequest>,
 ) -> Result<Response<JobStream>, Status> {
@@ -219,15 +227,22 @@ pub(super) fn watch_job(
     let job_id = request.get_ref().job_id;
     let job = snapshot.job(job_id)?;
     coord.require_owner(&request, "watch", "watch", &who, &job)?;
+    let permit = watches.open(&who)?;
     let term = coord.leading_term().ok_or_else(|| coord.not_leader())?;
-    let rx = watch_one(coord.clone(), job_id, term);
+    let rx = watch_one(coord.clone(), job_id, term, permit);
     Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
 }
 
 /// Sends job `job_id` now and at every change until it ends, while this node leads in `term`.
-fn watch_one(coord: Coordinator, job_id: u64, term: u64) -> tokio::sync::mpsc::Receiver<Result<pb::Job, Status>> {
+fn watch_one(
+    coord: Coordinator,
+    job_id: u64,
+    term: u64,
+    permit: WatchPermit,
+) -> tokio::sync::mpsc::Receiver<Result<pb::Job, Status>> {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
+        let _permit = permit;
         let mut applied = coord.store().subscribe_applied();
         let mut last: Option<pb::Job> = None;
         loop {
@@ -254,28 +269,40 @@ fn watch_one(coord: Coordinator, job_id: u64, term: u64) -> tokio::sync::mpsc::R
     rx
 }
 
+/// `Corral.WatchJobs`. Cost: one of the caller's `limits.max-watches-per-principal` watches
+/// while it lasts (the filter names at most `MAX_FILTER_JOB_IDS` jobs); events are built a
+/// page or a window of changes at a time and at most `watch::BUFFER` wait for the client, which
+/// is dropped (ABORTED, with its resume revision) once it falls more than half of
+/// `raft.watch-history` job changes behind (see `watch.rs`).
 pub(super) fn watch_jobs(
     coord: &Coordinator,
-    snapshot: &Snapshot,
+    watches: &Arc<Watches>,
     request: Request<pb::WatchJobsRequest>,
 ) -> Result<Response<JobEventStream>, Status> {
     let who = coord.principal(&request, "watch jobs")?;
     own_tenant_filter(coord, &request, "watch jobs", &who, request.get_ref().tenant.as_deref())?;
     let req = request.get_ref();
     let filter = JobFilter::of_watch(req, filter_tenant(&who, req.tenant.as_deref()))?;
+    let permit = watches.open(&who)?;
     let term = coord.leading_term().ok_or_else(|| coord.not_leader())?;
-    let rx = crate::watch::watch_jobs(coord, snapshot, filter, req.from_revision, term)?;
-    Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    let events = crate::watch::watch_jobs(coord, filter, req.from_revision, term, permit)?;
+    Ok(Response::new(events))
 }
 
+/// `Corral.ReadLogs`. Cost: the job is looked up and its owner checked; with `follow`, one of
+/// the caller's `limits.max-watches-per-principal` watches while it lasts. The output is
+/// relayed chunk by chunk from the worker agent (64 KiB chunks, a few in flight: gRPC's flow
+/// control holds the agent back while the client reads slowly), never gathered here.
 pub(super) async fn read_logs(
     coord: &Coordinator,
+    watches: &Arc<Watches>,
     request: Request<pb::ReadLogsRequest>,
 ) -> Result<Response<LogStream>, Status> {
     let who = coord.principal(&request, "logs")?;
     let snapshot = coord.snapshot();
     let mut job = snapshot.job(request.get_ref().job_id)?;
     coord.require_owner(&request, "logs", "read the logs of", &who, &job)?;
+    let permit = if request.get_ref().follow { Some(watches.open(&who)?) } else { None };
     let req = request.into_inner();
     let parts = job.spec.parts();
     if req.rank >= parts {
@@ -292,11 +319,18 @@ pub(super) async fn read_logs(
         job = snapshot.job(req.job_id)?;
     }
     match coord.open_worker_logs(&job, req).await? {
-        Some(upstream) => Ok(Response::new(Box::pin(upstream))),
+        // The watch lasts as long as the stream: the permit goes with it.
+        Some(upstream) => Ok(Response::new(Box::pin(upstream.map(move |chunk| {
+            let _ = &permit;
+            chunk
+        })))),
         None => Ok(Response::new(Box::pin(tokio_stream::empty()))),
     }
 }
 
+/// `Corral.ListSegments`. Cost: one page of segments from the store (at most
+/// `listing::MAX_PAGE`, after looking at most `listing::SCAN_BUDGET`), without the state lock;
+/// the filter names at most `MAX_FILTER_JOB_IDS` jobs.
 pub(super) fn list_segments(
     coord: &Coordinator,
     snapshot: &Snapshot,
