@@ -23,6 +23,8 @@ MAX_MESSAGE_BYTES = 64 << 20
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED)
 # A stream that broke on these is opened again (resumed where it can be).
 _STREAM_BROKEN = _RETRYABLE + (grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL)
+# A watch whose reader fell too far behind is dropped with ABORTED: it resumes from its revision.
+_WATCH_BROKEN = _STREAM_BROKEN + (grpc.StatusCode.ABORTED,)
 
 _ENDPOINT = re.compile(r"^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:.]+\]:\d{1,5}$")
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -396,7 +398,8 @@ class Client:
 class Watch:
     """Iterator of JobEvents from `Client.watch`. `revision` is the last revision up to which
     every matching change was received: pass it as from_revision to a later watch to go on
-    from there."""
+    from there. A stream that broke, ended with the leadership, or was dropped because this
+    reader fell too far behind (ABORTED) is opened again from `revision`."""
 
     def __init__(self, client, request, from_revision):
         self._client = client
@@ -431,7 +434,7 @@ class Watch:
                 self._open()
                 continue
             except CorralError as e:
-                if e.code not in _STREAM_BROKEN:
+                if e.code not in _WATCH_BROKEN:
                     raise
                 self._open()
                 continue

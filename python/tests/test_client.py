@@ -211,6 +211,31 @@ def test_a_dropped_watch_resumes_without_missing_a_change(dev):
     c.close()
 
 
+def test_a_watch_dropped_for_falling_behind_resumes_from_its_revision():
+    """A coordinator drops a reader that fell too far behind with ABORTED, naming the revision
+    to resume from: the watch opens again from its last resume point and misses nothing."""
+    from corral_client.client import Watch, pb
+
+    opened = []
+
+    class Streams:
+        def _stream(self, method, request):
+            assert method == "WatchJobs"
+            opened.append(request.from_revision if request.HasField("from_revision") else None)
+            if len(opened) == 1:
+                yield pb.JobEvent(revision=5, job=pb.Job(id=1, state=pb.JOB_STATE_PENDING), resume_revision=5)
+                yield pb.JobEvent(revision=6, job=pb.Job(id=2, state=pb.JOB_STATE_PENDING))
+                raise error_for(grpc.StatusCode.ABORTED, "the watch fell behind: resume from revision 5")
+            yield pb.JobEvent(revision=6, job=pb.Job(id=2, state=pb.JOB_STATE_PENDING), resume_revision=6)
+            yield pb.JobEvent(revision=7, job=pb.Job(id=3, state=pb.JOB_STATE_PENDING), resume_revision=7)
+
+    watch = Watch(Streams(), pb.WatchJobsRequest(), None)
+    seen = [next(watch).job.id for _ in range(4)]
+    assert seen == [1, 2, 2, 3], "job 2, sent after the resume point, comes again"
+    assert opened == [None, 5]
+    assert watch.revision == 7
+
+
 def test_a_forgotten_revision_is_refused(fresh_dev):
     with Client(fresh_dev.addr) as c:
         c.wait(c.submit(["true"]), timeout=120)

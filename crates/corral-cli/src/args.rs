@@ -495,13 +495,14 @@ pub struct JobFlags {
     #[arg(long, value_name = "SPEC")]
     pub array: Option<String>,
     /// Start only after other jobs: afterok:ID[:ID...], afterany:ID, afternotok:ID, singleton
-    /// (comma-separated, all must hold).
+    /// (comma-separated, all must hold; at most 256 jobs).
     #[arg(long, short = 'd', value_name = "SPEC")]
     pub dependency: Option<String>,
     /// Run only on nodes labelled partition=P.
     #[arg(long, short = 'p', value_name = "P")]
     pub partition: Option<String>,
-    /// Node labels the job needs, comma-separated: key=value, or a bare label name (repeatable).
+    /// Node labels the job needs, comma-separated: key=value, or a bare label name (repeatable;
+    /// at most 64 with --partition).
     #[arg(long, short = 'C', value_name = "LABELS", value_delimiter = ',')]
     pub constraint: Vec<String>,
     /// Submit held: it does not start until `corral release`.

@@ -21,7 +21,10 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         let sources = vec![MetricsSource::Coordinator(coordinator.clone())];
         let bound = crate::metrics_http::start(addr, sources, stop.clone().cancelled_owned()).await?;
         println!("corral coordinator {} serving metrics at http://{bound}/metrics", file.node_id);
-        println!("corral coordinator {} serving the web view at http://{bound}/", file.node_id);
+        match coordinator.web_view_refusal(bound) {
+            None => println!("corral coordinator {} serving the web view at http://{bound}/", file.node_id),
+            Some(why) => println!("corral coordinator {}: {why}", file.node_id),
+        }
     }
     let advertise = file.advertise.clone().unwrap_or_else(|| bound.to_string());
     let server = tokio::spawn(coordinator.clone().serve(listener, stop.clone().cancelled_owned()));

@@ -1,11 +1,13 @@
 //! The `/metrics` HTTP listener of coordinators and workers: OpenMetrics text (prometheus-client)
 //! served by axum on its own listener, with every series computed at scrape time. On a
-//! coordinator's listener every other path is the web view (`Coordinator::web`).
+//! coordinator's listener every other path is the web view (`Coordinator::web`) — unless the
+//! coordinator refuses it on this listener (`Coordinator::web_view_refusal`: no TLS or tokens
+//! and not loopback), which is logged once when the listener starts; then it is `/metrics` only.
 
 use anyhow::Context;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, COOKIE};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, COOKIE, HOST, ORIGIN, REFERER};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -26,6 +28,13 @@ pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; char
 pub enum MetricsSource {
     Coordinator(Coordinator),
     Worker(WorkerMetrics),
+}
+
+/// What a listener serves: its sources' series, and the web view of its coordinator when it
+/// serves one there (`Err`: why not).
+struct Served {
+    sources: Vec<MetricsSource>,
+    web: Result<Coordinator, String>,
 }
 
 /// Parses a `metrics-addr` value; `key` names it in the error.
@@ -54,25 +63,25 @@ pub async fn render(sources: &[MetricsSource]) -> String {
     text
 }
 
-async fn metrics(State(sources): State<Arc<Vec<MetricsSource>>>) -> impl IntoResponse {
-    ([(CONTENT_TYPE, OPENMETRICS)], render(&sources).await)
+async fn metrics(State(served): State<Arc<Served>>) -> impl IntoResponse {
+    ([(CONTENT_TYPE, OPENMETRICS)], render(&served.sources).await)
 }
 
-/// Every path but `/metrics`: a coordinator's web view; 404 on a worker's listener.
+/// Every path but `/metrics`: a coordinator's web view where it is served; 404 otherwise.
 async fn web(
-    State(sources): State<Arc<Vec<MetricsSource>>>,
+    State(served): State<Arc<Served>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let coordinator = sources.iter().find_map(|s| match s {
-        MetricsSource::Coordinator(c) => Some(c),
-        MetricsSource::Worker(_) => None,
-    });
-    let Some(coordinator) = coordinator else {
-        return (StatusCode::NOT_FOUND, "not found: this listener serves /metrics only\n").into_response();
+    let coordinator = match &served.web {
+        Ok(coordinator) => coordinator,
+        Err(why) => {
+            return (StatusCode::NOT_FOUND, format!("not found: this listener serves /metrics only ({why})\n"))
+                .into_response()
+        }
     };
     let header = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok()).map(String::from);
     let request = WebRequest {
@@ -84,6 +93,9 @@ async fn web(
         peer: peer.to_string(),
         // This listener speaks plain HTTP (see README "Web view").
         secure: false,
+        host: header(HOST),
+        origin: header(ORIGIN),
+        referer: header(REFERER),
     };
     let answer = coordinator.web(request).await;
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -103,7 +115,23 @@ pub async fn serve(
     sources: Vec<MetricsSource>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let app = Router::new().route("/metrics", get(metrics)).fallback(web).with_state(Arc::new(sources));
+    let bound = listener.local_addr().context("metrics listener")?;
+    let coordinator = sources.iter().find_map(|s| match s {
+        MetricsSource::Coordinator(c) => Some(c.clone()),
+        MetricsSource::Worker(_) => None,
+    });
+    let web_view = match coordinator {
+        None => Err("a worker has no web view".to_string()),
+        Some(coordinator) => match coordinator.web_view_refusal(bound) {
+            None => Ok(coordinator),
+            Some(why) => {
+                tracing::warn!("{why}");
+                Err(why)
+            }
+        },
+    };
+    let served = Arc::new(Served { sources, web: web_view });
+    let app = Router::new().route("/metrics", get(metrics)).fallback(web).with_state(served);
     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown)
         .await

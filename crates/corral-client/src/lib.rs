@@ -679,7 +679,7 @@ impl Client {
     ) -> Result<tonic::Streaming<pb::LogChunk>, ClientError> {
         let reply = self
             .with_retry(|ch| {
-                let req = self.authorize(pb::ReadLogsRequest { job_id, follow, rank });
+                let req = self.authorize(pb::ReadLogsRequest { job_id, follow, rank, tail_bytes: None });
                 async move { Self::corral(ch).read_logs(req).await }
             })
             .await?;

@@ -26,6 +26,9 @@ pub struct SecurityConfig {
     pub client_tls: Option<corral_security::ClientTls>,
     /// Require a token on the user API even without TLS.
     pub require_tokens: bool,
+    /// Serve without TLS or tokens off loopback (the config's `insecure = true`): the API, and
+    /// the web view's pages on any metrics listener, to whoever reaches them, as admin.
+    pub insecure: bool,
     /// Hex SHA-256 of a bootstrap admin token from the config file.
     pub admin_token_sha256: Option<String>,
     pub audit: Arc<AuditLog>,

@@ -3,11 +3,18 @@
 //!
 //! Join follows the safe order: record the id (never reused), add as learner and wait until it
 //! caught up, then promote to voter.
+//!
+//! Bounds (callers hold a coordinator or admin certificate): `Status` reads the node's Raft
+//! status; with `digest` it also encodes the whole state and history (a blocking thread, one
+//! digest at a time per coordinator: concurrent ones wait their turn); `Snapshot` builds one
+//! snapshot (the node builds one at a time); `Init` and `Join` take a policy of at most the
+//! small message limit; the rest are one log entry or membership change each.
 
 use crate::{CoordError, Coordinator};
 use corral_core::{ClusterConfig, Command};
 use corral_proto::v1::cluster_admin_server::{ClusterAdmin, ClusterAdminServer};
 use corral_proto::v1::{self as pb};
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
@@ -16,13 +23,15 @@ use tonic::{Request, Response, Status};
 const SNAPSHOT_PATIENCE: Duration = Duration::from_secs(300);
 
 pub(crate) fn server(coord: Coordinator) -> ClusterAdminServer<Admin> {
-    ClusterAdminServer::new(Admin { coord })
+    ClusterAdminServer::new(Admin { coord, digests: Arc::new(tokio::sync::Semaphore::new(1)) })
         .max_decoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
         .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
 }
 
 pub(crate) struct Admin {
     coord: Coordinator,
+    /// One state digest at a time: each encodes the whole state.
+    digests: Arc<tokio::sync::Semaphore>,
 }
 
 impl Admin {
@@ -33,8 +42,14 @@ impl Admin {
 
 impl Coordinator {
     /// This node's view of the cluster; with `digest`, also the digest of its state machine
-    /// (which encodes the whole state: only on request).
+    /// (which encodes the whole state: only on request, on a blocking thread).
     pub async fn cluster_status(&self, digest: bool) -> pb::ClusterStatus {
+        let state_digest = if digest {
+            let store = self.store().clone();
+            tokio::task::spawn_blocking(move || store.digest()).await.unwrap_or(0)
+        } else {
+            0
+        };
         let node = &self.raft_node();
         let status = node.status();
         let members = status
@@ -58,7 +73,7 @@ impl Coordinator {
             snapshot_index: status.snapshot_index,
             purged_index: status.purged_index,
             members,
-            state_digest: if digest { node.state.digest() } else { 0 },
+            state_digest,
             initialized: status.initialized,
             jobs_in_memory: node.state.read().state.jobs.len() as u64,
         }
@@ -154,7 +169,13 @@ impl ClusterAdmin for Admin {
     }
 
     async fn status(&self, request: Request<pb::ClusterStatusRequest>) -> Result<Response<pb::ClusterStatus>, Status> {
-        Ok(Response::new(self.coord.cluster_status(request.get_ref().digest).await))
+        let digest = request.get_ref().digest;
+        // A digest waits for the one before it; the permit is held while it is computed.
+        let _turn = match digest {
+            true => Some(self.digests.acquire().await.map_err(|_| Status::unavailable("shutting down"))?),
+            false => None,
+        };
+        Ok(Response::new(self.coord.cluster_status(digest).await))
     }
 
     async fn snapshot(

@@ -35,7 +35,8 @@ pub struct CoordinatorFile {
     /// Mutual TLS for every connection (Raft peers, workers, clients).
     pub tls: Option<TlsSection>,
     /// Serve plaintext on a non-loopback address (without [tls]): anyone who can reach the
-    /// port is admin. Only for isolated networks.
+    /// port is admin. Only for isolated networks. Also serves the web view's pages on a
+    /// non-loopback `metrics-addr` without TLS or tokens (otherwise it serves `/metrics` only).
     #[serde(default)]
     pub insecure: bool,
     #[serde(default)]
@@ -100,6 +101,10 @@ pub struct LimitsSection {
     /// once; past it a request is refused with RESOURCE_EXHAUSTED and a retry-after (default
     /// 256).
     pub max_client_requests: usize,
+    /// Most watches one principal (a token, an admin certificate; everyone, without auth)
+    /// holds open at once: `WatchJobs` streams, `corral wait` and `corral logs -f`; one more is
+    /// refused with RESOURCE_EXHAUSTED naming this key (default 64).
+    pub max_watches_per_principal: usize,
 }
 
 impl Default for LimitsSection {
@@ -110,6 +115,7 @@ impl Default for LimitsSection {
             max_array_window: arrays.max_window,
             max_array_size: arrays.max_size,
             max_client_requests: crate::client_work::DEFAULT_MAX_CLIENT_REQUESTS,
+            max_watches_per_principal: crate::watch::DEFAULT_MAX_WATCHES_PER_PRINCIPAL,
         }
     }
 }
@@ -459,6 +465,9 @@ impl CoordinatorFile {
         if !(1..=MAX_ARRAY_TASKS).contains(&self.limits.max_array_size) {
             return Err(format!("limits.max-array-size: must be 1 to {MAX_ARRAY_TASKS}"));
         }
+        if self.limits.max_watches_per_principal == 0 {
+            return Err("limits.max-watches-per-principal: must be greater than 0".into());
+        }
         self.history.config()?;
         self.images.registry_config()?;
         if let Some(tls) = &self.tls {
@@ -531,6 +540,7 @@ impl Coordinator {
             server_tls: tls.as_ref().map(|(server, _)| server.clone()),
             client_tls: tls.as_ref().map(|(_, client)| client.clone()),
             require_tokens: file.auth.require_tokens,
+            insecure: file.insecure,
             admin_token_sha256: file.auth.admin_token_sha256.clone(),
             audit: Arc::new(corral_security::AuditLog::in_dir(&file.data_dir)),
         };
@@ -564,6 +574,7 @@ impl Coordinator {
                 max_size: file.limits.max_array_size,
             },
             registries,
+            max_watches_per_principal: file.limits.max_watches_per_principal,
             ..Default::default()
         };
         Ok(Coordinator::new(node, config))
@@ -641,6 +652,10 @@ mod tests {
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[images]\nauth-file = \"/nonexistent/auth.json\"\n",
                 "images.auth-file: ",
+            ),
+            (
+                "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[limits]\nmax-watches-per-principal = 0\n",
+                "limits.max-watches-per-principal: must be greater than 0",
             ),
             (
                 "node-id = 1\nlisten = \"127.0.0.1:1\"\ndata-dir = \"/x\"\n[history]\njob-retention = \"soon\"\n",

@@ -60,6 +60,9 @@ pub struct CoordinatorConfig {
     /// How image tags are resolved to digests at submit (`[images]`: insecure registries,
     /// credentials, mirrors, the resolve timeout).
     pub registries: corral_image::RegistryConfig,
+    /// Most watches (`WatchJobs`, `WatchJob`, `ReadLogs` with follow) one principal holds open
+    /// at once; one more is refused with RESOURCE_EXHAUSTED.
+    pub max_watches_per_principal: usize,
 }
 
 impl Default for CoordinatorConfig {
@@ -76,6 +79,7 @@ impl Default for CoordinatorConfig {
             array_limits: corral_types::ArrayLimits::default(),
             max_client_requests: crate::client_work::DEFAULT_MAX_CLIENT_REQUESTS,
             registries: corral_image::RegistryConfig::default(),
+            max_watches_per_principal: crate::watch::DEFAULT_MAX_WATCHES_PER_PRINCIPAL,
         }
     }
 }

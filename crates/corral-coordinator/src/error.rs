@@ -28,6 +28,10 @@ pub enum CoordError {
     /// A watch resumed from a revision this coordinator no longer remembers.
     #[error("{0}")]
     OutOfRange(String),
+    /// A limit of the configuration was reached (its message names the limit); nothing was
+    /// done.
+    #[error("{0}")]
+    Exhausted(String),
 }
 
 fn leader_hint(id: &Option<u64>, addr: &Option<String>) -> String {
@@ -83,6 +87,7 @@ impl From<CoordError> for tonic::Status {
                 status
             }
             CoordError::OutOfRange(_) => Status::out_of_range(message),
+            CoordError::Exhausted(_) => Status::resource_exhausted(message),
         }
     }
 }

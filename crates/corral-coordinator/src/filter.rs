@@ -17,6 +17,9 @@ pub(crate) const ALL_STATES: [JobState; 6] = [
     JobState::Preempted,
 ];
 
+/// Most job ids one filter names (a watch's, a billing listing's).
+pub(crate) const MAX_FILTER_JOB_IDS: usize = 10_000;
+
 /// The states of a job that has not ended.
 pub(crate) const LIVE_STATES: [JobState; 2] = [JobState::Pending, JobState::Running];
 
@@ -85,9 +88,15 @@ impl JobFilter {
         })
     }
 
-    /// The filter of a `WatchJobs` request: its job ids and states (none: every state), for
-    /// `tenant`.
+    /// The filter of a `WatchJobs` request: its job ids (at most `MAX_FILTER_JOB_IDS`) and
+    /// states (none: every state), for `tenant`.
     pub(crate) fn of_watch(request: &pb::WatchJobsRequest, tenant: Option<String>) -> Result<JobFilter, CoordError> {
+        if request.job_ids.len() > MAX_FILTER_JOB_IDS {
+            return Err(CoordError::InvalidArgument(format!(
+                "the watch names {} jobs, at most {MAX_FILTER_JOB_IDS}: watch by tenant or state instead",
+                request.job_ids.len()
+            )));
+        }
         Ok(JobFilter {
             job_ids: request.job_ids.iter().copied().collect(),
             states: wire_states(&request.states)?,
@@ -188,6 +197,12 @@ mod tests {
 
         let watch = JobFilter::of_watch(&pb::WatchJobsRequest { job_ids: vec![3], ..Default::default() }, None);
         assert_eq!(watch.expect("watch"), JobFilter { job_ids: [3].into(), ..Default::default() });
+        let most: Vec<u64> = (1..=MAX_FILTER_JOB_IDS as u64).collect();
+        let watch = pb::WatchJobsRequest { job_ids: most.clone(), ..Default::default() };
+        assert_eq!(JobFilter::of_watch(&watch, None).expect("the most ids").job_ids.len(), MAX_FILTER_JOB_IDS);
+        let watch = pb::WatchJobsRequest { job_ids: [most, vec![0]].concat(), ..Default::default() };
+        let err = JobFilter::of_watch(&watch, None).expect_err("one id too many");
+        assert!(err.to_string().contains(&format!("at most {MAX_FILTER_JOB_IDS}")), "{err}");
 
         let cancel = |states: &[&str]| {
             let req =

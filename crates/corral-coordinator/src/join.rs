@@ -16,6 +16,11 @@
 //! refuses an unknown, expired or used token, so it admits one worker across coordinators and
 //! failovers; the certificate is signed only after that command committed. Every refusal and
 //! every admission is audited.
+//!
+//! Bounds: a join request is at most the small message limit; an unknown token is refused
+//! with one hash and one lookup, before its certificate request is parsed and without a log
+//! entry; a known one costs one parse, one log entry and one signature. The cluster holds at
+//! most `corral_core::MAX_JOIN_TOKENS` join tokens.
 
 use crate::auth::token_sha256;
 use crate::{CoordError, Coordinator};
@@ -136,15 +141,15 @@ impl NodeJoin for Joins {
             ));
         };
         let req = request.get_ref();
-        let csr =
-            VerifiedRequest::parse(&req.csr).map_err(|e| coord.deny_join(&request, Status::invalid_argument(e)))?;
         let sha256 = token_sha256(&req.secret);
-        // Unknown secrets are refused here, without a log entry each (everything committed
-        // before this call is applied: `linearizable` above).
+        // Unknown secrets are refused first, before the request is parsed and without a log
+        // entry each (everything committed before this call is applied: `linearizable` above).
         if coord.store().read().state.join_token_by_hash(&sha256).is_none() {
             let status = Status::permission_denied("join refused: unknown join token: not issued by this cluster");
             return Err(coord.deny_join(&request, status));
         }
+        let csr =
+            VerifiedRequest::parse(&req.csr).map_err(|e| coord.deny_join(&request, Status::invalid_argument(e)))?;
         let node = csr.node().to_string();
         let command =
             Command::ConsumeJoinToken { sha256, node: node.clone(), public_key_sha256: csr.public_key_sha256() };

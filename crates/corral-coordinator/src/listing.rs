@@ -12,7 +12,7 @@
 
 use crate::filter::JobFilter;
 use crate::CoordError;
-use corral_core::State;
+use corral_core::Jobs;
 use corral_types::{Job, JobId, Segment, Timestamp};
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -148,19 +148,20 @@ fn merge_by_id<'a>(
     })
 }
 
-/// One page of the jobs `filter` selects, in ascending job id order, after job `after`; at
-/// most `limit` (already capped, see [`page_size`]). `archived(from)` reads the history's jobs
-/// from id `from` on, in id order; it is called only when the filter can match a finished
-/// job. Returns the jobs and the token of the next page, if any.
+/// One page of the jobs `filter` selects among the hot `jobs` (a copy of the state's map: no
+/// lock is held while it is walked) and the history's, in ascending job id order, after job
+/// `after`; at most `limit` (already capped, see [`page_size`]). `archived(from)` reads the
+/// history's jobs from id `from` on, in id order; it is called only when the filter can match
+/// a finished job. Returns the jobs and the token of the next page, if any.
 pub(crate) fn list_jobs<I: Iterator<Item = Job>>(
-    state: &State,
+    jobs: &Jobs,
     archived: impl FnOnce(JobId) -> I,
     filter: &JobFilter,
     after: Option<JobId>,
     limit: usize,
 ) -> (Vec<Job>, String) {
     let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-    let hot = state.jobs.range((start, Bound::Unbounded)).map(|(_, j)| j);
+    let hot = jobs.range((start, Bound::Unbounded)).map(|(_, j)| j);
     let history = filter.wants_finished().then(|| archived(after.map_or(0, |a| a.saturating_add(1))));
     let merged = merge_by_id(hot, history.into_iter().flatten());
     let (jobs, last) = page(merged, limit.max(1), |j| filter.matches(j), |j| job_bytes(j));
@@ -185,7 +186,7 @@ pub(crate) fn list_segments(
 mod tests {
     use super::*;
     use crate::filter::{NameMatch, ALL_STATES, LIVE_STATES};
-    use corral_core::ClusterConfig;
+    use corral_core::{ClusterConfig, State};
     use corral_types::JobState;
     use std::collections::BTreeMap;
 
@@ -232,7 +233,7 @@ mod tests {
         let (mut ids, mut pages, mut token) = (Vec::new(), 0, String::new());
         loop {
             let archived = |from: JobId| history.iter().filter(move |j| j.id >= from).cloned();
-            let (jobs, next) = list_jobs(state, archived, filter, job_token(&token).expect("token"), limit);
+            let (jobs, next) = list_jobs(&state.jobs, archived, filter, job_token(&token).expect("token"), limit);
             pages += 1;
             ids.extend(jobs.iter().map(|j| j.id));
             if next.is_empty() {
@@ -256,7 +257,7 @@ mod tests {
     #[test]
     fn a_page_starts_after_its_token_and_stops_when_full() {
         let state = state_of((1..=100).map(|id| job(id, "a", "x", JobState::Pending)).collect());
-        let (jobs, next) = list_jobs(&state, no_history, &live(), Some(40), 5);
+        let (jobs, next) = list_jobs(&state.jobs, no_history, &live(), Some(40), 5);
         assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![41, 42, 43, 44, 45]);
         assert_eq!(next, "v1:job:45");
     }
@@ -320,7 +321,7 @@ mod tests {
         assert_eq!(all_pages_with(&state, &history, &tenant_b, 10).0, vec![7]);
         // Live jobs never read the history.
         let must_not_read = |_: JobId| -> std::iter::Empty<Job> { panic!("the history was read for live jobs") };
-        let (jobs, next) = list_jobs(&state, must_not_read, &live(), None, 10);
+        let (jobs, next) = list_jobs(&state.jobs, must_not_read, &live(), None, 10);
         assert_eq!((jobs.iter().map(|j| j.id).collect::<Vec<_>>(), next), (vec![2, 4, 5], String::new()));
     }
 
@@ -331,10 +332,10 @@ mod tests {
         jobs.last_mut().expect("a job").spec.tenant = "b".into();
         let state = state_of(jobs);
         let filter = JobFilter { tenant: Some("b".into()), ..live() };
-        let (first, next) = list_jobs(&state, no_history, &filter, None, 10);
+        let (first, next) = list_jobs(&state.jobs, no_history, &filter, None, 10);
         assert!(first.is_empty(), "the budget ends the page before the match");
         assert_eq!(next, format!("v1:job:{SCAN_BUDGET}"));
-        let (second, next) = list_jobs(&state, no_history, &filter, job_token(&next).expect("token"), 10);
+        let (second, next) = list_jobs(&state.jobs, no_history, &filter, job_token(&next).expect("token"), 10);
         assert_eq!(second.iter().map(|j| j.id).collect::<Vec<_>>(), vec![SCAN_BUDGET as u64 + 10]);
         assert!(next.is_empty());
     }
@@ -347,7 +348,7 @@ mod tests {
             j
         };
         let state = state_of((1..=20).map(big).collect());
-        let (jobs, next) = list_jobs(&state, no_history, &live(), None, MAX_PAGE);
+        let (jobs, next) = list_jobs(&state.jobs, no_history, &live(), None, MAX_PAGE);
         assert_eq!(jobs.len(), 8, "8 MiB of 1 MiB scripts");
         assert_eq!(next, "v1:job:8");
         assert_eq!(all_pages(&state, &live(), MAX_PAGE).0, (1..=20).collect::<Vec<_>>());

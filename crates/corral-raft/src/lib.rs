@@ -21,7 +21,7 @@ mod snapshot_store;
 mod state_machine;
 mod types;
 
-pub use change_log::{ChangeLog, Compacted, DEFAULT_CHANGE_LOG_CAPACITY};
+pub use change_log::{ChangeLog, ChangeWindow, Compacted, DEFAULT_CHANGE_LOG_CAPACITY};
 pub use node::{Leadership, Member, RaftError, RaftNode, RaftNodeConfig, RaftStatus, Role};
 pub use state_machine::{StateMachineData, StateMachineStore};
 pub use types::{NodeId, RaftRequest, TypeConfig};

@@ -2,6 +2,10 @@
 //!
 //! Invariant: log paths are built from the numeric job id only (`<data>/jobs/<id>/<epoch>/`);
 //! nothing from the request becomes a path.
+//!
+//! Bounds: whatever the size of a log, a call reads at most `16 * CHUNK` bytes of a file at a
+//! time and keeps at most 16 chunks of `CHUNK` ready (a bounded channel: a slow reader holds
+//! the reading back); with `tail_bytes` it starts that far before each file's end.
 
 use crate::executor::{STDERR_LOG, STDOUT_LOG};
 use crate::jobs::JobTable;
@@ -67,6 +71,13 @@ fn read_new(path: &Path, offset: &mut u64) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// Where reading `path` starts: its start, or `tail` bytes before its end.
+fn start_offset(path: &Path, tail: Option<u64>) -> u64 {
+    let Some(tail) = tail else { return 0 };
+    let len = std::fs::symlink_metadata(path).map(|m| m.len()).unwrap_or(0);
+    len.saturating_sub(tail)
+}
+
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -88,8 +99,8 @@ impl WorkerAgent for Agent {
                     None => return,
                 }
             };
-            let mut offsets = [0u64; 2];
             let files = [(dir.join(STDOUT_LOG), LogStream::Stdout), (dir.join(STDERR_LOG), LogStream::Stderr)];
+            let mut offsets = files.each_ref().map(|(path, _)| start_offset(path, req.tail_bytes));
             loop {
                 // Decide before reading, so output written just before the exit is not lost.
                 let last_round = !req.follow || !jobs.is_running(req.job_id);
@@ -119,5 +130,29 @@ impl WorkerAgent for Agent {
             }
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With a tail, reading starts that far before the end, however long the log is: what the
+    /// web view's job page asks for.
+    #[test]
+    fn a_tail_reads_only_the_end_of_a_long_log() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(STDOUT_LOG);
+        let log: Vec<u8> = (0..64 * CHUNK).map(|i| b'a' + (i % 26) as u8).collect();
+        std::fs::write(&path, &log).expect("write");
+        let mut offset = start_offset(&path, Some(1000));
+        assert_eq!(offset, log.len() as u64 - 1000);
+        assert_eq!(read_new(&path, &mut offset).expect("read"), log[log.len() - 1000..]);
+        assert_eq!(start_offset(&path, Some(u64::MAX)), 0, "a tail longer than the log reads all of it");
+        assert_eq!(start_offset(&path, None), 0);
+        assert_eq!(start_offset(&dir.path().join("absent"), Some(10)), 0);
+        // A read takes at most 16 chunks, whatever is left.
+        let mut offset = 0;
+        assert_eq!(read_new(&path, &mut offset).expect("read").len(), 16 * CHUNK);
     }
 }

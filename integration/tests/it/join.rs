@@ -233,6 +233,9 @@ fn a_peer_without_a_certificate_reaches_only_the_join_service() {
     let (cluster, dir) = signing_cluster(1);
     let certs = dir.path().join("certs");
     let addr = cluster.nodes[0].addr.clone();
+    // A token the cluster issued: its secret gets as far as the certificate request.
+    let (_, issued) = join_token(&cluster, "10m");
+    let issued_secret = issued.split('.').nth(1).expect("crlj1.<secret>.<pin>").to_string();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let refusals = rt.block_on(async {
         let channel = anonymous_channel(&certs, &addr).await;
@@ -251,15 +254,19 @@ fn a_peer_without_a_certificate_reaches_only_the_join_service() {
             ("cluster admin", refusal(admin.status(pb::ClusterStatusRequest::default()).await)),
             ("cluster admin", refusal(admin.create_join_token(pb::CreateJoinTokenRequest { ttl_ms: 60_000 }).await)),
             ("raft", refusal(raft.append_entries(corral_proto::raft::AppendEntriesRequest::default()).await)),
-            // The join service answers, and refuses what is not a valid token.
+            // The join service answers, and refuses what is not a valid token before it
+            // looks at the certificate request; a valid token with an unusable one is refused
+            // for that.
             ("join", refusal(join.join(pb::JoinNodeRequest { secret: "guess".into(), csr: vec![1, 2, 3] }).await)),
+            ("join", refusal(join.join(pb::JoinNodeRequest { secret: issued_secret, csr: vec![1, 2, 3] }).await)),
         ]
     });
     for (service, refused) in &refusals[..6] {
         let expected = format!("PermissionDenied: permission denied: a peer without a client certificate cannot call the {service} service");
         assert_eq!(refused, &expected);
     }
-    assert!(refusals[6].1.contains("unusable certificate request"), "{:?}", refusals[6]);
+    assert!(refusals[6].1.contains("unknown join token"), "{:?}", refusals[6]);
+    assert!(refusals[7].1.contains("unusable certificate request"), "{:?}", refusals[7]);
     let lines = audit(&cluster.data_dir(0).join("audit.jsonl"));
     let denied = lines
         .iter()
@@ -268,7 +275,7 @@ fn a_peer_without_a_certificate_reaches_only_the_join_service() {
                 && l["peer"].as_str().is_some_and(|p| p.starts_with("peer without a client certificate"))
         })
         .count();
-    assert_eq!(denied, 7, "{lines:#?}");
+    assert_eq!(denied, 8, "{lines:#?}");
 }
 
 #[test]

@@ -6,6 +6,7 @@ mod backpressure;
 mod bad_input;
 mod billing;
 mod boundaries;
+mod bounds;
 mod chaos;
 mod cluster;
 mod cluster_control;

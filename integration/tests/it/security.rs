@@ -244,7 +244,7 @@ fn certificates_are_checked_on_every_connection_and_denials_are_audited() {
     let logs = rt.block_on(async {
         let channel = channel(&s.certs, Some("admin"), &agent).await?;
         let mut client = corral_proto::v1::worker_agent_client::WorkerAgentClient::new(channel);
-        let request = corral_proto::v1::ReadLogsRequest { job_id: 1, follow: false, rank: 0 };
+        let request = corral_proto::v1::ReadLogsRequest { job_id: 1, follow: false, rank: 0, tail_bytes: None };
         client
             .read_logs(request)
             .await
@@ -313,8 +313,12 @@ fn tenants_see_and_control_only_their_own_jobs_and_every_denial_is_audited() {
     let logs = rt.block_on(async {
         let channel = channel(&s.certs, Some("client-user"), &s.cluster.nodes[0].addr).await?;
         let mut client = corral_proto::v1::corral_client::CorralClient::new(channel);
-        let mut request =
-            tonic::Request::new(corral_proto::v1::ReadLogsRequest { job_id: job_a, follow: false, rank: 0 });
+        let mut request = tonic::Request::new(corral_proto::v1::ReadLogsRequest {
+            job_id: job_a,
+            follow: false,
+            rank: 0,
+            tail_bytes: None,
+        });
         request.metadata_mut().insert("authorization", format!("Bearer {team_b}").parse().expect("header"));
         client
             .read_logs(request)

@@ -1,7 +1,8 @@
 //! `WatchJobs` against real processes: the first list and live changes, a resume that gets
 //! exactly the jobs changed since a revision, across a restart too, refused revisions (before
 //! the snapshot a restart started from, evicted from a small watch history, and ahead of the
-//! cluster), and tenants who see only their own jobs.
+//! cluster), tenants who see only their own jobs, the bound on the watches a principal holds
+//! open, and a reader too slow for the changes, dropped and resumed without missing any.
 
 use corral_client::{Client, ClientConfig};
 use corral_integration::cluster::{Cluster, ClusterOptions};
@@ -227,5 +228,128 @@ fn tenants_watch_only_their_jobs_and_a_small_history_refuses_evicted_revisions()
         let err = a.watch_jobs(old).await.expect_err("an evicted revision");
         assert_eq!(err.code(), Some(Code::OutOfRange), "{err}");
         assert!(err.to_string().contains(&format!("revision {before} is too old")), "{err}");
+    });
+}
+
+/// Reads `stream` until it ends; returns the jobs it sent, its last resume point and how it
+/// ended (`None`: it just ended).
+async fn read_to_end(stream: &mut tonic::Streaming<pb::JobEvent>, seen: &mut Seen) -> Option<tonic::Status> {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(60), stream.message()).await {
+            Ok(Ok(Some(event))) => {
+                if let Some(job) = &event.job {
+                    seen.events.push((event.revision, job.id, job.state));
+                }
+                if let Some(resume) = event.resume_revision {
+                    seen.resume = Some(resume);
+                }
+            }
+            Ok(Ok(None)) => return None,
+            Ok(Err(status)) => return Some(status),
+            Err(_) => panic!("the watch stalled; so far {seen:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_principal_holds_at_most_max_watches_per_principal() {
+    let admin = "admin-secret-for-watch-limits";
+    let options = ClusterOptions {
+        auth: Some(format!(
+            "require-tokens = true\nadmin-token-sha256 = \"{}\"",
+            corral_coordinator::token_sha256(admin)
+        )),
+        extra_config: "\n[limits]\nmax-watches-per-principal = 2\n".into(),
+        ..Default::default()
+    };
+    let cluster = Cluster::start(1, options);
+    let addr = cluster.nodes[0].addr.clone();
+    let cli = |args: &[&str]| {
+        let out = Command::new(corral_bin()).args(["--endpoint", &addr, "--token", admin]).args(args).output();
+        let out = out.expect("corral");
+        assert!(out.status.success(), "corral {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    cli(&["cluster", "init"]);
+    let team_a = cli(&["token", "create", "--tenant", "team-a"]);
+    let team_b = cli(&["token", "create", "--tenant", "team-b"]);
+    let rt = runtime();
+    let (a, b) = (client(&addr, Some(&team_a)), client(&addr, Some(&team_b)));
+    let spec = corral_types::JobSpec { tenant: "team-a".into(), ..trivial_job("waits") };
+    // No worker: the job stays pending, and a watch of it lasts.
+    let job = rt.block_on(a.submit(&spec)).expect("submit").job_id;
+
+    rt.block_on(async {
+        // Two watches of any kind: a WatchJobs stream and a `corral wait`'s WatchJob.
+        let first = a.watch_jobs(pb::WatchJobsRequest::default()).await.expect("first watch");
+        let _second = a.watch_job(job).await.expect("second watch");
+        let err = a.watch_jobs(pb::WatchJobsRequest::default()).await.expect_err("a third watch");
+        assert_eq!(err.code(), Some(Code::ResourceExhausted), "{err}");
+        let message = err.to_string();
+        assert!(message.contains("limits.max-watches-per-principal") && message.contains("at most 2"), "{message}");
+        assert_eq!(message.lines().count(), 1, "{message}");
+        let err = a.watch_job(job).await.expect_err("a third watch of one job");
+        assert_eq!(err.code(), Some(Code::ResourceExhausted), "{err}");
+        // Another tenant has places of its own.
+        let _other = b.watch_jobs(pb::WatchJobsRequest::default()).await.expect("team-b's watch");
+        // A watch that ends frees its place (once the coordinator saw the stream close).
+        drop(first);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match a.watch_jobs(pb::WatchJobsRequest::default()).await {
+                Ok(_third) => break,
+                Err(e) if e.code() == Some(Code::ResourceExhausted) => {
+                    assert!(std::time::Instant::now() < deadline, "the ended watch kept its place: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
+}
+
+#[test]
+fn a_reader_too_slow_for_the_changes_is_dropped_and_resumes_without_missing_any() {
+    // Half of a watch history of 1000 job changes: a reader whose last resume point is more
+    // than 500 changes behind is dropped; its resume point is still remembered.
+    let cluster = Cluster::start(1, ClusterOptions { watch_history: Some(1000), ..Default::default() });
+    let addr = cluster.nodes[0].addr.clone();
+    let out = Command::new(corral_bin()).args(["--endpoint", &addr, "cluster", "init"]).output().expect("corral");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rt = runtime();
+    let c = client(&addr, None);
+    // Each event carries a 32 KiB command: about a hundred fill what the stream holds in
+    // flight (the watch's buffer, the client's 2 MiB HTTP/2 window, the server's send buffer).
+    let big = |i: usize| corral_types::JobSpec {
+        command: vec!["echo".into(), "x".repeat(32 * 1024)].into(),
+        ..trivial_job(&format!("big-{i}"))
+    };
+    rt.block_on(async {
+        let mut slow = c.watch_jobs(pb::WatchJobsRequest::default()).await.expect("watch");
+        // Nobody reads the watch while 700 jobs are submitted, 10 per entry.
+        let mut submitted = BTreeSet::new();
+        for batch in 0..70 {
+            let jobs: Vec<_> = (0..10).map(|i| (format!("slow-{batch}-{i}"), big(batch * 10 + i))).collect();
+            for result in c.submit_batch(&jobs).await.expect("batch") {
+                submitted.insert(result.expect("submitted").job_id);
+            }
+        }
+        let mut seen = Seen::default();
+        let ended = read_to_end(&mut slow, &mut seen).await.expect("the watch was dropped");
+        assert_eq!(ended.code(), Code::Aborted, "{ended:?}");
+        let resume = seen.resume.expect("a resume point before the drop");
+        assert!(
+            ended.message().contains("the watch fell behind")
+                && ended.message().contains(&format!("resume from revision {resume}")),
+            "{ended:?}"
+        );
+        assert!(seen.jobs().len() < submitted.len(), "the reader was dropped before it got every job");
+        // Resuming from its revision gets the rest: every job was sent on one stream or the other.
+        let resumed = pb::WatchJobsRequest { from_revision: Some(resume), ..Default::default() };
+        let mut stream = c.watch_jobs(resumed).await.expect("the resume point is remembered");
+        let mut rest = Seen::default();
+        read_until(&mut stream, &mut rest, |e, _| is_progress(e)).await;
+        let all: BTreeSet<u64> = seen.jobs().union(&rest.jobs()).copied().collect();
+        assert_eq!(all, submitted, "a job was missed across the drop");
     });
 }

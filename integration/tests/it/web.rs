@@ -2,7 +2,8 @@
 //! the queue with why a job waits, a job with its output, tenants, status codes, escaping of a
 //! job named like a script), the same pages in a real headless Chromium, and a coordinator with
 //! tokens on, where every page needs a token and a tenant sees only its own jobs, and a job
-//! whose node left the pool says its output went with it.
+//! whose node left the pool says its output went with it; cross-site posts to `/login` and
+//! `/logout` are refused, and without auth a listener off loopback serves `/metrics` only.
 
 use corral_integration::cluster::free_port;
 use corral_integration::worker::WorkerProc;
@@ -230,16 +231,22 @@ const ADMIN_SECRET: &str = "web-admin-secret";
 
 impl TokenPool {
     fn start() -> TokenPool {
+        let auth = format!("[auth]\nrequire-tokens = true\nadmin-token-sha256 = \"{}\"\n", sha256_hex(ADMIN_SECRET));
+        TokenPool::start_with("127.0.0.1", "", &auth)
+    }
+
+    /// A coordinator whose metrics listener binds `metrics_ip` (reached on loopback), with
+    /// `top` among the top-level keys and `sections` appended.
+    fn start_with(metrics_ip: &str, top: &str, sections: &str) -> TokenPool {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (addr, web) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+        let (addr, port) = (format!("127.0.0.1:{}", free_port()), free_port());
+        let web = format!("127.0.0.1:{port}");
         let config = dir.path().join("coordinator.toml");
-        let admin_sha = sha256_hex(ADMIN_SECRET);
         std::fs::write(
             &config,
             format!(
-                "node-id = 1\nlisten = \"{addr}\"\ndata-dir = \"{}\"\nmetrics-addr = \"{web}\"\n\n\
-                 [scheduler]\nnode-ttl = \"2s\"\n\n\
-                 [auth]\nrequire-tokens = true\nadmin-token-sha256 = \"{admin_sha}\"\n",
+                "node-id = 1\nlisten = \"{addr}\"\ndata-dir = \"{}\"\nmetrics-addr = \"{metrics_ip}:{port}\"\n{top}\n\
+                 [scheduler]\nnode-ttl = \"2s\"\n\n{sections}",
                 dir.path().join("data").display()
             ),
         )
@@ -358,8 +365,11 @@ fn web_view_with_tokens_needs_a_login_and_shows_tenants_their_own_jobs() {
     let tenants = http(&web, "GET", "/tenants", &a, None).body;
     assert!(tenants.contains("id=\"tenant-team-a\"") && !tenants.contains("team-b"), "{tenants}");
 
-    // A browser logs in with the form and gets an HttpOnly, SameSite=Strict cookie.
-    let login = http(&web, "POST", "/login", &[], Some(&format!("token={team_b}")));
+    // A browser logs in with the form (posted from a page of this listener: its origin) and
+    // gets an HttpOnly, SameSite=Strict cookie.
+    let origin = format!("http://{web}");
+    let ours = [("Origin", origin.as_str())];
+    let login = http(&web, "POST", "/login", &ours, Some(&format!("token={team_b}")));
     assert_eq!(login.status, 303, "{}", login.body);
     assert_eq!(login.header("location"), Some("/"));
     let cookie = login.header("set-cookie").expect("a cookie").to_string();
@@ -369,10 +379,26 @@ fn web_view_with_tokens_needs_a_login_and_shows_tenants_their_own_jobs() {
     let b = [("Cookie", pair.as_str())];
     let queue = http(&web, "GET", "/queue", &b, None).body;
     assert!(queue.contains("job-of-team-b") && !queue.contains("job-of-team-a"), "{queue}");
-    let bad_login = http(&web, "POST", "/login", &[], Some("token=crl_nope"));
+    let bad_login = http(&web, "POST", "/login", &ours, Some("token=crl_nope"));
     assert_eq!(bad_login.status, 401);
     assert!(bad_login.body.contains("invalid token"), "{}", bad_login.body);
-    let logout = http(&web, "POST", "/logout", &b, Some(""));
+    // Another site's page cannot log a browser in (as the attacker's tenant) or out.
+    let referer = format!("http://{web}/login");
+    for (headers, path) in [
+        (vec![("Origin", "http://evil.example")], "/login"),
+        (vec![("Origin", "null")], "/login"),
+        (vec![("Referer", "http://evil.example/page")], "/login"),
+        (vec![], "/login"),
+        (vec![("Origin", "http://evil.example"), ("Cookie", pair.as_str())], "/logout"),
+    ] {
+        let refused = http(&web, "POST", path, &headers, Some(&format!("token={team_a}")));
+        assert_eq!(refused.status, 403, "{path} {headers:?}: {}", refused.body);
+        assert!(refused.body.contains("Cross-site request refused"), "{}", refused.body);
+        assert!(refused.header("set-cookie").is_none(), "{path} {headers:?} set a cookie");
+    }
+    let with_referer = http(&web, "POST", "/login", &[("Referer", referer.as_str())], Some(&format!("token={team_b}")));
+    assert_eq!(with_referer.status, 303, "a same-origin Referer is enough: {}", with_referer.body);
+    let logout = http(&web, "POST", "/logout", &[("Origin", origin.as_str()), ("Cookie", pair.as_str())], Some(""));
     assert_eq!(logout.status, 303);
     assert!(logout.header("set-cookie").is_some_and(|c| c.contains("Max-Age=0")));
 
@@ -403,4 +429,31 @@ fn web_view_with_tokens_needs_a_login_and_shows_tenants_their_own_jobs() {
     // Refusals are audited like the API's.
     let audit = std::fs::read_to_string(pool.dir.path().join("data/audit.jsonl")).unwrap_or_default();
     assert!(audit.lines().any(|l| l.contains("\"web view\"") && l.contains("owned by another tenant")), "{audit}");
+    assert!(audit.lines().any(|l| l.contains("cross-site post to /login refused")), "{audit}");
+}
+
+/// Without TLS or tokens every caller is admin: a metrics listener off loopback serves
+/// `/metrics` only and says why, unless the config says `insecure = true`.
+#[test]
+fn web_view_off_loopback_without_auth_serves_metrics_only_unless_insecure() {
+    let pool = TokenPool::start_with("0.0.0.0", "", "");
+    pool.ok(None, &["submit", "--name", "secret-experiment", "--gpus", "1", "--", "true"]);
+    assert_eq!(get(&pool.web, "/metrics").status, 200);
+    for path in ["/", "/queue", "/jobs/1", "/tenants", "/login"] {
+        let answer = get(&pool.web, path);
+        assert_eq!(answer.status, 404, "{path}: {}", answer.body);
+        assert!(answer.body.contains("serves /metrics only"), "{path}: {}", answer.body);
+        assert!(
+            answer.body.contains("insecure = true") && !answer.body.contains("secret-experiment"),
+            "{}",
+            answer.body
+        );
+    }
+    let posted = http(&pool.web, "POST", "/login", &[], Some("token=x"));
+    assert_eq!(posted.status, 404, "{}", posted.body);
+    assert!(pool.log().contains("the web view is off on 0.0.0.0:"), "the reason is logged: {}", pool.log());
+
+    let open = TokenPool::start_with("0.0.0.0", "insecure = true\n", "");
+    open.ok(None, &["submit", "--name", "open-experiment", "--gpus", "1", "--", "true"]);
+    page_until(&open.web, "/queue", &[], "the job, insecure = true", |p| p.contains("open-experiment"));
 }

@@ -1,6 +1,9 @@
 //! The user API's admin calls — tokens (create, list, revoke), the cluster policy (show,
 //! diff and apply, history), node modes (cordon, drain, resume) and node removal — and the
 //! node listing every caller may read (a tenant sees only its own jobs on the GPUs).
+//!
+//! Every call but `ListNodes` is for admins, checked before anything else; each handler's doc
+//! comment states what bounds its cost.
 
 use crate::reply::{node_view, token_info};
 use crate::snapshot::Snapshot;
@@ -10,6 +13,8 @@ use corral_proto::v1::{self as pb};
 use corral_types::{NodeMode, Timestamp};
 use tonic::{Request, Response, Status};
 
+/// `Corral.CreateToken`. Cost: one timestamp and one log entry; the cluster keeps at most
+/// `corral_core::MAX_TOKENS` tokens.
 pub(super) async fn create_token(
     coord: &Coordinator,
     request: Request<pb::CreateTokenRequest>,
@@ -43,6 +48,8 @@ pub(super) async fn create_token(
     Ok(Response::new(pb::CreateTokenResponse { token, secret }))
 }
 
+/// `Corral.ListTokens`. Cost: every token record, at most `corral_core::MAX_TOKENS`, read
+/// under the state lock (a record is a few dozen bytes, never its secret).
 pub(super) fn list_tokens(
     coord: &Coordinator,
     snapshot: &Snapshot,
@@ -54,6 +61,7 @@ pub(super) fn list_tokens(
     Ok(Response::new(pb::ListTokensResponse { tokens }))
 }
 
+/// `Corral.RevokeToken`. Cost: one log entry.
 pub(super) async fn revoke_token(
     coord: &Coordinator,
     request: Request<pb::RevokeTokenRequest>,
@@ -67,6 +75,8 @@ pub(super) async fn revoke_token(
     token.map(Response::new).ok_or_else(|| Status::not_found(format!("token {token_id} not found")))
 }
 
+/// `Corral.GetPolicy`. Cost: the policy in force rendered as TOML (its size is that of the
+/// policy an admin applied, at most the user message limit).
 pub(super) fn get_policy(
     coord: &Coordinator,
     snapshot: &Snapshot,
@@ -79,6 +89,10 @@ pub(super) fn get_policy(
     Ok(Response::new(pb::PolicyFile { version, toml: policy::render_policy(&data.state.config, version) }))
 }
 
+/// `Corral.ApplyPolicy` (and its dry run, `corral admin diff`). Cost: a policy of at most the
+/// user message limit, parsed before anything else; the plan compares it with the policy in
+/// force and looks at every live job it could strand (bounded by the tenants' job limits of the
+/// policy, under the state's read lock); one log entry.
 pub(super) async fn apply_policy(
     coord: &Coordinator,
     request: Request<pb::ApplyPolicyRequest>,
@@ -129,6 +143,8 @@ pub(super) async fn apply_policy(
     }))
 }
 
+/// `Corral.PolicyHistory`. Cost: the recorded changes, at most
+/// `corral_core::MAX_POLICY_HISTORY`.
 pub(super) fn policy_history(
     coord: &Coordinator,
     snapshot: &Snapshot,
@@ -152,6 +168,8 @@ pub(super) fn policy_history(
     Ok(Response::new(pb::PolicyHistoryResponse { changes }))
 }
 
+/// `Corral.SetNodeMode` (cordon, drain, resume). Cost: one timestamp and one log entry; the
+/// reply counts the node's running jobs.
 pub(super) async fn set_node_mode(
     coord: &Coordinator,
     request: Request<pb::SetNodeModeRequest>,
@@ -198,6 +216,7 @@ pub(super) async fn set_node_mode(
     }))
 }
 
+/// `Corral.RemoveNode`. Cost: one log entry.
 pub(super) async fn remove_node(
     coord: &Coordinator,
     request: Request<pb::RemoveNodeRequest>,
@@ -212,6 +231,8 @@ pub(super) async fn remove_node(
     Ok(Response::new(pb::RemoveNodeResponse { gpus }))
 }
 
+/// `Corral.ListNodes`. Cost: every registered node with its GPUs and the jobs running on them
+/// (the cluster's size, not the queue's), read under the state's read lock.
 pub(super) fn list_nodes(
     coord: &Coordinator,
     snapshot: &Snapshot,

@@ -14,15 +14,18 @@ mod jobs;
 
 use crate::auth::Principal;
 use crate::snapshot::Snapshot;
+use crate::watch::Watches;
 use crate::Coordinator;
 use corral_proto::v1::corral_server::{Corral, CorralServer};
 use corral_proto::v1::{self as pb};
 use std::pin::Pin;
+use std::sync::Arc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 pub(crate) fn server(coord: Coordinator) -> CorralServer<Api> {
-    CorralServer::new(Api { coord })
+    let watches = Watches::new(coord.config().max_watches_per_principal);
+    CorralServer::new(Api { coord, watches })
         // Requests are untrusted input; replies (e.g. `jobs --all` on a big cluster) may be larger.
         .max_decoding_message_size(corral_proto::MAX_USER_MESSAGE_BYTES)
         .max_encoding_message_size(corral_proto::MAX_MESSAGE_BYTES)
@@ -30,6 +33,8 @@ pub(crate) fn server(coord: Coordinator) -> CorralServer<Api> {
 
 pub(crate) struct Api {
     coord: Coordinator,
+    /// The watches each principal holds open (`limits.max-watches-per-principal`).
+    watches: Arc<Watches>,
 }
 
 impl Api {
@@ -104,20 +109,20 @@ impl Corral for Api {
 
     async fn watch_job(&self, request: Request<pb::WatchJobRequest>) -> Result<Response<JobStream>, Status> {
         let snapshot = self.linearizable().await?;
-        jobs::watch_job(&self.coord, &snapshot, request)
+        jobs::watch_job(&self.coord, &self.watches, &snapshot, request)
     }
 
     type WatchJobsStream = JobEventStream;
 
     async fn watch_jobs(&self, request: Request<pb::WatchJobsRequest>) -> Result<Response<JobEventStream>, Status> {
-        let snapshot = self.linearizable().await?;
-        jobs::watch_jobs(&self.coord, &snapshot, request)
+        self.coord.linearizable().await?;
+        jobs::watch_jobs(&self.coord, &self.watches, request)
     }
 
     type ReadLogsStream = LogStream;
 
     async fn read_logs(&self, request: Request<pb::ReadLogsRequest>) -> Result<Response<LogStream>, Status> {
-        jobs::read_logs(&self.coord, request).await
+        jobs::read_logs(&self.coord, &self.watches, request).await
     }
 
     async fn list_segments(

@@ -4,8 +4,16 @@
 //!
 //! Auth is the user API's: with TLS or `auth.require-tokens` every page needs a token, given as
 //! `Authorization: Bearer T` or, for browsers, the HttpOnly cookie the form at `/login` sets;
-//! without either (`corral dev`) the pages are open and everyone is admin. A tenant sees its
-//! own jobs only (see `pages.rs`).
+//! without either (`corral dev`) the pages are open and everyone is admin, so they are served
+//! only on a loopback listener (unless `insecure = true`): see [`Coordinator::web_view_refusal`],
+//! which the listener asks once. A tenant sees its own jobs only (see `pages.rs`). `/login` and
+//! `/logout` take only same-origin posts (`Origin`, else `Referer`): another site cannot log a
+//! browser in or out.
+//!
+//! Bounds: a page lists at most `pages::MAX_ROWS` jobs of a kind (then says how many more,
+//! and which command lists them all), after looking at most `pages::SCAN_ROWS` jobs, and its
+//! counts come from the state's per-tenant counters; a job page reads only the last
+//! `LOG_TAIL_BYTES` of each output stream from the worker, within `LOG_READ_TIMEOUT`.
 //!
 //! On a follower the pages show its replicated state (which may lag the leader by a little);
 //! GPU readings and why jobs wait live in the leader's memory, so a follower says so and names
@@ -44,6 +52,12 @@ pub struct WebRequest {
     pub peer: String,
     /// Served over TLS: the login cookie is marked `Secure`.
     pub secure: bool,
+    /// The `Host` header.
+    pub host: Option<String>,
+    /// The `Origin` header (a browser's form post carries it).
+    pub origin: Option<String>,
+    /// The `Referer` header.
+    pub referer: Option<String>,
 }
 
 /// The answer: status, headers and an HTML body.
@@ -119,7 +133,9 @@ fn response(status: u16, body: String) -> WebResponse {
             ("cache-control", "no-store".into()),
             ("content-security-policy", CSP.into()),
             ("x-content-type-options", "nosniff".into()),
-            ("referrer-policy", "no-referrer".into()),
+            // Not no-referrer: a browser would then post the login form with `Origin: null`,
+            // and the same-origin check of `/login` could not tell it from another site's.
+            ("referrer-policy", "same-origin".into()),
         ],
         body,
     }
@@ -153,6 +169,40 @@ fn see_other(location: &str, cookie: String) -> WebResponse {
     r.headers.push(("location", location.into()));
     r.headers.push(("set-cookie", cookie));
     r
+}
+
+/// Refuses a form post that did not come from a page of this listener: its `Origin` (or, when
+/// a browser sends none, its `Referer`) must be this listener's own origin, as the `Host`
+/// header names it. Another site's page can post a form here, but not with our origin.
+fn same_origin(request: &WebRequest) -> Result<(), WebResponse> {
+    let refuse = |why: String| {
+        Err(error_page(
+            403,
+            "Cross-site request refused",
+            &format!("{why}: log in and out from the pages of this coordinator"),
+        ))
+    };
+    let Some(host) = request.host.as_deref().filter(|h| !h.is_empty()) else {
+        return refuse("the request names no Host".into());
+    };
+    let scheme = if request.secure { "https" } else { "http" };
+    let ours = format!("{scheme}://{host}");
+    let same = |origin: &str| origin.eq_ignore_ascii_case(&ours);
+    match (&request.origin, &request.referer) {
+        (Some(origin), _) if same(origin) => Ok(()),
+        (Some(origin), _) => refuse(format!("a form posted from {origin}, not from {ours}")),
+        (None, Some(referer)) => {
+            // The origin of the referring page: scheme://host[:port], before its path.
+            let rest = referer.split_once("://").map_or("", |(_, rest)| rest);
+            let origin_len = referer.len() - rest.len() + rest.find('/').unwrap_or(rest.len());
+            if same(&referer[..origin_len]) {
+                Ok(())
+            } else {
+                refuse(format!("a form posted from a page of {}, not of {ours}", &referer[..origin_len]))
+            }
+        }
+        (None, None) => refuse("a form post without an Origin or Referer header".into()),
+    }
 }
 
 /// The value of cookie `name` in a `Cookie` header.
@@ -201,8 +251,19 @@ impl Coordinator {
                 }
                 return error_page(200, "No login needed", "this pool has no tokens: every page is open");
             }
-            ("POST", "/login") => return self.web_login(&request),
-            ("POST", "/logout") => {
+            ("POST", path @ ("/login" | "/logout")) => {
+                if let Err(refused) = same_origin(&request) {
+                    self.security().audit.record(corral_security::AuditEvent::denied(
+                        "web login",
+                        format!("web {}", request.peer),
+                        "-",
+                        format!("cross-site post to {path} refused"),
+                    ));
+                    return refused;
+                }
+                if path == "/login" {
+                    return self.web_login(&request);
+                }
                 let cookie = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
                 return see_other("/login", cookie);
             }
@@ -266,6 +327,16 @@ impl Coordinator {
         response(200, html::page(&frame(title, Some(REFRESH_SECS)), &body))
     }
 
+    /// Why the web view's pages are not served on a listener bound to `listener`, if they are
+    /// not. Without TLS and tokens every caller is admin, so the pages (every tenant's jobs,
+    /// commands and output) are served only on a loopback listener — the rule `listen`
+    /// follows — unless the config's `insecure = true` opts out; the listener then serves
+    /// `/metrics` only.
+    pub fn web_view_refusal(&self, listener: std::net::SocketAddr) -> Option<String> {
+        let security = self.security();
+        web_refusal(security.auth_enabled(), security.insecure, listener)
+    }
+
     /// Whom a page request acts for, or the answer that refuses it (a login form for browsers).
     fn web_viewer(&self, request: &WebRequest) -> Result<Principal, WebResponse> {
         if !self.security().auth_enabled() {
@@ -304,7 +375,8 @@ impl Coordinator {
 
     /// The last part of the output of `job`'s first part, through the worker agent that has it.
     async fn log_tail(&self, job: &Job) -> LogTail {
-        let request = pb::ReadLogsRequest { job_id: job.id, follow: false, rank: 0 };
+        let request =
+            pb::ReadLogsRequest { job_id: job.id, follow: false, rank: 0, tail_bytes: Some(LOG_TAIL_BYTES as u64) };
         let mut stream = match self.open_worker_logs(job, request).await {
             Ok(Some(stream)) => stream,
             Ok(None) if job.state == JobState::Pending => {
@@ -363,6 +435,16 @@ impl Coordinator {
     }
 }
 
+/// See [`Coordinator::web_view_refusal`].
+fn web_refusal(auth: bool, insecure: bool, listener: std::net::SocketAddr) -> Option<String> {
+    if auth || insecure || listener.ip().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "the web view is off on {listener}: without [tls] or auth.require-tokens its pages would show every tenant's jobs, commands and output to anyone who reaches that address; serving /metrics only (bind metrics-addr to a loopback address, require tokens, or set insecure = true)"
+    ))
+}
+
 /// The job a page names (from the hot state or the history), or its error page.
 fn web_job(snapshot: &Snapshot, job_ref: JobRef) -> Result<Job, WebResponse> {
     let not_found = |what: String| error_page(404, "Job not found", &what);
@@ -410,6 +492,54 @@ mod tests {
         }
         let answer = route("/jobs/<script>").expect_err("bad id");
         assert!(answer.body.contains("&lt;script&gt;") && !answer.body.contains("<script>"), "{}", answer.body);
+    }
+
+    #[test]
+    fn pages_are_served_with_auth_or_on_loopback_or_when_asked_to() {
+        let any: std::net::SocketAddr = "0.0.0.0:9471".parse().expect("addr");
+        let public: std::net::SocketAddr = "10.1.2.3:9471".parse().expect("addr");
+        let loopback: std::net::SocketAddr = "127.0.0.1:9471".parse().expect("addr");
+        let loopback6: std::net::SocketAddr = "[::1]:9471".parse().expect("addr");
+        for listener in [any, public] {
+            let why = web_refusal(false, false, listener).expect("refused");
+            assert!(why.contains("serving /metrics only") && why.contains("insecure = true"), "{why}");
+            assert_eq!(why.lines().count(), 1);
+            assert_eq!(web_refusal(true, false, listener), None, "tokens or TLS");
+            assert_eq!(web_refusal(false, true, listener), None, "insecure = true");
+        }
+        assert_eq!(web_refusal(false, false, loopback), None);
+        assert_eq!(web_refusal(false, false, loopback6), None);
+    }
+
+    #[test]
+    fn login_and_logout_take_same_origin_posts_only() {
+        let post = |origin: Option<&str>, referer: Option<&str>| WebRequest {
+            method: "POST".into(),
+            path: "/login".into(),
+            host: Some("10.0.0.5:9471".into()),
+            origin: origin.map(String::from),
+            referer: referer.map(String::from),
+            ..Default::default()
+        };
+        assert!(same_origin(&post(Some("http://10.0.0.5:9471"), None)).is_ok());
+        assert!(same_origin(&post(None, Some("http://10.0.0.5:9471/login"))).is_ok());
+        assert!(same_origin(&post(None, Some("http://10.0.0.5:9471"))).is_ok());
+        for (origin, referer) in [
+            (Some("http://evil.example"), None),
+            (Some("null"), Some("http://10.0.0.5:9471/login")),
+            (Some("https://10.0.0.5:9471"), None),
+            (None, Some("http://10.0.0.5:9471.evil.example/x")),
+            (None, Some("http://evil.example/http://10.0.0.5:9471/")),
+            (None, None),
+        ] {
+            let refused = same_origin(&post(origin, referer)).expect_err("cross-site");
+            assert_eq!(refused.status, 403, "{origin:?} {referer:?}");
+            assert!(refused.body.contains("Cross-site request refused"), "{}", refused.body);
+        }
+        let no_host = WebRequest { host: None, ..post(Some("http://10.0.0.5:9471"), None) };
+        assert!(same_origin(&no_host).is_err());
+        let tls = WebRequest { secure: true, ..post(Some("https://10.0.0.5:9471"), None) };
+        assert!(same_origin(&tls).is_ok());
     }
 
     #[test]

@@ -5,6 +5,12 @@
 //! Invariant: a tenant sees its own jobs only: on the pool page a GPU held by another tenant's
 //! job says "other tenant" with no id or name, the queue lists only its jobs, and the tenants
 //! page only its own row. Every user-controlled text goes through `escape`.
+//!
+//! Bounds: the queue lists at most `MAX_ROWS` pending and `MAX_ROWS` running jobs, after
+//! looking at most `SCAN_ROWS` jobs for each list, and says how many it left out; counts come
+//! from the state's counters; the pool page shows the nodes and what runs on them (the
+//! cluster's size); a job page shows one job (its spec is bounded by `JobSpec::validate`) and
+//! the output tail it is given.
 
 use super::html::{escape, money};
 use crate::auth::Principal;
@@ -27,6 +33,10 @@ pub(crate) enum LogTail {
 
 /// Shown where a follower cannot tell.
 const ON_LEADER: &str = "shown on the leader";
+/// Most jobs the queue page lists of each kind (pending, running).
+pub(crate) const MAX_ROWS: usize = 500;
+/// Most jobs the queue page looks at to find the rows of each list.
+pub(crate) const SCAN_ROWS: usize = 100_000;
 
 fn ago(now_ms: u64, then_ms: u64) -> String {
     format!("{} ago", format_duration(Duration::from_millis(now_ms.saturating_sub(then_ms))))
@@ -187,9 +197,12 @@ pub(crate) fn pool(state: &State, leader: Option<&LeaderMemory<'_>>, viewer: &Pr
         }
         nodes_html.push_str("</table></section>");
     }
-    let visible = |j: &&Job| viewer.may_access(&j.spec.tenant);
-    let running = state.running_jobs().filter(visible).count();
-    let pending = state.live_jobs().filter(|j| j.state == JobState::Pending).filter(visible).count();
+    let running = match viewer.tenant() {
+        Some(tenant) => state.running_count_of(tenant) as usize,
+        // What runs is what the nodes above hold: the cluster's size.
+        None => state.running_jobs().count(),
+    };
+    let pending = pending_count(state, viewer);
     let total_gpus: usize = gpu_states.values().sum();
     let _ = write!(
         body,
@@ -232,25 +245,49 @@ fn wait_reason(job: &Job, leader: Option<&LeaderMemory<'_>>) -> String {
     }
 }
 
+/// Pending jobs `viewer` may see (held and waiting ones included).
+fn pending_count(state: &State, viewer: &Principal) -> usize {
+    match viewer.tenant() {
+        Some(tenant) => state.pending_count_of(tenant) as usize,
+        None => state.pending_count(),
+    }
+}
+
+/// What a list of the queue page left out: `shown` of `total` jobs listed.
+fn more_rows(shown: usize, total: usize, command: &str) -> String {
+    if shown >= total {
+        return String::new();
+    }
+    format!(
+        "<p class=\"more\">{} more not listed here (this page lists at most {MAX_ROWS}): <code>{command}</code> lists them all.</p>",
+        total - shown
+    )
+}
+
 /// The queue: pending jobs in the order the leader's last pass considered them (then those it
-/// did not look at, by id), each with why it waits, and the running jobs.
+/// did not look at, by id), each with why it waits, and the running jobs; at most `MAX_ROWS`
+/// of each.
 pub(crate) fn queue(state: &State, leader: Option<&LeaderMemory<'_>>, viewer: &Principal, now_ms: u64) -> String {
     let visible = |j: &&Job| viewer.may_access(&j.spec.tenant);
-    let pending: BTreeMap<u64, &Job> =
-        state.live_jobs().filter(|j| j.state == JobState::Pending).filter(visible).map(|j| (j.id, j)).collect();
-    let mut ordered: Vec<&Job> = Vec::with_capacity(pending.len());
+    let is_pending = |j: &&Job| j.state == JobState::Pending;
+    let mut ordered: Vec<&Job> = Vec::new();
     let mut seen = BTreeSet::new();
-    for id in leader.map(|m| m.pending.order()).unwrap_or_default() {
-        if let Some(job) = pending.get(id) {
-            if seen.insert(*id) {
-                ordered.push(job);
-            }
+    let pass_order = leader.map(|m| m.pending.order()).unwrap_or_default();
+    let by_pass = pass_order.iter().filter_map(|id| state.jobs.get(id));
+    // Then those the pass did not look at, by id.
+    let candidates = by_pass.chain(state.pending_jobs()).take(SCAN_ROWS);
+    for job in candidates.filter(is_pending).filter(visible) {
+        if ordered.len() >= MAX_ROWS {
+            break;
+        }
+        if seen.insert(job.id) {
+            ordered.push(job);
         }
     }
-    ordered.extend(pending.values().filter(|j| !seen.contains(&j.id)));
     let mut body = String::from("<h1>Queue</h1>");
-    let _ = write!(body, "<h2>Pending ({})</h2>", ordered.len());
-    if ordered.is_empty() {
+    let total_pending = pending_count(state, viewer);
+    let _ = write!(body, "<h2>Pending ({total_pending})</h2>");
+    if ordered.is_empty() && total_pending == 0 {
         body.push_str("<p>No job waits.</p>");
     } else {
         body.push_str(
@@ -274,16 +311,22 @@ pub(crate) fn queue(state: &State, leader: Option<&LeaderMemory<'_>>, viewer: &P
             );
         }
         body.push_str("</table>");
+        body.push_str(&more_rows(ordered.len(), total_pending, "corral queue"));
     }
-    let running: Vec<&Job> = state.running_jobs().filter(visible).collect();
-    let _ = write!(body, "<h2>Running ({})</h2>", running.len());
-    if running.is_empty() {
+    let total_running = match viewer.tenant() {
+        Some(tenant) => state.running_count_of(tenant) as usize,
+        None => state.running_jobs().take(SCAN_ROWS).count(),
+    };
+    let running: Vec<&Job> = state.running_jobs().take(SCAN_ROWS).filter(visible).take(MAX_ROWS).collect();
+    let _ = write!(body, "<h2>Running ({total_running})</h2>");
+    if running.is_empty() && total_running == 0 {
         body.push_str("<p>No job runs.</p>");
     } else {
         body.push_str(
             "<table id=\"running\"><tr><th>Job</th><th>Name</th><th>Tenant</th><th>Class</th><th>GPUs</th>\
              <th>Node</th><th>Started</th><th>Time limit</th></tr>",
         );
+        let shown = running.len();
         for job in running {
             let started = match job.started_at {
                 Some(t) => ago(now_ms, t.physical_ms()),
@@ -309,6 +352,7 @@ pub(crate) fn queue(state: &State, leader: Option<&LeaderMemory<'_>>, viewer: &P
             );
         }
         body.push_str("</table>");
+        body.push_str(&more_rows(shown, total_running, "corral jobs --state running"));
     }
     body
 }
@@ -550,6 +594,31 @@ mod tests {
         assert!(b.contains("<h2>Running (0)</h2>"), "{b}");
         let follower = queue(&state, None, &admin(), 13_000);
         assert!(follower.contains(ON_LEADER), "{follower}");
+    }
+
+    /// A queue longer than a page lists `MAX_ROWS` jobs, counts them all and names the command
+    /// that lists the rest; a tenant's count is its own.
+    #[test]
+    fn a_long_queue_lists_at_most_max_rows_and_says_how_many_more() {
+        let mut state = pool_state();
+        let extra = MAX_ROWS + 7;
+        for i in 0..extra {
+            let command = Command::SubmitJob { request_id: format!("q{i}"), spec: spec("queued", "team-b", 1) };
+            apply(&mut state, 4_000 + i as u64, command);
+        }
+        let html = queue(&state, None, &admin(), 13_000);
+        // Jobs 2 and 3 of the pool wait too.
+        let total = extra + 2;
+        assert!(html.contains(&format!("<h2>Pending ({total})</h2>")), "the count is whole");
+        assert_eq!(
+            html.matches("<tr class=\"job\" id=\"job-").count(),
+            MAX_ROWS + 1,
+            "a page of pending jobs and the running one"
+        );
+        assert!(html.contains(&format!("{} more not listed here", total - MAX_ROWS)), "{html}");
+        assert!(html.contains("<code>corral queue</code>"), "{html}");
+        let a = queue(&state, None, &tenant("team-a"), 13_000);
+        assert!(a.contains("<h2>Pending (1)</h2>") && !a.contains("more not listed"), "{a}");
     }
 
     #[test]

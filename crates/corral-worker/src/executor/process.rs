@@ -178,23 +178,30 @@ pub(crate) struct UserFiles {
 }
 
 /// Checks that the job's working directory exists and that its user may enter it, and opens its
-/// output files as that user: on a thread of its own whose file-system identity is the job's
-/// (`setfsuid`, `setfsgid`, `setgroups` through raw system calls change only the calling thread;
-/// `unshare(CLONE_FS)` gives it its own current directory), so the worker's privileges never
-/// reach a path the user chose.
+/// output files as that user (see [`as_job_user`]): the worker's privileges never reach a path
+/// the user chose, so what a launch reports about such a path (it does not exist, or it is not
+/// accessible) is what the user could learn anyway — a path under a directory only root may
+/// enter is "not accessible" whether it exists or not.
 pub(crate) fn open_user_files(spec: &LaunchSpec) -> Result<UserFiles, ExecError> {
     let files = &spec.files;
     if files.cwd.is_none() && files.stdout.is_none() && files.stderr.is_none() {
         return Ok(UserFiles::default());
     }
-    if let Some(cwd) = &files.cwd {
-        let missing = |reason: &str| ExecError::WorkingDir { path: cwd.clone(), reason: reason.to_owned() };
-        match fs::metadata(cwd) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(missing("does not exist")),
-            Ok(meta) if !meta.is_dir() => return Err(missing("is not a directory")),
-            _ => {}
-        }
-    }
+    let what = files.cwd.clone().unwrap_or_else(|| spec.work_dir.clone());
+    as_job_user(spec, &what, || open_as_current_user(files, spec.uid))
+}
+
+/// Runs `f` with the job's file-system identity: on a thread of its own whose fs uid and gid
+/// are the job's (`setfsuid`, `setfsgid`, `setgroups` through raw system calls change only the
+/// calling thread). A worker that is not root, or a job that runs as root, runs it with the
+/// worker's identity, the job's own. Either way `unshare(CLONE_FS)` gives the thread its own
+/// current directory, so `f` may enter the job's directory without moving the worker's.
+/// `path` names what is checked, in the error of a thread that cannot take the identity.
+fn as_job_user<T: Send>(
+    spec: &LaunchSpec,
+    path: &Path,
+    f: impl FnOnce() -> Result<T, ExecError> + Send,
+) -> Result<T, ExecError> {
     // Only root can take another identity; a worker running as a user runs jobs as itself.
     let switch =
         nix::unistd::geteuid().is_root() && (spec.uid.is_some_and(|u| u != 0) || spec.gid.is_some_and(|g| g != 0));
@@ -202,26 +209,34 @@ pub(crate) fn open_user_files(spec: &LaunchSpec) -> Result<UserFiles, ExecError>
     std::thread::scope(|scope| {
         scope
             .spawn(move || {
+                let cannot = |e: io::Error| ExecError::WorkingDir {
+                    path: path.to_path_buf(),
+                    reason: format!("cannot be checked as the job's user: {e}"),
+                };
+                own_fs_context().map_err(cannot)?;
                 if switch {
-                    become_fs_user(uid, gid).map_err(|e| ExecError::WorkingDir {
-                        path: files.cwd.clone().unwrap_or_else(|| spec.work_dir.clone()),
-                        reason: format!("cannot be checked as the job's user: {e}"),
-                    })?;
+                    become_fs_user(uid, gid).map_err(cannot)?;
                 }
-                open_as_current_user(files, uid)
+                f()
             })
             .join()
-            .unwrap_or_else(|_| Err(ExecError::InvalidSpec("opening the job's files panicked".to_owned())))
+            .unwrap_or_else(|_| Err(ExecError::InvalidSpec("checking the job's files panicked".to_owned())))
     })
 }
 
-/// Makes the calling thread's file-system identity the job's (see [`open_user_files`]).
+/// Gives the calling thread its own current directory and umask (see [`as_job_user`]).
+fn own_fs_context() -> io::Result<()> {
+    // SAFETY: a system call that changes only the calling thread's fs context.
+    if unsafe { libc::unshare(libc::CLONE_FS) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes the calling thread's file-system identity the job's (see [`as_job_user`]).
 fn become_fs_user(uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
-    // SAFETY: system calls that change the calling thread's own credentials and fs context.
+    // SAFETY: system calls that change the calling thread's own credentials.
     unsafe {
-        if libc::unshare(libc::CLONE_FS) != 0 {
-            return Err(io::Error::last_os_error());
-        }
         if let Some(gid) = gid {
             let groups = [gid];
             if libc::syscall(libc::SYS_setgroups, 1 as libc::c_long, groups.as_ptr()) != 0 {
@@ -369,7 +384,10 @@ impl Executor for ProcessExecutor {
         let (stdout, stderr) = prepare_work_dir(spec)?;
         let path_var = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
         let argv0 = spec.argv.first().map_or("", String::as_str);
-        let program = resolve_program(argv0, path_var, spec.files.cwd.as_deref().unwrap_or(&spec.work_dir))?;
+        let dir = spec.files.cwd.as_deref().unwrap_or(&spec.work_dir);
+        // As the job's user: whether a program exists under a directory it may not enter is
+        // not the worker's to tell.
+        let program = as_job_user(spec, dir, || resolve_program(argv0, path_var, dir))?;
         let mut copiers = Vec::new();
         let mut with_copy = |log: File, extra: Option<File>| match extra {
             Some(extra) => tee(spec.job_id, log, extra).map(|(write_end, copier)| {

@@ -464,7 +464,9 @@ async fn relative_program_resolves_against_the_working_directory() {
     fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).expect("chmod");
     let mut spec = fx.spec(&["./train.sh"]);
     spec.files.cwd = Some(cwd);
+    let worker_dir = std::env::current_dir().expect("cwd");
     let mut job = fx.executor.launch(&spec).expect("launch");
+    assert_eq!(std::env::current_dir().expect("cwd"), worker_dir, "checking the job's directory moved the worker's");
     assert_eq!(fx.wait_bounded(&mut job, DEADLINE).await.exit_code, Some(0));
     assert_eq!(fx.log(STDOUT_LOG), "trained\n");
 }
@@ -476,6 +478,40 @@ async fn a_missing_working_directory_fails_the_launch_naming_it() {
     spec.files.cwd = Some(PathBuf::from("/nonexistent/corral/exp"));
     let err = fx.executor.launch(&spec).expect_err("no such directory");
     assert_eq!(err.to_string(), "working directory /nonexistent/corral/exp does not exist");
+}
+
+/// A path under a directory only root may enter: the launch of a job of another user says the
+/// same whether it exists or not, for a working directory and for a program alike, so a
+/// tenant cannot probe the worker's file system through `--chdir` or its command.
+#[tokio::test]
+async fn a_job_cannot_tell_a_missing_root_only_path_from_an_existing_one() {
+    if !testing::root_for("a_job_cannot_tell_a_missing_root_only_path_from_an_existing_one") {
+        return;
+    }
+    let fx = Fixture::new();
+    fs::set_permissions(fx.dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let secret = fx.dir.path().join("root-only");
+    fs::create_dir_all(secret.join("exists")).expect("mkdir");
+    let tool = secret.join("tool");
+    fs::write(&tool, "#!/bin/sh\necho ran\n").expect("write");
+    fs::set_permissions(&tool, fs::Permissions::from_mode(0o755)).expect("chmod");
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o700)).expect("chmod");
+    let refusal = |cwd: Option<PathBuf>, program: &Path| {
+        let mut spec = fx.spec(&[program.to_str().expect("utf-8")]);
+        spec.uid = Some(65534);
+        spec.gid = Some(65534);
+        spec.files.cwd = cwd;
+        fx.executor.launch(&spec).expect_err("refused").to_string()
+    };
+    let true_bin = Path::new("/bin/true");
+    let exists = refusal(Some(secret.join("exists")), true_bin);
+    let missing = refusal(Some(secret.join("missing")), true_bin);
+    assert!(exists.contains("is not accessible to the job's user (uid 65534)"), "{exists}");
+    assert_eq!(exists.replace("exists", "X"), missing.replace("missing", "X"));
+    let present = refusal(None, &tool);
+    let absent = refusal(None, &secret.join("none"));
+    assert!(present.contains("not found"), "{present}");
+    assert_eq!(present.replace("tool", "X"), absent.replace("none", "X"));
 }
 
 #[tokio::test]
