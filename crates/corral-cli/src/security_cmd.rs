@@ -1,7 +1,7 @@
 //! `corral certs init` (a dev CA and role certificates) and `corral token create|list|revoke`.
 
 use crate::args::{CertsInitArgs, GlobalArgs, OutputFormat, TokenCommand};
-use crate::commands::client;
+use crate::connect::client;
 use corral_proto::v1 as pb;
 use serde_json::json;
 use std::process::ExitCode;
