@@ -68,9 +68,10 @@ fn main() -> ExitCode {
             }
         };
     }
+    let daemon = matches!(cli.command, Command::Dev(_) | Command::Coordinator(_) | Command::Worker(_));
     // A daemon must never die of a peer closing its socket (a killed coordinator, a worker that
     // went away): every write to it is an EPIPE error, on every thread.
-    if matches!(cli.command, Command::Dev(_) | Command::Coordinator(_) | Command::Worker(_)) {
+    if daemon {
         // SAFETY: setting a signal disposition before any thread starts.
         unsafe {
             libc::signal(libc::SIGPIPE, libc::SIG_IGN);
@@ -79,7 +80,13 @@ fn main() -> ExitCode {
     // Sockets are written on the runtime's threads: there a peer that closed its end (a TLS
     // server refusing us, a client going away) must be an EPIPE error, not a silent death by
     // SIGPIPE. Children get a clean signal mask from std's spawn.
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().on_thread_start(block_sigpipe).build();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if !daemon {
+        // A client command waits on one coordinator at a time: one worker thread (its sockets'
+        // thread; the main thread prints) instead of one per core, each a thread to start.
+        runtime.worker_threads(1);
+    }
+    let runtime = runtime.enable_all().on_thread_start(block_sigpipe).build();
     let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
