@@ -1,7 +1,7 @@
 //! `corral admin show | apply -f FILE [--force] | diff -f FILE | history`: the cluster policy.
 
 use crate::args::{AdminCommand, GlobalArgs, OutputFormat};
-use crate::commands::client;
+use crate::connect::client;
 use crate::output::format_utc;
 use anyhow::Context;
 use corral_proto::v1 as pb;

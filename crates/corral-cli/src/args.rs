@@ -45,7 +45,11 @@ pub enum OutputFormat {
     Json,
 }
 
+/// Every subcommand enum here defers its arguments (`defer = true`): a run builds the flags of
+/// the command it runs only, not of all of them (most of a client command's start was clap
+/// building the whole tree). Names and help text stay eager, so `--help` lists every command.
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum Command {
     /// Run a single-process pool: one coordinator plus a worker with simulated GPUs. Jobs run as
     /// the user running it (started as root: as root, without capabilities; see --run-as).
@@ -131,6 +135,7 @@ pub struct WorkerGuardArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum CertsCommand {
     /// Write ca.pem and certificates carrying their role (coordinator, worker, admin, client).
     /// The certificates are valid for --days (365 by default), the CA for ten years.
@@ -180,6 +185,7 @@ pub struct CertsInitArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum TokenCommand {
     /// Issue a token and print its secret (shown once; only its SHA-256 is stored).
     Create {
@@ -215,6 +221,7 @@ pub struct WorkerArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum BillingCommand {
     /// Cost and GPU-hours per tenant and priority class, from the ledger's segments.
     Report(BillingArgs),
@@ -274,6 +281,7 @@ pub struct ConfigArg {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum NodeCommand {
     /// Take no new jobs on NODE; at --deadline its running jobs get their checkpoint signal,
     /// then their class's grace, then are requeued onto other nodes. Without --deadline they
@@ -311,6 +319,7 @@ pub enum NodeCommand {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum AdminCommand {
     /// Print the live policy as a file that `apply` accepts back (with its version).
     Show,
@@ -339,6 +348,7 @@ pub struct PolicyFileArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum ClusterCommand {
     /// Make the coordinator at --endpoint the first member of a new cluster (idempotent) and
     /// install its first policy.
@@ -414,9 +424,10 @@ pub struct TopArgs {
     pub once: bool,
 }
 
-/// The flags that describe a job, shared by `submit`, `sbatch` and `run` (and the `#CORRAL`
-/// directives of a batch script). Unset options are `None` so that command-line flags can
-/// override a script's directives.
+// The flags that describe a job, shared by `submit`, `sbatch` and `run` (and the `#CORRAL`
+// directives of a batch script). Unset options are `None` so that command-line flags can
+// override a script's directives. (A plain comment: clap would take a doc comment of a
+// flattened struct for the about text of the commands that flatten it.)
 #[derive(Debug, Clone, Default, Args)]
 pub struct JobFlags {
     /// Tenant to run and bill the job as (default: the token's tenant, else `default`).
@@ -638,7 +649,7 @@ pub struct JobsArgs {
     pub page: PageArgs,
 }
 
-/// Paging of a listing.
+// Paging of a listing. (A plain comment: see `JobFlags`.)
 #[derive(Debug, Args)]
 pub struct PageArgs {
     /// Print at most N, in id order, and say on stderr (with --output json: in
@@ -719,5 +730,54 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
         _ => Err(format!("invalid environment variable '{s}': expected KEY=VALUE")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// clap checks a command's definition when it builds it; with deferred subcommands a run
+    /// builds one, so this builds and checks them all.
+    #[test]
+    fn every_command_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    /// A deferred command's flags are added after its about text: a flattened struct with a
+    /// doc comment would replace that text (`JobFlags` and `PageArgs` have plain comments).
+    #[test]
+    fn building_a_deferred_command_keeps_its_about_text() {
+        fn check(command: &clap::Command, path: &str) {
+            for sub in command.get_subcommands() {
+                let path = format!("{path} {}", sub.get_name());
+                let mut built = sub.clone();
+                built.build();
+                let texts = |c: &clap::Command| {
+                    (c.get_about().map(ToString::to_string), c.get_long_about().map(ToString::to_string))
+                };
+                assert_eq!(texts(&built), texts(sub), "`{path}` changes its about text when built");
+                check(&built, &path);
+            }
+        }
+        check(&Cli::command(), "corral");
+    }
+
+    #[test]
+    fn a_deferred_command_parses_its_flags_and_the_global_ones() {
+        let cli = Cli::try_parse_from(["corral", "queue", "--endpoint", "h:1", "--limit", "5", "-o", "json"])
+            .expect("parses");
+        assert_eq!(cli.global.endpoint, ["h:1"]);
+        assert_eq!(cli.global.output, OutputFormat::Json);
+        let Command::Queue(args) = cli.command else { panic!("not queue: {:?}", cli.command) };
+        assert_eq!(args.page.limit, Some(5));
+        let cli =
+            Cli::try_parse_from(["corral", "--token", "t", "node", "drain", "n1", "--reason", "r"]).expect("parses");
+        assert_eq!(cli.global.token.as_deref(), Some("t"));
+        let Command::Node(NodeCommand::Drain { node, reason, .. }) = cli.command else {
+            panic!("not node drain: {:?}", cli.command)
+        };
+        assert_eq!((node.as_str(), reason.as_str()), ("n1", "r"));
     }
 }

@@ -1,7 +1,7 @@
 //! `corral cluster init|join|leave|status|snapshot`.
 
 use crate::args::{ClusterCommand, GlobalArgs, OutputFormat};
-use crate::commands::client;
+use crate::connect::client;
 use corral_proto::v1 as pb;
 use serde_json::json;
 use std::process::ExitCode;

@@ -4,29 +4,13 @@ use crate::args::{
     CancelArgs, GlobalArgs, JobArg, JobsArgs, LogsArgs, OutputFormat, PageArgs, RunArgs, SbatchArgs, SubmitArgs,
     WaitArgs,
 };
-use crate::{billing, jobspec, output, paging, sbatch};
+use crate::connect::client;
+use crate::{jobspec, output, paging, sbatch, times};
 use anyhow::{bail, Context};
-use corral_client::{Client, ClientConfig, JobQuery};
-use corral_proto::v1::LogStream;
+use corral_client::JobQuery;
 use corral_types::{JobSpec, JobState};
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::process::ExitCode;
-
-pub fn client(global: &GlobalArgs) -> anyhow::Result<Client> {
-    let endpoints: Vec<String> =
-        global.endpoint.iter().map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect();
-    let mut config = ClientConfig::new(endpoints);
-    config.token = global.token.clone();
-    config.tls = match (&global.ca, &global.cert, &global.key) {
-        (None, None, None) => None,
-        (Some(ca), Some(cert), Some(key)) => {
-            let files = corral_security::TlsFiles { ca: ca.clone(), cert: cert.clone(), key: key.clone() };
-            Some(corral_security::ClientTls::load(&files)?)
-        }
-        _ => bail!("TLS needs all of --ca, --cert and --key (or CORRAL_CA, CORRAL_CERT and CORRAL_KEY)"),
-    };
-    Ok(Client::new(config)?)
-}
 
 fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
@@ -136,18 +120,7 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<ExitCode>
                 last = Some((reason, std::time::Instant::now()));
             }
         }
-        let mut stream = client.read_logs(job_id, true).await?;
-        let mut stdout = std::io::stdout().lock();
-        let mut stderr = std::io::stderr();
-        while let Some(chunk) = stream.message().await.context("log stream broke off")? {
-            if chunk.stream == LogStream::Stderr as i32 {
-                stderr.write_all(&chunk.data)?;
-            } else {
-                stdout.write_all(&chunk.data)?;
-                stdout.flush()?;
-            }
-        }
-        drop(stdout);
+        crate::logs::copy(client.read_logs(job_id, true).await?).await?;
         anyhow::Ok(client.wait_job(job_id, |_| {}).await?)
     };
     let job = tokio::select! {
@@ -265,7 +238,7 @@ fn job_query(args: &JobsArgs, queue_only: bool) -> anyhow::Result<JobQuery> {
         Some(Ok(prefix)) => (None, Some(prefix.to_string())),
         Some(Err(name)) => (Some(name.to_string()), None),
     };
-    let (submitted_since, submitted_until) = billing::time_range(args.since.as_deref(), args.until.as_deref())?;
+    let (submitted_since, submitted_until) = times::time_range(args.since.as_deref(), args.until.as_deref())?;
     Ok(JobQuery {
         all: args.all && !queue_only,
         tenant: args.tenant.clone(),
@@ -351,17 +324,7 @@ pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<ExitCod
     if args.all_ranks {
         return crate::logs::all_ranks(&client, &job, args.follow).await;
     }
-    let mut stream = client.read_rank_logs(args.job, args.rank, args.follow).await?;
-    let mut stdout = std::io::stdout().lock();
-    let mut stderr = std::io::stderr();
-    while let Some(chunk) = stream.message().await.context("log stream broke off")? {
-        if chunk.stream == LogStream::Stderr as i32 {
-            stderr.write_all(&chunk.data)?;
-        } else {
-            stdout.write_all(&chunk.data)?;
-            stdout.flush()?;
-        }
-    }
+    crate::logs::copy(client.read_rank_logs(args.job, args.rank, args.follow).await?).await?;
     Ok(ExitCode::SUCCESS)
 }
 

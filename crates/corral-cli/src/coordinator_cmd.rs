@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 pub async fn run(config_path: &Path) -> anyhow::Result<()> {
-    crate::dev::init_tracing();
+    crate::daemon::init_tracing();
     let file = CoordinatorFile::load(config_path)?;
     let listener = crate::listen::bind(file.listen.parse()?, "for clients and peers").await?;
     let bound = listener.local_addr()?;
@@ -29,7 +29,7 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
     let advertise = file.advertise.clone().unwrap_or_else(|| bound.to_string());
     let server = tokio::spawn(coordinator.clone().serve(listener, stop.clone().cancelled_owned()));
     println!("corral coordinator {} listening on {bound} (advertised as {advertise})", file.node_id);
-    crate::dev::termination().await;
+    crate::daemon::termination().await;
     tracing::info!("shutting down");
     stop.cancel();
     if let Err(e) = tokio::time::timeout(Duration::from_secs(10), coordinator.raft_node().shutdown()).await {

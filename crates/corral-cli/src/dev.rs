@@ -18,28 +18,6 @@ use tokio_util::sync::CancellationToken;
 
 const NODE_NAME: &str = "dev-node";
 
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn,redb=warn,raft_log=warn,h2=warn")
-    });
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
-}
-
-/// Resolves when SIGINT or SIGTERM arrives.
-pub async fn termination() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
 /// Stable short hash of a path, naming this data dir's job cgroups.
 fn path_tag(path: &std::path::Path) -> String {
     let hash = path
@@ -70,7 +48,7 @@ fn resolve_user(user: &str) -> anyhow::Result<(u32, u32)> {
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
-    init_tracing();
+    crate::daemon::init_tracing();
     let listen: SocketAddr = args
         .listen
         .parse()
@@ -170,7 +148,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     .with_faults_file(data_dir.join("worker/faults.toml"));
     let options = BuildOptions {
         token: None,
-        fence_guard: Some(crate::worker_cmd::fence_guard(&cgroup_root)?),
+        fence_guard: Some(crate::daemon::fence_guard(&cgroup_root)?),
         gpus: Some(Arc::new(gpus)),
     };
     let worker = Worker::build(&worker_file, agent_addr, options)?;
@@ -211,7 +189,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     );
     println!("try: corral --endpoint {addr} submit --gpus 1 -- sh -c 'echo hello from $CUDA_VISIBLE_DEVICES'");
 
-    termination().await;
+    crate::daemon::termination().await;
     tracing::info!("shutting down");
     worker_stop.cancel();
     worker.await??;

@@ -1,4 +1,5 @@
-//! `corral logs JOB --all-ranks`: the output of every part of a gang, each line prefixed with
+//! A job's output on our stdout and stderr: one rank's copied as it comes (`corral logs`,
+//! `corral run`), or with `--all-ranks` every part of a gang, each line prefixed with
 //! `[rank N] ` (stdout and stderr kept apart). Without `-f` the ranks are printed one after the
 //! other; with `-f` their lines interleave as they come.
 
@@ -10,6 +11,23 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::ExitCode;
 use tokio_stream::{StreamExt, StreamMap};
+use tonic::Streaming;
+
+/// Copies one log stream to stdout and stderr until it ends; stdout is flushed after each chunk,
+/// so that output piped on shows as it comes.
+pub async fn copy(mut stream: Streaming<LogChunk>) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    let mut stderr = std::io::stderr();
+    while let Some(chunk) = stream.message().await.context("log stream broke off")? {
+        if chunk.stream == LogStream::Stderr as i32 {
+            stderr.write_all(&chunk.data)?;
+        } else {
+            stdout.write_all(&chunk.data)?;
+            stdout.flush()?;
+        }
+    }
+    Ok(())
+}
 
 /// Splits each rank's output into lines and writes them with the rank's prefix.
 #[derive(Default)]

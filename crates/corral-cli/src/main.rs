@@ -5,7 +5,9 @@ mod args;
 mod billing;
 mod cluster_cmd;
 mod commands;
+mod connect;
 mod coordinator_cmd;
+mod daemon;
 mod dev;
 mod jobspec;
 mod listen;
@@ -16,6 +18,7 @@ mod output;
 mod paging;
 mod sbatch;
 mod security_cmd;
+mod times;
 mod top;
 mod worker_cmd;
 
@@ -65,9 +68,10 @@ fn main() -> ExitCode {
             }
         };
     }
+    let daemon = matches!(cli.command, Command::Dev(_) | Command::Coordinator(_) | Command::Worker(_));
     // A daemon must never die of a peer closing its socket (a killed coordinator, a worker that
     // went away): every write to it is an EPIPE error, on every thread.
-    if matches!(cli.command, Command::Dev(_) | Command::Coordinator(_) | Command::Worker(_)) {
+    if daemon {
         // SAFETY: setting a signal disposition before any thread starts.
         unsafe {
             libc::signal(libc::SIGPIPE, libc::SIG_IGN);
@@ -76,7 +80,13 @@ fn main() -> ExitCode {
     // Sockets are written on the runtime's threads: there a peer that closed its end (a TLS
     // server refusing us, a client going away) must be an EPIPE error, not a silent death by
     // SIGPIPE. Children get a clean signal mask from std's spawn.
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().on_thread_start(block_sigpipe).build();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if !daemon {
+        // A client command waits on one coordinator at a time: one worker thread (its sockets'
+        // thread; the main thread prints) instead of one per core, each a thread to start.
+        runtime.worker_threads(1);
+    }
+    let runtime = runtime.enable_all().on_thread_start(block_sigpipe).build();
     let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
@@ -163,5 +173,83 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::History(args) => billing::history(&global, args).await,
         Command::Sbatch(args) => commands::sbatch(&global, args).await,
         Command::Run(args) => commands::run(&global, args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    /// The modules each module of this crate names (`crate::x`, `use crate::{x, y::z}`).
+    fn module_imports() -> BTreeMap<String, BTreeSet<String>> {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut graph = BTreeMap::new();
+        for entry in std::fs::read_dir(&src).expect("read src") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let module = path.file_stem().expect("stem").to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&path).expect("read module");
+            let mut names = BTreeSet::new();
+            for (i, _) in text.match_indices("crate::") {
+                let rest = &text[i + "crate::".len()..];
+                // `crate::{a, b::c}` names a and b; `crate::a::b` names a.
+                let items = match rest.strip_prefix('{') {
+                    Some(group) => group[..group.find('}').expect("closed use group")].split(',').collect(),
+                    None => vec![rest],
+                };
+                for item in items {
+                    let name: String =
+                        item.trim().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                    if !name.is_empty() && name != module {
+                        names.insert(name);
+                    }
+                }
+            }
+            graph.insert(module, names);
+        }
+        // Names that are no module of this crate (items of nested groups, examples in docs).
+        let modules: BTreeSet<String> = graph.keys().cloned().collect();
+        for names in graph.values_mut() {
+            names.retain(|n| modules.contains(n));
+        }
+        graph
+    }
+
+    /// A path of imports from `from` back to `to`, if there is one.
+    fn path_back(graph: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> Option<Vec<String>> {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![vec![from.to_string()]];
+        while let Some(path) = stack.pop() {
+            let last = path.last().expect("non-empty path");
+            for next in graph.get(last).into_iter().flatten() {
+                if next == to {
+                    return Some(path);
+                }
+                if seen.insert(next.clone()) {
+                    stack.push([path.clone(), vec![next.clone()]].concat());
+                }
+            }
+        }
+        None
+    }
+
+    /// Shared helpers live in modules of their own, so that no two modules import each other,
+    /// directly or around a circle.
+    #[test]
+    fn no_module_imports_itself_around_a_circle() {
+        let graph = module_imports();
+        assert!(graph["commands"].contains("connect"), "the import scan finds imports: {graph:?}");
+        for (module, imports) in &graph {
+            for import in imports {
+                if let Some(back) = path_back(&graph, import, module) {
+                    panic!(
+                        "{module} -> {} -> {module}: move what they share into a module of its own",
+                        back.join(" -> ")
+                    );
+                }
+            }
+        }
     }
 }

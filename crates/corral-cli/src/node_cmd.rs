@@ -3,7 +3,7 @@
 //! (`corral worker --config FILE --join ADDR --token T`).
 
 use crate::args::{GlobalArgs, NodeCommand, OutputFormat};
-use crate::commands::client;
+use crate::connect::client;
 use crate::output::format_utc;
 use corral_types::Timestamp;
 use serde_json::json;

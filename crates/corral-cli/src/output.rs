@@ -154,6 +154,17 @@ fn table_line<S: AsRef<str>>(cells: &[S], widths: &[usize]) -> String {
     out.trim_end().to_string()
 }
 
+/// Prints `lines` in one write to stdout (line by line, a page of a thousand jobs was a
+/// thousand writes: stdout is line-buffered even into a pipe).
+fn print_lines(lines: &[String]) {
+    if lines.is_empty() {
+        return;
+    }
+    let mut text = lines.join("\n");
+    text.push('\n');
+    print!("{text}");
+}
+
 /// A table printed as its rows arrive (one listing page at a time): the header and the
 /// column widths come from the first rows; later rows keep those widths.
 pub struct StreamTable {
@@ -168,16 +179,12 @@ impl StreamTable {
 
     /// Prints `rows` (the header first, the first time there are any).
     pub fn print(&mut self, rows: &[Vec<String>]) {
-        for line in self.lines(rows) {
-            println!("{line}");
-        }
+        print_lines(&self.lines(rows));
     }
 
     /// Ends the table: a table without rows still prints its header.
     pub fn finish(self) {
-        for line in self.finish_lines() {
-            println!("{line}");
-        }
+        print_lines(&self.finish_lines());
     }
 
     /// The lines that print `rows`.
@@ -266,16 +273,12 @@ pub struct JobsTableStream {
 impl JobsTableStream {
     /// Takes one page of the listing and prints what can be printed already.
     pub fn push(&mut self, page: Vec<Job>) {
-        for line in self.accept(page) {
-            println!("{line}");
-        }
+        print_lines(&self.accept(page));
     }
 
     /// Prints what is held, and the header if nothing was printed.
     pub fn finish(self) {
-        for line in self.finish_lines() {
-            println!("{line}");
-        }
+        print_lines(&self.finish_lines());
     }
 
     /// Takes one page; returns the lines that can be printed already.

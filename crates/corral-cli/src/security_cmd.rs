@@ -2,7 +2,7 @@
 //! create|list|revoke`.
 
 use crate::args::{CertsInitArgs, CertsRenewArgs, GlobalArgs, OutputFormat, TokenCommand};
-use crate::commands::client;
+use crate::connect::client;
 use corral_proto::v1 as pb;
 use serde_json::json;
 use std::process::ExitCode;

@@ -3,7 +3,7 @@
 //! `--once` prints a single frame (as JSON with `--output json`).
 
 use crate::args::{GlobalArgs, OutputFormat, TopArgs};
-use crate::commands::client;
+use crate::connect::client;
 use crate::output;
 use anyhow::bail;
 use corral_client::Client;
@@ -186,7 +186,7 @@ pub async fn run(global: &GlobalArgs, args: TopArgs) -> anyhow::Result<ExitCode>
         drop(stdout);
         tokio::select! {
             _ = tokio::time::sleep(args.interval) => {}
-            _ = crate::dev::termination() => return Ok(ExitCode::SUCCESS),
+            _ = crate::daemon::termination() => return Ok(ExitCode::SUCCESS),
         }
     }
 }

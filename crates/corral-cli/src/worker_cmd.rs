@@ -4,21 +4,13 @@
 //! starts the metrics listener and runs until SIGINT/SIGTERM. A changed file takes effect at the
 //! next start: the worker registers again with the new spec.
 
-use anyhow::Context;
-use corral_worker::{BuildOptions, GuardCommand, JoinOptions, Worker, WorkerFile};
+use corral_worker::{BuildOptions, JoinOptions, Worker, WorkerFile};
 use std::path::Path;
 use tokio_util::sync::CancellationToken;
 
-/// The fence guard of a worker whose job cgroups live under `cgroup_root`: this binary's
-/// hidden `worker-guard` command.
-pub fn fence_guard(cgroup_root: &str) -> anyhow::Result<GuardCommand> {
-    let program = std::env::current_exe().context("cannot find the corral binary to start the fence guard")?;
-    Ok(GuardCommand { program, args: vec!["worker-guard".into(), "--cgroup-root".into(), cgroup_root.into()] })
-}
-
 /// Runs the worker; with `join`, `token` is the join token (otherwise the worker's access token).
 pub async fn run(config_path: &Path, join: Option<String>, token: Option<String>) -> anyhow::Result<()> {
-    crate::dev::init_tracing();
+    crate::daemon::init_tracing();
     let file = WorkerFile::load(config_path)?;
     let join = match (join, &token) {
         (Some(addr), Some(token)) => Some(JoinOptions { addr, token: token.clone() }),
@@ -27,7 +19,7 @@ pub async fn run(config_path: &Path, join: Option<String>, token: Option<String>
     };
     let listen = file.listen.parse()?;
     let listener = crate::listen::bind(listen, "for the coordinators").await?;
-    let fence_guard = Some(fence_guard(&file.executor.cgroup_root)?);
+    let fence_guard = Some(crate::daemon::fence_guard(&file.executor.cgroup_root)?);
     let worker = match &join {
         Some(join) => {
             let options = BuildOptions { token: None, fence_guard, gpus: None };
@@ -50,7 +42,7 @@ pub async fn run(config_path: &Path, join: Option<String>, token: Option<String>
     }
     let mut running = tokio::spawn(worker.run(listener, stop.clone().cancelled_owned()));
     tokio::select! {
-        _ = crate::dev::termination() => {
+        _ = crate::daemon::termination() => {
             tracing::info!("shutting down: killing local jobs");
             stop.cancel();
             (&mut running).await??;

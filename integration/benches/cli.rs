@@ -1,0 +1,162 @@
+//! Command-line benchmark: what a user or a script waits for per `corral` process against an idle
+//! `corral dev` pool: the start of a client command (`corral --version`), submits one at a time
+//! (`corral sbatch --hold` of a small script, one process after the other, as a submit loop in a
+//! shell runs them), and `corral queue` over 1000 pending jobs. Every figure is the wall time of
+//! whole processes, start to exit; the submits are held so that no job runs beside the
+//! measurement.
+//!
+//! Run: `cargo build --release -p corral-cli && cargo bench -p corral-integration --bench cli`
+//! Knobs: `CORRAL_BENCH_ONLY=start|submit|queue` runs one phase; `CORRAL_BENCH_SAMPLES`
+//! (processes per figure, default 300), `CORRAL_BENCH_PENDING` (jobs in the queue, default 1000),
+//! `CORRAL_BENCH_BASELINE` (a second `corral` binary measured in turns with the first, against
+//! the same pools: a before and after on one host under one load).
+
+use corral_client::{Client, ClientConfig};
+use corral_integration::DevPool;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// One process's wall time, start to exit, and the CPU time it used (user and system).
+struct Run {
+    wall: Duration,
+    cpu: Duration,
+}
+
+/// Median, p10 and p90 of the wall times of `runs`, how many such processes run per second back
+/// to back, and the median CPU time of one (the figure least moved by other load on the host).
+fn summary(runs: &[Run]) -> String {
+    let mut wall: Vec<Duration> = runs.iter().map(|r| r.wall).collect();
+    let mut cpu: Vec<Duration> = runs.iter().map(|r| r.cpu).collect();
+    wall.sort();
+    cpu.sort();
+    let total: Duration = wall.iter().sum();
+    format!(
+        "wall median {:>8.2?}  p10 {:>8.2?}  p90 {:>8.2?}  {:>5.0}/s  cpu median {:>8.2?}  (n={})",
+        percentile(&wall, 0.5),
+        percentile(&wall, 0.1),
+        percentile(&wall, 0.9),
+        wall.len() as f64 / total.as_secs_f64(),
+        percentile(&cpu, 0.5),
+        wall.len()
+    )
+}
+
+/// Runs `corral args` once with stdout to /dev/null; reaps it with `wait4` for its CPU time.
+fn run_once(bin: &Path, args: &[&str]) -> Run {
+    let started = Instant::now();
+    // Reaped below by `wait4` on its pid (for its rusage), which clippy cannot see.
+    #[allow(clippy::zombie_processes)]
+    let child = Command::new(bin).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start corral");
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to overwrite.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, writing into the two locals.
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    let wall = started.elapsed();
+    assert_eq!(pid, child.id() as libc::pid_t, "wait4: {}", std::io::Error::last_os_error());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "corral {args:?} failed (status {status}): run it by hand to see why"
+    );
+    let time = |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
+    Run { wall, cpu: time(usage.ru_utime) + time(usage.ru_stime) }
+}
+
+/// The binaries measured: the one under test, then `CORRAL_BENCH_BASELINE` if set.
+fn binaries() -> Vec<PathBuf> {
+    let mut bins = vec![corral_integration::corral_bin()];
+    bins.extend(std::env::var_os("CORRAL_BENCH_BASELINE").map(PathBuf::from));
+    bins
+}
+
+/// Runs `corral args` `samples` times with each binary, one process after the other, after a
+/// few unmeasured runs; the binaries take turns every ten runs, so that a change in the load
+/// of the host falls on each alike. Prints one line per binary.
+fn measure(what: &str, args: &[&str], samples: usize) {
+    let bins = binaries();
+    let mut runs: Vec<Vec<Run>> = bins.iter().map(|_| Vec::with_capacity(samples)).collect();
+    for bin in &bins {
+        for _ in 0..10 {
+            run_once(bin, args);
+        }
+    }
+    while runs[0].len() < samples {
+        for (bin, runs) in bins.iter().zip(&mut runs) {
+            for _ in 0..10.min(samples - runs.len()) {
+                runs.push(run_once(bin, args));
+            }
+        }
+    }
+    for (bin, runs) in bins.iter().zip(&runs) {
+        let name = bin.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        println!("{what:<40} {name:<14} {}", summary(runs));
+    }
+}
+
+fn start_phase(samples: usize) {
+    measure("corral --version", &["--version"], samples);
+    measure("corral submit --help", &["submit", "--help"], samples);
+}
+
+fn submit_phase(samples: usize) {
+    let pool = DevPool::start(&["--gpus", "8"]);
+    let script = pool.data_dir.join("job.sbatch");
+    // The script Slurm's `sbatch --hold` takes as it is, for a comparison on one host.
+    std::fs::write(&script, "#!/bin/sh\n#SBATCH --job-name=bench\ntrue\n").expect("write script");
+    let script = script.display().to_string();
+    measure("corral sbatch --hold, one at a time", &["--endpoint", &pool.addr, "sbatch", "--hold", &script], samples);
+}
+
+fn queue_phase(samples: usize, pending: usize) {
+    let pool = DevPool::start(&["--gpus", "8"]);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let client = Client::new(ClientConfig::new(vec![pool.addr.clone()])).expect("client");
+    let specs: Vec<(String, corral_types::JobSpec)> = (0..pending)
+        .map(|i| {
+            let mut spec = corral_integration::trivial_job(&format!("queued-{i}"));
+            spec.gpus = 1;
+            spec.sched.hold = true;
+            (format!("queue-bench-{}-{i}", std::process::id()), spec)
+        })
+        .collect();
+    for chunk in specs.chunks(500) {
+        let results = rt.block_on(client.submit_batch(chunk)).expect("batch submit");
+        assert!(results.iter().all(Result::is_ok), "every held job is accepted: {results:?}");
+    }
+    measure(&format!("corral queue, {pending} pending"), &["--endpoint", &pool.addr, "queue"], samples);
+    let json = ["--endpoint", &pool.addr, "--output", "json", "queue"];
+    measure(&format!("corral queue -o json, {pending} pending"), &json, samples);
+}
+
+fn main() {
+    for bin in binaries() {
+        assert!(bin.exists(), "{} not found: cargo build --release -p corral-cli", bin.display());
+    }
+    let only = std::env::var("CORRAL_BENCH_ONLY").unwrap_or_default();
+    let samples: usize = env_or("CORRAL_BENCH_SAMPLES", 300);
+    let pending: usize = env_or("CORRAL_BENCH_PENDING", 1000);
+    for bin in binaries() {
+        println!("binary: {}", bin.display());
+    }
+    if only.is_empty() || only == "start" {
+        start_phase(samples);
+    }
+    if only.is_empty() || only == "submit" {
+        submit_phase(samples);
+    }
+    if only.is_empty() || only == "queue" {
+        queue_phase(samples, pending);
+    }
+}
