@@ -4,7 +4,9 @@
 
 use crate::args::JobFlags;
 use anyhow::bail;
-use corral_types::{parse_dependencies, ArraySpec, GpuSlice, JobSpec, SchedOptions, MAX_ENV_BYTES, MAX_ENV_VARS};
+use corral_types::{
+    parse_dependencies, ArraySpec, GpuSlice, JobSpec, SchedOptions, SlurmNames, TaskLayout, MAX_ENV_BYTES, MAX_ENV_VARS,
+};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -174,10 +176,15 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
             hold: flags.hold,
         },
         workdir,
+        // A batch script is Slurm's batch step: it runs once, on the first node.
+        batch_step: input.script.is_some(),
         script: input.script,
         stdout_path: flags.stdout,
         stderr_path: flags.stderr,
         array,
+        layout: TaskLayout::default(),
+        slurm: SlurmNames::default(),
+        append_output: false,
     };
     let mut checked = spec.clone();
     if checked.tenant.is_empty() {

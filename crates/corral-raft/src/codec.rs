@@ -15,7 +15,7 @@ use corral_core::{
 use corral_types::{
     Allocation, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuDevice, GpuSlice, Job,
     JobExitReport, JobSpec, JobState, NodeGpus, NodeMode, NodeSpec, NodeState, NodeStatus, PartEnd, PreemptionNotice,
-    PriceBreak, SchedOptions, Segment, SliceAssignment, Timestamp,
+    PriceBreak, SchedOptions, Segment, SliceAssignment, SlurmNames, TaskLayout, Timestamp,
 };
 use prost::Message;
 use std::collections::BTreeMap;
@@ -127,7 +127,63 @@ impl From<&JobSpec> for pb::JobSpec {
                     .collect(),
                 max_running: a.max_running,
             }),
+            layout: (!s.layout.is_default()).then(|| layout_to_pb(&s.layout)),
+            batch_step: s.batch_step,
+            slurm: (!s.slurm.is_default()).then(|| slurm_names_to_pb(&s.slurm)),
+            append_output: s.append_output,
         }
+    }
+}
+
+fn layout_to_pb(l: &TaskLayout) -> pb::TaskLayout {
+    pb::TaskLayout {
+        nodes: l.nodes,
+        ntasks: l.ntasks,
+        ntasks_per_node: l.ntasks_per_node,
+        cpus_per_task: l.cpus_per_task,
+        gpus_per_task: l.gpus_per_task,
+        cpus_per_gpu: l.cpus_per_gpu,
+        mem_per_cpu: l.mem_per_cpu,
+        mem_per_gpu: l.mem_per_gpu,
+        exclusive: l.exclusive,
+        gpu_type: l.gpu_type.clone(),
+    }
+}
+
+fn layout_from_pb(l: pb::TaskLayout) -> TaskLayout {
+    TaskLayout {
+        nodes: l.nodes,
+        ntasks: l.ntasks,
+        ntasks_per_node: l.ntasks_per_node,
+        cpus_per_task: l.cpus_per_task,
+        gpus_per_task: l.gpus_per_task,
+        cpus_per_gpu: l.cpus_per_gpu,
+        mem_per_cpu: l.mem_per_cpu,
+        mem_per_gpu: l.mem_per_gpu,
+        exclusive: l.exclusive,
+        gpu_type: l.gpu_type,
+    }
+}
+
+fn slurm_names_to_pb(n: &SlurmNames) -> pb::SlurmNames {
+    pb::SlurmNames {
+        account: n.account.clone(),
+        qos: n.qos.clone(),
+        partition: n.partition.clone(),
+        submit_dir: n.submit_dir.clone(),
+        submit_host: n.submit_host.clone(),
+        user: n.user.clone(),
+    }
+}
+
+fn slurm_names_from_pb(n: pb::SlurmNames) -> SlurmNames {
+    SlurmNames {
+        account: n.account,
+        qos: n.qos,
+        partition: n.partition,
+        submit_dir: n.submit_dir,
+        submit_host: n.submit_host,
+        user: n.user,
     }
 }
 
@@ -180,6 +236,10 @@ impl TryFrom<pb::JobSpec> for JobSpec {
                     .collect(),
                 max_running: a.max_running,
             }),
+            layout: s.layout.map(layout_from_pb).unwrap_or_default(),
+            batch_step: s.batch_step,
+            slurm: s.slurm.map(slurm_names_from_pb).unwrap_or_default(),
+            append_output: s.append_output,
         })
     }
 }
@@ -1564,6 +1624,48 @@ pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slurm_layouts_and_names_round_trip() {
+        let spec = JobSpec {
+            tenant: "team-a".into(),
+            gpus: 8,
+            sched: SchedOptions { gpus_per_node: Some(4), ..Default::default() },
+            layout: TaskLayout {
+                nodes: 2,
+                ntasks: 8,
+                ntasks_per_node: 4,
+                cpus_per_task: 6,
+                gpus_per_task: 1,
+                cpus_per_gpu: 0,
+                mem_per_cpu: 0,
+                mem_per_gpu: 20 << 30,
+                exclusive: true,
+                gpu_type: Some("a100".into()),
+            },
+            batch_step: true,
+            slurm: SlurmNames {
+                account: Some("proj_x".into()),
+                qos: Some("short".into()),
+                partition: Some("gpu".into()),
+                submit_dir: Some("/home/ana/exp".into()),
+                submit_host: Some("login1".into()),
+                user: Some("ana".into()),
+            },
+            append_output: true,
+            script: Some("#!/bin/sh\nsrun true\n".into()),
+            ..Default::default()
+        };
+        let req = Request { ts: Timestamp(5), command: Command::SubmitJob { request_id: "s".into(), spec } };
+        assert_eq!(command_from_bytes(&command_to_bytes(&req)).unwrap(), req);
+        // A spec without them writes none of the new fields: older readers see the same bytes.
+        let plain = JobSpec { tenant: "t".into(), command: vec!["true".into()], ..Default::default() };
+        let bytes = pb::JobSpec::from(&plain).encode_to_vec();
+        assert_eq!(
+            bytes,
+            pb::JobSpec { tenant: "t".into(), command: vec!["true".into()], ..Default::default() }.encode_to_vec()
+        );
+    }
 
     #[test]
     fn commands_and_snapshots_round_trip() {

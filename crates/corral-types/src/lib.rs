@@ -1,11 +1,12 @@
-//! Domain types shared by every corral crate: ids, resources, job specs and states, TSO timestamps,
-//! billing ledger segments.
+//! Domain types shared by every corral crate: ids, resources, job specs and states, Slurm's
+//! allocation layout, TSO timestamps, billing ledger segments.
 //!
 //! Boundary: serde + thiserror only. Nothing here does I/O or reads a clock.
 
 mod billing;
 mod job;
 mod job_options;
+mod layout;
 mod node;
 mod parse;
 mod timestamp;
@@ -18,6 +19,7 @@ pub use job::{
     MAX_SCRIPT_BYTES, REQUEUE_PREEMPTOR,
 };
 pub use job_options::parse_dependencies;
+pub use layout::{gpu_type_matches, SlurmNames, TaskLayout, MAX_NODES_PER_JOB, MAX_TASKS_PER_JOB};
 pub use node::{GpuDevice, GpuHealth, NodeMode, NodeSpec, NodeState, NodeStatus, DEFAULT_RENDEZVOUS_PORTS};
 pub use parse::{
     describe_config_error, format_duration, format_size, parse_duration, parse_size, ConfigDuration, ConfigSize,
