@@ -476,9 +476,43 @@ pub struct JobFlags {
     /// Requeue a failed run up to N times before the job fails.
     #[arg(long, value_name = "N")]
     pub max_restarts: Option<u32>,
-    /// Nodes of a gang (with --gpus-per-node; --gpus defaults to nodes x gpus-per-node).
+    /// Nodes of the allocation (Slurm's -N): --gpus-per-node GPUs on each (--gpus defaults to
+    /// nodes x gpus-per-node), or --gpus split evenly over them, or none.
     #[arg(long, short = 'N', value_name = "N")]
     pub nodes: Option<u32>,
+    /// Tasks of the allocation (Slurm's -n), spread over its nodes as Slurm's block distribution
+    /// does; each gets --cpus-per-task CPUs (default 1).
+    #[arg(long, short = 'n', value_name = "N")]
+    pub ntasks: Option<u32>,
+    /// Tasks on each node (with --ntasks: at most this many).
+    #[arg(long, value_name = "N")]
+    pub ntasks_per_node: Option<u32>,
+    /// Whole CPUs of each task (Slurm's -c): the job's CPUs on a node are its tasks there times this.
+    #[arg(long, short = 'c', value_name = "N")]
+    pub cpus_per_task: Option<u32>,
+    /// Whole GPUs of each task, bound to it: a node's GPUs are its tasks there times this.
+    #[arg(long, value_name = "N")]
+    pub gpus_per_task: Option<u32>,
+    /// Whole CPUs for each GPU of the job.
+    #[arg(long, value_name = "N")]
+    pub cpus_per_gpu: Option<u32>,
+    /// Memory for each CPU of the job on a node, e.g. 4G (the node's limit is CPUs times this).
+    #[arg(long, value_parser = parse_size)]
+    pub mem_per_cpu: Option<u64>,
+    /// Memory for each GPU of the job on a node, e.g. 40G (the node's limit is GPUs times this).
+    #[arg(long, value_parser = parse_size)]
+    pub mem_per_gpu: Option<u64>,
+    /// Whole nodes: no other job runs on the allocation's nodes, and the job gets all their CPUs
+    /// and memory.
+    #[arg(long)]
+    pub exclusive: bool,
+    /// Only GPUs of this model (Slurm's gpu:TYPE:N): a100 matches "NVIDIA A100-SXM4-80GB".
+    #[arg(long, value_name = "TYPE")]
+    pub gpu_type: Option<String>,
+    /// Output files (--stdout, --stderr) are truncated when the job starts (the default) or
+    /// appended to.
+    #[arg(long, value_name = "MODE", value_parser = ["truncate", "append"])]
+    pub open_mode: Option<String>,
 }
 
 #[derive(Debug, Args)]
