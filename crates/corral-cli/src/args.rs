@@ -450,8 +450,10 @@ pub struct JobFlags {
     #[arg(long, value_name = "ALL|NONE|VARS")]
     pub export: Option<String>,
     /// Also write the job's stdout to this file on the worker (relative to the working
-    /// directory); %j job id, %A array job id, %a array task id, %x name, %N node, %% a %.
-    /// Without --stderr, stderr goes there too. `corral logs` keeps working.
+    /// directory); %j job id, %J job id and step, %A array job id, %a array task id, %x name,
+    /// %u user, %N node, %n node index, %t task, %% a % (%4a: zero-padded). Without --stderr,
+    /// stderr goes there too. `corral logs` keeps working. `corral sbatch` defaults to
+    /// slurm-%j.out (slurm-%A_%a.out for an array).
     #[arg(long = "stdout", value_name = "PATTERN")]
     pub stdout: Option<String>,
     /// Also write the job's stderr to this file (same patterns as --stdout).

@@ -65,6 +65,7 @@ fn build_spec(flags: crate::args::JobFlags, input: JobInputOwned) -> anyhow::Res
             default_name: input.default_name,
             cwd: &input.cwd,
             environment: input.environment,
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default(),
         },
     )?;
     for warning in warnings {

@@ -5,7 +5,8 @@
 use crate::args::JobFlags;
 use anyhow::bail;
 use corral_types::{
-    parse_dependencies, ArraySpec, GpuSlice, JobSpec, SchedOptions, SlurmNames, TaskLayout, MAX_ENV_BYTES, MAX_ENV_VARS,
+    default_output_pattern, parse_dependencies, ArraySpec, GpuSlice, JobSpec, SchedOptions, SlurmNames, TaskLayout,
+    MAX_ENV_BYTES, MAX_ENV_VARS,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -40,6 +41,8 @@ pub struct JobInput<'a> {
     pub cwd: &'a Path,
     /// The submitting shell's environment.
     pub environment: Vec<(String, String)>,
+    /// The host of the submit (empty: unknown).
+    pub host: String,
 }
 
 impl JobFlags {
@@ -116,6 +119,15 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
         .map(|d| d.to_str().map(str::to_owned).ok_or_else(|| anyhow::anyhow!("--chdir {} is not UTF-8", d.display())))
         .transpose()?;
     let export = flags.export.clone().unwrap_or_else(|| if image.is_some() { "NONE" } else { "ALL" }.into());
+    let user = input.environment.iter().find(|(k, _)| k == "USER" || k == "LOGNAME").map(|(_, v)| v.clone());
+    let slurm = SlurmNames {
+        account: None,
+        qos: None,
+        partition: flags.partition.clone(),
+        submit_dir: input.cwd.to_str().map(str::to_owned),
+        submit_host: (!input.host.is_empty()).then(|| input.host.clone()),
+        user,
+    };
     let explicit: BTreeMap<String, String> = flags.env.into_iter().collect();
     let (env, warnings) = exported_environment(&export, input.environment, explicit)?;
     let array = flags.array.as_deref().map(ArraySpec::parse).transpose()?;
@@ -138,6 +150,7 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
         node_selector.push(term.to_string());
     }
     let name = flags.name.unwrap_or(input.default_name);
+    let batch = input.script.is_some();
     let spec = JobSpec {
         name,
         // Empty: the coordinator fills in the token's tenant (or `default`).
@@ -168,13 +181,15 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
         },
         workdir,
         // A batch script is Slurm's batch step: it runs once, on the first node.
-        batch_step: input.script.is_some(),
+        batch_step: batch,
         script: input.script,
-        stdout_path: flags.stdout,
+        // Slurm writes a batch job's output to slurm-%j.out (slurm-%A_%a.out for an array) in
+        // its working directory unless told otherwise.
+        stdout_path: flags.stdout.or_else(|| batch.then(|| default_output_pattern(array.is_some()).to_string())),
         stderr_path: flags.stderr,
         array,
         layout,
-        slurm: SlurmNames::default(),
+        slurm,
         append_output: flags.open_mode.as_deref() == Some("append"),
     };
     let mut checked = spec.clone();
@@ -405,7 +420,8 @@ mod tests {
             script: None,
             default_name: "train.sh".into(),
             cwd,
-            environment: vars(&[("HOME", "/home/ana"), ("CORRAL_TOKEN", "secret"), ("LR", "0.1")]),
+            environment: vars(&[("HOME", "/home/ana"), ("CORRAL_TOKEN", "secret"), ("LR", "0.1"), ("USER", "ana")]),
+            host: "login1".into(),
         }
     }
 
@@ -479,6 +495,10 @@ mod tests {
         assert_eq!(spec.sched.max_restarts, Some(2));
         assert_eq!(spec.workdir.as_deref(), Some("/home/ana/exp/sub"));
         assert!(!spec.env.contains_key("CORRAL_TOKEN"));
+        // Slurm's variables name the submit directory, not --chdir's.
+        assert_eq!(spec.slurm.submit_dir.as_deref(), Some("/home/ana/exp"));
+        assert_eq!((spec.slurm.submit_host.as_deref(), spec.slurm.user.as_deref()), (Some("login1"), Some("ana")));
+        assert_eq!(spec.slurm.partition.as_deref(), Some("gpu"));
         let (spec, _) = job_spec(JobFlags::default(), input(cwd)).unwrap();
         assert_eq!(spec.workdir.as_deref(), Some("/home/ana/exp"), "the submit directory by default");
         let flags = JobFlags { chdir: Some("/abs".into()), ..Default::default() };

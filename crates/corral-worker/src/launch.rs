@@ -7,7 +7,7 @@ use crate::devices::Devices;
 use crate::executor::{JobFiles, LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR, SCRIPT_FILE};
 use crate::gang::{gang_env, PartAddrs, HOSTFILE};
 use crate::gpu::{DeviceInfo, MigPlacement, MigState};
-use corral_types::{GpuSlice, Job, SliceAssignment};
+use corral_types::{expand_output_pattern, GpuSlice, Job, OutputPlace, SliceAssignment};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -223,39 +223,24 @@ pub(crate) fn job_files(job: &Job, work_dir: &Path, node: &str) -> (Vec<String>,
         None => spec.command.clone(),
     };
     let base = cwd.clone().unwrap_or_else(|| work_dir.to_path_buf());
-    let output = |pattern: &str| base.join(expand_output_pattern(pattern, job, node));
+    let node_index = job.allocation.as_ref().and_then(|a| a.parts().position(|(n, _)| n == node)).unwrap_or(0);
+    let place = OutputPlace { node, node_index: node_index as u32, task: 0, step: None };
+    let output = |pattern: &str| {
+        let mut name = expand_output_pattern(pattern, job, &place);
+        // The other nodes of a job that runs its command on every node write files of their
+        // own instead of overwriting the first node's (unless the pattern names the node).
+        if node_index > 0 && !["%N", "%n", "%t"].iter().any(|p| pattern.contains(p)) {
+            name.push_str(&format!(".{node_index}"));
+        }
+        base.join(name)
+    };
     let stdout = spec.stdout_path.as_deref().map(output);
     // As in Slurm, stderr goes with stdout unless it has a file of its own.
     let stderr = spec.stderr_path.as_deref().map(output).or_else(|| stdout.clone());
-    let files = JobFiles { cwd, script: spec.script.clone(), stdout, stderr, truncate: job.attempts <= 1 };
+    // `--open-mode=append`, and a requeued run, append to what is there.
+    let truncate = job.attempts <= 1 && !spec.append_output;
+    let files = JobFiles { cwd, script: spec.script.clone(), stdout, stderr, truncate };
     (argv, files)
-}
-
-/// Expands `%j` (job id), `%A` (array job id, else the job id), `%a` (array task index, else
-/// 4294967294 as Slurm), `%x` (name), `%N` (node) and `%%`; other `%` sequences stay as written.
-pub(crate) fn expand_output_pattern(pattern: &str, job: &Job, node: &str) -> String {
-    let mut out = String::with_capacity(pattern.len());
-    let mut chars = pattern.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('j') => out.push_str(&job.id.to_string()),
-            Some('A') => out.push_str(&job.array_task.map_or(job.id, |t| t.array).to_string()),
-            Some('a') => out.push_str(&job.array_task.map_or(u32::MAX - 1, |t| t.index).to_string()),
-            Some('x') => out.push_str(&job.spec.name.replace('/', "_")),
-            Some('N') => out.push_str(node),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -365,6 +350,21 @@ echo hi
         let (_, files) = job_files(&j, Path::new("/jobs/42/7"), "gpu-01");
         assert_eq!(files.stderr, Some(PathBuf::from("/scratch/40_3.gpu-01.err%%q")));
         assert!(!files.truncate, "a requeued run appends");
-        assert_eq!(expand_output_pattern("%a", &job(), "n"), "4294967294");
+        j.attempts = 1;
+        j.spec.append_output = true;
+        assert!(!job_files(&j, Path::new("/jobs/42/7"), "gpu-01").1.truncate, "--open-mode=append");
+    }
+
+    #[test]
+    fn the_other_nodes_of_a_gang_write_files_of_their_own() {
+        let mut j = job();
+        j.spec.stdout_path = Some("slurm-%j.out".into());
+        j.spec.stderr_path = Some("err-%N.txt".into());
+        j.allocation.as_mut().unwrap().more_nodes = vec![NodeGpus { node: "gpu-02".into(), gpus: vec![0] }];
+        let (_, first) = job_files(&j, Path::new("/jobs/42/7"), "gpu-01");
+        let (_, second) = job_files(&j, Path::new("/jobs/42/7"), "gpu-02");
+        assert_eq!(first.stdout, Some(PathBuf::from("/home/ana/exp/slurm-42.out")));
+        assert_eq!(second.stdout, Some(PathBuf::from("/home/ana/exp/slurm-42.out.1")));
+        assert_eq!(second.stderr, Some(PathBuf::from("/home/ana/exp/err-gpu-02.txt")), "the pattern names the node");
     }
 }
