@@ -10,6 +10,7 @@ mod layout;
 mod node;
 mod output_pattern;
 mod parse;
+mod slurm_env;
 mod timestamp;
 
 pub use billing::Segment;
@@ -27,4 +28,5 @@ pub use parse::{
     describe_config_error, format_duration, format_size, parse_duration, parse_size, ConfigDuration, ConfigSize,
     ParseError,
 };
+pub use slurm_env::{compress_hostlist, expand_hostlist, slurm_allocation_env, tasks_per_node_string};
 pub use timestamp::{format_utc, Timestamp};

@@ -7,7 +7,7 @@ use crate::devices::Devices;
 use crate::executor::{JobFiles, LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR, SCRIPT_FILE};
 use crate::gang::{gang_env, PartAddrs, HOSTFILE};
 use crate::gpu::{DeviceInfo, MigPlacement, MigState};
-use corral_types::{expand_output_pattern, GpuSlice, Job, OutputPlace, SliceAssignment};
+use corral_types::{expand_output_pattern, slurm_allocation_env, GpuSlice, Job, OutputPlace, SliceAssignment};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -179,33 +179,26 @@ pub(crate) fn job_environment(job: &Job, epoch: u64, node: &str) -> BTreeMap<Str
     // and `corral show` name.
     set("CORRAL_ATTEMPT", job.attempts.to_string());
     set("CORRAL_EPOCH", epoch.to_string());
-    set("SLURM_JOB_ID", job.id.to_string());
-    set("SLURM_JOB_NAME", job.spec.name.clone());
-    set("SLURMD_NODENAME", node.to_owned());
-    if let Some(dir) = &job.spec.workdir {
-        // Corral keeps the working directory, which is the submit directory unless --chdir.
-        set("SLURM_SUBMIT_DIR", dir.clone());
-    }
-    if job.spec.cpu_millis > 0 {
-        set("SLURM_CPUS_PER_TASK", job.spec.cpu_millis.div_ceil(1000).to_string());
-    }
     if let Some(task) = job.array_task {
         set("CORRAL_ARRAY_JOB_ID", task.array.to_string());
         set("CORRAL_ARRAY_TASK_ID", task.index.to_string());
-        set("SLURM_ARRAY_JOB_ID", task.array.to_string());
-        set("SLURM_ARRAY_TASK_ID", task.index.to_string());
     }
-    if job.allocation.as_ref().is_some_and(|a| a.is_gang()) {
-        // Gang variables (ranks, rendezvous, SLURM_NNODES/NODEID/PROCID): set by the gang
-        // launch, here.
-    } else {
-        set("SLURM_NNODES", "1".to_owned());
-        set("SLURM_NODEID", "0".to_owned());
+    if !job.allocation.as_ref().is_some_and(|a| a.is_gang()) {
+        // A gang's ranks (SLURM_PROCID, NODE_RANK, ...) are set by the gang launch.
         set("SLURM_PROCID", "0".to_owned());
-        set("SLURM_JOB_NODELIST", node.to_owned());
     }
+    // The allocation's SLURM_* variables: ids, node list and counts, tasks, CPUs, GPUs,
+    // memory, submit directory and host, account, partition.
+    let nodes: Vec<&str> = match &job.allocation {
+        Some(a) => a.parts().map(|(n, _)| n).collect(),
+        None => vec![node],
+    };
+    env.extend(slurm_allocation_env(job, &nodes, node, SLURM_CLUSTER_NAME));
     env
 }
+
+/// `SLURM_CLUSTER_NAME` of every job.
+const SLURM_CLUSTER_NAME: &str = "corral";
 
 /// The argv and files of a bare-process job: its working directory, its batch script (run
 /// directly when it starts with `#!`, else with /bin/sh; `command` holds its arguments) and
@@ -301,8 +294,11 @@ mod tests {
         assert_eq!(get(&env, "SLURM_ARRAY_TASK_ID").as_deref(), Some("3"));
         assert_eq!(get(&env, "SLURM_ARRAY_JOB_ID").as_deref(), Some("40"));
         j.allocation.as_mut().unwrap().more_nodes = vec![NodeGpus { node: "gpu-02".into(), gpus: vec![0] }];
-        let env = job_environment(&j, 7, "gpu-01");
-        assert_eq!(get(&env, "SLURM_NNODES"), None, "a gang's are the gang launch's");
+        let env = job_environment(&j, 7, "gpu-02");
+        assert_eq!(get(&env, "SLURM_NNODES").as_deref(), Some("2"));
+        assert_eq!(get(&env, "SLURM_JOB_NODELIST").as_deref(), Some("gpu-[01-02]"));
+        assert_eq!(get(&env, "SLURM_NODEID").as_deref(), Some("1"));
+        assert_eq!(get(&env, "SLURM_PROCID"), None, "a gang's ranks are the gang launch's");
     }
 
     #[test]
