@@ -462,8 +462,8 @@ pub struct JobFlags {
     /// A job array: task indices and at most how many run at once (0-999%16, 1,3,5-9, 0-15:4).
     #[arg(long, value_name = "SPEC")]
     pub array: Option<String>,
-    /// Start only after other jobs: afterok:ID[:ID...], afterany:ID, afternotok:ID, singleton
-    /// (comma-separated, all must hold).
+    /// Start only after other jobs: afterok:ID[:ID...], afterany:ID, afternotok:ID, singleton,
+    /// or a bare ID (afterany), comma-separated: all must hold.
     #[arg(long, short = 'd', value_name = "SPEC")]
     pub dependency: Option<String>,
     /// Run only on nodes labelled partition=P.
@@ -533,6 +533,13 @@ pub struct SbatchArgs {
     /// Refuse a script with a directive corral does not support (default: warn and ignore it).
     #[arg(long)]
     pub strict: bool,
+    /// Print only the job id (what scripts read; corral's table output is that already).
+    #[arg(long)]
+    pub parsable: bool,
+    /// Return only when the job has ended, with its exit code (1 for a job that did not
+    /// succeed without one), as `sbatch --wait`.
+    #[arg(long, short = 'W')]
+    pub wait: bool,
     /// The batch script (at most 1 MiB): `#SBATCH` / `#CORRAL` directives up to the first
     /// command line; stored with the job and run on the worker.
     pub script: PathBuf,
@@ -550,11 +557,14 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
+/// Most job ids one `corral cancel` takes (more: `--all` with filters, or several calls).
+pub const MAX_CANCEL_IDS: usize = 1000;
+
 #[derive(Debug, Args)]
 pub struct CancelArgs {
-    /// Job id (`12`), or a task of a job array (`12_7`).
-    #[arg(required_unless_present = "all", conflicts_with = "all")]
-    pub job: Option<corral_types::JobRef>,
+    /// Job ids (`12`), or tasks of a job array (`12_7`), as many as given (`scancel 73 74`).
+    #[arg(required_unless_present = "all", conflicts_with = "all", num_args = 1..=MAX_CANCEL_IDS)]
+    pub jobs: Vec<corral_types::JobRef>,
     /// Cancel every pending and running job that matches --tenant, --state and --name (a
     /// tenant token: only its own), like `scancel -u`.
     #[arg(long)]
@@ -653,8 +663,8 @@ pub struct PageArgs {
 
 #[derive(Debug, Args)]
 pub struct LogsArgs {
-    /// Job id.
-    pub job: u64,
+    /// Job id (`12`), or a task of a job array (`12_7`).
+    pub job: corral_types::JobRef,
     /// Keep printing output until the job ends.
     #[arg(long, short = 'f')]
     pub follow: bool,

@@ -159,7 +159,8 @@ pub fn slurm_allocation_env(job: &Job, nodes: &[&str], node: &str, cluster: &str
     set(&["SLURM_CLUSTER_NAME"], cluster.to_string());
     if layout.cpus_per_task > 0 {
         set(&["SLURM_CPUS_PER_TASK"], layout.cpus_per_task.to_string());
-    } else if spec.cpu_millis > 0 {
+    } else if layout.ntasks == 0 && layout.ntasks_per_node == 0 && spec.cpu_millis > 0 {
+        // One task per node: `--cpus` is its CPUs.
         set(&["SLURM_CPUS_PER_TASK"], spec.cpu_millis.div_ceil(1000).to_string());
     }
     if spec.cpu_millis > 0 {
