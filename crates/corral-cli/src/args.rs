@@ -488,8 +488,10 @@ pub struct JobFlags {
     #[arg(long, value_name = "ALL|NONE|VARS")]
     pub export: Option<String>,
     /// Also write the job's stdout to this file on the worker (relative to the working
-    /// directory); %j job id, %A array job id, %a array task id, %x name, %N node, %% a %.
-    /// Without --stderr, stderr goes there too. `corral logs` keeps working.
+    /// directory); %j job id, %J job id and step, %A array job id, %a array task id, %x name,
+    /// %u user, %N node, %n node index, %t task, %% a % (%4a: zero-padded). Without --stderr,
+    /// stderr goes there too. `corral logs` keeps working. `corral sbatch` defaults to
+    /// slurm-%j.out (slurm-%A_%a.out for an array).
     #[arg(long = "stdout", value_name = "PATTERN")]
     pub stdout: Option<String>,
     /// Also write the job's stderr to this file (same patterns as --stdout).
@@ -505,8 +507,8 @@ pub struct JobFlags {
     /// the tenant's max-pending-jobs.
     #[arg(long, value_name = "SPEC")]
     pub array: Option<String>,
-    /// Start only after other jobs: afterok:ID[:ID...], afterany:ID, afternotok:ID, singleton
-    /// (comma-separated, all must hold; at most 256 jobs).
+    /// Start only after other jobs: afterok:ID[:ID...], afterany:ID, afternotok:ID, singleton,
+    /// or a bare ID (afterany), comma-separated: all must hold (at most 256 jobs).
     #[arg(long, short = 'd', value_name = "SPEC")]
     pub dependency: Option<String>,
     /// Run only on nodes labelled partition=P.
@@ -522,9 +524,43 @@ pub struct JobFlags {
     /// Requeue a failed run up to N times before the job fails.
     #[arg(long, value_name = "N")]
     pub max_restarts: Option<u32>,
-    /// Nodes of a gang (with --gpus-per-node; --gpus defaults to nodes x gpus-per-node).
+    /// Nodes of the allocation (Slurm's -N): --gpus-per-node GPUs on each (--gpus defaults to
+    /// nodes x gpus-per-node), or --gpus split evenly over them, or none.
     #[arg(long, short = 'N', value_name = "N")]
     pub nodes: Option<u32>,
+    /// Tasks of the allocation (Slurm's -n), spread over its nodes as Slurm's block distribution
+    /// does; each gets --cpus-per-task CPUs (default 1).
+    #[arg(long, short = 'n', value_name = "N")]
+    pub ntasks: Option<u32>,
+    /// Tasks on each node (with --ntasks: at most this many).
+    #[arg(long, value_name = "N")]
+    pub ntasks_per_node: Option<u32>,
+    /// Whole CPUs of each task (Slurm's -c): the job's CPUs on a node are its tasks there times this.
+    #[arg(long, short = 'c', value_name = "N")]
+    pub cpus_per_task: Option<u32>,
+    /// Whole GPUs of each task, bound to it: a node's GPUs are its tasks there times this.
+    #[arg(long, value_name = "N")]
+    pub gpus_per_task: Option<u32>,
+    /// Whole CPUs for each GPU of the job.
+    #[arg(long, value_name = "N")]
+    pub cpus_per_gpu: Option<u32>,
+    /// Memory for each CPU of the job on a node, e.g. 4G (the node's limit is CPUs times this).
+    #[arg(long, value_parser = parse_size)]
+    pub mem_per_cpu: Option<u64>,
+    /// Memory for each GPU of the job on a node, e.g. 40G (the node's limit is GPUs times this).
+    #[arg(long, value_parser = parse_size)]
+    pub mem_per_gpu: Option<u64>,
+    /// Whole nodes: no other job runs on the allocation's nodes, and the job gets all their CPUs
+    /// and memory.
+    #[arg(long)]
+    pub exclusive: bool,
+    /// Only GPUs of this model (Slurm's gpu:TYPE:N): a100 matches "NVIDIA A100-SXM4-80GB".
+    #[arg(long, value_name = "TYPE")]
+    pub gpu_type: Option<String>,
+    /// Output files (--stdout, --stderr) are truncated when the job starts (the default) or
+    /// appended to.
+    #[arg(long, value_name = "MODE", value_parser = ["truncate", "append"])]
+    pub open_mode: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -543,6 +579,13 @@ pub struct SbatchArgs {
     /// Refuse a script with a directive corral does not support (default: warn and ignore it).
     #[arg(long)]
     pub strict: bool,
+    /// Print only the job id (what scripts read; corral's table output is that already).
+    #[arg(long)]
+    pub parsable: bool,
+    /// Return only when the job has ended, with its exit code (1 for a job that did not
+    /// succeed without one), as `sbatch --wait`.
+    #[arg(long, short = 'W')]
+    pub wait: bool,
     /// The batch script (at most 1 MiB): `#SBATCH` / `#CORRAL` directives up to the first
     /// command line; stored with the job and run on the worker.
     pub script: PathBuf,
@@ -560,11 +603,14 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
+/// Most job ids one `corral cancel` takes (more: `--all` with filters, or several calls).
+pub const MAX_CANCEL_IDS: usize = 1000;
+
 #[derive(Debug, Args)]
 pub struct CancelArgs {
-    /// Job id (`12`), or a task of a job array (`12_7`).
-    #[arg(required_unless_present = "all", conflicts_with = "all")]
-    pub job: Option<corral_types::JobRef>,
+    /// Job ids (`12`), or tasks of a job array (`12_7`), as many as given (`scancel 73 74`).
+    #[arg(required_unless_present = "all", conflicts_with = "all", num_args = 1..=MAX_CANCEL_IDS)]
+    pub jobs: Vec<corral_types::JobRef>,
     /// Cancel every pending and running job that matches --tenant, --state and --name (a
     /// tenant token: only its own), like `scancel -u`.
     #[arg(long)]
@@ -663,8 +709,8 @@ pub struct PageArgs {
 
 #[derive(Debug, Args)]
 pub struct LogsArgs {
-    /// Job id.
-    pub job: u64,
+    /// Job id (`12`), or a task of a job array (`12_7`).
+    pub job: corral_types::JobRef,
     /// Keep printing output until the job ends.
     #[arg(long, short = 'f')]
     pub follow: bool,

@@ -49,6 +49,7 @@ fn build_spec(flags: crate::args::JobFlags, input: JobInputOwned) -> anyhow::Res
             default_name: input.default_name,
             cwd: &input.cwd,
             environment: input.environment,
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default(),
         },
     )?;
     for warning in warnings {
@@ -78,7 +79,17 @@ pub async fn sbatch(global: &GlobalArgs, args: SbatchArgs) -> anyhow::Result<Exi
     let input = job_input(args.args, Some(text), default_name)?;
     let spec = build_spec(args.job.over(directives.flags), input)?;
     let submitted = client(global)?.submit(&spec).await?;
-    print_submitted(global, submitted.job_id)
+    // --parsable: the id alone, which the table output already is.
+    let printed = print_submitted(global, submitted.job_id)?;
+    if !args.wait {
+        return Ok(printed);
+    }
+    let job = client(global)?.wait_job(submitted.job_id, |_| {}).await?;
+    Ok(match (job.state, job.exit_code) {
+        (JobState::Succeeded, _) => ExitCode::SUCCESS,
+        (_, Some(code)) if code > 0 => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        _ => ExitCode::from(1),
+    })
 }
 
 /// How often `corral run` repeats why its job still waits.
@@ -289,7 +300,10 @@ pub async fn jobs(global: &GlobalArgs, args: JobsArgs, queue_only: bool) -> anyh
 }
 
 pub async fn cancel(global: &GlobalArgs, args: CancelArgs) -> anyhow::Result<ExitCode> {
-    let Some(job_ref) = args.job else {
+    if args.jobs.len() > 1 {
+        return cancel_several(global, &args.jobs).await;
+    }
+    let Some(&job_ref) = args.jobs.first() else {
         let request = corral_proto::v1::CancelJobsRequest { tenant: args.tenant, states: args.state, name: args.name };
         let ids = client(global)?.cancel_jobs(request).await?;
         match global.output {
@@ -317,14 +331,46 @@ pub async fn cancel(global: &GlobalArgs, args: CancelArgs) -> anyhow::Result<Exi
     Ok(ExitCode::SUCCESS)
 }
 
+/// `corral cancel 73 74 75`: each in turn, as `scancel` does; one that cannot be cancelled is
+/// named on stderr and the others are still cancelled (exit 1 if any failed).
+async fn cancel_several(global: &GlobalArgs, jobs: &[corral_types::JobRef]) -> anyhow::Result<ExitCode> {
+    let client = client(global)?;
+    let mut failed = false;
+    let mut docs = Vec::new();
+    for job_ref in jobs {
+        match client.cancel_ref(*job_ref).await {
+            Ok(job) => match global.output {
+                OutputFormat::Json => docs.push(output::job_json(&job)),
+                OutputFormat::Table if job.state.is_terminal() && job.state != JobState::Cancelled => {
+                    println!("job {job_ref} already ended ({}): nothing to cancel", job.state)
+                }
+                OutputFormat::Table if job.state == JobState::Cancelled => println!("job {job_ref} cancelled"),
+                OutputFormat::Table => println!("job {job_ref} cancelling: its processes are being killed"),
+            },
+            Err(e) => {
+                failed = true;
+                eprintln!("error: job {job_ref}: {e}");
+            }
+        }
+    }
+    if global.output == OutputFormat::Json {
+        print_json(&serde_json::Value::Array(docs))?;
+    }
+    Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
 pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<ExitCode> {
     let client = client(global)?;
-    // Fails with "not found" for unknown jobs before any streaming starts.
-    let job = client.get_job(args.job).await?;
+    // Fails with "not found" for unknown jobs before any streaming starts. A task of an array
+    // has its own job (and output) once it was created.
+    let job = client.get_job_ref(args.job).await?;
+    if args.job.task.is_some() && job.is_array() {
+        bail!("task {} has not started yet: it has no output", args.job);
+    }
     if args.all_ranks {
         return crate::logs::all_ranks(&client, &job, args.follow).await;
     }
-    crate::logs::copy(client.read_rank_logs(args.job, args.rank, args.follow).await?).await?;
+    crate::logs::copy(client.read_rank_logs(job.id, args.rank, args.follow).await?).await?;
     Ok(ExitCode::SUCCESS)
 }
 

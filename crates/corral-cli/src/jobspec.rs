@@ -4,7 +4,10 @@
 
 use crate::args::JobFlags;
 use anyhow::bail;
-use corral_types::{parse_dependencies, ArraySpec, GpuSlice, JobSpec, SchedOptions, MAX_ENV_BYTES, MAX_ENV_VARS};
+use corral_types::{
+    default_output_pattern, parse_dependencies, ArraySpec, GpuSlice, JobSpec, SchedOptions, SlurmNames, TaskLayout,
+    MAX_ENV_BYTES, MAX_ENV_VARS,
+};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -38,6 +41,8 @@ pub struct JobInput<'a> {
     pub cwd: &'a Path,
     /// The submitting shell's environment.
     pub environment: Vec<(String, String)>,
+    /// The host of the submit (empty: unknown).
+    pub host: String,
 }
 
 impl JobFlags {
@@ -74,6 +79,16 @@ impl JobFlags {
             hold: self.hold || under.hold,
             max_restarts: self.max_restarts.or(under.max_restarts),
             nodes: self.nodes.or(under.nodes),
+            ntasks: self.ntasks.or(under.ntasks),
+            ntasks_per_node: self.ntasks_per_node.or(under.ntasks_per_node),
+            cpus_per_task: self.cpus_per_task.or(under.cpus_per_task),
+            gpus_per_task: self.gpus_per_task.or(under.gpus_per_task),
+            cpus_per_gpu: self.cpus_per_gpu.or(under.cpus_per_gpu),
+            mem_per_cpu: self.mem_per_cpu.or(under.mem_per_cpu),
+            mem_per_gpu: self.mem_per_gpu.or(under.mem_per_gpu),
+            exclusive: self.exclusive || under.exclusive,
+            gpu_type: self.gpu_type.or(under.gpu_type),
+            open_mode: self.open_mode.or(under.open_mode),
         }
     }
 }
@@ -83,28 +98,9 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
     if input.command.is_empty() && input.script.is_none() {
         bail!("empty command: give the program to run after `--`, e.g. `corral submit --gpus 1 -- python train.py`");
     }
-    let cpu_millis = match flags.cpus {
-        Some(c) if !(c.is_finite() && c > 0.0 && c <= 4096.0) => {
-            bail!("invalid --cpus {c}: expected a number of cores greater than 0, e.g. 2 or 0.5")
-        }
-        Some(c) => (c * 1000.0).round() as u32,
-        None => 0,
-    };
     let gpu_slice = flags.gpu_slice.as_deref().map(GpuSlice::parse).transpose()?;
-    let gpus = match (flags.gpus, flags.nodes, flags.gpus_per_node) {
-        (Some(g), _, _) => g,
-        (None, Some(n), Some(per_node)) => n.saturating_mul(per_node),
-        (None, _, _) => 0,
-    };
-    match (flags.nodes, flags.gpus_per_node) {
-        (Some(n), Some(per_node)) if n.checked_mul(per_node) != Some(gpus) => {
-            bail!("--nodes {n} with --gpus-per-node {per_node} means {} gpus, but --gpus is {gpus}", n * per_node)
-        }
-        (Some(n), None) if n > 1 => {
-            bail!("--nodes {n} needs --gpus-per-node: a job across nodes is a gang with whole GPUs on each")
-        }
-        _ => {}
-    }
+    let shape = allocation_shape(&flags)?;
+    let layout = shape.layout;
     let image = flags.image;
     if image.is_some() && input.script.is_some() {
         bail!(
@@ -123,6 +119,15 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
         .map(|d| d.to_str().map(str::to_owned).ok_or_else(|| anyhow::anyhow!("--chdir {} is not UTF-8", d.display())))
         .transpose()?;
     let export = flags.export.clone().unwrap_or_else(|| if image.is_some() { "NONE" } else { "ALL" }.into());
+    let user = input.environment.iter().find(|(k, _)| k == "USER" || k == "LOGNAME").map(|(_, v)| v.clone());
+    let slurm = SlurmNames {
+        account: None,
+        qos: None,
+        partition: flags.partition.clone(),
+        submit_dir: input.cwd.to_str().map(str::to_owned),
+        submit_host: (!input.host.is_empty()).then(|| input.host.clone()),
+        user,
+    };
     let explicit: BTreeMap<String, String> = flags.env.into_iter().collect();
     let (env, warnings) = exported_environment(&export, input.environment, explicit)?;
     let array = flags.array.as_deref().map(ArraySpec::parse).transpose()?;
@@ -145,21 +150,22 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
         node_selector.push(term.to_string());
     }
     let name = flags.name.unwrap_or(input.default_name);
+    let batch = input.script.is_some();
     let spec = JobSpec {
         name,
         // Empty: the coordinator fills in the token's tenant (or `default`).
         tenant: flags.tenant.unwrap_or_default(),
         priority_class: flags.priority.unwrap_or_default(),
-        gpus,
+        gpus: shape.gpus,
         gpu_slice,
-        cpu_millis,
-        memory_bytes: flags.mem.unwrap_or(0),
+        cpu_millis: shape.cpu_millis,
+        memory_bytes: shape.memory_bytes,
         time_limit_secs: flags.time.map(|t| t.as_secs().max(1)),
         image,
         command: input.command.into(),
         env: env.into(),
         sched: SchedOptions {
-            gpus_per_node: flags.gpus_per_node,
+            gpus_per_node: shape.gpus_per_node,
             rdma: flags.rdma,
             no_requeue: flags.no_requeue,
             checkpoint_signal: flags.signal.map(|s| s.signal),
@@ -174,10 +180,17 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
             hold: flags.hold,
         },
         workdir,
+        // A batch script is Slurm's batch step: it runs once, on the first node.
+        batch_step: batch,
         script: input.script.map(Into::into),
-        stdout_path: flags.stdout,
+        // Slurm writes a batch job's output to slurm-%j.out (slurm-%A_%a.out for an array) in
+        // its working directory unless told otherwise.
+        stdout_path: flags.stdout.or_else(|| batch.then(|| default_output_pattern(array.is_some()).to_string())),
         stderr_path: flags.stderr,
         array,
+        layout,
+        slurm,
+        append_output: flags.open_mode.as_deref() == Some("append"),
         // The coordinator pins the image's tag at submit.
         image_digest: None,
     };
@@ -187,6 +200,135 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
     }
     checked.validate()?;
     Ok((spec, warnings))
+}
+
+/// What the allocation flags come to: Slurm's layout, and the per-node amounts placement and
+/// the cgroup read.
+#[derive(Debug, PartialEq)]
+struct Shape {
+    layout: TaskLayout,
+    /// Whole GPUs over all nodes.
+    gpus: u32,
+    /// Set for an allocation across nodes with GPUs (and when given).
+    gpus_per_node: Option<u32>,
+    /// CPU of each node in milli-CPUs (0: no limit).
+    cpu_millis: u32,
+    /// Memory of each node in bytes (0: no limit).
+    memory_bytes: u64,
+}
+
+/// Reads the allocation flags with Slurm's meaning: `--gpus-per-node` (and `--gres`) count on
+/// each node, `--gpus` over the job, `--gpus-per-task` for each task; `--mem` is per node and
+/// `--mem-per-cpu` / `--mem-per-gpu` multiply the node's CPUs / GPUs; a task gets one CPU unless
+/// `--cpus-per-task` says more. `--gpus G --gpus-per-node P` without `--nodes` stays the gang of
+/// `corral submit` (G / P nodes).
+fn allocation_shape(flags: &JobFlags) -> anyhow::Result<Shape> {
+    for (name, value) in [
+        ("--nodes", flags.nodes),
+        ("--ntasks", flags.ntasks),
+        ("--ntasks-per-node", flags.ntasks_per_node),
+        ("--cpus-per-task", flags.cpus_per_task),
+        ("--gpus-per-task", flags.gpus_per_task),
+        ("--cpus-per-gpu", flags.cpus_per_gpu),
+    ] {
+        if value == Some(0) {
+            bail!("invalid {name} 0: expected at least 1");
+        }
+    }
+    for (a, a_set, b, b_set) in [
+        ("--cpus", flags.cpus.is_some(), "--cpus-per-task", flags.cpus_per_task.is_some()),
+        ("--cpus", flags.cpus.is_some(), "--cpus-per-gpu", flags.cpus_per_gpu.is_some()),
+        ("--mem", flags.mem.is_some(), "--mem-per-cpu", flags.mem_per_cpu.is_some()),
+        ("--mem", flags.mem.is_some(), "--mem-per-gpu", flags.mem_per_gpu.is_some()),
+    ] {
+        if a_set && b_set {
+            bail!("{a} and {b} are mutually exclusive: give one of them");
+        }
+    }
+    let mut layout = TaskLayout {
+        nodes: 0,
+        ntasks: flags.ntasks.unwrap_or(0),
+        ntasks_per_node: flags.ntasks_per_node.unwrap_or(0),
+        cpus_per_task: flags.cpus_per_task.unwrap_or(0),
+        gpus_per_task: flags.gpus_per_task.unwrap_or(0),
+        cpus_per_gpu: flags.cpus_per_gpu.unwrap_or(0),
+        mem_per_cpu: flags.mem_per_cpu.unwrap_or(0),
+        mem_per_gpu: flags.mem_per_gpu.unwrap_or(0),
+        exclusive: flags.exclusive,
+        gpu_type: flags.gpu_type.clone(),
+    };
+    layout.nodes = flags.nodes.or_else(|| layout.nodes_asked()).unwrap_or(0);
+    let nodes = layout.nodes;
+    let (gpus, per_node) = match (flags.gpus, flags.gpus_per_node) {
+        _ if layout.gpus_per_task > 0 => {
+            let on = nodes.max(1);
+            let busiest = layout.tasks_on_nodes(on).into_iter().max().unwrap_or(1);
+            let per_node = layout.gpus_per_task.saturating_mul(busiest);
+            let total = per_node.saturating_mul(on);
+            if flags.gpus.is_some_and(|g| g != total) || flags.gpus_per_node.is_some_and(|p| p != per_node) {
+                bail!(
+                    "--gpus-per-task {} for {} tasks means {total} GPUs ({per_node} on each of {on} nodes): \
+                     leave out --gpus and --gpus-per-node, or make them agree",
+                    layout.gpus_per_task,
+                    layout.total_tasks(on)
+                );
+            }
+            (total, Some(per_node))
+        }
+        (Some(g), Some(p)) if nodes > 0 => {
+            if nodes.checked_mul(p) != Some(g) {
+                bail!("--nodes {nodes} with --gpus-per-node {p} means {} gpus, but --gpus is {g}", nodes * p);
+            }
+            (g, Some(p))
+        }
+        // The gang of `corral submit`: as many nodes as the GPUs need.
+        (Some(g), Some(p)) => (g, Some(p)),
+        (None, Some(p)) => (p.saturating_mul(nodes.max(1)), Some(p)),
+        (Some(g), None) if nodes > 1 && g > 0 => {
+            if g % nodes != 0 {
+                bail!("--gpus {g} does not split evenly over --nodes {nodes}: give --gpus-per-node instead");
+            }
+            (g, Some(g / nodes))
+        }
+        (Some(g), None) => (g, None),
+        (None, None) => (0, None),
+    };
+    let on = if nodes > 0 { nodes } else { per_node.filter(|p| *p > 0).map(|p| (gpus / p).max(1)).unwrap_or(1) };
+    let gpus_here = gpus.checked_div(on).unwrap_or(gpus);
+    let tasks_here = layout.tasks_on_nodes(on).into_iter().max().unwrap_or(1);
+    let asks_tasks = flags.ntasks.is_some() || flags.ntasks_per_node.is_some() || flags.cpus_per_task.is_some();
+    let cpus_here: u64 = if layout.cpus_per_gpu > 0 {
+        u64::from(layout.cpus_per_gpu) * u64::from(gpus_here.max(1))
+    } else if asks_tasks {
+        u64::from(tasks_here) * u64::from(layout.cpus_of_task())
+    } else {
+        0
+    };
+    let cpu_millis = match flags.cpus {
+        Some(c) if !(c.is_finite() && c > 0.0 && c <= 4096.0) => {
+            bail!("invalid --cpus {c}: expected a number of cores greater than 0, e.g. 2 or 0.5")
+        }
+        Some(c) => (c * 1000.0).round() as u32,
+        None if cpus_here > 4096 => bail!("{cpus_here} CPUs on a node: at most 4096"),
+        None => (cpus_here * 1000) as u32,
+    };
+    let memory_bytes = if let Some(mem) = flags.mem {
+        mem
+    } else if layout.mem_per_cpu > 0 {
+        let cpus = u64::from(cpu_millis.div_ceil(1000)).max(u64::from(tasks_here) * u64::from(layout.cpus_of_task()));
+        layout.mem_per_cpu.checked_mul(cpus).ok_or_else(|| anyhow::anyhow!("--mem-per-cpu: too much memory"))?
+    } else if layout.mem_per_gpu > 0 {
+        if gpus_here == 0 {
+            bail!("--mem-per-gpu needs GPUs: give --gpus, --gpus-per-node or --gpus-per-task");
+        }
+        layout
+            .mem_per_gpu
+            .checked_mul(u64::from(gpus_here))
+            .ok_or_else(|| anyhow::anyhow!("--mem-per-gpu: too much memory"))?
+    } else {
+        0
+    };
+    Ok(Shape { layout, gpus, gpus_per_node: per_node, cpu_millis, memory_bytes })
 }
 
 /// The job's environment for `--export SPEC` from the submitting shell's `environment`, with
@@ -280,7 +422,8 @@ mod tests {
             script: None,
             default_name: "train.sh".into(),
             cwd,
-            environment: vars(&[("HOME", "/home/ana"), ("CORRAL_TOKEN", "secret"), ("LR", "0.1")]),
+            environment: vars(&[("HOME", "/home/ana"), ("CORRAL_TOKEN", "secret"), ("LR", "0.1"), ("USER", "ana")]),
+            host: "login1".into(),
         }
     }
 
@@ -354,6 +497,10 @@ mod tests {
         assert_eq!(spec.sched.max_restarts, Some(2));
         assert_eq!(spec.workdir.as_deref(), Some("/home/ana/exp/sub"));
         assert!(!spec.env.contains_key("CORRAL_TOKEN"));
+        // Slurm's variables name the submit directory, not --chdir's.
+        assert_eq!(spec.slurm.submit_dir.as_deref(), Some("/home/ana/exp"));
+        assert_eq!((spec.slurm.submit_host.as_deref(), spec.slurm.user.as_deref()), (Some("login1"), Some("ana")));
+        assert_eq!(spec.slurm.partition.as_deref(), Some("gpu"));
         let (spec, _) = job_spec(JobFlags::default(), input(cwd)).unwrap();
         assert_eq!(spec.workdir.as_deref(), Some("/home/ana/exp"), "the submit directory by default");
         let flags = JobFlags { chdir: Some("/abs".into()), ..Default::default() };
@@ -367,7 +514,13 @@ mod tests {
     fn bad_flags_are_refused() {
         let cwd = Path::new("/");
         for (flags, why) in [
-            (JobFlags { nodes: Some(2), ..Default::default() }, "needs --gpus-per-node"),
+            (JobFlags { nodes: Some(2), gpus: Some(3), ..Default::default() }, "does not split evenly"),
+            (JobFlags { ntasks: Some(0), ..Default::default() }, "invalid --ntasks 0"),
+            (JobFlags { mem: Some(1), mem_per_gpu: Some(1), ..Default::default() }, "mutually exclusive"),
+            (JobFlags { cpus: Some(1.0), cpus_per_task: Some(1), ..Default::default() }, "mutually exclusive"),
+            (JobFlags { mem_per_gpu: Some(1), ..Default::default() }, "--mem-per-gpu needs GPUs"),
+            (JobFlags { nodes: Some(4), ntasks: Some(2), ..Default::default() }, "fewer than --nodes"),
+            (JobFlags { gpus_per_task: Some(1), ntasks: Some(4), gpus: Some(2), ..Default::default() }, "means 4 GPUs"),
             (JobFlags { nodes: Some(2), gpus_per_node: Some(2), gpus: Some(3), ..Default::default() }, "means 4 gpus"),
             (JobFlags { array: Some("5-1".into()), ..Default::default() }, "invalid array"),
             (JobFlags { dependency: Some("after:1".into()), ..Default::default() }, "invalid dependency"),
@@ -377,6 +530,66 @@ mod tests {
             let e = job_spec(flags, input(cwd)).unwrap_err().to_string();
             assert!(e.contains(why), "{e}");
         }
+    }
+
+    #[test]
+    fn allocations_read_with_slurms_meaning() {
+        let shape = |flags: JobFlags| {
+            let s = allocation_shape(&flags).unwrap();
+            (s.layout.nodes, s.gpus, s.gpus_per_node, s.cpu_millis, s.memory_bytes)
+        };
+        // --gres=gpu:4 alone: one node with 4 GPUs; with -N 2, 4 on each.
+        assert_eq!(shape(JobFlags { gpus_per_node: Some(4), ..Default::default() }), (0, 4, Some(4), 0, 0));
+        assert_eq!(
+            shape(JobFlags { gpus_per_node: Some(4), nodes: Some(2), ..Default::default() }),
+            (2, 8, Some(4), 0, 0)
+        );
+        // corral submit's gang: --gpus 8 --gpus-per-node 4 is two nodes.
+        assert_eq!(
+            shape(JobFlags { gpus: Some(8), gpus_per_node: Some(4), ..Default::default() }),
+            (0, 8, Some(4), 0, 0)
+        );
+        // --gpus is the total, split over -N.
+        assert_eq!(shape(JobFlags { gpus: Some(8), nodes: Some(2), ..Default::default() }), (2, 8, Some(4), 0, 0));
+        // -N 2 without GPUs, one CPU per task by default.
+        assert_eq!(shape(JobFlags { nodes: Some(2), ntasks: Some(2), ..Default::default() }), (2, 0, None, 1000, 0));
+        // -n 1: one CPU, not none.
+        assert_eq!(shape(JobFlags { ntasks: Some(1), ..Default::default() }), (0, 0, None, 1000, 0));
+        // 2 nodes x 2 tasks x 1 GPU, 6 CPUs and 4G per CPU for each task.
+        let ddp = JobFlags {
+            nodes: Some(2),
+            ntasks_per_node: Some(2),
+            gpus_per_task: Some(1),
+            cpus_per_task: Some(6),
+            mem_per_cpu: Some(4 << 30),
+            ..Default::default()
+        };
+        assert_eq!(shape(ddp), (2, 4, Some(2), 12_000, 48 << 30));
+        // -n 4 --gpus-per-task 1 on one node; --mem-per-gpu times the node's GPUs.
+        let tasks =
+            JobFlags { ntasks: Some(4), gpus_per_task: Some(1), mem_per_gpu: Some(10 << 30), ..Default::default() };
+        assert_eq!(shape(tasks), (0, 4, Some(4), 4000, 40 << 30));
+        // -n 8 --ntasks-per-node 4: two nodes; --cpus-per-gpu counts the node's GPUs.
+        let per_node = JobFlags {
+            ntasks: Some(8),
+            ntasks_per_node: Some(4),
+            gpus_per_node: Some(4),
+            cpus_per_gpu: Some(8),
+            ..Default::default()
+        };
+        assert_eq!(shape(per_node), (2, 8, Some(4), 32_000, 0));
+        let (spec, _) = job_spec(
+            JobFlags {
+                exclusive: true,
+                gpu_type: Some("a100".into()),
+                open_mode: Some("append".into()),
+                ..Default::default()
+            },
+            input(Path::new("/")),
+        )
+        .unwrap();
+        assert!(spec.layout.exclusive && spec.append_output);
+        assert_eq!(spec.layout.gpu_type.as_deref(), Some("a100"));
     }
 
     #[test]

@@ -243,6 +243,9 @@ fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<V
             match name.as_str() {
                 "hold" => out.push("--hold".into()),
                 "no-requeue" => out.push("--no-requeue".into()),
+                "exclusive" => out.push("--exclusive".into()),
+                // What the submit prints and whether it waits are the command line's business.
+                "parsable" | "wait" => {}
                 // Preempted jobs go back to the queue anyway.
                 "requeue" => {}
                 _ => unsupported.push(format!("--{name}")),
@@ -267,13 +270,23 @@ fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<V
             out.push(f.to_string());
             out.push(v);
         };
+        let mut typed = |f: &str, (kind, count): (Option<String>, String)| {
+            flag(f, count);
+            if let Some(kind) = kind {
+                flag("--gpu-type", kind);
+            }
+        };
         match name.as_str() {
-            "gpus" => flag("--gpus", gpu_count(&value, unsupported)?),
-            "gres" => match gres_gpus(&value) {
-                Some(n) => flag("--gpus", n),
-                None => unsupported.push(format!("--gres={value} (only gpu:N)")),
-            },
-            "gpus-per-node" => flag("--gpus-per-node", gpu_count(&value, unsupported)?),
+            // Slurm counts --gpus over the job, --gres and --gpus-per-node on each node.
+            "gpus" => typed("--gpus", gpu_count(&value)?),
+            "gres" => {
+                // Resources other than GPUs are named in `unsupported` by `gres_gpus`.
+                if let Some(gpus) = gres_gpus(&value, unsupported)? {
+                    typed("--gpus-per-node", gpus);
+                }
+            }
+            "gpus-per-node" => typed("--gpus-per-node", gpu_count(&value)?),
+            "gpus-per-task" => typed("--gpus-per-task", gpu_count(&value)?),
             "nodes" => match value.split_once('-') {
                 Some((a, b)) if a == b => flag("--nodes", a.to_string()),
                 Some(_) => unsupported.push(format!("--nodes={value} (a range of node counts)")),
@@ -284,12 +297,16 @@ fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<V
                     flag("--time", format!("{secs}s"));
                 }
             }
-            "mem" => {
+            "mem" | "mem-per-cpu" | "mem-per-gpu" => {
                 if let Some(bytes) = slurm_mem(&value)? {
-                    flag("--mem", bytes.to_string());
+                    flag(&format!("--{name}"), bytes.to_string());
                 }
             }
-            "cpus-per-task" => flag("--cpus", value),
+            "cpus-per-task" | "cpus-per-gpu" | "ntasks" | "ntasks-per-node" | "open-mode" => {
+                flag(&format!("--{name}"), value)
+            }
+            // Mail is not sent; accepted silently as Slurm sites without mail do.
+            "mail-type" | "mail-user" => {}
             "job-name" => flag("--name", value),
             "output" => flag("--stdout", value),
             "error" => flag("--stderr", value),
@@ -312,7 +329,6 @@ fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<V
             "account" => flag("--tenant", value),
             "qos" => flag("--priority", value),
             "max-restarts" => flag("--max-restarts", value),
-            "ntasks" | "ntasks-per-node" if value == "1" => {}
             _ => unsupported.push(format!("--{name}")),
         }
     }
@@ -328,6 +344,15 @@ const KNOWN_WITH_VALUE: &[&str] = &[
     "time",
     "mem",
     "cpus-per-task",
+    "cpus-per-gpu",
+    "gpus-per-task",
+    "mem-per-cpu",
+    "mem-per-gpu",
+    "ntasks",
+    "ntasks-per-node",
+    "open-mode",
+    "mail-type",
+    "mail-user",
     "job-name",
     "output",
     "error",
@@ -344,29 +369,39 @@ const KNOWN_WITH_VALUE: &[&str] = &[
     "max-restarts",
 ];
 
-/// `N` or `type:N` (the type is not matched: a warning).
-fn gpu_count(value: &str, unsupported: &mut Vec<String>) -> Result<String, String> {
+/// `N` or `TYPE:N`: the GPU count, and the type when given.
+fn gpu_count(value: &str) -> Result<(Option<String>, String), String> {
     let (kind, count) = match value.rsplit_once(':') {
-        Some((kind, count)) => (Some(kind), count),
+        Some((kind, count)) => (Some(kind.to_string()), count),
         None => (None, value),
     };
-    if count.parse::<u32>().is_err() {
+    if count.parse::<u32>().is_err() || kind.as_deref().is_some_and(|k| k.is_empty() || k.contains(':')) {
         return Err(format!("'{value}' is not a GPU count (expected e.g. 2 or a100:2)"));
     }
-    if let Some(kind) = kind {
-        unsupported.push(format!("the GPU type {kind} (use #CORRAL --constraint for node labels)"));
-    }
-    Ok(count.to_string())
+    Ok((kind, count.to_string()))
 }
 
-/// `gpu:N` or `gpu:type:N` → N.
-fn gres_gpus(value: &str) -> Option<String> {
-    let mut parts = value.split(':');
-    if parts.next()? != "gpu" {
-        return None;
+/// The GPUs of a `--gres` list (`gpu:N`, `gpu:TYPE:N`, `gpu` for one, with other resources
+/// named in `unsupported`), or `None` without a `gpu` entry.
+fn gres_gpus(value: &str, unsupported: &mut Vec<String>) -> Result<Option<(Option<String>, String)>, String> {
+    let mut gpus = None;
+    for item in value.split(',') {
+        // Slurm's `gpu:a100:2(S:0)` socket binding is a hint: dropped.
+        let item = item.split('(').next().unwrap_or(item);
+        let mut parts = item.splitn(2, ':');
+        match (parts.next(), parts.next()) {
+            (Some("gpu"), None) => gpus = Some((None, "1".to_string())),
+            (Some("gpu"), Some(rest)) if rest.parse::<u32>().is_ok() => gpus = Some((None, rest.to_string())),
+            (Some("gpu"), Some(rest)) => {
+                gpus = Some(match rest.split_once(':') {
+                    Some(_) => gpu_count(rest)?,
+                    None => (Some(rest.to_string()), "1".to_string()),
+                })
+            }
+            _ => unsupported.push(format!("--gres={item} (only gpu[:TYPE]:N)")),
+        }
     }
-    let count = parts.next_back().unwrap_or("1");
-    count.parse::<u32>().ok().map(|n| n.to_string())
+    Ok(gpus)
 }
 
 /// Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; UNLIMITED/INFINITE → None.
@@ -442,12 +477,12 @@ mod tests {
 #SBATCH --dependency=afterok:3
 #SBATCH --signal=B:USR1@120
 #SBATCH -D /scratch/exp -p gpu -C a100&nvlink
-#SBATCH --hold --requeue
+#SBATCH --hold --requeue --mail-type=END --mail-user=ana@example.org
 #SBATCH --export=NONE
 #CORRAL --max-restarts 2 --rdma
 # SBATCH --gpus=99 (disabled: a space after #)
 
-#SBATCH --mail-type=END
+#SBATCH --reservation=maint
 python train.py
 #SBATCH --gpus=7 (after the first command: not a directive)
 "#;
@@ -457,10 +492,10 @@ python train.py
         let d = parse_directives("train.sh", SCRIPT, false).unwrap();
         let f = &d.flags;
         assert_eq!(f.name.as_deref(), Some("my job"));
-        assert_eq!(f.gpus, Some(2));
+        assert_eq!((f.gpus, f.gpus_per_node), (None, Some(2)), "--gres counts on each node");
         assert_eq!(f.time, Some(Duration::from_secs(86400 + 7200)));
         assert_eq!(f.mem, Some(16 << 30));
-        assert_eq!(f.cpus, Some(4.0));
+        assert_eq!((f.cpus, f.cpus_per_task), (None, Some(4)));
         assert_eq!(f.stdout.as_deref(), Some("slurm-%j.out"));
         assert_eq!(f.stderr.as_deref(), Some("err-%x.txt"));
         assert_eq!(f.array.as_deref(), Some("0-9%2"));
@@ -473,7 +508,7 @@ python train.py
         assert!(f.hold && f.rdma);
         assert_eq!(f.export.as_deref(), Some("NONE"));
         assert_eq!(f.max_restarts, Some(2));
-        assert_eq!(d.warnings, ["train.sh line 19: --mail-type is not supported by corral: ignored"]);
+        assert_eq!(d.warnings, ["train.sh line 19: --reservation is not supported by corral: ignored"]);
     }
 
     #[test]
@@ -481,7 +516,7 @@ python train.py
         let e = parse_directives("train.sh", SCRIPT, true).unwrap_err();
         assert_eq!(
             e,
-            "train.sh line 19: --mail-type is not supported by corral (--strict): remove it, or submit without --strict to ignore it"
+            "train.sh line 19: --reservation is not supported by corral (--strict): remove it, or submit without --strict to ignore it"
         );
     }
 
@@ -500,8 +535,40 @@ python train.py
         assert_eq!(d.flags.time, Some(Duration::from_secs(300)));
         assert_eq!(d.flags.mem, Some(4000 << 20));
         let d = parse_directives("s", "#SBATCH --gpus=a100:2\n#SBATCH --ntasks=1\n", false).unwrap();
-        assert_eq!(d.flags.gpus, Some(2));
-        assert_eq!(d.warnings.len(), 1, "{:?}", d.warnings);
+        assert_eq!((d.flags.gpus, d.flags.gpu_type.as_deref(), d.flags.ntasks), (Some(2), Some("a100"), Some(1)));
+        assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    }
+
+    #[test]
+    fn multi_node_directives_keep_slurms_meaning() {
+        let text = "#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=4 -n 8
+#SBATCH --gres=gpu:a100:4,nvme:1
+#SBATCH --gpus-per-task=1 --cpus-per-gpu=8
+#SBATCH --mem-per-gpu=40G --mem-per-cpu=4000
+#SBATCH --exclusive --open-mode=append
+#SBATCH --parsable
+";
+        let d = parse_directives("s", text, false).unwrap();
+        let f = &d.flags;
+        assert_eq!((f.nodes, f.ntasks, f.ntasks_per_node), (Some(2), Some(8), Some(4)));
+        assert_eq!((f.gpus, f.gpus_per_node, f.gpu_type.as_deref()), (None, Some(4), Some("a100")));
+        assert_eq!((f.gpus_per_task, f.cpus_per_gpu), (Some(1), Some(8)));
+        assert_eq!((f.mem_per_gpu, f.mem_per_cpu), (Some(40 << 30), Some(4000 << 20)));
+        assert!(f.exclusive);
+        assert_eq!(f.open_mode.as_deref(), Some("append"));
+        assert_eq!(d.warnings, ["s line 4: --gres=nvme:1 (only gpu[:TYPE]:N) is not supported by corral: ignored"]);
+        for (gres, expected) in [
+            ("gpu", (None, "1")),
+            ("gpu:2", (None, "2")),
+            ("gpu:v100", (Some("v100"), "1")),
+            ("gpu:h100:8(S:0-1)", (Some("h100"), "8")),
+        ] {
+            let got = gres_gpus(gres, &mut Vec::new()).unwrap().unwrap();
+            assert_eq!((got.0.as_deref(), got.1.as_str()), expected, "{gres}");
+        }
+        assert!(gres_gpus("gpu:a:b:2", &mut Vec::new()).is_err());
     }
 
     #[test]

@@ -24,20 +24,18 @@ pub fn job_milli_gpus(spec: &JobSpec) -> u64 {
     }
 }
 
-/// Whole GPUs a job occupies exclusively, over all its nodes (a slice job counts its one GPU).
-pub(crate) fn gpus_needed(spec: &JobSpec) -> usize {
-    if spec.gpu_slice.is_some() {
-        1
-    } else {
-        spec.gpus as usize
-    }
-}
-
-/// The node parts a job needs: `(nodes, gpus per node)`.
+/// The node parts a job needs: `(nodes, gpus per node)`. A gang of `gpus / gpus_per_node`
+/// nodes, or Slurm's `--nodes` (whole GPUs split evenly, maybe none).
 pub(crate) fn gang_shape(spec: &JobSpec) -> (u32, u32) {
+    if spec.gpu_slice.is_some() {
+        return (1, 1);
+    }
     match spec.sched.gpus_per_node {
-        Some(per_node) if per_node > 0 && spec.gpu_slice.is_none() => (spec.gpus / per_node, per_node),
-        _ => (1, gpus_needed(spec) as u32),
+        Some(per_node) if per_node > 0 && spec.layout.nodes == 0 => (spec.gpus / per_node, per_node),
+        _ => {
+            let parts = spec.parts();
+            (parts, spec.gpus / parts)
+        }
     }
 }
 

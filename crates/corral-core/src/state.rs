@@ -144,6 +144,10 @@ pub(crate) struct QueuedJob {
     pub rdma: bool,
     /// Node labels it needs (`--partition`, `--constraint`).
     pub selector: Vec<String>,
+    /// `--exclusive`: only idle nodes, and nothing else on them while it runs.
+    pub exclusive: bool,
+    /// Only GPUs of this model (`--gres=gpu:TYPE:N`).
+    pub gpu_type: Option<String>,
 }
 
 impl QueuedJob {
@@ -159,6 +163,8 @@ impl QueuedJob {
             time_limit_secs: spec.time_limit_secs,
             rdma: spec.sched.rdma,
             selector: spec.sched.node_selector.clone(),
+            exclusive: spec.layout.exclusive,
+            gpu_type: spec.layout.gpu_type.clone(),
         }
     }
 }

@@ -5,7 +5,7 @@ use crate::v1 as pb;
 use corral_types::{
     Allocation, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuDevice, GpuHealth,
     GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, PartEnd, PreemptionNotice, SchedOptions,
-    Segment, SliceAssignment, Timestamp,
+    Segment, SliceAssignment, SlurmNames, TaskLayout, Timestamp,
 };
 
 /// A wire message that does not convert into a valid domain value.
@@ -95,7 +95,63 @@ impl From<&JobSpec> for pb::JobSpec {
                 max_running: a.max_running,
             }),
             image_digest: s.image_digest.clone(),
+            layout: (!s.layout.is_default()).then(|| layout_to_pb(&s.layout)),
+            batch_step: s.batch_step,
+            slurm: (!s.slurm.is_default()).then(|| slurm_names_to_pb(&s.slurm)),
+            append_output: s.append_output,
         }
+    }
+}
+
+fn layout_to_pb(l: &TaskLayout) -> pb::TaskLayout {
+    pb::TaskLayout {
+        nodes: l.nodes,
+        ntasks: l.ntasks,
+        ntasks_per_node: l.ntasks_per_node,
+        cpus_per_task: l.cpus_per_task,
+        gpus_per_task: l.gpus_per_task,
+        cpus_per_gpu: l.cpus_per_gpu,
+        mem_per_cpu: l.mem_per_cpu,
+        mem_per_gpu: l.mem_per_gpu,
+        exclusive: l.exclusive,
+        gpu_type: l.gpu_type.clone(),
+    }
+}
+
+fn layout_from_pb(l: pb::TaskLayout) -> TaskLayout {
+    TaskLayout {
+        nodes: l.nodes,
+        ntasks: l.ntasks,
+        ntasks_per_node: l.ntasks_per_node,
+        cpus_per_task: l.cpus_per_task,
+        gpus_per_task: l.gpus_per_task,
+        cpus_per_gpu: l.cpus_per_gpu,
+        mem_per_cpu: l.mem_per_cpu,
+        mem_per_gpu: l.mem_per_gpu,
+        exclusive: l.exclusive,
+        gpu_type: l.gpu_type,
+    }
+}
+
+fn slurm_names_to_pb(n: &SlurmNames) -> pb::SlurmNames {
+    pb::SlurmNames {
+        account: n.account.clone(),
+        qos: n.qos.clone(),
+        partition: n.partition.clone(),
+        submit_dir: n.submit_dir.clone(),
+        submit_host: n.submit_host.clone(),
+        user: n.user.clone(),
+    }
+}
+
+fn slurm_names_from_pb(n: pb::SlurmNames) -> SlurmNames {
+    SlurmNames {
+        account: n.account,
+        qos: n.qos,
+        partition: n.partition,
+        submit_dir: n.submit_dir,
+        submit_host: n.submit_host,
+        user: n.user,
     }
 }
 
@@ -149,6 +205,10 @@ impl TryFrom<pb::JobSpec> for JobSpec {
                 max_running: a.max_running,
             }),
             image_digest: s.image_digest,
+            layout: s.layout.map(layout_from_pb).unwrap_or_default(),
+            batch_step: s.batch_step,
+            slurm: s.slurm.map(slurm_names_from_pb).unwrap_or_default(),
+            append_output: s.append_output,
         })
     }
 }
@@ -523,6 +583,27 @@ impl From<pb::Segment> for Segment {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slurm_layouts_and_names_cross_the_wire() {
+        let spec = JobSpec {
+            tenant: "team-a".into(),
+            gpus: 2,
+            layout: TaskLayout {
+                nodes: 1,
+                ntasks: 2,
+                gpus_per_task: 1,
+                exclusive: true,
+                gpu_type: Some("h100".into()),
+                ..Default::default()
+            },
+            batch_step: true,
+            slurm: SlurmNames { account: Some("proj_x".into()), user: Some("ana".into()), ..Default::default() },
+            append_output: true,
+            ..Default::default()
+        };
+        assert_eq!(JobSpec::try_from(pb::JobSpec::from(&spec)).unwrap(), spec);
+    }
 
     #[test]
     fn jobs_cross_the_wire_unchanged() {

@@ -1,5 +1,6 @@
 //! Jobs: what a user asks for (`JobSpec`), where it runs (`Allocation`) and its lifecycle (`JobState`).
 
+use crate::layout::{SlurmNames, TaskLayout};
 use crate::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -133,6 +134,22 @@ pub struct JobSpec {
     /// coordinator at submit; `None` for a rootfs path or a bare process.
     #[serde(default)]
     pub image_digest: Option<String>,
+    /// Slurm's shape of the allocation: nodes, tasks and what each task gets (default: one
+    /// node, or a gang's `gpus / gpus_per_node`, one task on each).
+    #[serde(default)]
+    pub layout: TaskLayout,
+    /// The command (a batch script) runs once, on the allocation's first node: Slurm's batch
+    /// step (`corral sbatch`); its tasks reach the other nodes through steps (`srun`).
+    /// `false`: every node of the allocation runs it (a gang of `corral submit`).
+    #[serde(default)]
+    pub batch_step: bool,
+    /// The names a Slurm user gave (account, QOS, partition) and where the job was submitted
+    /// from, kept for Slurm's variables and output patterns.
+    #[serde(default)]
+    pub slurm: SlurmNames,
+    /// `--open-mode=append`: output files are appended to instead of truncated.
+    #[serde(default)]
+    pub append_output: bool,
 }
 
 /// Largest batch script a job may carry.
@@ -458,12 +475,31 @@ pub enum JobSpecError {
 }
 
 impl JobSpec {
-    /// How many parts (nodes) a run of the job has: `gpus / gpus_per_node` for a gang, else 1.
+    /// How many parts (nodes) a run of the job has: the layout's `--nodes`, else `gpus /
+    /// gpus_per_node` for a gang, else 1.
     pub fn parts(&self) -> u32 {
+        if self.layout.nodes > 0 {
+            return self.layout.nodes;
+        }
         match self.sched.gpus_per_node {
             Some(per_node) if per_node > 0 && self.gpu_slice.is_none() => (self.gpus / per_node).max(1),
             _ => 1,
         }
+    }
+
+    /// Whole GPUs on each node of the allocation (a slice job: 0).
+    pub fn gpus_per_part(&self) -> u32 {
+        if self.gpu_slice.is_some() {
+            0
+        } else {
+            self.gpus / self.parts()
+        }
+    }
+
+    /// Tasks on each node of the allocation, in allocation order (Slurm's block distribution of
+    /// the layout over `parts()` nodes).
+    pub fn tasks_on_nodes(&self) -> Vec<u32> {
+        self.layout.tasks_on_nodes(self.parts())
     }
 
     /// Checks what can be checked without cluster state.
@@ -564,6 +600,7 @@ impl JobSpec {
                 });
             }
         }
+        self.validate_layout()?;
         if let Some(sig) = self.sched.checkpoint_signal {
             if !(1..=64).contains(&sig) || sig == 9 || sig == 19 {
                 return Err(JobSpecError::Invalid {
@@ -581,6 +618,44 @@ impl JobSpec {
                     field: "env".into(),
                     reason: format!("bad variable name '{key}'"),
                 });
+            }
+        }
+        Ok(())
+    }
+
+    /// The layout by itself, and with the GPUs: a node count that splits the GPUs evenly, GPUs
+    /// per task that the tasks of each node find there, no slice across nodes.
+    fn validate_layout(&self) -> Result<(), JobSpecError> {
+        let invalid = |reason: String| JobSpecError::Invalid { field: "layout".into(), reason };
+        self.layout.validate().map_err(invalid)?;
+        self.slurm.validate(MAX_PATH).map_err(|reason| JobSpecError::Invalid { field: "slurm".into(), reason })?;
+        let nodes = self.layout.nodes;
+        if nodes > 1 && self.gpu_slice.is_some() {
+            return Err(invalid(format!("a GPU slice runs on one node, not --nodes {nodes}")));
+        }
+        if nodes > 1 && self.gpus > 0 {
+            match self.sched.gpus_per_node {
+                Some(per_node) if u64::from(per_node) * u64::from(nodes) == u64::from(self.gpus) => {}
+                _ => {
+                    return Err(invalid(format!(
+                        "{} GPUs on --nodes {nodes} need as many on each node (--gpus-per-node)",
+                        self.gpus
+                    )))
+                }
+            }
+        }
+        if nodes == 1 && self.gpus > 0 && self.sched.gpus_per_node.is_some_and(|p| p != self.gpus) {
+            return Err(invalid(format!("--nodes 1 holds all {} GPUs, not --gpus-per-node", self.gpus)));
+        }
+        if self.layout.gpus_per_task > 0 {
+            let busiest = self.tasks_on_nodes().into_iter().max().unwrap_or(1);
+            let needed = u64::from(self.layout.gpus_per_task) * u64::from(busiest);
+            if u64::from(self.gpus_per_part()) < needed {
+                return Err(invalid(format!(
+                    "--gpus-per-task {} for {busiest} tasks on a node needs {needed} GPUs there, the job has {}",
+                    self.layout.gpus_per_task,
+                    self.gpus_per_part()
+                )));
             }
         }
         Ok(())

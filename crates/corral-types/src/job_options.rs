@@ -158,8 +158,9 @@ fn merged(mut ranges: Vec<ArrayRange>) -> Result<Vec<ArrayRange>, String> {
 }
 
 /// Parses Slurm's `--dependency` syntax: comma-separated `afterok:ID[:ID...]`,
-/// `afterany:ID[:ID...]`, `afternotok:ID[:ID...]` and `singleton`. Returns the dependencies in
-/// order and whether `singleton` was given. `?` (any of) and the other kinds are refused.
+/// `afterany:ID[:ID...]`, `afternotok:ID[:ID...]`, `singleton`, and bare ids `ID[:ID...]`
+/// (Slurm's default kind, `afterany`). Returns the dependencies in order and whether
+/// `singleton` was given. `?` (any of) and the other kinds are refused.
 pub fn parse_dependencies(input: &str) -> Result<(Vec<Dependency>, bool), JobSpecError> {
     let err = |why: String| {
         invalid(
@@ -181,8 +182,10 @@ pub fn parse_dependencies(input: &str) -> Result<(Vec<Dependency>, bool), JobSpe
             singleton = true;
             continue;
         }
-        let mut parts = item.split(':');
-        let kind = match parts.next().unwrap_or("") {
+        let mut parts = item.split(':').peekable();
+        // A bare id is Slurm's `afterany`.
+        let bare = parts.peek().is_some_and(|first| first.bytes().all(|b| b.is_ascii_digit()) && !first.is_empty());
+        let kind = match if bare { "afterany" } else { parts.next().unwrap_or("") } {
             "afterok" => DependencyKind::AfterOk,
             "afterany" => DependencyKind::AfterAny,
             "afternotok" => DependencyKind::AfterNotOk,
@@ -311,6 +314,9 @@ mod tests {
             ]
         );
         assert_eq!(parse_dependencies("singleton").unwrap(), (vec![], true));
+        let any = |job_id| Dependency { kind: DependencyKind::AfterAny, job_id };
+        assert_eq!(parse_dependencies("12").unwrap(), (vec![any(12)], false), "a bare id is afterany");
+        assert_eq!(parse_dependencies("12:13,afterok:14").unwrap().0[..2], [any(12), any(13)]);
     }
 
     #[test]
@@ -324,6 +330,8 @@ mod tests {
             ("after:3", "'after' is not supported"),
             ("afterok:1?afterany:2", "'?'"),
             ("afterok:1,", "empty item"),
+            ("12:x", "not a job id"),
+            ("0", "not a job id"),
         ] {
             let e = parse_dependencies(bad).unwrap_err().to_string();
             assert!(e.starts_with("invalid dependency: ") && e.contains(why), "{bad}: {e}");

@@ -1,13 +1,16 @@
-//! Domain types shared by every corral crate: ids, resources, job specs and states, TSO timestamps,
-//! billing ledger segments.
+//! Domain types shared by every corral crate: ids, resources, job specs and states, Slurm's
+//! allocation layout, TSO timestamps, billing ledger segments.
 //!
 //! Boundary: serde + thiserror only. Nothing here does I/O or reads a clock.
 
 mod billing;
 mod job;
 mod job_options;
+mod layout;
 mod node;
+mod output_pattern;
 mod parse;
+mod slurm_env;
 mod timestamp;
 
 pub use billing::Segment;
@@ -19,9 +22,12 @@ pub use job::{
     MAX_SCRIPT_BYTES, REQUEUE_PREEMPTOR,
 };
 pub use job_options::parse_dependencies;
+pub use layout::{gpu_type_matches, SlurmNames, TaskLayout, MAX_NODES_PER_JOB, MAX_TASKS_PER_JOB};
 pub use node::{GpuDevice, GpuHealth, NodeMode, NodeSpec, NodeState, NodeStatus, DEFAULT_RENDEZVOUS_PORTS};
+pub use output_pattern::{default_output_pattern, expand_output_pattern, OutputPlace, NO_ARRAY_INDEX};
 pub use parse::{
     describe_config_error, format_duration, format_size, parse_duration, parse_size, ConfigDuration, ConfigSize,
     ParseError,
 };
+pub use slurm_env::{compress_hostlist, expand_hostlist, slurm_allocation_env, tasks_per_node_string};
 pub use timestamp::{format_utc, Timestamp};

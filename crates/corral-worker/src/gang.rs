@@ -46,7 +46,8 @@ pub(crate) fn gang_env(
             env.insert((*key).to_string(), value.clone());
         }
     };
-    set(&["NNODES", "PET_NNODES", "SLURM_NNODES", "SLURM_NTASKS"], nnodes.to_string());
+    // SLURM_NTASKS counts tasks, not nodes: the allocation's variables set it.
+    set(&["NNODES", "PET_NNODES", "SLURM_NNODES"], nnodes.to_string());
     set(&["NODE_RANK", "PET_NODE_RANK", "SLURM_NODEID", "SLURM_PROCID"], node_rank.to_string());
     if local > 0 {
         set(&["LOCAL_WORLD_SIZE", "PET_NPROC_PER_NODE"], local.to_string());
@@ -160,7 +161,6 @@ mod tests {
                 "PET_NPROC_PER_NODE",
                 "SLURM_NNODES",
                 "SLURM_NODEID",
-                "SLURM_NTASKS",
                 "SLURM_PROCID"
             ]
         );

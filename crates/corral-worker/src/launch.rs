@@ -7,7 +7,7 @@ use crate::devices::Devices;
 use crate::executor::{JobFiles, LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR, SCRIPT_FILE};
 use crate::gang::{gang_env, PartAddrs, HOSTFILE};
 use crate::gpu::{DeviceInfo, MigPlacement, MigState};
-use corral_types::{GpuSlice, Job, SliceAssignment};
+use corral_types::{expand_output_pattern, slurm_allocation_env, GpuSlice, Job, OutputPlace, SliceAssignment};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -192,33 +192,26 @@ pub(crate) fn job_environment(job: &Job, epoch: u64, node: &str) -> BTreeMap<Str
     // and `corral show` name.
     set("CORRAL_ATTEMPT", job.attempts.to_string());
     set("CORRAL_EPOCH", epoch.to_string());
-    set("SLURM_JOB_ID", job.id.to_string());
-    set("SLURM_JOB_NAME", job.spec.name.clone());
-    set("SLURMD_NODENAME", node.to_owned());
-    if let Some(dir) = &job.spec.workdir {
-        // Corral keeps the working directory, which is the submit directory unless --chdir.
-        set("SLURM_SUBMIT_DIR", dir.clone());
-    }
-    if job.spec.cpu_millis > 0 {
-        set("SLURM_CPUS_PER_TASK", job.spec.cpu_millis.div_ceil(1000).to_string());
-    }
     if let Some(task) = job.array_task {
         set("CORRAL_ARRAY_JOB_ID", task.array.to_string());
         set("CORRAL_ARRAY_TASK_ID", task.index.to_string());
-        set("SLURM_ARRAY_JOB_ID", task.array.to_string());
-        set("SLURM_ARRAY_TASK_ID", task.index.to_string());
     }
-    if job.allocation.as_ref().is_some_and(|a| a.is_gang()) {
-        // Gang variables (ranks, rendezvous, SLURM_NNODES/NODEID/PROCID): set by the gang
-        // launch, here.
-    } else {
-        set("SLURM_NNODES", "1".to_owned());
-        set("SLURM_NODEID", "0".to_owned());
+    if !job.allocation.as_ref().is_some_and(|a| a.is_gang()) {
+        // A gang's ranks (SLURM_PROCID, NODE_RANK, ...) are set by the gang launch.
         set("SLURM_PROCID", "0".to_owned());
-        set("SLURM_JOB_NODELIST", node.to_owned());
     }
+    // The allocation's SLURM_* variables: ids, node list and counts, tasks, CPUs, GPUs,
+    // memory, submit directory and host, account, partition.
+    let nodes: Vec<&str> = match &job.allocation {
+        Some(a) => a.parts().map(|(n, _)| n).collect(),
+        None => vec![node],
+    };
+    env.extend(slurm_allocation_env(job, &nodes, node, SLURM_CLUSTER_NAME));
     env
 }
+
+/// `SLURM_CLUSTER_NAME` of every job.
+const SLURM_CLUSTER_NAME: &str = "corral";
 
 /// The argv and files of a bare-process job: its working directory, its batch script (run
 /// directly when it starts with `#!`, else with /bin/sh; `command` holds its arguments) and
@@ -236,40 +229,24 @@ pub(crate) fn job_files(job: &Job, work_dir: &Path, node: &str) -> (Vec<String>,
         None => spec.command.to_vec(),
     };
     let base = cwd.clone().unwrap_or_else(|| work_dir.to_path_buf());
-    let output = |pattern: &str| base.join(expand_output_pattern(pattern, job, node));
+    let node_index = job.allocation.as_ref().and_then(|a| a.parts().position(|(n, _)| n == node)).unwrap_or(0);
+    let place = OutputPlace { node, node_index: node_index as u32, task: 0, step: None };
+    let output = |pattern: &str| {
+        let mut name = expand_output_pattern(pattern, job, &place);
+        // The other nodes of a job that runs its command on every node write files of their
+        // own instead of overwriting the first node's (unless the pattern names the node).
+        if node_index > 0 && !["%N", "%n", "%t"].iter().any(|p| pattern.contains(p)) {
+            name.push_str(&format!(".{node_index}"));
+        }
+        base.join(name)
+    };
     let stdout = spec.stdout_path.as_deref().map(output);
     // As in Slurm, stderr goes with stdout unless it has a file of its own.
     let stderr = spec.stderr_path.as_deref().map(output).or_else(|| stdout.clone());
-    let files =
-        JobFiles { cwd, script: spec.script.as_deref().map(String::from), stdout, stderr, truncate: job.attempts <= 1 };
+    // `--open-mode=append`, and a requeued run, append to what is there.
+    let truncate = job.attempts <= 1 && !spec.append_output;
+    let files = JobFiles { cwd, script: spec.script.as_deref().map(String::from), stdout, stderr, truncate };
     (argv, files)
-}
-
-/// Expands `%j` (job id), `%A` (array job id, else the job id), `%a` (array task index, else
-/// 4294967294 as Slurm), `%x` (name), `%N` (node) and `%%`; other `%` sequences stay as written.
-pub(crate) fn expand_output_pattern(pattern: &str, job: &Job, node: &str) -> String {
-    let mut out = String::with_capacity(pattern.len());
-    let mut chars = pattern.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('j') => out.push_str(&job.id.to_string()),
-            Some('A') => out.push_str(&job.array_task.map_or(job.id, |t| t.array).to_string()),
-            Some('a') => out.push_str(&job.array_task.map_or(u32::MAX - 1, |t| t.index).to_string()),
-            Some('x') => out.push_str(&job.spec.name.replace('/', "_")),
-            Some('N') => out.push_str(node),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -330,8 +307,11 @@ mod tests {
         assert_eq!(get(&env, "SLURM_ARRAY_TASK_ID").as_deref(), Some("3"));
         assert_eq!(get(&env, "SLURM_ARRAY_JOB_ID").as_deref(), Some("40"));
         j.allocation.as_mut().unwrap().more_nodes = vec![NodeGpus { node: "gpu-02".into(), gpus: vec![0] }];
-        let env = job_environment(&j, 7, "gpu-01");
-        assert_eq!(get(&env, "SLURM_NNODES"), None, "a gang's are the gang launch's");
+        let env = job_environment(&j, 7, "gpu-02");
+        assert_eq!(get(&env, "SLURM_NNODES").as_deref(), Some("2"));
+        assert_eq!(get(&env, "SLURM_JOB_NODELIST").as_deref(), Some("gpu-[01-02]"));
+        assert_eq!(get(&env, "SLURM_NODEID").as_deref(), Some("1"));
+        assert_eq!(get(&env, "SLURM_PROCID"), None, "a gang's ranks are the gang launch's");
     }
 
     #[test]
@@ -392,6 +372,21 @@ echo hi
         let (_, files) = job_files(&j, Path::new("/jobs/42/7"), "gpu-01");
         assert_eq!(files.stderr, Some(PathBuf::from("/scratch/40_3.gpu-01.err%%q")));
         assert!(!files.truncate, "a requeued run appends");
-        assert_eq!(expand_output_pattern("%a", &job(), "n"), "4294967294");
+        j.attempts = 1;
+        j.spec.append_output = true;
+        assert!(!job_files(&j, Path::new("/jobs/42/7"), "gpu-01").1.truncate, "--open-mode=append");
+    }
+
+    #[test]
+    fn the_other_nodes_of_a_gang_write_files_of_their_own() {
+        let mut j = job();
+        j.spec.stdout_path = Some("slurm-%j.out".into());
+        j.spec.stderr_path = Some("err-%N.txt".into());
+        j.allocation.as_mut().unwrap().more_nodes = vec![NodeGpus { node: "gpu-02".into(), gpus: vec![0] }];
+        let (_, first) = job_files(&j, Path::new("/jobs/42/7"), "gpu-01");
+        let (_, second) = job_files(&j, Path::new("/jobs/42/7"), "gpu-02");
+        assert_eq!(first.stdout, Some(PathBuf::from("/home/ana/exp/slurm-42.out")));
+        assert_eq!(second.stdout, Some(PathBuf::from("/home/ana/exp/slurm-42.out.1")));
+        assert_eq!(second.stderr, Some(PathBuf::from("/home/ana/exp/err-gpu-02.txt")), "the pattern names the node");
     }
 }

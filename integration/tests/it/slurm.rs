@@ -1,6 +1,7 @@
 //! Slurm users' path on a `corral dev` node: `corral sbatch` with `#SBATCH` directives, jobs in
 //! the submit directory with the submit environment, output files, `corral run` passing the
-//! exit code through, `--strict`, and a signal before the time limit.
+//! exit code through, `--strict`, a signal before the time limit, Slurm's variables, output
+//! patterns and default file, bare dependencies, `--parsable`, `logs ID_TASK`, `cancel ID ID`.
 
 use corral_integration::{corral_bin, one_line_stderr, DevPool};
 use std::os::unix::fs::PermissionsExt;
@@ -126,14 +127,14 @@ fn run_passes_the_exit_code_through() {
 fn strict_refuses_an_unsupported_directive_and_bad_input_submits_nothing() {
     let pool = DevPool::start(&[]);
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("job.sh"), "#!/bin/sh\n#SBATCH --gpus=1\n#SBATCH --mail-type=END\necho hi\n")
+    std::fs::write(dir.path().join("job.sh"), "#!/bin/sh\n#SBATCH --gpus=1\n#SBATCH --reservation=maint\necho hi\n")
         .expect("write");
     std::fs::write(dir.path().join("bad.sh"), "#!/bin/sh\n#SBATCH --time=soon\necho hi\n").expect("write");
     let refused = corral_in(&pool, dir.path(), &[], &["sbatch", "--strict", "job.sh"]);
     assert!(!refused.status.success());
     assert_eq!(
         one_line_stderr(&refused),
-        "error: job.sh line 3: --mail-type is not supported by corral (--strict): remove it, or submit without --strict to ignore it"
+        "error: job.sh line 3: --reservation is not supported by corral (--strict): remove it, or submit without --strict to ignore it"
     );
     for args in [
         &["sbatch", "bad.sh"][..],
@@ -152,7 +153,7 @@ fn strict_refuses_an_unsupported_directive_and_bad_input_submits_nothing() {
     assert_eq!(jobs.as_array().map(Vec::len), Some(0), "nothing was submitted: {jobs}");
     let warned = corral_in(&pool, dir.path(), &[], &["sbatch", "job.sh"]);
     let job = submitted_id(&warned);
-    assert!(String::from_utf8_lossy(&warned.stderr).contains("warning: job.sh line 3: --mail-type is not supported"));
+    assert!(String::from_utf8_lossy(&warned.stderr).contains("warning: job.sh line 3: --reservation is not supported"));
     assert_eq!(ended(&pool, job)["state"], "succeeded");
 }
 
@@ -164,4 +165,82 @@ fn a_signal_before_the_time_limit_reaches_the_job() {
     let doc = ended(&pool, job);
     assert_eq!(doc["state"], "succeeded", "{doc}");
     assert_eq!(pool.ok(&["logs", &job.to_string()]), "got-usr1\n");
+}
+
+#[test]
+fn slurm_variables_and_the_default_output_file() {
+    let pool = DevPool::start(&["--gpus", "4"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).expect("mkdir");
+    let script = format!(
+        "#!/bin/bash\n\
+         #SBATCH --job-name=vars\n\
+         #SBATCH --ntasks=2 --cpus-per-task=1\n\
+         #SBATCH --gres=gpu:2\n\
+         #SBATCH --mem-per-gpu=1G\n\
+         #SBATCH --mail-type=ALL --mail-user=ana@example.org\n\
+         #SBATCH --chdir={}\n\
+         echo \"ntasks=$SLURM_NTASKS nprocs=$SLURM_NPROCS tpn=$SLURM_TASKS_PER_NODE cpt=$SLURM_CPUS_PER_TASK\"\n\
+         echo \"nodes=$SLURM_JOB_NUM_NODES list=$SLURM_JOB_NODELIST jobid=$SLURM_JOBID gpus=$SLURM_GPUS_ON_NODE\"\n\
+         echo \"mem=$SLURM_MEM_PER_GPU submit=$SLURM_SUBMIT_DIR pwd=$(pwd)\"\n",
+        work.display()
+    );
+    std::fs::write(dir.path().join("vars.sbatch"), script).expect("write");
+    let out = corral_in(&pool, dir.path(), &[], &["sbatch", "--parsable", "vars.sbatch"]);
+    assert!(String::from_utf8_lossy(&out.stderr).is_empty(), "mail directives are silent: {out:?}");
+    let job = submitted_id(&out);
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    let expected = format!(
+        "ntasks=2 nprocs=2 tpn=2 cpt=1\nnodes=1 list=dev-node jobid={job} gpus=2\nmem=1024 submit={} pwd={}\n",
+        dir.path().display(),
+        work.display()
+    );
+    assert_eq!(pool.ok(&["logs", &job.to_string()]), expected);
+    // No --output: slurm-%j.out in the working directory, as Slurm writes it.
+    let file = std::fs::read_to_string(work.join(format!("slurm-{job}.out"))).expect("the default output file");
+    assert_eq!(file, expected);
+}
+
+#[test]
+fn arrays_write_user_patterns_and_logs_take_task_ids() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = "#!/bin/sh\n#SBATCH --array=0-1\n#SBATCH -o logs-%u/%x_%A_%a.out\necho task=$SLURM_ARRAY_TASK_ID\n";
+    std::fs::create_dir(dir.path().join("logs-ana")).expect("mkdir");
+    std::fs::write(dir.path().join("sweep.sh"), script).expect("write");
+    let array = submitted_id(&corral_in(&pool, dir.path(), &[("USER", "ana")], &["sbatch", "sweep.sh"]));
+    let doc = ended(&pool, array);
+    assert_eq!(doc["array"]["succeeded"], 2, "{doc}");
+    for task in 0..2 {
+        let id = format!("{array}_{task}");
+        assert_eq!(pool.ok(&["logs", &id]), format!("task={task}\n"), "corral logs {id}");
+        let file = dir.path().join(format!("logs-ana/sweep.sh_{array}_{task}.out"));
+        assert_eq!(std::fs::read_to_string(&file).expect("the %u/%A_%a file"), format!("task={task}\n"));
+    }
+}
+
+#[test]
+fn bare_dependencies_and_cancelling_several_jobs() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("first.sh"), "#!/bin/sh\nexit 3\n").expect("write");
+    let first = submitted_id(&corral_in(&pool, dir.path(), &[], &["sbatch", "--parsable", "first.sh"]));
+    // A bare id is Slurm's afterany: it runs after a failed job too.
+    let then = format!("#!/bin/sh\n#SBATCH --dependency={first}\necho after\n");
+    std::fs::write(dir.path().join("then.sh"), then).expect("write");
+    let second = submitted_id(&corral_in(&pool, dir.path(), &[], &["sbatch", "then.sh"]));
+    assert_eq!(ended(&pool, first)["state"], "failed");
+    assert_eq!(ended(&pool, second)["state"], "succeeded");
+    let held: Vec<u64> = (0..2).map(|_| pool.submit(&["--hold", "--", "true"])).collect();
+    let ids: Vec<String> = held.iter().map(u64::to_string).collect();
+    let out = pool.ok(&["cancel", &ids[0], &ids[1]]);
+    assert_eq!(out, format!("job {} cancelled\njob {} cancelled\n", ids[0], ids[1]));
+    for job in held {
+        assert_eq!(ended(&pool, job)["state"], "cancelled");
+    }
+    let out = pool.corral(&["cancel", "999999", &ids[0]]);
+    assert_eq!(out.status.code(), Some(1), "one unknown id fails the command");
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: job 999999: "), "{out:?}");
 }

@@ -7,7 +7,7 @@ use super::topology;
 use super::Demand;
 use crate::resources::{mps_memory_mib, GpuLoad, MigShape, SliceReq, MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES};
 use crate::State;
-use corral_types::{GpuDevice, GpuSlice, JobId, JobState, NodeStatus, SliceAssignment};
+use corral_types::{gpu_type_matches, GpuDevice, GpuSlice, JobId, JobState, NodeStatus, SliceAssignment};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Candidates looked at before giving up (nodes that fit by GPUs but not by CPU or memory).
@@ -66,6 +66,10 @@ pub(crate) struct NodeCap<'s> {
     pub free_mig: u32,
     pub reservation: Option<Reservation>,
     pub releases: Vec<Release>,
+    /// Some job runs (or was placed in this pass) on the node: an `--exclusive` job skips it.
+    pub busy: bool,
+    /// An `--exclusive` job holds the whole node: no other job is placed on it.
+    pub taken_whole: bool,
 }
 
 impl NodeCap<'_> {
@@ -97,12 +101,26 @@ impl NodeCap<'_> {
         if !self.up() || self.cpu_free < d.cpu || self.mem_free < d.mem || self.free < gpus {
             return false;
         }
-        if !selects(&self.status.spec.labels, &d.selector) {
+        if !selects(&self.status.spec.labels, &d.selector) || !self.suits(d) {
             return false;
         }
         match self.reservation {
             None => true,
             Some(r) => d.ends_by(r.start_ms) || (gpus <= r.gpus && d.cpu <= r.cpu && d.mem <= r.mem),
+        }
+    }
+}
+
+impl NodeCap<'_> {
+    /// Whether the node is of the kind `d` asks for, whatever is free: not held whole by an
+    /// `--exclusive` job, idle for one, and with GPUs of the model asked for.
+    pub fn suits(&self, d: &Demand) -> bool {
+        if self.taken_whole || (d.exclusive && self.busy) {
+            return false;
+        }
+        match &d.gpu_type {
+            Some(wanted) => !self.gpus.is_empty() && self.gpus.iter().all(|g| gpu_type_matches(&g.dev.model, wanted)),
+            None => true,
         }
     }
 }
@@ -223,11 +241,14 @@ impl<'s> Cluster<'s> {
                 gpus.push(GpuCap { dev, usage, blocked: is_blocked, mig });
             }
             let (used_cpu, used_mem) = load.map(|l| (l.cpu_millis, l.memory_bytes)).unwrap_or((0, 0));
+            let busy = load.is_some_and(|l| !l.jobs.is_empty());
+            let mut taken_whole = false;
             let mut releases = Vec::new();
             for job in load.into_iter().flat_map(|l| l.jobs.iter()).filter_map(|id| state.jobs.get(id)) {
                 if job.state != JobState::Running {
                     continue;
                 }
+                taken_whole |= job.spec.layout.exclusive;
                 let at_ms = expected_end(job, now_ms);
                 let whole = if job.spec.gpu_slice.is_some() {
                     0
@@ -255,6 +276,8 @@ impl<'s> Cluster<'s> {
                 free_mig,
                 reservation: None,
                 releases,
+                busy,
+                taken_whole,
             };
             cluster.by_name.insert(name, idx);
             cluster.nodes.push(node);
@@ -350,6 +373,7 @@ impl<'s> Cluster<'s> {
                 && n.cpu_free >= d.cpu
                 && n.mem_free >= d.mem
                 && selects(&n.status.spec.labels, &d.selector)
+                && n.suits(d)
         };
         let reserved = self.reserved_by_free.range((k, 0)..).filter(|(_, n)| fits(&self.nodes[*n as usize])).count();
         let free = self
@@ -519,6 +543,8 @@ impl NodeCap<'_> {
     fn consume(&mut self, d: &Demand, fresh_gpus: u32) {
         self.cpu_free -= d.cpu;
         self.mem_free -= d.mem;
+        self.busy = true;
+        self.taken_whole |= d.exclusive;
         if let Some(r) = &mut self.reservation {
             if !d.ends_by(r.start_ms) {
                 r.gpus = r.gpus.saturating_sub(fresh_gpus);

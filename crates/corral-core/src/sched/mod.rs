@@ -34,7 +34,7 @@ use crate::resources::{job_milli_gpus, SliceReq};
 use crate::state::QueuedJob;
 use crate::{Command, Placement, Preemption, State};
 use cluster::{Cluster, Reservation};
-use corral_types::{Job, JobId, NodeGpus, Timestamp};
+use corral_types::{format_duration, Job, JobId, NodeGpus, Timestamp};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -109,6 +109,10 @@ pub(crate) struct Demand {
     pub rdma: bool,
     /// Node labels it needs (empty: any node).
     pub selector: Vec<String>,
+    /// Whole nodes (`--exclusive`): only idle ones, and nothing else on them afterwards.
+    pub exclusive: bool,
+    /// Only nodes whose GPUs are of this model.
+    pub gpu_type: Option<String>,
 }
 
 impl Demand {
@@ -122,7 +126,15 @@ impl Demand {
             end_ms: q.time_limit_secs.map(|s| now_ms.saturating_add(s.saturating_mul(1000))),
             rdma: q.rdma,
             selector: q.selector.clone(),
+            exclusive: q.exclusive,
+            gpu_type: q.gpu_type.clone(),
         }
+    }
+
+    /// A job that needs certain nodes (labels, GPU model, idle ones): a failure says nothing
+    /// about its shape on other nodes.
+    pub fn picky(&self) -> bool {
+        !self.selector.is_empty() || self.exclusive || self.gpu_type.is_some()
     }
 
     /// Whether the job, started now, ends by `t`.
@@ -360,7 +372,7 @@ impl Infeasible {
 
     fn known(&self, d: &Demand) -> bool {
         // A job that needs certain nodes says nothing about the shape on other nodes.
-        if !d.selector.is_empty() {
+        if d.picky() {
             return false;
         }
         let (cpu, mem, end) = Infeasible::point(d);
@@ -368,7 +380,7 @@ impl Infeasible {
     }
 
     fn record(&mut self, d: &Demand) {
-        if !d.selector.is_empty() {
+        if d.picky() {
             return;
         }
         let new = Infeasible::point(d);
@@ -475,7 +487,8 @@ impl<'s> Pass<'s> {
         if let Err(limit) = quota {
             return Err(PendingReason::Quota(self.book.describe(t, c, &numbers, need, limit)));
         }
-        if self.reservations_left > 0 && d.slice.is_none() && d.per_node > 0 {
+        // An exclusive job waits for idle nodes, which GPU release times do not tell.
+        if self.reservations_left > 0 && d.slice.is_none() && d.per_node > 0 && !d.exclusive {
             if let Some(start_ms) = self.reserve(id, &d) {
                 self.reservations_left -= 1;
                 self.out.stats.reservations += 1;
@@ -648,7 +661,7 @@ impl<'s> Pass<'s> {
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| n.up() && n.reservation.is_none())
+            .filter(|(_, n)| n.up() && n.reservation.is_none() && n.suits(d))
             .filter_map(|(i, n)| n.available_at(d.per_node, d.cpu, d.mem, now_ms).map(|(at, _)| (at, i as u32)))
             .collect();
         if options.len() < d.parts as usize {
@@ -670,6 +683,23 @@ impl<'s> Pass<'s> {
             self.cluster.reserve(n, reservation);
         }
         Some(start_ms)
+    }
+
+    /// Why a job that needs nodes of a kind (idle ones, a GPU model) is waiting: how many of
+    /// them have room now.
+    fn explain_kind(&self, d: &Demand, k: u32, starts_in_secs: Option<u64>) -> PendingReason {
+        let available = self.cluster.count_free_nodes(d, k, d.parts as usize);
+        let kind = match (&d.gpu_type, d.exclusive) {
+            (Some(t), true) => format!("idle node(s) with {t} gpus"),
+            (Some(t), false) => format!("node(s) with {t} gpus"),
+            (None, _) => "idle node(s) (--exclusive)".into(),
+        };
+        let gpus = if k == 1 { "1 gpu".to_string() } else { format!("{k} gpus") };
+        let mut what = format!("needs {} {kind}, {gpus} free on each; {available} have them now", d.parts);
+        if let Some(s) = starts_in_secs {
+            what.push_str(&format!("; reserved to start in {}", format_duration(std::time::Duration::from_secs(s))));
+        }
+        PendingReason::NodeKind { what: what.into() }
     }
 
     /// Why a job that fits no quota-free room is waiting.
@@ -700,6 +730,9 @@ impl<'s> Pass<'s> {
         if let Some(slice) = d.slice {
             let name = self.book.slice_names.entry(slice).or_insert_with(|| slice.to_string().into());
             return PendingReason::Slice { slice: name.clone() };
+        }
+        if d.exclusive || d.gpu_type.is_some() {
+            return self.explain_kind(d, k, starts_in_secs);
         }
         let largest_free = self.cluster.largest_free();
         if d.parts > 1 {

@@ -32,6 +32,9 @@ pub enum PendingReason {
     Priority { waiting_for: JobId },
     /// This job preempted running jobs and waits for them to exit.
     Preempting { victims: u32, grace_left_secs: u64 },
+    /// No node of the kind the job asks for has room: idle nodes for `--exclusive`, GPUs of a
+    /// model (`--gres=gpu:TYPE:N`). `what` says which.
+    NodeKind { what: Arc<str> },
     /// No node is registered and up.
     NoNodes,
     /// The tenant runs as many jobs as its `max-running-jobs` allows.
@@ -92,6 +95,7 @@ impl fmt::Display for PendingReason {
                 "preemption: waiting for {victims} preempted job(s) to exit (grace period ends in {})",
                 dur(*grace_left_secs)
             ),
+            PendingReason::NodeKind { what } => write!(f, "resources: {what}"),
             PendingReason::NoNodes => write!(f, "resources: no node is up and taking jobs"),
             PendingReason::JobLimit { tenant, max } => {
                 write!(f, "limit: tenant {tenant} runs {max} jobs, its max-running-jobs")

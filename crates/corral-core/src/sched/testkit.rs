@@ -23,7 +23,7 @@ use crate::config::TenantPolicy;
 use crate::{ClusterConfig, Command, Outcome, Placement, PriorityClass, Request, State};
 use corral_types::{
     parse_duration, GpuDevice, GpuSlice, JobExitReport, JobId, JobSpec, NodeGpus, NodeSpec, NodeState, SchedOptions,
-    Timestamp,
+    TaskLayout, Timestamp,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -113,6 +113,12 @@ impl World {
                 rdma: flags.iter().any(|f| f == "rdma"),
                 no_requeue: flags.iter().any(|f| f == "no-requeue"),
                 checkpoint_signal: named.get("signal").map(|s| s.parse().unwrap()),
+                ..Default::default()
+            },
+            layout: TaskLayout {
+                nodes: named.get("nodes").map(|n| n.parse().unwrap()).unwrap_or(0),
+                exclusive: flags.iter().any(|f| f == "exclusive"),
+                gpu_type: named.get("gpu-type").cloned(),
                 ..Default::default()
             },
             ..Default::default()

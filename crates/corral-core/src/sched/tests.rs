@@ -554,3 +554,63 @@ mod fair_share {
         );
     }
 }
+
+mod slurm {
+    fn check(fixture: &str, expected: &str) {
+        super::super::testkit::check(fixture, expected);
+    }
+
+    #[test]
+    fn nodes_without_gpus_and_gpus_split_over_nodes() {
+        check(
+            "
+            node n1 gpus=2
+            node n2 gpus=2
+            submit default gpus=0 nodes=2        # -N 2 on CPUs only
+            submit default gpus=2 per-node=1 nodes=2
+            schedule
+            ",
+            "
+            place 1 n1:+n2:
+            place 2 n1:0+n2:0
+            ",
+        );
+    }
+
+    #[test]
+    fn exclusive_jobs_take_idle_nodes_whole() {
+        check(
+            "
+            node n1 gpus=4
+            node n2 gpus=4
+            run default gpus=1 on=n1:0
+            submit default gpus=1 exclusive       # n1 is busy: n2, all of it
+            submit default gpus=1                  # not on n2 any more
+            submit default gpus=1 exclusive       # no idle node left
+            schedule
+            ",
+            "
+            place 2 n2:0
+            place 3 n1:1
+            pending 4 resources: needs 1 idle node(s) (--exclusive), 1 gpu free on each; 0 have them now
+            ",
+        );
+    }
+
+    #[test]
+    fn a_gpu_type_picks_nodes_of_that_model() {
+        check(
+            "
+            node n1 gpus=2
+            node n2 gpus=2 model=NVIDIA-A100-SXM4-80GB
+            submit default gpus=1 gpu-type=a100
+            submit default gpus=1 gpu-type=h100
+            schedule
+            ",
+            "
+            place 1 n2:0
+            pending 2 resources: needs 1 node(s) with h100 gpus, 1 gpu free on each; 0 have them now
+            ",
+        );
+    }
+}

@@ -6,7 +6,7 @@ use super::{pb, CodecError};
 use corral_types::{
     Allocation, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuSlice, Job,
     JobExitReport, JobSpec, JobState, NodeGpus, PartEnd, PreemptionNotice, PriceBreak, SchedOptions, SliceAssignment,
-    Timestamp,
+    SlurmNames, TaskLayout, Timestamp,
 };
 use prost::Message;
 
@@ -80,7 +80,63 @@ impl From<&JobSpec> for pb::JobSpec {
                 max_running: a.max_running,
             }),
             image_digest: s.image_digest.clone(),
+            layout: (!s.layout.is_default()).then(|| layout_to_pb(&s.layout)),
+            batch_step: s.batch_step,
+            slurm: (!s.slurm.is_default()).then(|| slurm_names_to_pb(&s.slurm)),
+            append_output: s.append_output,
         }
+    }
+}
+
+fn layout_to_pb(l: &TaskLayout) -> pb::TaskLayout {
+    pb::TaskLayout {
+        nodes: l.nodes,
+        ntasks: l.ntasks,
+        ntasks_per_node: l.ntasks_per_node,
+        cpus_per_task: l.cpus_per_task,
+        gpus_per_task: l.gpus_per_task,
+        cpus_per_gpu: l.cpus_per_gpu,
+        mem_per_cpu: l.mem_per_cpu,
+        mem_per_gpu: l.mem_per_gpu,
+        exclusive: l.exclusive,
+        gpu_type: l.gpu_type.clone(),
+    }
+}
+
+fn layout_from_pb(l: pb::TaskLayout) -> TaskLayout {
+    TaskLayout {
+        nodes: l.nodes,
+        ntasks: l.ntasks,
+        ntasks_per_node: l.ntasks_per_node,
+        cpus_per_task: l.cpus_per_task,
+        gpus_per_task: l.gpus_per_task,
+        cpus_per_gpu: l.cpus_per_gpu,
+        mem_per_cpu: l.mem_per_cpu,
+        mem_per_gpu: l.mem_per_gpu,
+        exclusive: l.exclusive,
+        gpu_type: l.gpu_type,
+    }
+}
+
+fn slurm_names_to_pb(n: &SlurmNames) -> pb::SlurmNames {
+    pb::SlurmNames {
+        account: n.account.clone(),
+        qos: n.qos.clone(),
+        partition: n.partition.clone(),
+        submit_dir: n.submit_dir.clone(),
+        submit_host: n.submit_host.clone(),
+        user: n.user.clone(),
+    }
+}
+
+fn slurm_names_from_pb(n: pb::SlurmNames) -> SlurmNames {
+    SlurmNames {
+        account: n.account,
+        qos: n.qos,
+        partition: n.partition,
+        submit_dir: n.submit_dir,
+        submit_host: n.submit_host,
+        user: n.user,
     }
 }
 
@@ -134,6 +190,10 @@ impl TryFrom<pb::JobSpec> for JobSpec {
                 max_running: a.max_running,
             }),
             image_digest: s.image_digest,
+            layout: s.layout.map(layout_from_pb).unwrap_or_default(),
+            batch_step: s.batch_step,
+            slurm: s.slurm.map(slurm_names_from_pb).unwrap_or_default(),
+            append_output: s.append_output,
         })
     }
 }
@@ -384,4 +444,53 @@ pub fn job_to_bytes(j: &Job) -> Vec<u8> {
 /// Decodes one job written by [`job_to_bytes`].
 pub fn job_from_bytes(bytes: &[u8]) -> Result<Job, CodecError> {
     pb::Job::decode(bytes)?.try_into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{command_from_bytes, command_to_bytes};
+    use super::*;
+    use corral_core::{Command, Request};
+
+    #[test]
+    fn slurm_layouts_and_names_round_trip() {
+        let spec = JobSpec {
+            tenant: "team-a".into(),
+            gpus: 8,
+            sched: SchedOptions { gpus_per_node: Some(4), ..Default::default() },
+            layout: TaskLayout {
+                nodes: 2,
+                ntasks: 8,
+                ntasks_per_node: 4,
+                cpus_per_task: 6,
+                gpus_per_task: 1,
+                cpus_per_gpu: 0,
+                mem_per_cpu: 0,
+                mem_per_gpu: 20 << 30,
+                exclusive: true,
+                gpu_type: Some("a100".into()),
+            },
+            batch_step: true,
+            slurm: SlurmNames {
+                account: Some("proj_x".into()),
+                qos: Some("short".into()),
+                partition: Some("gpu".into()),
+                submit_dir: Some("/home/ana/exp".into()),
+                submit_host: Some("login1".into()),
+                user: Some("ana".into()),
+            },
+            append_output: true,
+            script: Some("#!/bin/sh\nsrun true\n".into()),
+            ..Default::default()
+        };
+        let req = Request { ts: Timestamp(5), command: Command::SubmitJob { request_id: "s".into(), spec } };
+        assert_eq!(command_from_bytes(&command_to_bytes(&req)).unwrap(), req);
+        // A spec without them writes none of the new fields: older readers see the same bytes.
+        let plain = JobSpec { tenant: "t".into(), command: vec!["true".into()].into(), ..Default::default() };
+        let bytes = pb::JobSpec::from(&plain).encode_to_vec();
+        assert_eq!(
+            bytes,
+            pb::JobSpec { tenant: "t".into(), command: vec!["true".into()], ..Default::default() }.encode_to_vec()
+        );
+    }
 }

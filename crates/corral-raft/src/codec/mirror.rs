@@ -88,12 +88,30 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
             prop_oneof![Just(SchedOptions::default()), sched_options()],
         ),
         (of(text()), of(text()), of(text()), of(text()), of(array_spec()), of(text())),
+        (
+            any::<bool>(),
+            any::<bool>(),
+            any::<(u32, u32, u32, u64)>(),
+            any::<bool>(),
+            of(text()),
+            of(text()),
+            of(text()),
+        ),
     )
         .prop_map(
             |(
                 (name, tenant, priority_class, gpus, gpu_slice, cpu_millis, memory_bytes, time_limit_secs),
                 (image, command, env, sched),
                 (workdir, script, stdout_path, stderr_path, array, image_digest),
+                (
+                    batch_step,
+                    append_output,
+                    (nodes, ntasks, gpus_per_task, mem_per_gpu),
+                    exclusive,
+                    gpu_type,
+                    account,
+                    user,
+                ),
             )| JobSpec {
                 name,
                 tenant,
@@ -113,6 +131,18 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                 stderr_path,
                 array,
                 image_digest,
+                layout: corral_types::TaskLayout {
+                    nodes,
+                    ntasks,
+                    gpus_per_task,
+                    mem_per_gpu,
+                    exclusive,
+                    gpu_type,
+                    ..Default::default()
+                },
+                batch_step,
+                slurm: corral_types::SlurmNames { account, user, ..Default::default() },
+                append_output,
             },
         )
 }

@@ -1,0 +1,294 @@
+//! Slurm's view of an allocation for the programs in it: hostlists in Slurm's compressed
+//! syntax (`gpu-[01-04]`, both ways) and the allocation-wide `SLURM_*` variables, the same on
+//! every node and task. Per-task variables (`SLURM_PROCID`, `SLURM_LOCALID`, ...) are the
+//! launcher's. Pure: the worker calls these with the allocation's node names.
+
+use crate::{Job, MAX_NODES_PER_JOB};
+use std::collections::BTreeMap;
+
+/// Compresses host names into Slurm's hostlist syntax, keeping their order: consecutive names
+/// that differ only in a trailing number of the same width share brackets (`gpu-01,gpu-02,
+/// gpu-03,gpu-07` is `gpu-[01-03,07]`); other names stay as they are, comma-separated.
+pub fn compress_hostlist<S: AsRef<str>>(hosts: &[S]) -> String {
+    // (prefix, width, numbers) groups in order.
+    let mut groups: Vec<(&str, usize, Vec<u64>)> = Vec::new();
+    for host in hosts {
+        let host = host.as_ref();
+        let digits = host.len() - host.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (prefix, number) = host.split_at(host.len() - digits);
+        match number.parse::<u64>() {
+            Ok(n) if digits <= 18 => match groups.last_mut() {
+                Some((p, w, ns)) if *p == prefix && *w == digits => ns.push(n),
+                _ => groups.push((prefix, digits, vec![n])),
+            },
+            _ => groups.push((host, 0, Vec::new())),
+        }
+    }
+    let mut out = Vec::with_capacity(groups.len());
+    for (prefix, width, numbers) in groups {
+        if numbers.is_empty() {
+            out.push(prefix.to_string());
+            continue;
+        }
+        if numbers.len() == 1 {
+            out.push(format!("{prefix}{:0width$}", numbers[0]));
+            continue;
+        }
+        let mut ranges: Vec<String> = Vec::new();
+        let mut i = 0;
+        while i < numbers.len() {
+            let mut j = i;
+            while j + 1 < numbers.len() && numbers[j + 1] == numbers[j] + 1 {
+                j += 1;
+            }
+            ranges.push(if i == j {
+                format!("{:0width$}", numbers[i])
+            } else {
+                format!("{:0width$}-{:0width$}", numbers[i], numbers[j])
+            });
+            i = j + 1;
+        }
+        out.push(format!("{prefix}[{}]", ranges.join(",")));
+    }
+    out.join(",")
+}
+
+/// Expands a Slurm hostlist (`gpu-[01-03,07],login1`) into host names, in order. At most
+/// `MAX_NODES_PER_JOB` names: a longer list is refused, never built.
+pub fn expand_hostlist(list: &str) -> Result<Vec<String>, String> {
+    let mut hosts = Vec::new();
+    let mut rest = list.trim();
+    while !rest.is_empty() {
+        // The next item ends at a comma outside brackets.
+        let mut depth = 0;
+        let end = rest
+            .char_indices()
+            .find(|&(_, c)| {
+                match c {
+                    '[' => depth += 1,
+                    ']' => depth -= 1,
+                    _ => {}
+                }
+                c == ',' && depth == 0
+            })
+            .map_or(rest.len(), |(i, _)| i);
+        let item = &rest[..end];
+        rest = rest[end..].strip_prefix(',').unwrap_or("");
+        expand_item(item, &mut hosts)?;
+    }
+    Ok(hosts)
+}
+
+fn expand_item(item: &str, hosts: &mut Vec<String>) -> Result<(), String> {
+    let bad = || format!("invalid hostlist item '{item}' (expected e.g. gpu-[01-04,07])");
+    let too_many = || format!("hostlist: more than {MAX_NODES_PER_JOB} hosts");
+    let Some((prefix, tail)) = item.split_once('[') else {
+        if item.is_empty() || item.contains(']') {
+            return Err(bad());
+        }
+        if hosts.len() >= MAX_NODES_PER_JOB as usize {
+            return Err(too_many());
+        }
+        hosts.push(item.to_string());
+        return Ok(());
+    };
+    let (inner, suffix) = tail.split_once(']').ok_or_else(bad)?;
+    if suffix.contains(['[', ']']) {
+        return Err(bad());
+    }
+    for range in inner.split(',') {
+        let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+        let width = lo.len();
+        let (lo, hi): (u64, u64) = (lo.parse().map_err(|_| bad())?, hi.parse().map_err(|_| bad())?);
+        if hi < lo {
+            return Err(bad());
+        }
+        if hi - lo >= u64::from(MAX_NODES_PER_JOB) {
+            return Err(too_many());
+        }
+        for n in lo..=hi {
+            if hosts.len() >= MAX_NODES_PER_JOB as usize {
+                return Err(too_many());
+            }
+            hosts.push(format!("{prefix}{n:0width$}{suffix}"));
+        }
+    }
+    Ok(())
+}
+
+/// Slurm's compressed tasks-per-node form: counts in node order, repeats as `N(xK)`
+/// (`[2, 2, 1]` is `2(x2),1`).
+pub fn tasks_per_node_string(tasks: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < tasks.len() {
+        let run = tasks[i..].iter().take_while(|t| **t == tasks[i]).count();
+        out.push(if run == 1 { tasks[i].to_string() } else { format!("{}(x{run})", tasks[i]) });
+        i += run;
+    }
+    out.join(",")
+}
+
+/// The allocation-wide `SLURM_*` variables of `job`, whose allocation spans `nodes` (in
+/// allocation order), as seen on `node`: ids and names, the node list and counts, tasks, CPUs,
+/// GPUs and memory as the layout asked for them, where and by whom it was submitted, its
+/// account and partition. `cluster` is `SLURM_CLUSTER_NAME`.
+pub fn slurm_allocation_env(job: &Job, nodes: &[&str], node: &str, cluster: &str) -> BTreeMap<String, String> {
+    let spec = &job.spec;
+    let layout = &spec.layout;
+    let mut env = BTreeMap::new();
+    let mut set = |keys: &[&str], value: String| {
+        for k in keys {
+            env.insert((*k).to_string(), value.clone());
+        }
+    };
+    let count = nodes.len().max(1) as u32;
+    set(&["SLURM_JOB_ID", "SLURM_JOBID"], job.id.to_string());
+    set(&["SLURM_JOB_NAME"], spec.name.clone());
+    set(&["SLURM_JOB_NODELIST", "SLURM_NODELIST"], compress_hostlist(nodes));
+    set(&["SLURM_JOB_NUM_NODES", "SLURM_NNODES"], count.to_string());
+    let tasks = layout.tasks_on_nodes(count);
+    set(&["SLURM_NTASKS", "SLURM_NPROCS"], tasks.iter().sum::<u32>().to_string());
+    set(&["SLURM_TASKS_PER_NODE"], tasks_per_node_string(&tasks));
+    if layout.ntasks_per_node > 0 {
+        set(&["SLURM_NTASKS_PER_NODE"], layout.ntasks_per_node.to_string());
+    }
+    let node_index = nodes.iter().position(|n| *n == node).unwrap_or(0);
+    set(&["SLURM_NODEID"], node_index.to_string());
+    set(&["SLURMD_NODENAME"], node.to_string());
+    set(&["SLURM_CLUSTER_NAME"], cluster.to_string());
+    if layout.cpus_per_task > 0 {
+        set(&["SLURM_CPUS_PER_TASK"], layout.cpus_per_task.to_string());
+    } else if layout.ntasks == 0 && layout.ntasks_per_node == 0 && spec.cpu_millis > 0 {
+        // One task per node: `--cpus` is its CPUs.
+        set(&["SLURM_CPUS_PER_TASK"], spec.cpu_millis.div_ceil(1000).to_string());
+    }
+    if spec.cpu_millis > 0 {
+        set(&["SLURM_CPUS_ON_NODE", "SLURM_JOB_CPUS_PER_NODE"], spec.cpu_millis.div_ceil(1000).to_string());
+    }
+    let gpus_here = job.allocation.as_ref().and_then(|a| a.gpus_on(node)).map_or(0, <[u32]>::len);
+    if spec.gpu_slice.is_none() && spec.gpus > 0 {
+        set(&["SLURM_GPUS_ON_NODE"], gpus_here.to_string());
+        set(&["SLURM_GPUS_PER_NODE"], spec.gpus_per_part().to_string());
+        set(&["SLURM_GPUS"], spec.gpus.to_string());
+    }
+    if layout.gpus_per_task > 0 {
+        set(&["SLURM_GPUS_PER_TASK"], layout.gpus_per_task.to_string());
+    }
+    let mib = |bytes: u64| bytes.div_ceil(1 << 20).to_string();
+    if layout.mem_per_cpu > 0 {
+        set(&["SLURM_MEM_PER_CPU"], mib(layout.mem_per_cpu));
+    } else if layout.mem_per_gpu > 0 {
+        set(&["SLURM_MEM_PER_GPU"], mib(layout.mem_per_gpu));
+    } else if spec.memory_bytes > 0 {
+        set(&["SLURM_MEM_PER_NODE"], mib(spec.memory_bytes));
+    }
+    let names = &spec.slurm;
+    if let Some(dir) = names.submit_dir.as_ref().or(spec.workdir.as_ref()) {
+        set(&["SLURM_SUBMIT_DIR"], dir.clone());
+    }
+    if let Some(host) = &names.submit_host {
+        set(&["SLURM_SUBMIT_HOST"], host.clone());
+    }
+    if let Some(user) = &names.user {
+        set(&["SLURM_JOB_USER"], user.clone());
+    }
+    set(&["SLURM_JOB_ACCOUNT"], names.account.clone().unwrap_or_else(|| spec.tenant.clone()));
+    if let Some(partition) = &names.partition {
+        set(&["SLURM_JOB_PARTITION"], partition.clone());
+    }
+    if let Some(qos) = &names.qos {
+        set(&["SLURM_JOB_QOS"], qos.clone());
+    }
+    if let Some(task) = job.array_task {
+        set(&["SLURM_ARRAY_JOB_ID"], task.array.to_string());
+        set(&["SLURM_ARRAY_TASK_ID"], task.index.to_string());
+    }
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Allocation, JobSpec, NodeGpus, SchedOptions, SlurmNames, TaskLayout, Timestamp};
+
+    #[test]
+    fn hostlists_compress_as_slurm_writes_them() {
+        assert_eq!(compress_hostlist(&["gpu-01", "gpu-02", "gpu-03", "gpu-04"]), "gpu-[01-04]");
+        assert_eq!(compress_hostlist(&["gpu-01", "gpu-02", "gpu-03", "gpu-07"]), "gpu-[01-03,07]");
+        assert_eq!(compress_hostlist(&["node1"]), "node1");
+        assert_eq!(compress_hostlist(&["node1", "node3", "login"]), "node[1,3],login");
+        assert_eq!(compress_hostlist(&["a9", "a10"]), "a9,a10", "widths differ");
+        assert_eq!(compress_hostlist::<&str>(&[]), "");
+    }
+
+    #[test]
+    fn hostlists_expand_and_stay_bounded() {
+        assert_eq!(expand_hostlist("gpu-[01-03,07],login").unwrap(), ["gpu-01", "gpu-02", "gpu-03", "gpu-07", "login"]);
+        assert_eq!(expand_hostlist("n[1-2]-ib").unwrap(), ["n1-ib", "n2-ib"]);
+        let names = ["gpu-01", "gpu-02", "gpu-07", "x"];
+        assert_eq!(expand_hostlist(&compress_hostlist(&names)).unwrap(), names);
+        assert!(expand_hostlist("n[1-999999999]").unwrap_err().contains("more than"));
+        assert!(expand_hostlist("n[3-1]").unwrap_err().contains("invalid hostlist"));
+        assert!(expand_hostlist("n[1-2").is_err());
+    }
+
+    #[test]
+    fn tasks_per_node_repeat_as_slurm_counts_them() {
+        assert_eq!(tasks_per_node_string(&[2, 2]), "2(x2)");
+        assert_eq!(tasks_per_node_string(&[3, 2]), "3,2");
+        assert_eq!(tasks_per_node_string(&[2, 2, 1]), "2(x2),1");
+    }
+
+    #[test]
+    fn allocation_variables_follow_the_layout() {
+        let spec = JobSpec {
+            name: "ddp".into(),
+            tenant: "team-a".into(),
+            gpus: 4,
+            cpu_millis: 12_000,
+            memory_bytes: 48 << 30,
+            sched: SchedOptions { gpus_per_node: Some(2), ..Default::default() },
+            layout: TaskLayout {
+                nodes: 2,
+                ntasks_per_node: 2,
+                gpus_per_task: 1,
+                cpus_per_task: 6,
+                ..Default::default()
+            },
+            slurm: SlurmNames {
+                account: Some("proj_x".into()),
+                partition: Some("gpu".into()),
+                submit_dir: Some("/home/ana/exp".into()),
+                submit_host: Some("login1".into()),
+                user: Some("ana".into()),
+                ..Default::default()
+            },
+            workdir: Some("/scratch".into()),
+            ..Default::default()
+        };
+        let mut job = Job::pending(12, spec, String::new(), Timestamp(1));
+        job.allocation = Some(Allocation {
+            node: "gpu-01".into(),
+            gpus: vec![0, 1],
+            more_nodes: vec![NodeGpus { node: "gpu-02".into(), gpus: vec![2, 3] }],
+            ..Default::default()
+        });
+        let env = slurm_allocation_env(&job, &["gpu-01", "gpu-02"], "gpu-02", "corral");
+        let get = |k: &str| env.get(k).map(String::as_str);
+        assert_eq!((get("SLURM_JOB_ID"), get("SLURM_JOBID")), (Some("12"), Some("12")));
+        assert_eq!((get("SLURM_JOB_NODELIST"), get("SLURM_NODELIST")), (Some("gpu-[01-02]"), Some("gpu-[01-02]")));
+        assert_eq!((get("SLURM_JOB_NUM_NODES"), get("SLURM_NNODES")), (Some("2"), Some("2")));
+        assert_eq!((get("SLURM_NTASKS"), get("SLURM_NPROCS")), (Some("4"), Some("4")));
+        assert_eq!((get("SLURM_NTASKS_PER_NODE"), get("SLURM_TASKS_PER_NODE")), (Some("2"), Some("2(x2)")));
+        assert_eq!((get("SLURM_NODEID"), get("SLURMD_NODENAME")), (Some("1"), Some("gpu-02")));
+        assert_eq!((get("SLURM_CPUS_PER_TASK"), get("SLURM_CPUS_ON_NODE")), (Some("6"), Some("12")));
+        assert_eq!((get("SLURM_GPUS_ON_NODE"), get("SLURM_GPUS_PER_NODE")), (Some("2"), Some("2")));
+        assert_eq!(get("SLURM_MEM_PER_NODE"), Some("49152"));
+        assert_eq!(get("SLURM_SUBMIT_DIR"), Some("/home/ana/exp"), "the submit directory, not the working one");
+        assert_eq!((get("SLURM_SUBMIT_HOST"), get("SLURM_JOB_USER")), (Some("login1"), Some("ana")));
+        assert_eq!((get("SLURM_JOB_ACCOUNT"), get("SLURM_JOB_PARTITION")), (Some("proj_x"), Some("gpu")));
+        assert_eq!(get("SLURM_CLUSTER_NAME"), Some("corral"));
+        assert_eq!(get("SLURM_PROCID"), None, "per task: the launcher's");
+    }
+}
