@@ -1,9 +1,10 @@
 //! Domain types shared by every corral crate: ids, resources, job specs and states, TSO timestamps,
-//! billing ledger segments.
+//! billing ledger segments, Slurm's hostlists.
 //!
 //! Boundary: serde + thiserror only. Nothing here does I/O or reads a clock.
 
 mod billing;
+pub mod hostlist;
 mod job;
 mod job_options;
 mod node;
