@@ -78,7 +78,10 @@ impl State {
             | Command::RequeueJob { job_id }
             | Command::SignalJob { job_id, .. }
             | Command::UpdateJob { job_id, .. }
-            | Command::CancelArrayTask { array: job_id, .. } => {
+            | Command::CancelArrayTask { array: job_id, .. }
+            | Command::CreateStep { job_id, .. }
+            | Command::StepEnded { job_id, .. }
+            | Command::SignalStep { job_id, .. } => {
                 touched.jobs.insert(*job_id);
             }
             Command::CancelJobs { job_ids, .. } => touched.jobs.extend(job_ids.iter().copied()),
@@ -226,6 +229,11 @@ impl State {
                 self.consume_join_token(ts, sha256, node, public_key_sha256)
             }
             Command::Compact(cutoffs) => self.compact(ts, cutoffs),
+            Command::CreateStep { job_id, epoch, request_id, spec } => {
+                self.create_step(ts, *job_id, *epoch, request_id, spec)
+            }
+            Command::StepEnded { job_id, epoch, step, end } => self.step_ended(ts, *job_id, *epoch, *step, end),
+            Command::SignalStep { job_id, step, signal } => self.signal_step(*job_id, *step, *signal),
         }
     }
 
@@ -580,10 +588,12 @@ impl State {
         }
     }
 
-    /// Ends the current run of a job: charges fair-share usage, writes its billing segment
-    /// (labelled `end_state`) and frees its resources in the indexes. `length` is `None` for a
+    /// Ends the current run of a job: ends its live steps, charges fair-share usage, writes its
+    /// billing segment (labelled `end_state`) and frees its resources in the indexes. `length` is `None` for a
     /// run that never started (nothing to bill or charge).
     fn end_run(&mut self, ts: Timestamp, job_id: JobId, end_state: &str, length: Option<RunLength>) {
+        // No step outlives the run it was made in.
+        self.end_live_steps(ts, job_id, end_state);
         if let Some(length) = length {
             self.close_segment(job_id, ts, end_state, length);
         }

@@ -24,6 +24,7 @@ mod quota;
 mod resources;
 mod sched;
 mod state;
+mod steps;
 mod tokens;
 mod usage;
 
@@ -42,5 +43,6 @@ pub use quota::{format_gpus, QuotaBlock};
 pub use resources::{job_milli_gpus, MILLI_PER_GPU};
 pub use sched::{place, schedule, PassStats, PendingJob, PendingReason, SchedulingPass};
 pub use state::{BilledTotal, CoordinatorRecord, State};
+pub use steps::plan_tasks;
 pub use tokens::{TokenRecord, MAX_TOKENS};
 pub use usage::UsageLedger;

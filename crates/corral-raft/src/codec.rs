@@ -37,6 +37,8 @@ pub const REQUEST_ID_ENTRY_BYTES: usize = 32;
 /// Field number of `StateSnapshot.request_id_table`.
 const SNAPSHOT_REQUEST_ID_TABLE_FIELD: u32 = 16;
 
+mod step;
+
 /// Generated code of package `corral.state.v1` (`proto/state.proto`).
 mod pb {
     #![allow(clippy::all, missing_docs)]
@@ -351,6 +353,7 @@ impl From<&Job> for pb::Job {
             }),
             restarts: j.restarts,
             signals: j.signals.clone(),
+            steps: step::steps_to_pb(&j.steps),
         }
     }
 }
@@ -418,6 +421,7 @@ impl TryFrom<pb::Job> for Job {
             }),
             restarts: j.restarts,
             signals: j.signals,
+            steps: step::steps_from_pb(j.steps)?,
         })
     }
 }
@@ -835,6 +839,21 @@ fn command_to_pb(r: &Request) -> pb::Command {
         Command::CancelJobs { job_ids, reason } => {
             Kind::CancelJobs(pb::CancelJobs { job_ids: job_ids.clone(), reason: reason.clone() })
         }
+        Command::CreateStep { job_id, epoch, request_id, spec } => Kind::CreateStep(pb::CreateStep {
+            job_id: *job_id,
+            epoch: *epoch,
+            request_id: request_id.clone(),
+            spec: Some(step::spec_to_pb(spec)),
+        }),
+        Command::StepEnded { job_id, epoch, step: id, end } => Kind::StepEnded(pb::StepEnded {
+            job_id: *job_id,
+            epoch: *epoch,
+            step: *id,
+            end: Some(step::node_end_to_pb(end)),
+        }),
+        Command::SignalStep { job_id, step: id, signal } => {
+            Kind::SignalStep(pb::SignalStep { job_id: *job_id, step: *id, signal: *signal })
+        }
         Command::Compact(c) => Kind::Compact(pb::Compact {
             archive_before: c.archive_before.0,
             request_ids_before: c.request_ids_before.0,
@@ -924,6 +943,19 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
             Command::ConsumeJoinToken { sha256: c.sha256, node: c.node, public_key_sha256: c.public_key_sha256 }
         }
         Kind::CancelJobs(c) => Command::CancelJobs { job_ids: c.job_ids, reason: c.reason },
+        Kind::CreateStep(c) => Command::CreateStep {
+            job_id: c.job_id,
+            epoch: c.epoch,
+            request_id: c.request_id,
+            spec: step::spec_from_pb(c.spec.ok_or(CodecError::Missing("create_step.spec"))?),
+        },
+        Kind::StepEnded(c) => Command::StepEnded {
+            job_id: c.job_id,
+            epoch: c.epoch,
+            step: c.step,
+            end: step::node_end_from_pb(c.end.ok_or(CodecError::Missing("step_ended.end"))?),
+        },
+        Kind::SignalStep(c) => Command::SignalStep { job_id: c.job_id, step: c.step, signal: c.signal },
         Kind::Compact(c) => Command::Compact(CompactCutoffs {
             archive_before: Timestamp(c.archive_before),
             request_ids_before: Timestamp(c.request_ids_before),
@@ -1565,6 +1597,23 @@ pub fn meta_from_bytes(bytes: &[u8]) -> Result<StateMeta, CodecError> {
 mod tests {
     use super::*;
 
+    /// A step spec with every field set.
+    fn test_step_spec() -> corral_types::StepSpec {
+        corral_types::StepSpec {
+            command: vec!["python".into(), "train.py".into()],
+            env: [("SLURM_JOB_ID".to_string(), "4".to_string())].into(),
+            cwd: Some("/home/ana".into()),
+            ntasks: Some(4),
+            nodes: Some(2),
+            ntasks_per_node: Some(2),
+            gpus_per_task: Some(1),
+            cpus_per_task: Some(8),
+            nodelist: vec!["n1".into(), "n2".into()],
+            overlap: true,
+            kill_on_bad_exit: true,
+        }
+    }
+
     #[test]
     fn commands_and_snapshots_round_trip() {
         let spec = JobSpec {
@@ -1696,6 +1745,18 @@ mod tests {
             },
             Command::CancelArrayTask { array: 4, index: 7, reason: "r".into() },
             Command::CancelJobs { job_ids: vec![1, 2], reason: "bulk".into() },
+            Command::CreateStep { job_id: 4, epoch: 9, request_id: "srun-1".into(), spec: test_step_spec() },
+            Command::StepEnded {
+                job_id: 4,
+                epoch: 9,
+                step: 2,
+                end: corral_types::StepNodeEnd {
+                    node: "n2".into(),
+                    tasks: vec![corral_types::TaskExit { task: 3, exit_code: None, signal: Some(9) }],
+                    launch_error: Some("no python".into()),
+                },
+            },
+            Command::SignalStep { job_id: 4, step: 2, signal: 2 },
             Command::Compact(CompactCutoffs {
                 archive_before: Timestamp(3),
                 request_ids_before: Timestamp(2),
@@ -1847,6 +1908,50 @@ mod tests {
             array_progress: None,
             restarts: 0,
             signals: Vec::new(),
+            steps: corral_types::JobSteps {
+                next_id: 7,
+                dropped: 5,
+                steps: vec![
+                    corral_types::JobStep {
+                        id: 5,
+                        epoch: 3,
+                        request_id: "srun-5".into(),
+                        spec: corral_types::StepSpec { command: vec!["hostname".into()], ..Default::default() },
+                        nodes: vec![corral_types::StepNode {
+                            node: "n1".into(),
+                            first_task: 0,
+                            tasks: 2,
+                            gpus: vec![],
+                        }],
+                        state: corral_types::StepState::Failed,
+                        created_at: Timestamp(4),
+                        ended_at: Some(Timestamp(6)),
+                        exit_code: Some(137),
+                        reason: Some("exit code 137".into()),
+                        ended: vec![corral_types::StepNodeEnd {
+                            node: "n1".into(),
+                            tasks: vec![corral_types::TaskExit { task: 1, exit_code: None, signal: Some(9) }],
+                            launch_error: None,
+                        }],
+                        signals: vec![2, 15],
+                        stopping: true,
+                    },
+                    corral_types::JobStep {
+                        id: 6,
+                        epoch: 3,
+                        request_id: "srun-6".into(),
+                        spec: test_step_spec(),
+                        nodes: vec![corral_types::StepNode {
+                            node: "n1".into(),
+                            first_task: 0,
+                            tasks: 1,
+                            gpus: vec![1, 0],
+                        }],
+                        created_at: Timestamp(5),
+                        ..Default::default()
+                    },
+                ],
+            },
             exit_code: None,
             signal: None,
             reason: None,

@@ -671,6 +671,9 @@ pub struct Job {
     /// Signals asked for with `corral signal`, in order; a worker delivers each once per run.
     #[serde(default)]
     pub signals: Vec<i32>,
+    /// Its `srun` steps (Slurm's `12.0`, `12.1`, …), bound to the run they were made in.
+    #[serde(default)]
+    pub steps: crate::JobSteps,
 }
 
 impl Job {
@@ -699,6 +702,7 @@ impl Job {
             array_progress: None,
             restarts: 0,
             signals: Vec::new(),
+            steps: crate::JobSteps::default(),
         }
     }
 

@@ -1,5 +1,5 @@
 //! Domain types shared by every corral crate: ids, resources, job specs and states, TSO timestamps,
-//! billing ledger segments, Slurm's hostlists.
+//! billing ledger segments, job steps, Slurm's hostlists.
 //!
 //! Boundary: serde + thiserror only. Nothing here does I/O or reads a clock.
 
@@ -9,6 +9,7 @@ mod job;
 mod job_options;
 mod node;
 mod parse;
+mod step;
 mod timestamp;
 
 pub use billing::Segment;
@@ -23,5 +24,9 @@ pub use node::{GpuDevice, GpuHealth, NodeMode, NodeSpec, NodeState, NodeStatus, 
 pub use parse::{
     describe_config_error, format_duration, format_size, parse_duration, parse_size, ConfigDuration, ConfigSize,
     ParseError,
+};
+pub use step::{
+    JobStep, JobSteps, StepId, StepNode, StepNodeEnd, StepRef, StepSpec, StepState, TaskExit, MAX_KEPT_STEPS,
+    MAX_LIVE_STEPS, MAX_STEP_NODELIST, MAX_STEP_SIGNALS, MAX_STEP_SPEC_BYTES, MAX_STEP_TASKS,
 };
 pub use timestamp::{format_utc, Timestamp};

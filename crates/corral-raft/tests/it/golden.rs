@@ -156,6 +156,7 @@ fn full_job() -> Job {
         array_progress: None,
         restarts: 0,
         signals: Vec::new(),
+        steps: Default::default(),
     }
 }
 
@@ -183,6 +184,7 @@ fn pending_job() -> Job {
         array_progress: None,
         restarts: 0,
         signals: Vec::new(),
+        steps: Default::default(),
     }
 }
 
