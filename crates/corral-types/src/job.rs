@@ -677,6 +677,14 @@ pub struct Job {
 }
 
 impl Job {
+    /// True for a batch job (`corral sbatch`): its script is Slurm's batch step, which runs
+    /// once, on the allocation's first node, and the job ends when it ends; the allocation's
+    /// other nodes hold their part (cgroup, GPUs) for the steps `srun` starts there. Other
+    /// jobs (`corral submit`'s gangs) run their command on every node.
+    pub fn runs_batch_once(&self) -> bool {
+        self.spec.script.is_some()
+    }
+
     /// A job as submitted at `ts`: pending, never run.
     pub fn pending(id: JobId, spec: JobSpec, request_id: String, ts: Timestamp) -> Job {
         Job {

@@ -1,8 +1,9 @@
-//! Property: whatever sequence of submits (single-node jobs and gangs), scheduling passes, step
-//! creations (retried ones among them, and ones for stale runs), step reports from any node,
-//! step signals, job exits, cancels, requeues, lost and restarted nodes and compactions goes
-//! through apply(), no step outlives the run it was made in, a job's steps stay within their
-//! bounds, step ids only grow, and live steps that took GPUs of their own never share one.
+//! Property: whatever sequence of submits (single-node jobs and gangs, batch jobs among them),
+//! scheduling passes, step creations (retried ones among them, and ones for stale runs), step
+//! reports from any node, step signals, job exits, cancels, requeues, lost and restarted nodes
+//! and compactions goes through apply(), no step outlives the run it was made in, no batch job
+//! runs on once its batch step ended, a job's steps stay within their bounds, step ids only
+//! grow, and live steps that took GPUs of their own never share one.
 
 use corral_core::{schedule, ClusterConfig, Command, CompactCutoffs, Outcome, Request, State};
 use corral_types::{
@@ -16,22 +17,53 @@ const NODES: [&str; 3] = ["a", "b", "c"];
 
 #[derive(Debug, Clone)]
 enum Op {
-    Submit { gang: bool },
+    /// `batch`: a batch job (`corral sbatch`), which ends with its batch step on its first node.
+    Submit {
+        gang: bool,
+        batch: bool,
+    },
     Schedule,
-    Step { pick: usize, ntasks: Option<u32>, gpus_per_task: Option<u32>, overlap: bool, retry: bool, stale: bool },
-    StepEnded { pick: usize, step: u32, node: usize, code: i32 },
-    Signal { pick: usize, step: u32 },
-    Finish { pick: usize, node: usize, code: i32 },
-    Cancel { pick: usize },
-    Requeue { pick: usize },
-    NodeDown { node: usize },
-    Register { node: usize },
+    Step {
+        pick: usize,
+        ntasks: Option<u32>,
+        gpus_per_task: Option<u32>,
+        overlap: bool,
+        retry: bool,
+        stale: bool,
+    },
+    StepEnded {
+        pick: usize,
+        step: u32,
+        node: usize,
+        code: i32,
+    },
+    Signal {
+        pick: usize,
+        step: u32,
+    },
+    Finish {
+        pick: usize,
+        node: usize,
+        code: i32,
+    },
+    Cancel {
+        pick: usize,
+    },
+    Requeue {
+        pick: usize,
+    },
+    NodeDown {
+        node: usize,
+    },
+    Register {
+        node: usize,
+    },
     Compact,
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        2 => any::<bool>().prop_map(|gang| Op::Submit { gang }),
+        2 => (any::<bool>(), any::<bool>()).prop_map(|(gang, batch)| Op::Submit { gang, batch }),
         2 => Just(Op::Schedule),
         6 => (
             any::<usize>(),
@@ -108,7 +140,7 @@ impl Sim {
 
     fn step(&mut self, op: &Op) {
         match op {
-            Op::Submit { gang } => {
+            Op::Submit { gang, batch } => {
                 self.submitted += 1;
                 let spec = JobSpec {
                     name: "s".into(),
@@ -116,6 +148,7 @@ impl Sim {
                     gpus: if *gang { 4 } else { 2 },
                     command: vec!["true".into()],
                     sched: SchedOptions { gpus_per_node: gang.then_some(2), ..Default::default() },
+                    script: batch.then(|| "#!/bin/sh\nsrun true\n".to_string()),
                     ..Default::default()
                 };
                 self.apply(Command::SubmitJob { request_id: format!("j{}", self.submitted), spec });
@@ -200,6 +233,9 @@ impl Sim {
 
 fn check(state: &State, archive: &BTreeMap<JobId, Job>) {
     for job in state.jobs.values().chain(archive.values()) {
+        if let (true, JobState::Running, Some(alloc)) = (job.runs_batch_once(), job.state, &job.allocation) {
+            assert!(!alloc.part_ended(&alloc.node), "batch job {} runs on after its batch step ended", job.id);
+        }
         let steps = &job.steps;
         let epoch = job.allocation.as_ref().map(|a| a.epoch).filter(|_| job.state == JobState::Running);
         for step in steps.live() {
