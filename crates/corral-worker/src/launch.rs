@@ -66,6 +66,17 @@ pub(crate) fn pick_mig_instance(
     Ok(Some(MigPick { uuid: created.uuid, created: true }))
 }
 
+/// What holds a batch job's part on a node other than its first: it waits, doing nothing, until
+/// the job's end stops it with the part's cgroup. (An image job runs it in its container.)
+const HOLD_ARGV: [&str; 3] = ["/bin/sh", "-c", "exec sleep 2147483647"];
+
+/// True when this node's part of `job` runs none of its script: a batch job's script (Slurm's
+/// batch step) runs once, on the allocation's first node; the other nodes only hold their part
+/// for the steps `srun` starts there.
+pub(crate) fn holds_allocation_only(job: &Job, node: &str) -> bool {
+    job.runs_batch_once() && job.allocation.as_ref().is_some_and(|a| a.is_gang() && a.node != node)
+}
+
 /// What the executor runs for allocation `epoch` of `job` on this node's `gpus`.
 pub(crate) fn launch_spec(
     config: &WorkerConfig,
@@ -135,7 +146,12 @@ pub(crate) fn launch_spec(
     }
     // The job's own private directory (its logs, its script), wherever it runs.
     env.insert("CORRAL_JOB_DIR".into(), work_dir.display().to_string());
-    let (argv, files) = if in_container {
+    let (argv, files) = if holds_allocation_only(job, &config.node_name) {
+        // Not the batch step's node: hold the part (cgroup, GPUs) for the job's steps, and
+        // write none of the job's output files, which are the batch step's.
+        let cwd = if in_container { None } else { job.spec.workdir.as_ref().map(PathBuf::from) };
+        (HOLD_ARGV.iter().map(|a| a.to_string()).collect(), JobFiles { cwd, ..JobFiles::default() })
+    } else if in_container {
         // Containers keep their own directory and environment (workdir, script and output
         // files are for bare processes).
         (job.spec.command.clone(), JobFiles::default())
@@ -203,6 +219,8 @@ pub(crate) fn job_environment(job: &Job, epoch: u64, node: &str) -> BTreeMap<Str
         set("SLURM_NODEID", "0".to_owned());
         set("SLURM_PROCID", "0".to_owned());
         set("SLURM_JOB_NODELIST", node.to_owned());
+        set("SLURM_NODELIST", node.to_owned());
+        set("SLURM_JOB_NUM_NODES", "1".to_owned());
     }
     env
 }
@@ -319,6 +337,21 @@ mod tests {
         j.allocation.as_mut().unwrap().more_nodes = vec![NodeGpus { node: "gpu-02".into(), gpus: vec![0] }];
         let env = job_environment(&j, 7, "gpu-01");
         assert_eq!(get(&env, "SLURM_NNODES"), None, "a gang's are the gang launch's");
+    }
+
+    /// Slurm's batch step: a batch job's script runs on the allocation's first node only; a
+    /// `corral submit` gang runs its command on every node.
+    #[test]
+    fn a_batch_script_runs_once_on_the_first_node() {
+        let mut j = job();
+        j.allocation.as_mut().unwrap().more_nodes = vec![NodeGpus { node: "gpu-02".into(), gpus: vec![0] }];
+        assert!(!holds_allocation_only(&j, "gpu-02"), "a gang without a script runs everywhere");
+        j.spec.script = Some("#!/bin/sh\nsrun hostname\n".into());
+        let first = j.allocation.as_ref().unwrap().node.clone();
+        assert!(!holds_allocation_only(&j, &first));
+        assert!(holds_allocation_only(&j, "gpu-02"));
+        j.allocation.as_mut().unwrap().more_nodes.clear();
+        assert!(!holds_allocation_only(&j, &first), "a one-node batch job runs its script");
     }
 
     #[test]
