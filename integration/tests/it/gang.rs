@@ -158,5 +158,14 @@ fn a_batch_script_runs_once_on_the_first_node_with_the_node_list() {
             .filter_map(|e| e.ok()?.file_name().into_string().ok()?.strip_prefix("ran-on-").map(str::to_string))
             .collect();
         assert_eq!(ran, [first.to_string()], "the script ran on the first node only");
+
+        // Listed like sacct: the batch step, on the first node, with the script's exit code.
+        let shown = cluster.json(&["show", &job.to_string()]);
+        let batch = &shown["steps"][0];
+        assert_eq!(batch["id"], format!("{job}.batch"), "{shown}");
+        assert_eq!((&batch["nodes"], &batch["exit_code"]), (&serde_json::json!(first), &serde_json::json!(code)));
+        let history = cluster.json(&["history"]);
+        let row = history.as_array().and_then(|a| a.iter().find(|j| j["id"] == job)).expect("in the history");
+        assert_eq!(row["steps"][0]["id"], format!("{job}.batch"), "{row}");
     }
 }
