@@ -4,6 +4,7 @@
 
 use crate::config::WorkerConfig;
 use crate::devices::Devices;
+use crate::executor::DEFAULT_PATH;
 use crate::executor::{JobFiles, LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR, SCRIPT_FILE};
 use crate::gang::{gang_env, PartAddrs, HOSTFILE};
 use crate::gpu::{DeviceInfo, MigPlacement, MigState};
@@ -64,6 +65,33 @@ pub(crate) fn pick_mig_instance(
     };
     let created = devices.create_mig_instance(gpu, profile, placement).map_err(|e| e.to_string())?;
     Ok(Some(MigPick { uuid: created.uuid, created: true }))
+}
+
+/// Slurm's commands the corral binary serves inside a job when called by their name
+/// (`corral-cli`'s `in_job.rs`): the worker links each, in its `in_job_bin_dir`, to itself.
+pub const IN_JOB_COMMANDS: [&str; 1] = ["scontrol"];
+
+/// Links Slurm's in-job commands in `dir` to the running corral binary, replacing old links. A
+/// worker running inside another program (a test harness) has no corral binary to link: it
+/// links nothing, and jobs find no such command.
+pub(crate) fn install_in_job_commands(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let exe = std::env::current_exe()?;
+    if !exe.file_name().is_some_and(|n| n.to_string_lossy().starts_with("corral")) {
+        tracing::debug!(exe = %exe.display(), "not the corral binary: no in-job commands");
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    for name in IN_JOB_COMMANDS {
+        let link = dir.join(name);
+        match std::fs::remove_file(&link) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::os::unix::fs::symlink(&exe, &link)?;
+    }
+    Ok(())
 }
 
 /// What holds a batch job's part on a node other than its first: it waits, doing nothing, until
@@ -143,6 +171,12 @@ pub(crate) fn launch_spec(
     }
     if in_container {
         device_nodes.extend(config.extra_devices.iter().cloned());
+    }
+    if !in_container {
+        // Slurm's in-job commands come first. (An image job will get the directory mounted.)
+        let path = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
+        let path = format!("{}:{path}", config.in_job_bin_dir().display());
+        env.insert("PATH".into(), path);
     }
     // The job's own private directory (its logs, its script), wherever it runs.
     env.insert("CORRAL_JOB_DIR".into(), work_dir.display().to_string());

@@ -106,8 +106,9 @@ fn a_failed_part_stops_the_gang_which_restarts_as_a_whole_then_fails() {
 }
 
 /// Slurm's batch step: a 2-node batch job runs its script once, on the allocation's first node,
-/// with the node list (first node first), writes its output file once, and ends with the
-/// script's exit code while the other node only held its part.
+/// with the node list (first node first, as `scontrol show hostnames` reads it there), writes
+/// its output file once, and ends with the script's exit code while the other node only held
+/// its part.
 #[test]
 fn a_batch_script_runs_once_on_the_first_node_with_the_node_list() {
     let (cluster, workers, dir) = pool(free_port());
@@ -125,7 +126,8 @@ fn a_batch_script_runs_once_on_the_first_node_with_the_node_list() {
                  #SBATCH --gpus-per-node=2\n\
                  #SBATCH --output={out}/slurm-%j.out\n\
                  \n\
-                 echo \"batch on $SLURMD_NODENAME of $SLURM_JOB_NODELIST ($SLURM_JOB_NUM_NODES nodes)\"\n\
+                 head=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n\
+                 echo \"batch on $SLURMD_NODENAME of $SLURM_JOB_NODELIST ($SLURM_JOB_NUM_NODES nodes) head $head\"\n\
                  touch {out}/ran-on-$SLURMD_NODENAME\n\
                  exit {code}\n",
                 out = out_dir.display()
@@ -144,11 +146,10 @@ fn a_batch_script_runs_once_on_the_first_node_with_the_node_list() {
         let output = std::fs::read_to_string(out_dir.join(format!("slurm-{job}.out"))).expect("the output file");
         let lines: Vec<&str> = output.lines().collect();
         assert_eq!(lines.len(), 1, "the script ran once and only it wrote the file: {output:?}");
-        let (first, list) = lines[0]
-            .strip_prefix("batch on ")
-            .and_then(|l| l.strip_suffix(" (2 nodes)"))
-            .and_then(|l| l.split_once(" of "))
-            .unwrap_or_else(|| panic!("{output:?}"));
+        let (line, head) = lines[0].split_once(" (2 nodes) head ").unwrap_or_else(|| panic!("{output:?}"));
+        let (first, list) =
+            line.strip_prefix("batch on ").and_then(|l| l.split_once(" of ")).unwrap_or_else(|| panic!("{output:?}"));
+        assert_eq!(head, first, "scontrol show hostnames | head -n 1 is the batch node: {output:?}");
         let nodes = corral_types::hostlist::expand(list).expect("a hostlist");
         assert_eq!(nodes.len(), 2, "{list}");
         assert_eq!(nodes[0], first, "the batch step runs on the list's first node: {list}");
