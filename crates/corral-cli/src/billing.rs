@@ -198,7 +198,7 @@ pub async fn history(global: &GlobalArgs, args: HistoryArgs) -> anyhow::Result<E
                 if json {
                     jobs.extend(page);
                 } else {
-                    table.print(&page.iter().map(|j| history_row(j, &cost)).collect::<Vec<_>>());
+                    table.print(&page.iter().flat_map(|j| history_rows(j, &cost)).collect::<Vec<_>>());
                 }
                 Ok(())
             })
@@ -219,7 +219,7 @@ pub async fn history(global: &GlobalArgs, args: HistoryArgs) -> anyhow::Result<E
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let rows: Vec<Vec<String>> = jobs.iter().map(|j| history_row(j, &cost)).collect();
+    let rows: Vec<Vec<String>> = jobs.iter().flat_map(|j| history_rows(j, &cost)).collect();
     println!("{}", output::table(HISTORY_HEADER, &rows));
     if let Some(next) = next {
         paging::more_hint("jobs", &next);
@@ -241,7 +241,30 @@ fn history_json(j: &corral_types::Job, cost: &BTreeMap<u64, u64>) -> serde_json:
         "cost": money(cost.get(&j.id).copied().unwrap_or(0)),
         "cost_micros": cost.get(&j.id).copied().unwrap_or(0),
         "attempts": j.attempts,
+        "steps": output::steps_json(j),
     })
+}
+
+/// A job's row, then one per step (`12.batch`, `12.0`, …) as `sacct` lists them.
+fn history_rows(j: &corral_types::Job, cost: &BTreeMap<u64, u64>) -> Vec<Vec<String>> {
+    let mut rows = vec![history_row(j, cost)];
+    rows.extend(output::step_rows(j).into_iter().map(|step| {
+        vec![
+            step.id,
+            step.command,
+            j.spec.tenant.clone(),
+            String::new(),
+            String::new(),
+            String::new(),
+            step.elapsed.map(format_duration).unwrap_or_else(|| "-".into()),
+            match step.exit_code {
+                Some(code) if step.state != "running" => format!("{} ({code})", step.state),
+                _ => step.state,
+            },
+            String::new(),
+        ]
+    }));
+    rows
 }
 
 fn history_row(j: &corral_types::Job, cost: &BTreeMap<u64, u64>) -> Vec<String> {

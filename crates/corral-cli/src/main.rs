@@ -9,6 +9,7 @@ mod connect;
 mod coordinator_cmd;
 mod daemon;
 mod dev;
+mod in_job;
 mod jobspec;
 mod listen;
 mod logs;
@@ -38,6 +39,12 @@ fn main() -> ExitCode {
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    // Called as one of Slurm's commands inside a job (a link in the job's PATH).
+    let mut argv = std::env::args();
+    let name = argv.next().and_then(|a| std::path::Path::new(&a).file_name().map(|n| n.to_string_lossy().into_owned()));
+    if let Some(code) = name.and_then(|name| in_job::dispatch(&name, &argv.collect::<Vec<_>>())) {
+        return code;
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

@@ -93,7 +93,94 @@ pub fn job_json(job: &Job) -> Value {
         "waiting_on": job.waiting_on,
         "dependencies": job.spec.sched.dependencies.iter().map(|d| format!("{}:{}", d.kind.as_str(), d.job_id)).collect::<Vec<_>>(),
         "restarts": job.restarts,
+        "steps": steps_json(job),
+        "steps_dropped": job.steps.dropped,
     })
+}
+
+/// One step of a job as `corral show` and `sacct` list it: `12.batch` (a batch job's script,
+/// from the job's own run), then `12.0`, `12.1`, … (its `srun`s, as recorded).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRow {
+    pub id: String,
+    pub state: String,
+    pub exit_code: Option<i32>,
+    pub elapsed: Option<Duration>,
+    pub tasks: u32,
+    /// Its nodes in Slurm's compressed hostlist form.
+    pub nodes: String,
+    pub command: String,
+    pub reason: Option<String>,
+}
+
+/// The steps of `job`, the batch step first (batch jobs that were placed).
+pub fn step_rows(job: &Job) -> Vec<StepRow> {
+    let display = job.display_id();
+    let mut rows = Vec::new();
+    if let (true, Some(alloc)) = (job.runs_batch_once(), &job.allocation) {
+        rows.push(StepRow {
+            id: format!("{display}.batch"),
+            state: job.state.to_string(),
+            exit_code: job.exit_code,
+            elapsed: elapsed(job),
+            tasks: 1,
+            nodes: alloc.node.clone(),
+            command: "batch".into(),
+            reason: None,
+        });
+    }
+    for step in &job.steps.steps {
+        let end = step.ended_at.unwrap_or_else(now_ts);
+        rows.push(StepRow {
+            id: format!("{display}.{}", step.id),
+            state: step.state.to_string(),
+            exit_code: step.exit_code,
+            elapsed: Some(Duration::from_millis(end.millis_since(step.created_at))),
+            tasks: step.ntasks(),
+            nodes: corral_types::hostlist::compress(&step.node_names()),
+            command: step.spec.command.first().cloned().unwrap_or_default(),
+            reason: step.reason.clone(),
+        });
+    }
+    rows
+}
+
+/// The steps of `job` as JSON (`corral show`, `corral history`).
+pub fn steps_json(job: &Job) -> Vec<Value> {
+    step_rows(job)
+        .into_iter()
+        .map(|r| {
+            json!({
+                "id": r.id,
+                "state": r.state,
+                "exit_code": r.exit_code,
+                "elapsed_secs": r.elapsed.map(|d| d.as_secs_f64()),
+                "tasks": r.tasks,
+                "nodes": r.nodes,
+                "command": r.command,
+                "reason": r.reason,
+            })
+        })
+        .collect()
+}
+
+/// The steps of `job` as a table (`sacct`'s columns), or `None` when it has none.
+pub fn steps_table(job: &Job) -> Option<String> {
+    let rows: Vec<Vec<String>> = step_rows(job)
+        .into_iter()
+        .map(|r| {
+            vec![
+                r.id,
+                r.state,
+                r.exit_code.map_or_else(|| "-".into(), |c| c.to_string()),
+                r.elapsed.map_or_else(|| "-".into(), format_duration),
+                r.tasks.to_string(),
+                r.nodes,
+                r.command,
+            ]
+        })
+        .collect();
+    (!rows.is_empty()).then(|| table(&["STEP", "STATE", "EXIT", "ELAPSED", "TASKS", "NODES", "COMMAND"], &rows))
 }
 
 /// How the part of `alloc` on `node` stands: `running`, or how it ended.
@@ -417,7 +504,15 @@ pub fn job_details(job: &Job) -> String {
         lines.push(("signal", sig.to_string()));
     }
     lines.push(("attempts", job.attempts.to_string()));
-    lines.iter().map(|(k, v)| format!("{:<11} {v}", format!("{k}:"))).collect::<Vec<_>>().join("\n")
+    let mut out = lines.iter().map(|(k, v)| format!("{:<11} {v}", format!("{k}:"))).collect::<Vec<_>>().join("\n");
+    if let Some(steps) = steps_table(job) {
+        out.push_str("\n\n");
+        out.push_str(&steps);
+        if job.steps.dropped > 0 {
+            out.push_str(&format!("\n({} older steps not kept)", job.steps.dropped));
+        }
+    }
+    out
 }
 
 pub fn node_json(n: &pb::NodeView) -> Value {
@@ -514,6 +609,48 @@ mod tests {
         });
         job.array_task = Some(corral_types::ArrayTask { array, index });
         job
+    }
+
+    /// `corral show` lists a batch job's steps as `sacct` does: `12.batch`, then its `srun`s.
+    #[test]
+    fn steps_are_listed_batch_first_like_sacct() {
+        let mut job = pending(12, "train");
+        assert_eq!(steps_table(&job), None, "a job without steps shows no table");
+        job.spec.script = Some("#!/bin/sh\nsrun python train.py\n".into());
+        job.state = JobState::Failed;
+        job.exit_code = Some(3);
+        job.started_at = Some(Timestamp::compose(1_000, 0));
+        job.finished_at = Some(Timestamp::compose(61_000, 0));
+        job.allocation = Some(corral_types::Allocation { node: "gpu-01".into(), ..Default::default() });
+        let node =
+            |n: &str, first_task, tasks| corral_types::StepNode { node: n.into(), first_task, tasks, gpus: vec![] };
+        job.steps = corral_types::JobSteps {
+            next_id: 2,
+            dropped: 0,
+            steps: vec![corral_types::JobStep {
+                id: 1,
+                nodes: vec![node("gpu-01", 0, 2), node("gpu-02", 2, 2)],
+                spec: corral_types::StepSpec { command: vec!["python".into()], ..Default::default() },
+                state: corral_types::StepState::Failed,
+                created_at: Timestamp::compose(2_000, 0),
+                ended_at: Some(Timestamp::compose(32_000, 0)),
+                exit_code: Some(137),
+                reason: Some("exit code 137".into()),
+                ..Default::default()
+            }],
+        };
+        let rows = step_rows(&job);
+        assert_eq!(rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["12.batch", "12.1"]);
+        assert_eq!((rows[0].state.as_str(), rows[0].exit_code, rows[0].nodes.as_str()), ("failed", Some(3), "gpu-01"));
+        assert_eq!((rows[1].tasks, rows[1].nodes.as_str(), rows[1].exit_code), (4, "gpu-[01-02]", Some(137)));
+        assert_eq!(rows[1].elapsed, Some(Duration::from_secs(30)));
+        let table = steps_table(&job).expect("a table");
+        assert!(table.starts_with("STEP"), "{table}");
+        assert!(table.lines().nth(2).is_some_and(|l| l.starts_with("12.1") && l.contains("137")), "{table}");
+        let json = job_json(&job);
+        assert_eq!(json["steps"][1]["id"], "12.1");
+        assert_eq!(json["steps"][1]["nodes"], "gpu-[01-02]");
+        assert!(job_details(&job).contains("\n\nSTEP"), "{}", job_details(&job));
     }
 
     #[test]

@@ -228,6 +228,7 @@ mod tests {
             array_progress: None,
             restarts: 0,
             signals: Vec::new(),
+            steps: Default::default(),
         }
     }
 

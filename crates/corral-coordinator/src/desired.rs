@@ -5,7 +5,9 @@
 //! in it (also when it is being cancelled or preempted, so that a job stopped before its worker
 //! launched it is reported "never started" instead of being forgotten), except a gang's part
 //! that already ended there, and a job missing from it must not run there. A gang's remaining
-//! parts are told to stop once one part ended other than with exit code 0. Messages are
+//! parts are told to stop once one part ended other than with exit code 0. A job carries its
+//! steps, and any change a worker acts on (a new step, a stopping one, a signal, a node report)
+//! changes the message. Messages are
 //! computed from the applied state of a leader that answers workers (`Coordinator::worker_term`)
 //! and carry the applied index, so a worker can order them.
 
@@ -27,8 +29,25 @@ const LEASE_RETRY: Duration = Duration::from_millis(50);
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Key {
     reregister: bool,
-    /// Job, epoch, action, grace, checkpoint signal, signals asked for so far.
-    jobs: Vec<(JobId, u64, i32, u32, Option<i32>, usize)>,
+    jobs: Vec<JobKey>,
+}
+
+/// Job, epoch, action, grace, checkpoint signal, signals asked for so far, its steps.
+type JobKey = (JobId, u64, i32, u32, Option<i32>, usize, StepsKey);
+
+/// What the workers act on in a job's steps: steps made, live, stopping, signals and node reports
+/// so far. Each only grows while a step lives, so a change to any step changes the key.
+type StepsKey = (u32, usize, usize, usize, usize);
+
+fn steps_key(job: &corral_types::Job) -> StepsKey {
+    let live: Vec<&corral_types::JobStep> = job.steps.live().collect();
+    (
+        job.steps.next_id,
+        live.len(),
+        live.iter().filter(|s| s.stopping).count(),
+        live.iter().map(|s| s.signals.len()).sum(),
+        live.iter().map(|s| s.ended.len()).sum(),
+    )
 }
 
 /// The host of a `host:port` address (`[v6]:port` gives `v6`).
@@ -75,7 +94,7 @@ fn desired<'a>(
             .iter()
             .map(|(job, action, grace, signal)| {
                 let epoch = job.allocation.as_ref().map_or(0, |a| a.epoch);
-                (job.id, epoch, *action as i32, *grace, *signal, job.signals.len())
+                (job.id, epoch, *action as i32, *grace, *signal, job.signals.len(), steps_key(job))
             })
             .collect(),
     };

@@ -1,10 +1,12 @@
 //! The `WorkerGateway` gRPC service: registration, heartbeats, the pushed desired state and job
-//! reports from workers.
+//! reports from workers; the step calls are in `gateway/steps.rs`.
 //!
 //! Invariant: only a leader that may answer workers (`Coordinator::worker_term`: leading, lease
 //! confirmed, its own term applied) answers; everyone else redirects or asks to retry. So no
 //! report is judged, no worker is told to re-register and no lease is granted from a state that
 //! lags or from a deposed leader.
+
+mod steps;
 
 use crate::{CoordError, Coordinator};
 use corral_core::{ApplyError, Command, Outcome};
@@ -180,5 +182,26 @@ impl WorkerGateway for Gateway {
         }
         let report = r.report.ok_or_else(|| Status::invalid_argument("missing exit report"))?.into();
         self.report(Command::JobFinished { job_id: r.job_id, epoch: r.epoch, node, report }).await
+    }
+
+    async fn create_step(
+        &self,
+        request: Request<pb::CreateStepRequest>,
+    ) -> Result<Response<pb::CreateStepResponse>, Status> {
+        self.create_step_call(request).await
+    }
+
+    async fn report_step_ended(
+        &self,
+        request: Request<pb::ReportStepEndedRequest>,
+    ) -> Result<Response<pb::ReportResponse>, Status> {
+        self.report_step_ended_call(request).await
+    }
+
+    async fn signal_step(
+        &self,
+        request: Request<pb::SignalStepRequest>,
+    ) -> Result<Response<pb::ReportResponse>, Status> {
+        self.signal_step_call(request).await
     }
 }

@@ -78,7 +78,10 @@ impl State {
             | Command::RequeueJob { job_id }
             | Command::SignalJob { job_id, .. }
             | Command::UpdateJob { job_id, .. }
-            | Command::CancelArrayTask { array: job_id, .. } => {
+            | Command::CancelArrayTask { array: job_id, .. }
+            | Command::CreateStep { job_id, .. }
+            | Command::StepEnded { job_id, .. }
+            | Command::SignalStep { job_id, .. } => {
                 touched.jobs.insert(*job_id);
             }
             Command::CancelJobs { job_ids, .. } => touched.jobs.extend(job_ids.iter().copied()),
@@ -232,6 +235,11 @@ impl State {
                 self.consume_join_token(ts, sha256, node, public_key_sha256)
             }
             Command::Compact(cutoffs) => self.compact(ts, cutoffs),
+            Command::CreateStep { job_id, epoch, request_id, spec } => {
+                self.create_step(ts, *job_id, *epoch, request_id, spec)
+            }
+            Command::StepEnded { job_id, epoch, step, end } => self.step_ended(ts, *job_id, *epoch, *step, end),
+            Command::SignalStep { job_id, step, signal } => self.signal_step(*job_id, *step, *signal),
         }
     }
 
@@ -589,10 +597,12 @@ impl State {
         }
     }
 
-    /// Ends the current run of a job: charges fair-share usage, writes its billing segment
-    /// (labelled `end_state`) and frees its resources in the indexes. `length` is `None` for a
+    /// Ends the current run of a job: ends its live steps, charges fair-share usage, writes its
+    /// billing segment (labelled `end_state`) and frees its resources in the indexes. `length` is `None` for a
     /// run that never started (nothing to bill or charge).
     fn end_run(&mut self, ts: Timestamp, job_id: JobId, end_state: &str, length: Option<RunLength>) {
+        // No step outlives the run it was made in.
+        self.end_live_steps(ts, job_id, end_state);
         if let Some(length) = length {
             self.close_segment(job_id, ts, end_state, length);
         }
@@ -639,13 +649,17 @@ impl State {
         let Some(job) = self.current_run(job_id, epoch)? else {
             return Ok(Outcome::Stale);
         };
+        let batch_once = job.runs_batch_once();
         let Some(alloc) = job.allocation.as_mut() else { return Ok(Outcome::Stale) };
         if alloc.is_gang() && !node.is_empty() {
             if alloc.gpus_on(node).is_none() || alloc.part_ended(node) {
                 return Ok(Outcome::Stale);
             }
             alloc.ended.push(PartEnd { node: node.to_string(), report: Some(report.clone()) });
-            if !alloc.all_parts_ended() {
+            // A batch job ends with its batch step, on the first node, as in Slurm: the other
+            // parts only held the allocation, and leave with it.
+            let batch_step_ended = batch_once && alloc.part_ended(&alloc.node);
+            if !alloc.all_parts_ended() && !batch_step_ended {
                 return Ok(Outcome::Done);
             }
             return self.finish_gang(ts, job_id);
@@ -655,9 +669,10 @@ impl State {
         self.finish_reported(ts, job_id, &node, report, length)
     }
 
-    /// Ends a gang's run once every part has ended. The first part that did not exit 0 decides
-    /// how (a part lost with its node: as a lost node), else the run succeeded; the run lasted
-    /// as long as its longest part (a lost part: the TSO interval).
+    /// Ends a gang's run once every part has ended (a batch job: once its batch step, on the
+    /// first node, has). The first part that did not exit 0 decides how (a part lost with its
+    /// node: as a lost node), else the run succeeded; the run lasted as long as its longest
+    /// part (a lost part: the TSO interval), a batch job as long as its batch step.
     fn finish_gang(&mut self, ts: Timestamp, job_id: JobId) -> Response {
         let ended = match self.jobs.get(&job_id).and_then(|j| j.allocation.as_ref()) {
             Some(alloc) => alloc.ended.clone(),
@@ -671,11 +686,21 @@ impl State {
             self.finish_lost(ts, job_id, &reason);
             return Ok(Outcome::Job(Box::new(self.jobs[&job_id].clone())));
         };
-        let reports: Vec<&JobExitReport> = ended.iter().filter_map(|e| e.report.as_ref()).collect();
+        // A batch job ran as long as its batch step (the first node's part): its other parts
+        // only held the allocation for steps, which run inside the batch step's time.
+        let (first_node, batch_once) = match self.jobs.get(&job_id) {
+            Some(job) => (job.allocation.as_ref().map(|a| a.node.clone()), job.runs_batch_once()),
+            None => return Ok(Outcome::Stale),
+        };
+        let billed: Vec<&PartEnd> = ended
+            .iter()
+            .filter(|e| !batch_once || e.report.is_none() || Some(&e.node) == first_node.as_ref())
+            .collect();
+        let reports: Vec<&JobExitReport> = billed.iter().filter_map(|e| e.report.as_ref()).collect();
         let mut combined = report.clone();
         combined.run_time_ms = reports.iter().map(|r| r.run_time_ms).max().unwrap_or(0);
         combined.never_started = reports.iter().all(|r| r.never_started);
-        let length = if reports.len() < ended.len() {
+        let length = if reports.len() < billed.len() {
             Some(RunLength::Lost)
         } else if combined.never_started {
             None
@@ -830,17 +855,19 @@ impl State {
     /// Ends the run of every job with a part on `node`: back in the queue, except cancel requests
     /// (cancelled) and preempted jobs that opted out of requeueing (preempted). A gang's part on
     /// `node` ends as lost; its run ends once its other parts have ended too (they are told to
-    /// stop).
+    /// stop), or at once for a batch job's first node (its batch step).
     fn requeue_jobs_on(&mut self, ts: Timestamp, node: &str, reason: &str) {
         let ids: Vec<JobId> = self.jobs_on_node(node).map(|j| j.id).collect();
         for id in ids {
+            let batch_once = self.jobs.get(&id).is_some_and(Job::runs_batch_once);
             let gang = self.jobs.get_mut(&id).and_then(|j| j.allocation.as_mut()).filter(|a| a.is_gang());
             if let Some(alloc) = gang {
                 if alloc.part_ended(node) {
                     continue;
                 }
                 alloc.ended.push(PartEnd { node: node.to_string(), report: None });
-                if alloc.all_parts_ended() {
+                // A batch job whose first node was lost lost its batch step: its run is over.
+                if alloc.all_parts_ended() || (batch_once && alloc.part_ended(&alloc.node)) {
                     let _ = self.finish_gang(ts, id);
                 }
                 continue;
@@ -1569,6 +1596,94 @@ pub(crate) mod tests {
         assert_eq!(s.jobs[&2].state, JobState::Cancelled);
         assert_eq!(s.jobs[&2].reason.as_deref(), Some("cancelled by user (before it started)"));
         assert_eq!(s.ledger.len(), 1, "the second gang never ran");
+    }
+
+    /// A two-node batch job (`corral sbatch`) placed on n1 and n2; returns its epoch.
+    fn running_batch_gang(s: &mut State) -> u64 {
+        s.apply(&req(3, Command::RegisterNode { spec: node("n2", 8) })).unwrap();
+        let mut spec = gang_spec(16, 8);
+        spec.script = Some("#!/bin/sh\nsrun hostname\n".into());
+        submit(s, 4, "b", spec).unwrap();
+        let all: Vec<u32> = (0..8).collect();
+        assert_eq!(run(s, 5, vec![placement(1, &[("n1", &all), ("n2", &all)], None)]).placed, vec![1]);
+        s.jobs[&1].allocation.as_ref().unwrap().epoch
+    }
+
+    /// Slurm's batch step: a batch job ends when its script, on the first node, ends, with its
+    /// exit code; the other node only held the allocation and reports nothing.
+    #[test]
+    fn a_batch_job_ends_with_its_batch_step_on_the_first_node() {
+        for code in [0, 4] {
+            let mut s = cluster();
+            let epoch = running_batch_gang(&mut s);
+            let report = JobExitReport { exit_code: Some(code), run_time_ms: 3_000, ..Default::default() };
+            assert!(matches!(part_end(&mut s, 4_000, epoch, "n1", report.clone()), Ok(Outcome::Job(_))));
+            let job = &s.jobs[&1];
+            let want = if code == 0 { JobState::Succeeded } else { JobState::Failed };
+            assert_eq!((job.state, job.exit_code), (want, Some(code)));
+            assert!(s.allocated_gpus("n1").is_empty() && s.allocated_gpus("n2").is_empty());
+            assert_eq!(s.ledger[&1].duration_ms(), 3_000, "billed once, for the batch step");
+            // The other node's part, killed as the allocation ended, is a report of an ended run.
+            let killed = JobExitReport { signal: Some(15), run_time_ms: 3_100, ..Default::default() };
+            assert_eq!(part_end(&mut s, 4_100, epoch, "n2", killed), Ok(Outcome::Stale));
+        }
+    }
+
+    /// The other node's part ending (its worker lost it) stops the batch step, and the job
+    /// fails with that first failure once the batch step has stopped, as a gang does.
+    #[test]
+    fn a_batch_job_whose_other_part_fails_stops_its_batch_step() {
+        let mut s = cluster();
+        let epoch = running_batch_gang(&mut s);
+        let lost = JobExitReport { signal: Some(9), run_time_ms: 1_000, ..Default::default() };
+        assert_eq!(part_end(&mut s, 2_000, epoch, "n2", lost), Ok(Outcome::Done));
+        let job = &s.jobs[&1];
+        assert_eq!(job.state, JobState::Running, "the batch step has not stopped yet");
+        assert!(job.allocation.as_ref().unwrap().stops_remaining_parts());
+        let killed = JobExitReport { signal: Some(15), run_time_ms: 2_000, ..Default::default() };
+        part_end(&mut s, 3_000, epoch, "n1", killed).unwrap();
+        let job = &s.jobs[&1];
+        assert_eq!(job.state, JobState::Failed);
+        assert_eq!(job.reason.as_deref(), Some("killed by signal 9 (on node n2)"));
+    }
+
+    /// A batch job runs as long as its batch step: cancelled before the first node launched
+    /// it, it bills nothing, however long the other node held its part.
+    #[test]
+    fn a_batch_job_is_billed_for_its_batch_step() {
+        let mut s = cluster();
+        let epoch = running_batch_gang(&mut s);
+        s.apply(&req(6, Command::CancelJob { job_id: 1, reason: "cancelled by user".into() })).unwrap();
+        let held = JobExitReport { signal: Some(15), run_time_ms: 2_400, ..Default::default() };
+        assert_eq!(part_end(&mut s, 7_000, epoch, "n2", held), Ok(Outcome::Done));
+        let never = JobExitReport { never_started: true, ..Default::default() };
+        part_end(&mut s, 8_000, epoch, "n1", never).unwrap();
+        let job = &s.jobs[&1];
+        assert_eq!(
+            (job.state, job.reason.as_deref()),
+            (JobState::Cancelled, Some("cancelled by user (before it started)"))
+        );
+        assert!(s.ledger.is_empty(), "{:?}", s.ledger);
+    }
+
+    /// Losing the first node loses the batch step: the job is requeued at once (no report can
+    /// come from there); losing another node stops the batch step first.
+    #[test]
+    fn a_batch_job_that_loses_its_first_node_is_requeued_at_once() {
+        let mut s = cluster();
+        running_batch_gang(&mut s);
+        s.apply(&req(6, Command::SetNodeState { node: "n1".into(), state: NodeState::Down, reason: String::new() }))
+            .unwrap();
+        let job = &s.jobs[&1];
+        assert_eq!(job.state, JobState::Pending);
+        assert_eq!(job.reason.as_deref(), Some("requeued: node n1 was lost while it ran part of the job"));
+        assert!(s.allocated_gpus("n2").is_empty());
+
+        let mut s = cluster();
+        running_batch_gang(&mut s);
+        s.apply(&req(6, Command::SetNodeState { node: "n2".into(), state: NodeState::Down, reason: String::new() }))
+            .unwrap();
+        assert_eq!(s.jobs[&1].state, JobState::Running, "the batch step on n1 is told to stop first");
     }
 
     #[test]

@@ -3,8 +3,8 @@
 use crate::history::{CompactCutoffs, Compacted};
 use crate::ClusterConfig;
 use corral_types::{
-    Job, JobExitReport, JobId, JobSpec, JobSpecError, NodeGpus, NodeMode, NodeSpec, NodeState, SliceAssignment,
-    Timestamp,
+    Job, JobExitReport, JobId, JobSpec, JobSpecError, JobStep, NodeGpus, NodeMode, NodeSpec, NodeState,
+    SliceAssignment, StepId, StepNodeEnd, StepSpec, Timestamp,
 };
 use serde::{Deserialize, Serialize};
 
@@ -212,6 +212,27 @@ pub enum Command {
         node: String,
         public_key_sha256: String,
     },
+    /// `srun` inside run `epoch` of a job: a new step (`steps.rs`). `request_id` is the
+    /// `srun`'s own, so a retried create returns the step it made.
+    CreateStep {
+        job_id: JobId,
+        epoch: u64,
+        request_id: String,
+        spec: StepSpec,
+    },
+    /// A node's tasks of step `step` of run `epoch` are gone: how each ended.
+    StepEnded {
+        job_id: JobId,
+        epoch: u64,
+        step: StepId,
+        end: StepNodeEnd,
+    },
+    /// Forwards `signal` to every task of a live step.
+    SignalStep {
+        job_id: JobId,
+        step: StepId,
+        signal: i32,
+    },
 }
 
 /// What `corral update` changes in a pending job (`None`: unchanged).
@@ -273,6 +294,11 @@ pub enum Outcome {
         /// judged at this entry (`State::worker_certificate_issue_s`): a later removal of the
         /// node revokes it, an earlier one does not.
         issued_at_s: u64,
+    },
+    /// The step a `CreateStep` made (`duplicate`: made by an earlier try of the same request).
+    Step {
+        step: Box<JobStep>,
+        duplicate: bool,
     },
 }
 

@@ -25,6 +25,7 @@ mod resources;
 mod revocations;
 mod sched;
 mod state;
+mod steps;
 mod tokens;
 mod usage;
 
@@ -44,5 +45,6 @@ pub use resources::{job_milli_gpus, MILLI_PER_GPU};
 pub use revocations::REVOCATION_RETENTION_S;
 pub use sched::{place, schedule, PassStats, PendingJob, PendingReason, SchedulingPass};
 pub use state::{BilledTotal, CoordinatorRecord, State};
+pub use steps::plan_tasks;
 pub use tokens::{TokenRecord, MAX_TOKENS};
 pub use usage::UsageLedger;

@@ -1,6 +1,8 @@
 //! Conversions between the wire messages of `corral.v1` (user API, worker protocol) and the
 //! domain types of corral-types. Decoding is fallible: a peer can send anything.
 
+mod step;
+
 use crate::v1 as pb;
 use corral_types::{
     Allocation, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuDevice, GpuHealth,
@@ -344,6 +346,7 @@ impl From<&Job> for pb::Job {
             }),
             restarts: j.restarts,
             signals: j.signals.clone(),
+            steps: step::steps_to_pb(&j.steps),
         }
     }
 }
@@ -403,6 +406,7 @@ impl TryFrom<pb::Job> for Job {
             }),
             restarts: j.restarts,
             signals: j.signals,
+            steps: step::steps_from_pb(j.steps)?,
         })
     }
 }
@@ -656,6 +660,42 @@ mod tests {
             array_progress: None,
             restarts: 0,
             signals: Vec::new(),
+            steps: corral_types::JobSteps {
+                next_id: 3,
+                dropped: 1,
+                steps: vec![corral_types::JobStep {
+                    id: 2,
+                    epoch: 3,
+                    request_id: "srun-2".into(),
+                    spec: corral_types::StepSpec {
+                        command: vec!["python".into()],
+                        env: [("A".to_string(), "b".to_string())].into(),
+                        ntasks: Some(4),
+                        gpus_per_task: Some(1),
+                        nodelist: vec!["n2".into()],
+                        kill_on_bad_exit: true,
+                        ..Default::default()
+                    },
+                    nodes: vec![corral_types::StepNode {
+                        node: "n2".into(),
+                        first_task: 0,
+                        tasks: 4,
+                        gpus: vec![3, 2, 1, 0],
+                    }],
+                    state: corral_types::StepState::Cancelled,
+                    created_at: Timestamp(4),
+                    ended_at: Some(Timestamp(5)),
+                    exit_code: Some(130),
+                    reason: Some("why".into()),
+                    ended: vec![corral_types::StepNodeEnd {
+                        node: "n2".into(),
+                        tasks: vec![corral_types::TaskExit { task: 1, exit_code: None, signal: Some(2) }],
+                        launch_error: None,
+                    }],
+                    signals: vec![2],
+                    stopping: false,
+                }],
+            },
             exit_code: None,
             signal: None,
             reason: Some("why".into()),

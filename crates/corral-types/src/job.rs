@@ -929,9 +929,20 @@ pub struct Job {
     /// Signals asked for with `corral signal`, in order; a worker delivers each once per run.
     #[serde(default)]
     pub signals: Vec<i32>,
+    /// Its `srun` steps (Slurm's `12.0`, `12.1`, …), bound to the run they were made in.
+    #[serde(default)]
+    pub steps: crate::JobSteps,
 }
 
 impl Job {
+    /// True for a batch job (`corral sbatch`): its script is Slurm's batch step, which runs
+    /// once, on the allocation's first node, and the job ends when it ends; the allocation's
+    /// other nodes hold their part (cgroup, GPUs) for the steps `srun` starts there. Other
+    /// jobs (`corral submit`'s gangs) run their command on every node.
+    pub fn runs_batch_once(&self) -> bool {
+        self.spec.batch_step || self.spec.script.is_some()
+    }
+
     /// A job as submitted at `ts`: pending, never run.
     pub fn pending(id: JobId, spec: JobSpec, request_id: String, ts: Timestamp) -> Job {
         Job {
@@ -957,6 +968,7 @@ impl Job {
             array_progress: None,
             restarts: 0,
             signals: Vec::new(),
+            steps: crate::JobSteps::default(),
         }
     }
 

@@ -1,9 +1,10 @@
 //! Domain types shared by every corral crate: ids, resources, job specs and states, Slurm's
-//! allocation layout, TSO timestamps, billing ledger segments.
+//! allocation layout, TSO timestamps, billing ledger segments, job steps, Slurm's hostlists.
 //!
 //! Boundary: serde + thiserror only. Nothing here does I/O or reads a clock.
 
 mod billing;
+pub mod hostlist;
 mod job;
 mod job_options;
 mod layout;
@@ -11,6 +12,7 @@ mod node;
 mod output_pattern;
 mod parse;
 mod slurm_env;
+mod step;
 mod timestamp;
 
 pub use billing::Segment;
@@ -30,4 +32,8 @@ pub use parse::{
     ParseError,
 };
 pub use slurm_env::{compress_hostlist, expand_hostlist, slurm_allocation_env, tasks_per_node_string};
+pub use step::{
+    JobStep, JobSteps, StepId, StepNode, StepNodeEnd, StepRef, StepSpec, StepState, TaskExit, MAX_KEPT_STEPS,
+    MAX_LIVE_STEPS, MAX_STEP_NODELIST, MAX_STEP_SIGNALS, MAX_STEP_SPEC_BYTES, MAX_STEP_TASKS,
+};
 pub use timestamp::{format_utc, Timestamp};

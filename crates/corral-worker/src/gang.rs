@@ -1,7 +1,7 @@
 //! The rendezvous environment of a job's part: where the parts of a gang meet (MASTER_ADDR,
 //! MASTER_PORT), who this part is (NODE_RANK, RANK) and how big the gang is (NNODES,
 //! LOCAL_WORLD_SIZE, WORLD_SIZE), their `PET_*` twins that torchrun reads as defaults of its
-//! flags, their Slurm twins, and a hostfile of the parts' nodes (`CORRAL_HOSTFILE`).
+//! flags, their Slurm twins (with the node list, `SLURM_JOB_NODELIST`), and a hostfile of the parts' nodes (`CORRAL_HOSTFILE`).
 //!
 //! One process runs per part (typically a launcher: torchrun, deepspeed, mpirun) and starts one
 //! worker per GPU of its node, so: NODE_RANK is the part index (the allocation's order, the
@@ -12,7 +12,7 @@
 //! twins: no
 //! MASTER_* (`torchrun --standalone` picks its own port), no WORLD_SIZE/RANK, no hostfile.
 
-use corral_types::Job;
+use corral_types::{hostlist, Job};
 use std::collections::BTreeMap;
 
 /// Name of the hostfile in the job's work directory.
@@ -55,6 +55,11 @@ pub(crate) fn gang_env(
     if !alloc.is_gang() {
         return (env, None);
     }
+    // Slurm's compressed form, in allocation order: `scontrol show hostnames | head -n 1` is
+    // the first node, where a batch job's script runs and the gang meets.
+    let names: Vec<&str> = parts.iter().map(|(n, _)| *n).collect();
+    set(&["SLURM_JOB_NODELIST", "SLURM_NODELIST"], hostlist::compress(&names));
+    set(&["SLURM_JOB_NUM_NODES"], nnodes.to_string());
     set(&["WORLD_SIZE"], (nnodes * local).to_string());
     set(&["RANK"], (node_rank * local).to_string());
     if !addrs.master_addr.is_empty() {
@@ -105,6 +110,7 @@ mod tests {
             array_progress: None,
             restarts: 0,
             signals: Vec::new(),
+            steps: Default::default(),
         }
     }
 
@@ -138,6 +144,8 @@ mod tests {
         assert_eq!((get("PET_MASTER_ADDR"), get("PET_MASTER_PORT")), (Some("10.0.0.1"), Some("29500")));
         assert_eq!((get("SLURM_NNODES"), get("SLURM_NODEID"), get("SLURM_PROCID")), (Some("2"), Some("1"), Some("1")));
         assert_eq!(get("CORRAL_HOSTFILE"), Some("/data/jobs/7/9/hostfile"));
+        assert_eq!((get("SLURM_JOB_NODELIST"), get("SLURM_NODELIST")), (Some("gpu-[01-02]"), Some("gpu-[01-02]")));
+        assert_eq!(get("SLURM_JOB_NUM_NODES"), Some("2"));
         assert_eq!(hostfile.as_deref(), Some("10.0.0.1 slots=4\n10.0.0.2 slots=4\n"));
 
         let (env, _) = gang_env(&gang(), "gpu-01", &addrs(), "h");

@@ -4,6 +4,7 @@
 
 use crate::config::WorkerConfig;
 use crate::devices::Devices;
+use crate::executor::DEFAULT_PATH;
 use crate::executor::{JobFiles, LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR, SCRIPT_FILE};
 use crate::gang::{gang_env, PartAddrs, HOSTFILE};
 use crate::gpu::{DeviceInfo, MigPlacement, MigState};
@@ -64,6 +65,44 @@ pub(crate) fn pick_mig_instance(
     };
     let created = devices.create_mig_instance(gpu, profile, placement).map_err(|e| e.to_string())?;
     Ok(Some(MigPick { uuid: created.uuid, created: true }))
+}
+
+/// Slurm's commands the corral binary serves inside a job when called by their name
+/// (`corral-cli`'s `in_job.rs`): the worker links each, in its `in_job_bin_dir`, to itself.
+pub const IN_JOB_COMMANDS: [&str; 1] = ["scontrol"];
+
+/// Links Slurm's in-job commands in `dir` to the running corral binary, replacing old links. A
+/// worker running inside another program (a test harness) has no corral binary to link: it
+/// links nothing, and jobs find no such command.
+pub(crate) fn install_in_job_commands(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let exe = std::env::current_exe()?;
+    if !exe.file_name().is_some_and(|n| n.to_string_lossy().starts_with("corral")) {
+        tracing::debug!(exe = %exe.display(), "not the corral binary: no in-job commands");
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    for name in IN_JOB_COMMANDS {
+        let link = dir.join(name);
+        match std::fs::remove_file(&link) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::os::unix::fs::symlink(&exe, &link)?;
+    }
+    Ok(())
+}
+
+/// What holds a batch job's part on a node other than its first: it waits, doing nothing, until
+/// the job's end stops it with the part's cgroup. (An image job runs it in its container.)
+const HOLD_ARGV: [&str; 3] = ["/bin/sh", "-c", "exec sleep 2147483647"];
+
+/// True when this node's part of `job` runs none of its script: a batch job's script (Slurm's
+/// batch step) runs once, on the allocation's first node; the other nodes only hold their part
+/// for the steps `srun` starts there.
+pub(crate) fn holds_allocation_only(job: &Job, node: &str) -> bool {
+    job.runs_batch_once() && job.allocation.as_ref().is_some_and(|a| a.is_gang() && a.node != node)
 }
 
 /// What the executor runs for allocation `epoch` of `job` on this node's `gpus`.
@@ -134,9 +173,20 @@ pub(crate) fn launch_spec(
     if in_container {
         device_nodes.extend(config.extra_devices.iter().cloned());
     }
+    if !in_container {
+        // Slurm's in-job commands come first. (An image job will get the directory mounted.)
+        let path = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
+        let path = format!("{}:{path}", config.in_job_bin_dir().display());
+        env.insert("PATH".into(), path);
+    }
     // The job's own private directory (its logs, its script), wherever it runs.
     env.insert("CORRAL_JOB_DIR".into(), work_dir.display().to_string());
-    let (argv, files) = if in_container {
+    let (argv, files) = if holds_allocation_only(job, &config.node_name) {
+        // Not the batch step's node: hold the part (cgroup, GPUs) for the job's steps, and
+        // write none of the job's output files, which are the batch step's.
+        let cwd = if in_container { None } else { job.spec.workdir.as_ref().map(PathBuf::from) };
+        (HOLD_ARGV.iter().map(|a| a.to_string()).collect(), JobFiles { cwd, ..JobFiles::default() })
+    } else if in_container {
         // Containers keep their own directory and environment (workdir, script and output
         // files are for bare processes).
         (job.spec.command.to_vec(), JobFiles::default())
@@ -285,6 +335,7 @@ mod tests {
             array_progress: None,
             restarts: 0,
             signals: Vec::new(),
+            steps: Default::default(),
         }
     }
 
@@ -312,6 +363,21 @@ mod tests {
         assert_eq!(get(&env, "SLURM_JOB_NODELIST").as_deref(), Some("gpu-[01-02]"));
         assert_eq!(get(&env, "SLURM_NODEID").as_deref(), Some("1"));
         assert_eq!(get(&env, "SLURM_PROCID"), None, "a gang's ranks are the gang launch's");
+    }
+
+    /// Slurm's batch step: a batch job's script runs on the allocation's first node only; a
+    /// `corral submit` gang runs its command on every node.
+    #[test]
+    fn a_batch_script_runs_once_on_the_first_node() {
+        let mut j = job();
+        j.allocation.as_mut().unwrap().more_nodes = vec![NodeGpus { node: "gpu-02".into(), gpus: vec![0] }];
+        assert!(!holds_allocation_only(&j, "gpu-02"), "a gang without a script runs everywhere");
+        j.spec.script = Some("#!/bin/sh\nsrun hostname\n".into());
+        let first = j.allocation.as_ref().unwrap().node.clone();
+        assert!(!holds_allocation_only(&j, &first));
+        assert!(holds_allocation_only(&j, "gpu-02"));
+        j.allocation.as_mut().unwrap().more_nodes.clear();
+        assert!(!holds_allocation_only(&j, &first), "a one-node batch job runs its script");
     }
 
     #[test]

@@ -37,5 +37,6 @@ pub use config::{infiniband_devices, JobUser, UserMapping, WorkerConfig, WorkerF
 pub use fence::{run_guard, GuardCommand};
 pub use gang::PartAddrs;
 pub use join::JoinOptions;
+pub use launch::IN_JOB_COMMANDS;
 pub use metrics::WorkerMetrics;
 pub use worker::Worker;

@@ -310,6 +310,7 @@ pub(crate) mod tests {
             array_progress: None,
             restarts: 0,
             signals: Vec::new(),
+            steps: Default::default(),
         })
     }
 

@@ -1,5 +1,6 @@
 //! Randomized fault harness: 3 coordinators and 2 workers, each in its own network namespace,
-//! under a seeded schedule of submits (whole GPUs, gangs, MPS slices, preemptible and
+//! under a seeded schedule of submits (whole GPUs, gangs, 2-node batch jobs whose script runs
+//! once, on their first node, MPS slices, preemptible and
 //! gpu-high-priority), cancels (some right after the submit), SIGKILL and SIGSTOP of the
 //! leader, a follower and a worker, partitions, small job arrays, `corral requeue` of running
 //! jobs, and operators' actions: drains of a worker with a
@@ -53,9 +54,15 @@ impl Rng {
 /// What a submitted job asks for, to judge GPU sharing from the jobs' own lines.
 #[derive(Clone, Copy, Debug)]
 enum Kind {
-    Whole { gpus: u32 },
+    Whole {
+        gpus: u32,
+    },
     Gang,
-    Mps { percent: u32 },
+    /// A 2-node batch job (`corral sbatch`): its script runs once, on its first node.
+    BatchGang,
+    Mps {
+        percent: u32,
+    },
 }
 
 impl Kind {
@@ -201,6 +208,14 @@ impl Pool {
                 spec.gpus = 2;
                 spec.sched.gpus_per_node = Some(1);
             }
+            Kind::BatchGang => {
+                spec.gpus = 2;
+                spec.sched.gpus_per_node = Some(1);
+                let script = spec.command.last().cloned().unwrap_or_default();
+                spec.script = Some(format!("#!/bin/sh\n{script}\n").into());
+                spec.command = Vec::new().into();
+                spec.batch_step = true;
+            }
             Kind::Mps { percent } => spec.gpu_slice = Some(GpuSlice::Mps { thread_percent: percent, memory_mib: None }),
         }
         spec
@@ -316,6 +331,18 @@ fn check(
                 if !gang_parts && a.first <= b.last && b.first <= a.last {
                     bad.push(format!("job {job} ran twice at once: {a:?} and {b:?}"));
                 }
+            }
+        }
+    }
+    // A batch job's script runs once per attempt, on one node (its first): the other node only
+    // holds its part.
+    for (job, runs) in &per_job {
+        if !matches!(acked.get(job), Some(Kind::BatchGang)) {
+            continue;
+        }
+        for (i, a) in runs.iter().enumerate() {
+            if let Some(b) = runs[i + 1..].iter().find(|b| b.epoch == a.epoch && b.node != a.node) {
+                bad.push(format!("batch job {job} ran its script on two nodes: {a:?} and {b:?}"));
             }
         }
     }
@@ -480,10 +507,11 @@ fn lifecycle_invariants_hold_under_random_faults() {
         }
         let roll = rng.below(100);
         if roll < 50 {
-            let kind = match rng.below(10) {
+            let kind = match rng.below(11) {
                 0..=4 => Kind::Whole { gpus: 1 },
                 5 => Kind::Whole { gpus: 2 },
                 6 => Kind::Gang,
+                7 => Kind::BatchGang,
                 _ => Kind::Mps { percent: [25, 50, 75][rng.below(3) as usize] },
             };
             let priority = ["preemptible", "normal", "normal", "gpu-high-priority"][rng.below(4) as usize];

@@ -104,3 +104,69 @@ fn a_failed_part_stops_the_gang_which_restarts_as_a_whole_then_fails() {
     let run_ms = record.worker_run_time_ms.unwrap_or(u64::MAX);
     assert!(run_ms < 30_000, "part 0 was stopped when part 1 failed, not after its sleep: {run_ms} ms");
 }
+
+/// Slurm's batch step: a 2-node batch job runs its script once, on the allocation's first node,
+/// with the node list (first node first, as `scontrol show hostnames` reads it there), writes
+/// its output file once, and ends with the script's exit code while the other node only held
+/// its part.
+#[test]
+fn a_batch_script_runs_once_on_the_first_node_with_the_node_list() {
+    let (cluster, workers, dir) = pool(free_port());
+    for (name, code) in [("ok", 0), ("failing", 3)] {
+        let out_dir = dir.path().join(name);
+        std::fs::create_dir(&out_dir).expect("mkdir");
+        std::fs::set_permissions(&out_dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let script = out_dir.join("train.sbatch");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\n\
+                 #SBATCH --job-name={name}\n\
+                 #SBATCH --nodes=2\n\
+                 #SBATCH --gpus-per-node=2\n\
+                 #SBATCH --output={out}/slurm-%j.out\n\
+                 \n\
+                 head=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n\
+                 echo \"batch on $SLURMD_NODENAME of $SLURM_JOB_NODELIST ($SLURM_JOB_NUM_NODES nodes) head $head\"\n\
+                 touch {out}/ran-on-$SLURMD_NODENAME\n\
+                 exit {code}\n",
+                out = out_dir.display()
+            ),
+        )
+        .expect("write");
+        let submitted = cluster.corral_at(0, &["sbatch", &script.display().to_string()]);
+        assert!(submitted.status.success(), "{}", one_line_stderr(&submitted));
+        let job: u64 = String::from_utf8_lossy(&submitted.stdout).trim().parse().expect("a job id");
+        let done = cluster
+            .wait_for(job, Duration::from_secs(90), "ended", |d| d["state"] != "pending" && d["state"] != "running");
+        let want = if code == 0 { "succeeded" } else { "failed" };
+        assert_eq!(done["state"], want, "{done}\n{}\n{}", workers[0].log(), workers[1].log());
+        assert_eq!(done["exit_code"], code, "the batch step's exit code is the job's: {done}");
+
+        let output = std::fs::read_to_string(out_dir.join(format!("slurm-{job}.out"))).expect("the output file");
+        let lines: Vec<&str> = output.lines().collect();
+        assert_eq!(lines.len(), 1, "the script ran once and only it wrote the file: {output:?}");
+        let (line, head) = lines[0].split_once(" (2 nodes) head ").unwrap_or_else(|| panic!("{output:?}"));
+        let (first, list) =
+            line.strip_prefix("batch on ").and_then(|l| l.split_once(" of ")).unwrap_or_else(|| panic!("{output:?}"));
+        assert_eq!(head, first, "scontrol show hostnames | head -n 1 is the batch node: {output:?}");
+        let nodes = corral_types::hostlist::expand(list).expect("a hostlist");
+        assert_eq!(nodes.len(), 2, "{list}");
+        assert_eq!(nodes[0], first, "the batch step runs on the list's first node: {list}");
+        assert!(nodes.contains(&"w1".to_string()) && nodes.contains(&"w2".to_string()), "{list}");
+        let ran: Vec<String> = std::fs::read_dir(&out_dir)
+            .expect("ls")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok()?.strip_prefix("ran-on-").map(str::to_string))
+            .collect();
+        assert_eq!(ran, [first.to_string()], "the script ran on the first node only");
+
+        // Listed like sacct: the batch step, on the first node, with the script's exit code.
+        let shown = cluster.json(&["show", &job.to_string()]);
+        let batch = &shown["steps"][0];
+        assert_eq!(batch["id"], format!("{job}.batch"), "{shown}");
+        assert_eq!((&batch["nodes"], &batch["exit_code"]), (&serde_json::json!(first), &serde_json::json!(code)));
+        let history = cluster.json(&["history"]);
+        let row = history.as_array().and_then(|a| a.iter().find(|j| j["id"] == job)).expect("in the history");
+        assert_eq!(row["steps"][0]["id"], format!("{job}.batch"), "{row}");
+    }
+}

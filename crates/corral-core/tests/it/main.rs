@@ -2,3 +2,4 @@
 
 mod array_bounds;
 mod no_overcommit;
+mod steps;

@@ -130,6 +130,21 @@ fn command_to_pb(r: &Request) -> pb::Command {
         Command::CancelJobs { job_ids, reason } => {
             Kind::CancelJobs(pb::CancelJobs { job_ids: job_ids.clone(), reason: reason.clone() })
         }
+        Command::CreateStep { job_id, epoch, request_id, spec } => Kind::CreateStep(pb::CreateStep {
+            job_id: *job_id,
+            epoch: *epoch,
+            request_id: request_id.clone(),
+            spec: Some(super::step::spec_to_pb(spec)),
+        }),
+        Command::StepEnded { job_id, epoch, step: id, end } => Kind::StepEnded(pb::StepEnded {
+            job_id: *job_id,
+            epoch: *epoch,
+            step: *id,
+            end: Some(super::step::node_end_to_pb(end)),
+        }),
+        Command::SignalStep { job_id, step: id, signal } => {
+            Kind::SignalStep(pb::SignalStep { job_id: *job_id, step: *id, signal: *signal })
+        }
         Command::Compact(c) => Kind::Compact(pb::Compact {
             archive_before: c.archive_before.0,
             request_ids_before: c.request_ids_before.0,
@@ -219,6 +234,19 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
             Command::ConsumeJoinToken { sha256: c.sha256, node: c.node, public_key_sha256: c.public_key_sha256 }
         }
         Kind::CancelJobs(c) => Command::CancelJobs { job_ids: c.job_ids, reason: c.reason },
+        Kind::CreateStep(c) => Command::CreateStep {
+            job_id: c.job_id,
+            epoch: c.epoch,
+            request_id: c.request_id,
+            spec: super::step::spec_from_pb(c.spec.ok_or(CodecError::Missing("create_step.spec"))?),
+        },
+        Kind::StepEnded(c) => Command::StepEnded {
+            job_id: c.job_id,
+            epoch: c.epoch,
+            step: c.step,
+            end: super::step::node_end_from_pb(c.end.ok_or(CodecError::Missing("step_ended.end"))?),
+        },
+        Kind::SignalStep(c) => Command::SignalStep { job_id: c.job_id, step: c.step, signal: c.signal },
         Kind::Compact(c) => Command::Compact(CompactCutoffs {
             archive_before: Timestamp(c.archive_before),
             request_ids_before: Timestamp(c.request_ids_before),

@@ -335,6 +335,7 @@ impl From<&Job> for pb::Job {
             }),
             restarts: j.restarts,
             signals: j.signals.clone(),
+            steps: super::step::steps_to_pb(&j.steps),
         }
     }
 }
@@ -402,6 +403,7 @@ impl TryFrom<pb::Job> for Job {
             }),
             restarts: j.restarts,
             signals: j.signals,
+            steps: super::step::steps_from_pb(j.steps)?,
         })
     }
 }

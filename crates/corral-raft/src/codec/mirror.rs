@@ -274,6 +274,8 @@ fn job() -> impl Strategy<Value = Job> {
                 array_progress,
                 restarts,
                 signals,
+                // Steps round-trip in the codec's own tests (`codec/step.rs`, `mod.rs`).
+                steps: Default::default(),
             },
         )
 }

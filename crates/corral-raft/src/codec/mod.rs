@@ -29,6 +29,7 @@ mod request_id;
 mod revocations;
 mod segment;
 mod snapshot;
+mod step;
 mod tokens;
 
 pub use command::{command_from_bytes, command_to_bytes};
@@ -84,6 +85,23 @@ fn check_version(found: u32) -> Result<(), CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A step spec with every field set.
+    fn test_step_spec() -> corral_types::StepSpec {
+        corral_types::StepSpec {
+            command: vec!["python".into(), "train.py".into()],
+            env: [("SLURM_JOB_ID".to_string(), "4".to_string())].into(),
+            cwd: Some("/home/ana".into()),
+            ntasks: Some(4),
+            nodes: Some(2),
+            ntasks_per_node: Some(2),
+            gpus_per_task: Some(1),
+            cpus_per_task: Some(8),
+            nodelist: vec!["n1".into(), "n2".into()],
+            overlap: true,
+            kill_on_bad_exit: true,
+        }
+    }
     use corral_core::{ClusterConfig, Command, CompactCutoffs, JobUpdate, Placement, Preemption, Request, State};
     use corral_types::{
         Allocation, GpuDevice, GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeMode, NodeSpec, PartEnd,
@@ -140,6 +158,18 @@ mod tests {
             },
             Command::CancelArrayTask { array: 4, index: 7, reason: "r".into() },
             Command::CancelJobs { job_ids: vec![1, 2], reason: "bulk".into() },
+            Command::CreateStep { job_id: 4, epoch: 9, request_id: "srun-1".into(), spec: test_step_spec() },
+            Command::StepEnded {
+                job_id: 4,
+                epoch: 9,
+                step: 2,
+                end: corral_types::StepNodeEnd {
+                    node: "n2".into(),
+                    tasks: vec![corral_types::TaskExit { task: 3, exit_code: None, signal: Some(9) }],
+                    launch_error: Some("no python".into()),
+                },
+            },
+            Command::SignalStep { job_id: 4, step: 2, signal: 2 },
             Command::Compact(CompactCutoffs {
                 archive_before: Timestamp(3),
                 request_ids_before: Timestamp(2),
@@ -292,6 +322,50 @@ mod tests {
             array_progress: None,
             restarts: 0,
             signals: Vec::new(),
+            steps: corral_types::JobSteps {
+                next_id: 7,
+                dropped: 5,
+                steps: vec![
+                    corral_types::JobStep {
+                        id: 5,
+                        epoch: 3,
+                        request_id: "srun-5".into(),
+                        spec: corral_types::StepSpec { command: vec!["hostname".into()], ..Default::default() },
+                        nodes: vec![corral_types::StepNode {
+                            node: "n1".into(),
+                            first_task: 0,
+                            tasks: 2,
+                            gpus: vec![],
+                        }],
+                        state: corral_types::StepState::Failed,
+                        created_at: Timestamp(4),
+                        ended_at: Some(Timestamp(6)),
+                        exit_code: Some(137),
+                        reason: Some("exit code 137".into()),
+                        ended: vec![corral_types::StepNodeEnd {
+                            node: "n1".into(),
+                            tasks: vec![corral_types::TaskExit { task: 1, exit_code: None, signal: Some(9) }],
+                            launch_error: None,
+                        }],
+                        signals: vec![2, 15],
+                        stopping: true,
+                    },
+                    corral_types::JobStep {
+                        id: 6,
+                        epoch: 3,
+                        request_id: "srun-6".into(),
+                        spec: test_step_spec(),
+                        nodes: vec![corral_types::StepNode {
+                            node: "n1".into(),
+                            first_task: 0,
+                            tasks: 1,
+                            gpus: vec![1, 0],
+                        }],
+                        created_at: Timestamp(5),
+                        ..Default::default()
+                    },
+                ],
+            },
             exit_code: None,
             signal: None,
             reason: None,

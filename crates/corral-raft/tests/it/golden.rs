@@ -158,6 +158,7 @@ fn full_job() -> Job {
         array_progress: None,
         restarts: 0,
         signals: Vec::new(),
+        steps: Default::default(),
     }
 }
 
@@ -185,6 +186,7 @@ fn pending_job() -> Job {
         array_progress: None,
         restarts: 0,
         signals: Vec::new(),
+        steps: Default::default(),
     }
 }
 

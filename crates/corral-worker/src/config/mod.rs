@@ -138,6 +138,12 @@ impl WorkerConfig {
         self.data_dir.join("jobs")
     }
 
+    /// Directory of Slurm's in-job commands (links to the corral binary), first on every bare
+    /// job's `PATH`.
+    pub fn in_job_bin_dir(&self) -> PathBuf {
+        self.data_dir.join("slurm-bin")
+    }
+
     /// File where GPU leaks are recorded, one JSON object per line.
     pub fn leak_record_file(&self) -> PathBuf {
         self.data_dir.join("gpu-leaks.jsonl")
