@@ -194,6 +194,12 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
 {
+    // An empty body (a refusal: the status is in the headers, "trailers-only") stays one the
+    // connection can see is empty, so the HEADERS frame ends the stream. Forwarded, it would end
+    // with an empty DATA frame instead, which gRPC clients other than tonic refuse.
+    if body.is_end_stream() {
+        return Body::empty();
+    }
     let (tx, rx) = mpsc::channel(BODY_FRAMES_IN_FLIGHT);
     tokio::spawn(async move {
         let mut body = std::pin::pin!(body);
