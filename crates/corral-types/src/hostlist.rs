@@ -259,6 +259,28 @@ fn product(pieces: &[Piece], prefix: &mut String, out: &mut Vec<String>) {
 mod tests {
     use super::*;
 
+    #[test]
+    fn hostlists_compress_as_slurm_writes_them() {
+        assert_eq!(compress(&["gpu-01", "gpu-02", "gpu-03", "gpu-04"]), "gpu-[01-04]");
+        assert_eq!(compress(&["gpu-01", "gpu-02", "gpu-03", "gpu-07"]), "gpu-[01-03,07]");
+        assert_eq!(compress(&["node1"]), "node1");
+        assert_eq!(compress(&["node1", "node3", "login"]), "node[1,3],login");
+        // `scontrol show hostlist a9,a10` (Slurm 22.05) writes a[9-10]: unpadded numbers run on.
+        assert_eq!(compress(&["a9", "a10"]), "a[9-10]");
+        assert_eq!(compress::<&str>(&[]), "");
+    }
+
+    #[test]
+    fn hostlists_expand_and_stay_bounded() {
+        assert_eq!(expand("gpu-[01-03,07],login").unwrap(), ["gpu-01", "gpu-02", "gpu-03", "gpu-07", "login"]);
+        assert_eq!(expand("n[1-2]-ib").unwrap(), ["n1-ib", "n2-ib"]);
+        let names = ["gpu-01", "gpu-02", "gpu-07", "x"];
+        assert_eq!(expand(&compress(&names)).unwrap(), names);
+        assert!(expand("n[1-999999999]").unwrap_err().to_string().contains("more than"));
+        assert!(expand("n[3-1]").unwrap_err().to_string().contains("invalid hostlist"));
+        assert!(expand("n[1-2").is_err());
+    }
+
     fn names(list: &str) -> Vec<String> {
         expand(list).unwrap_or_else(|e| panic!("{e}"))
     }

@@ -31,7 +31,7 @@ pub use parse::{
     describe_config_error, format_duration, format_size, parse_duration, parse_size, ConfigDuration, ConfigSize,
     ParseError,
 };
-pub use slurm_env::{compress_hostlist, expand_hostlist, slurm_allocation_env, tasks_per_node_string};
+pub use slurm_env::{slurm_allocation_env, tasks_per_node_string};
 pub use step::{
     JobStep, JobSteps, StepId, StepNode, StepNodeEnd, StepRef, StepSpec, StepState, TaskExit, MAX_KEPT_STEPS,
     MAX_LIVE_STEPS, MAX_STEP_NODELIST, MAX_STEP_SIGNALS, MAX_STEP_SPEC_BYTES, MAX_STEP_TASKS,

@@ -1,120 +1,11 @@
-//! Slurm's view of an allocation for the programs in it: hostlists in Slurm's compressed
-//! syntax (`gpu-[01-04]`, both ways) and the allocation-wide `SLURM_*` variables, the same on
-//! every node and task. Per-task variables (`SLURM_PROCID`, `SLURM_LOCALID`, ...) are the
+//! Slurm's view of an allocation for the programs in it: the allocation-wide `SLURM_*`
+//! variables, the same on every node and task (node lists in Slurm's compressed syntax, written
+//! by `hostlist`). Per-task variables (`SLURM_PROCID`, `SLURM_LOCALID`, ...) are the
 //! launcher's. Pure: the worker calls these with the allocation's node names.
 
-use crate::{Job, MAX_NODES_PER_JOB};
+use crate::hostlist;
+use crate::Job;
 use std::collections::BTreeMap;
-
-/// Compresses host names into Slurm's hostlist syntax, keeping their order: consecutive names
-/// that differ only in a trailing number of the same width share brackets (`gpu-01,gpu-02,
-/// gpu-03,gpu-07` is `gpu-[01-03,07]`); other names stay as they are, comma-separated.
-pub fn compress_hostlist<S: AsRef<str>>(hosts: &[S]) -> String {
-    // (prefix, width, numbers) groups in order.
-    let mut groups: Vec<(&str, usize, Vec<u64>)> = Vec::new();
-    for host in hosts {
-        let host = host.as_ref();
-        let digits = host.len() - host.trim_end_matches(|c: char| c.is_ascii_digit()).len();
-        let (prefix, number) = host.split_at(host.len() - digits);
-        match number.parse::<u64>() {
-            Ok(n) if digits <= 18 => match groups.last_mut() {
-                Some((p, w, ns)) if *p == prefix && *w == digits => ns.push(n),
-                _ => groups.push((prefix, digits, vec![n])),
-            },
-            _ => groups.push((host, 0, Vec::new())),
-        }
-    }
-    let mut out = Vec::with_capacity(groups.len());
-    for (prefix, width, numbers) in groups {
-        if numbers.is_empty() {
-            out.push(prefix.to_string());
-            continue;
-        }
-        if numbers.len() == 1 {
-            out.push(format!("{prefix}{:0width$}", numbers[0]));
-            continue;
-        }
-        let mut ranges: Vec<String> = Vec::new();
-        let mut i = 0;
-        while i < numbers.len() {
-            let mut j = i;
-            while j + 1 < numbers.len() && numbers[j + 1] == numbers[j] + 1 {
-                j += 1;
-            }
-            ranges.push(if i == j {
-                format!("{:0width$}", numbers[i])
-            } else {
-                format!("{:0width$}-{:0width$}", numbers[i], numbers[j])
-            });
-            i = j + 1;
-        }
-        out.push(format!("{prefix}[{}]", ranges.join(",")));
-    }
-    out.join(",")
-}
-
-/// Expands a Slurm hostlist (`gpu-[01-03,07],login1`) into host names, in order. At most
-/// `MAX_NODES_PER_JOB` names: a longer list is refused, never built.
-pub fn expand_hostlist(list: &str) -> Result<Vec<String>, String> {
-    let mut hosts = Vec::new();
-    let mut rest = list.trim();
-    while !rest.is_empty() {
-        // The next item ends at a comma outside brackets.
-        let mut depth = 0;
-        let end = rest
-            .char_indices()
-            .find(|&(_, c)| {
-                match c {
-                    '[' => depth += 1,
-                    ']' => depth -= 1,
-                    _ => {}
-                }
-                c == ',' && depth == 0
-            })
-            .map_or(rest.len(), |(i, _)| i);
-        let item = &rest[..end];
-        rest = rest[end..].strip_prefix(',').unwrap_or("");
-        expand_item(item, &mut hosts)?;
-    }
-    Ok(hosts)
-}
-
-fn expand_item(item: &str, hosts: &mut Vec<String>) -> Result<(), String> {
-    let bad = || format!("invalid hostlist item '{item}' (expected e.g. gpu-[01-04,07])");
-    let too_many = || format!("hostlist: more than {MAX_NODES_PER_JOB} hosts");
-    let Some((prefix, tail)) = item.split_once('[') else {
-        if item.is_empty() || item.contains(']') {
-            return Err(bad());
-        }
-        if hosts.len() >= MAX_NODES_PER_JOB as usize {
-            return Err(too_many());
-        }
-        hosts.push(item.to_string());
-        return Ok(());
-    };
-    let (inner, suffix) = tail.split_once(']').ok_or_else(bad)?;
-    if suffix.contains(['[', ']']) {
-        return Err(bad());
-    }
-    for range in inner.split(',') {
-        let (lo, hi) = range.split_once('-').unwrap_or((range, range));
-        let width = lo.len();
-        let (lo, hi): (u64, u64) = (lo.parse().map_err(|_| bad())?, hi.parse().map_err(|_| bad())?);
-        if hi < lo {
-            return Err(bad());
-        }
-        if hi - lo >= u64::from(MAX_NODES_PER_JOB) {
-            return Err(too_many());
-        }
-        for n in lo..=hi {
-            if hosts.len() >= MAX_NODES_PER_JOB as usize {
-                return Err(too_many());
-            }
-            hosts.push(format!("{prefix}{n:0width$}{suffix}"));
-        }
-    }
-    Ok(())
-}
 
 /// Slurm's compressed tasks-per-node form: counts in node order, repeats as `N(xK)`
 /// (`[2, 2, 1]` is `2(x2),1`).
@@ -145,7 +36,7 @@ pub fn slurm_allocation_env(job: &Job, nodes: &[&str], node: &str, cluster: &str
     let count = nodes.len().max(1) as u32;
     set(&["SLURM_JOB_ID", "SLURM_JOBID"], job.id.to_string());
     set(&["SLURM_JOB_NAME"], spec.name.clone());
-    set(&["SLURM_JOB_NODELIST", "SLURM_NODELIST"], compress_hostlist(nodes));
+    set(&["SLURM_JOB_NODELIST", "SLURM_NODELIST"], hostlist::compress(nodes));
     set(&["SLURM_JOB_NUM_NODES", "SLURM_NNODES"], count.to_string());
     let tasks = layout.tasks_on_nodes(count);
     set(&["SLURM_NTASKS", "SLURM_NPROCS"], tasks.iter().sum::<u32>().to_string());
@@ -211,27 +102,6 @@ pub fn slurm_allocation_env(job: &Job, nodes: &[&str], node: &str, cluster: &str
 mod tests {
     use super::*;
     use crate::{Allocation, JobSpec, NodeGpus, SchedOptions, SlurmNames, TaskLayout, Timestamp};
-
-    #[test]
-    fn hostlists_compress_as_slurm_writes_them() {
-        assert_eq!(compress_hostlist(&["gpu-01", "gpu-02", "gpu-03", "gpu-04"]), "gpu-[01-04]");
-        assert_eq!(compress_hostlist(&["gpu-01", "gpu-02", "gpu-03", "gpu-07"]), "gpu-[01-03,07]");
-        assert_eq!(compress_hostlist(&["node1"]), "node1");
-        assert_eq!(compress_hostlist(&["node1", "node3", "login"]), "node[1,3],login");
-        assert_eq!(compress_hostlist(&["a9", "a10"]), "a9,a10", "widths differ");
-        assert_eq!(compress_hostlist::<&str>(&[]), "");
-    }
-
-    #[test]
-    fn hostlists_expand_and_stay_bounded() {
-        assert_eq!(expand_hostlist("gpu-[01-03,07],login").unwrap(), ["gpu-01", "gpu-02", "gpu-03", "gpu-07", "login"]);
-        assert_eq!(expand_hostlist("n[1-2]-ib").unwrap(), ["n1-ib", "n2-ib"]);
-        let names = ["gpu-01", "gpu-02", "gpu-07", "x"];
-        assert_eq!(expand_hostlist(&compress_hostlist(&names)).unwrap(), names);
-        assert!(expand_hostlist("n[1-999999999]").unwrap_err().contains("more than"));
-        assert!(expand_hostlist("n[3-1]").unwrap_err().contains("invalid hostlist"));
-        assert!(expand_hostlist("n[1-2").is_err());
-    }
 
     #[test]
     fn tasks_per_node_repeat_as_slurm_counts_them() {
