@@ -58,6 +58,7 @@ impl Worker {
         for cgroup in self.executor.reap_leftovers()? {
             tracing::warn!(cgroup = %cgroup, "killed a job left running by an earlier worker process");
         }
+        self.link.stale_jobs_stopped();
         self.devices.inspect().await;
         let audit = Arc::new(corral_security::AuditLog::in_dir(&self.config.data_dir));
         let tls = self.config.agent_tls.clone();
