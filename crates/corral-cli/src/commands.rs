@@ -373,8 +373,11 @@ pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<ExitCod
         crate::logs::copy(client.read_rank_logs(job.id, args.rank, args.follow).await?).await?;
         ExitCode::SUCCESS
     };
+    // A job whose program ran has its output (and its exit code in `show`); one that never ran
+    // it (its launch failed) says why here, after any output.
     let ended = if job.state.is_terminal() { job } else { client.get_job(job.id).await? };
-    if ended.state.is_terminal() && ended.state != JobState::Succeeded {
+    let never_ran = ended.exit_code.is_none() && ended.signal.is_none();
+    if ended.state.is_terminal() && !matches!(ended.state, JobState::Succeeded | JobState::Cancelled) && never_ran {
         eprintln!("{}", ended_note(&ended));
     }
     Ok(code)
