@@ -179,6 +179,12 @@ pub enum ExecError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    #[error("{} is not executable (permission denied): chmod +x it, or run it through its interpreter (e.g. sh {program})", path.display())]
+    NotExecutable { program: String, path: PathBuf },
+    #[error("program {program:?} not found: no such file {}", path.display())]
+    NoSuchProgram { program: String, path: PathBuf },
+    #[error("cannot run {program}: it has no #! line and is not a binary (exec format error, ENOEXEC): start it with #!/bin/sh (or the interpreter it needs), or run it as `sh {program}`")]
+    NoShebang { program: String },
 }
 
 /// Starts jobs. Implementations: [`ProcessExecutor`] (bare process in a cgroup),
