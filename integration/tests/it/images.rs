@@ -175,3 +175,42 @@ fn image_jobs_run_in_their_image_pinned_at_submit_and_from_the_store_once_pulled
     let out = pool.ok(&["logs", &cached.to_string()]);
     assert!(out.contains("stage=one\ncwd=/work\nmarker=one\n"), "{out}");
 }
+
+#[test]
+fn two_jobs_of_one_image_arriving_together_fetch_each_layer_once() {
+    if !ready(&[TOOLS, &["runc"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = umoci_busybox(dir.path(), &[("STAGE", "both")], "/", "both");
+    push(&image, &registry, "shared:1", &[]);
+    let reference = format!("{}/shared:1", registry.addr);
+    let out = Command::new("skopeo")
+        .args(["inspect", "--tls-verify=false", "--raw"])
+        .arg(format!("docker://{reference}"))
+        .output()
+        .expect("skopeo inspect");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let manifest: serde_json::Value = serde_json::from_slice(&out.stdout).expect("manifest");
+    let layers: Vec<String> = manifest["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .map(|l| l["digest"].as_str().expect("digest").to_string())
+        .collect();
+    assert!(!layers.is_empty(), "{manifest}");
+    let pool = DevPool::start(&["--gpus", "2"]);
+    let jobs: Vec<u64> =
+        (0..2).map(|_| pool.submit(&["--image", &reference, "--", "sh", "-c", "echo stage=$STAGE"])).collect();
+    for &job in &jobs {
+        let doc = ended(&pool, job);
+        assert_eq!(doc["state"], "succeeded", "{doc}");
+        assert!(pool.ok(&["logs", &job.to_string()]).contains("stage=both\n"));
+    }
+    // The access log is written as each request completes: give the last line a moment.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    for layer in &layers {
+        assert_eq!(registry.blob_gets("shared", layer), 1, "layer {layer} fetched once for both jobs");
+    }
+}
