@@ -76,6 +76,9 @@ pub struct LaunchSpec {
     /// Unpacked root filesystem to run the job in, as an OCI container; `None` runs a bare
     /// process. Only container executors ([`RuncExecutor`]) accept it.
     pub image: Option<PathBuf>,
+    /// The container may write its root (an image's per-job overlay); else it is read-only
+    /// (a shared rootfs directory).
+    pub writable_root: bool,
     /// Host device nodes a container gets (GPUs, InfiniBand), on top of the defaults. Bare
     /// processes see the host's /dev anyway.
     pub devices: Vec<PathBuf>,
@@ -85,7 +88,7 @@ pub struct LaunchSpec {
     /// Host directories a container sees at the same path (e.g. the MPS pipe directory).
     pub binds: Vec<PathBuf>,
     /// Working directory, batch script and output files of a Slurm-style job (bare processes
-    /// only; container executors ignore it).
+    /// only; container executors take only `cwd`, a directory inside the container).
     pub files: JobFiles,
 }
 
