@@ -351,6 +351,7 @@ mod tests {
         let example = include_str!("../../../cluster-configs/cluster.toml");
         let config = parse_policy("cluster.toml", example).unwrap();
         assert_eq!(config.tenant_policies["team-a"].quota_milli_gpus, Some(8000));
+        assert!(config.tenants.iter().any(|t| t == "default"), "a plain submit must keep working");
         assert_eq!(config.priority_classes["gpu-high-priority"].value, 1_000_000);
         assert!(config.priority_classes["gpu-high-priority"].preempts_lower);
         assert_eq!(config.gpu_prices["H100"], 2_490_000);

@@ -407,7 +407,10 @@ fn check(
             .iter()
             .filter(|(node, from, to)| *node == run.node && *from <= run.last + 0.2 && *to >= run.last)
             .map(|(_, from, to)| to - from.max(run.last))
-            .sum();
+            .sum::<f64>()
+            // Frozen right after it spawned the job (the first line comes after the thaw): the
+            // worker's clock ran from the spawn, through the freeze (seed 1796587899080802032).
+            + frozen_at_spawn(&frozen, &run.node, run.first);
         let entry = frozen_at_end.entry((run.job, run.epoch)).or_default();
         *entry = entry.max(late);
     }
@@ -451,6 +454,26 @@ fn check(
         }
     }
     bad
+}
+
+/// How long `node` was frozen in a freeze that ended just before a run's first line at `first`:
+/// the worker spawned the job, then froze, and its clock counted the freeze.
+fn frozen_at_spawn(frozen: &[(String, f64, f64)], node: &str, first: f64) -> f64 {
+    frozen
+        .iter()
+        .filter(|(n, _, to)| n == node && (first - 0.2..=first).contains(to))
+        .map(|(_, from, to)| to - from)
+        .sum()
+}
+
+/// The seed that found this (1796587899080802032): w1 frozen from 51.047 to 53.680, the job's
+/// only line at 53.700, the worker measured 2 679 ms from the spawn before the freeze.
+#[test]
+fn a_freeze_right_after_the_spawn_counts_as_late() {
+    let frozen = vec![("w1".to_string(), 51.047, 53.680), ("w2".to_string(), 51.0, 53.69)];
+    let late = frozen_at_spawn(&frozen, "w1", 53.700);
+    assert!((late - 2.633).abs() < 1e-6, "{late}");
+    assert_eq!(frozen_at_spawn(&frozen, "w1", 60.0), 0.0);
 }
 
 fn soak_secs() -> u64 {
