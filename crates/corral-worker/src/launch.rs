@@ -8,7 +8,7 @@ use crate::executor::DEFAULT_PATH;
 use crate::executor::{JobFiles, LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR, SCRIPT_FILE};
 use crate::gang::{gang_env, PartAddrs, HOSTFILE};
 use crate::gpu::{DeviceInfo, MigPlacement, MigState};
-use corral_image::JobOverrides;
+use corral_image::{ImageConfig, JobOverrides, JobRoot};
 use corral_types::{expand_output_pattern, slurm_allocation_env, GpuSlice, Job, OutputPlace, SliceAssignment};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,6 +16,14 @@ use std::path::{Path, PathBuf};
 /// GPU control nodes a container with GPUs needs besides `/dev/nvidia<minor>`.
 const NVIDIA_CONTROL_NODES: [&str; 4] =
     ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"];
+
+/// What a run's registry image gives its launch: the mounted root (its pin held until it is
+/// removed) and the image config.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    pub root: JobRoot,
+    pub config: ImageConfig,
+}
 
 /// The MIG device picked for a job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +124,7 @@ pub(crate) fn launch_spec(
     gpus: &[u32],
     mig_uuid: Option<&str>,
     addrs: &PartAddrs,
-    image: Option<&crate::runtime::Prepared>,
+    image: Option<&Prepared>,
 ) -> Result<LaunchSpec, String> {
     if image.is_none() {
         check_rootfs_image(job)?;

@@ -15,13 +15,12 @@ use crate::devices::Devices;
 use crate::executor::{Executor, RunningJob};
 use crate::fence::FenceGuard;
 use crate::jobs::{JobTable, StartedRun};
-use crate::launch::{launch_spec, pick_mig_instance, MigPick};
+use crate::launch::{launch_spec, pick_mig_instance, MigPick, Prepared};
 use crate::link::{self, Link, Report};
 use crate::reconcile::Action;
 use corral_image::{Images, PullProgress};
 use corral_types::{Job, JobId};
 use nix::sys::signal::Signal;
-pub(crate) use pull::Prepared;
 use state::{steps, Event, RuntimeState, Step};
 use std::collections::HashMap;
 use std::future::Future;
@@ -127,7 +126,7 @@ impl Runtime {
             // The lease first: after a freeze, what happened meanwhile happened without one.
             self.state.check_lease(Instant::now());
             match event {
-                Some(Event::Pulled { job_id, epoch, outcome }) => self.pulled(job_id, epoch, outcome),
+                Some(Event::Pulled { job_id, epoch, outcome }) => self.pulled(job_id, epoch, *outcome),
                 Some(event) => self.handle(event),
                 None => {}
             }
@@ -291,7 +290,7 @@ impl Runtime {
     /// A pull ended: launch from what it prepared while the run still wants it; a failure
     /// that another node would share (not found, unauthorized, a bad layer) ends the run with
     /// it, any other is reported as a run that did not start here, which the leader requeues.
-    fn pulled(&mut self, job_id: JobId, epoch: u64, outcome: pull::Outcome) {
+    fn pulled(&mut self, job_id: JobId, epoch: u64, outcome: state::Outcome) {
         if self.pulls.get(&job_id).is_some_and(|p| p.epoch == epoch) {
             self.pulls.remove(&job_id);
         }

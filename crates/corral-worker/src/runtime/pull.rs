@@ -5,21 +5,12 @@
 //! abandoned (a stop, a lost lease, the run gone from the desired state), and launches from
 //! what it prepared only while the run is still pulling.
 
-use super::state::Event;
-use corral_image::{Digest, ImageConfig, ImageError, ImageRef, Images, JobRoot, PullProgress};
+use super::state::{Event, Outcome};
+use crate::launch::Prepared;
+use corral_image::{Digest, ImageError, ImageRef, Images, JobRoot, PullProgress};
 use corral_types::Job;
 use std::sync::Arc;
 use tokio::sync::mpsc;
-
-/// What a run's image gives its launch: the mounted root (its pin held until it is removed)
-/// and the image config.
-#[derive(Debug)]
-pub(crate) struct Prepared {
-    pub root: JobRoot,
-    pub config: ImageConfig,
-}
-
-pub(crate) type Outcome = Result<Prepared, ImageError>;
 
 /// The reference the job runs: its image pinned to the digest the coordinator resolved.
 pub(crate) fn pinned_reference(job: &Job) -> Result<Option<ImageRef>, ImageError> {
@@ -36,7 +27,7 @@ pub(crate) async fn run(
     events: mpsc::UnboundedSender<Event>,
 ) {
     let outcome = prepare(&images, &job, epoch, &progress).await;
-    let _ = events.send(Event::Pulled { job_id: job.id, epoch, outcome });
+    let _ = events.send(Event::Pulled { job_id: job.id, epoch, outcome: Box::new(outcome) });
 }
 
 async fn prepare(images: &Images, job: &Job, epoch: u64, progress: &PullProgress) -> Outcome {

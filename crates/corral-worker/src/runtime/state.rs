@@ -12,12 +12,17 @@
 //! leader may give the jobs to other nodes.
 
 use crate::gang::PartAddrs;
+use crate::launch::Prepared;
 use crate::link::{LinkEvent, ReportKind, Terms};
 use crate::reconcile::{reconcile, Action, Delivery, Desired, Local, LocalJob, Phase, Policy, Standing, StopCause};
+use corral_image::ImageError;
 use corral_types::{Job, JobExitReport, JobId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What a run's `pulling` stage ends with: its image ready to launch from, or why not.
+pub(crate) type Outcome = Result<Prepared, ImageError>;
 
 /// What the runtime's tasks tell it.
 #[derive(Debug)]
@@ -32,7 +37,7 @@ pub(crate) enum Event {
     StartDue { job_id: JobId, epoch: u64 },
     /// The image of a run is pulled and its root mounted, or the pull failed (the runtime
     /// handles it: it launches, or ends the run).
-    Pulled { job_id: JobId, epoch: u64, outcome: super::pull::Outcome },
+    Pulled { job_id: JobId, epoch: u64, outcome: Box<Outcome> },
 }
 
 impl From<LinkEvent> for Event {
