@@ -343,7 +343,19 @@ impl Cluster {
                         )
                     })
                     .collect();
-                panic!("nodes did not converge: {statuses:?}\n{}", silent.join("\n"));
+                // Their logs say why one stopped following.
+                let behind: Vec<String> = statuses
+                    .iter()
+                    .filter_map(|s| s["node_id"].as_u64())
+                    .filter_map(|id| self.nodes.iter().position(|n| n.node_id == id))
+                    .map(|i| {
+                        let log = self.log_of(i);
+                        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                        let tail = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
+                        format!("node {}'s log ends:\n{tail}", self.nodes[i].node_id)
+                    })
+                    .collect();
+                panic!("nodes did not converge: {statuses:?}\n{}\n{}", silent.join("\n"), behind.join("\n"));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
