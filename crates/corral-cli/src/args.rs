@@ -691,6 +691,12 @@ pub struct JobsArgs {
     /// Only jobs submitted before this (same forms as --since).
     #[arg(long)]
     pub until: Option<String>,
+    /// Only jobs submitted by this user (login name, as Slurm's `squeue --user`).
+    #[arg(long, short = 'u', value_name = "USER", conflicts_with = "me")]
+    pub user: Option<String>,
+    /// Only my jobs: those submitted by the user running this (`squeue --me`).
+    #[arg(long)]
+    pub me: bool,
     #[command(flatten)]
     pub page: PageArgs,
 }

@@ -244,3 +244,53 @@ fn bare_dependencies_and_cancelling_several_jobs() {
     assert_eq!(out.status.code(), Some(1), "one unknown id fails the command");
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: job 999999: "), "{out:?}");
 }
+
+/// `corral queue --user`/`--me` (`squeue --me`), and Slurm's `squeue`, `scancel` and `scontrol
+/// show job` inside a job, reaching the coordinator through the `CORRAL_ENDPOINT` it sets.
+#[test]
+fn queue_by_user_and_slurm_commands_inside_a_job() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let held = |user: &str, name: &str| {
+        let args = ["--output", "json", "submit", "--hold", "--name", name, "--", "true"];
+        let out = corral_in(&pool, dir.path(), &[("USER", user)], &args);
+        assert!(out.status.success(), "submit: {}", one_line_stderr(&out));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        doc["id"].as_u64().expect("an id")
+    };
+    let (ana, bo) = (held("ana", "ana-held"), held("bo", "bo-held"));
+    let queue = |env: &[(&str, &str)], args: &[&str]| {
+        let out = corral_in(&pool, dir.path(), env, &[&["--output", "json", "queue"], args].concat());
+        assert!(out.status.success(), "queue {args:?}: {}", one_line_stderr(&out));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        doc.as_array().expect("a list").iter().map(|j| j["id"].as_u64().expect("id")).collect::<Vec<u64>>()
+    };
+    assert_eq!(queue(&[], &["--user", "bo"]), [bo]);
+    assert_eq!(queue(&[("USER", "ana")], &["--me"]), [ana]);
+    assert_eq!(queue(&[("USER", "cy")], &["--me"]), Vec::<u64>::new());
+    assert_eq!(queue(&[], &[]), [ana, bo]);
+
+    let script = format!(
+        "#!/bin/sh\n\
+         #SBATCH -J inside\n\
+         #SBATCH --output=inside.out\n\
+         export CORRAL_ENDPOINT={endpoint}\n\
+         squeue --me -t PD || echo squeue failed\n\
+         scontrol show job > show.txt || echo show failed\n\
+         scancel {bo} || echo scancel failed\n\
+         squeue -j 1 || echo refused\n",
+        endpoint = pool.addr
+    );
+    std::fs::write(dir.path().join("inside.sh"), script).expect("write");
+    // The submitter's CORRAL_ENDPOINT is never exported: the script names the coordinator.
+    let env = [("USER", "ana")];
+    let job = submitted_id(&corral_in(&pool, dir.path(), &env, &["sbatch", "--parsable", "inside.sh"]));
+    assert_eq!(ended(&pool, job)["state"], "succeeded");
+    let output = std::fs::read_to_string(dir.path().join("inside.out")).expect("the output file");
+    assert!(output.contains("ana-held") && !output.contains("bo-held"), "squeue --me lists my pending jobs: {output}");
+    assert!(!output.contains("failed"), "{output}");
+    let shown = std::fs::read_to_string(dir.path().join("show.txt")).expect("scontrol show job's output");
+    assert!(shown.contains("inside") && shown.contains(&job.to_string()), "the job's own record: {shown}");
+    assert!(output.contains("\nrefused\n") && output.contains("squeue: error: '-j' is not served here"), "{output}");
+    assert_eq!(ended(&pool, bo)["state"], "cancelled", "scancel inside the job");
+}
