@@ -436,6 +436,14 @@ pub struct JobFlags {
     /// Priority class (default: the cluster's default class).
     #[arg(long)]
     pub priority: Option<String>,
+    /// Slurm account (`-A`): the tenant the policy's `[slurm] accounts` maps it to (without
+    /// that map, the tenant of that name); unknown accounts are refused.
+    #[arg(long, short = 'A', value_name = "ACCOUNT")]
+    pub account: Option<String>,
+    /// Slurm QOS (`-q`): the priority class the policy's `[slurm] qos` maps it to (without that
+    /// map, the class of that name); unknown QOS are refused.
+    #[arg(long, short = 'q', value_name = "QOS")]
+    pub qos: Option<String>,
     /// Whole GPUs (default 0).
     #[arg(long)]
     pub gpus: Option<u32>,

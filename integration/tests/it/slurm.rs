@@ -294,3 +294,49 @@ fn queue_by_user_and_slurm_commands_inside_a_job() {
     assert!(output.contains("\nrefused\n") && output.contains("squeue: error: '-j' is not served here"), "{output}");
     assert_eq!(ended(&pool, bo)["state"], "cancelled", "scancel inside the job");
 }
+
+/// `#SBATCH --account`/`--qos` through the policy's `[slurm]` names: an account is its tenant, a
+/// QOS its class, the default account that of a job naming none; an unknown name is refused
+/// with one line listing the known ones, and `admin diff` names a change of them.
+#[test]
+fn accounts_and_qos_map_through_the_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dev = include_str!("../../../cluster-configs/dev-policy.toml");
+    let naming = "\n[slurm]\naccounts = { \"proj_x\" = \"team-a\", \"proj_y\" = \"team-b\" }\n\
+                  qos = { \"short\" = \"normal\", \"scavenger\" = \"preemptible\" }\n\
+                  default-account = \"proj_y\"\n";
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, format!("{dev}{naming}")).expect("write");
+    let pool = DevPool::start(&["--policy", policy.to_str().expect("utf-8")]);
+    let sbatch = |directives: &str| {
+        let script = format!("#!/bin/sh\n{directives}\necho \"account=$SLURM_JOB_ACCOUNT qos=$SLURM_JOB_QOS\"\n");
+        std::fs::write(dir.path().join("job.sh"), script).expect("write");
+        corral_in(&pool, dir.path(), &[], &["sbatch", "--parsable", "--hold", "job.sh"])
+    };
+    let job = submitted_id(&sbatch("#SBATCH -A proj_x\n#SBATCH --qos=scavenger"));
+    let doc = pool.show(job);
+    assert_eq!((doc["tenant"].as_str(), doc["priority"].as_str()), (Some("team-a"), Some("preemptible")), "{doc}");
+    let job = submitted_id(&sbatch("#SBATCH --qos short"));
+    let doc = pool.show(job);
+    assert_eq!(
+        (doc["tenant"].as_str(), doc["priority"].as_str()),
+        (Some("team-b"), Some("normal")),
+        "default account: {doc}"
+    );
+    for (directives, want) in [
+        ("#SBATCH -A team-a", "unknown account 'team-a': the accounts are proj_x, proj_y"),
+        ("#SBATCH -q long", "unknown QOS 'long': the QOS are scavenger, short"),
+    ] {
+        let out = sbatch(directives);
+        assert!(!out.status.success(), "{directives} was accepted");
+        let err = one_line_stderr(&out);
+        assert!(err.contains(want), "{directives}: {err}");
+    }
+    // Without the names, the diff says what goes.
+    let plain = dir.path().join("plain.toml");
+    std::fs::write(&plain, dev).expect("write");
+    let diff = pool.json(&["admin", "diff", "-f", plain.to_str().expect("utf-8")]);
+    let changes: Vec<&str> = diff["changes"].as_array().expect("changes").iter().filter_map(|c| c.as_str()).collect();
+    assert!(changes.contains(&"slurm.accounts: \"proj_x\" unset (was team-a)"), "{diff}");
+    assert!(changes.contains(&"slurm: default-account unset (was proj_y)"), "{diff}");
+}
