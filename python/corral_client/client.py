@@ -2,6 +2,7 @@
 request id (as the Rust client does), typed results and one exception per gRPC status."""
 
 import os
+import random
 import re
 import threading
 import time as _time
@@ -20,6 +21,10 @@ from .types import JobEvent, STATES, datetime_to_tso, job_from_pb, node_from_pb,
 LEADER_ADDR_METADATA = "corral-leader-addr"
 # Largest message accepted from a coordinator (a long job list).
 MAX_MESSAGE_BYTES = 64 << 20
+# Set by a busy coordinator on a RESOURCE_EXHAUSTED refusal: milliseconds to wait before trying again.
+RETRY_AFTER_METADATA = "retry-after-ms"
+# The longest single wait after such a refusal, whatever it asks.
+_MAX_OVERLOAD_WAIT = 5.0
 # Codes after which another coordinator (or the same, a little later) is tried.
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED)
 # A stream that broke on these is opened again (resumed where it can be).
@@ -50,6 +55,18 @@ EXPORT_DENY = (
 MAX_ENV_VARS = 1024
 MAX_ENV_BYTES = 256 * 1024
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
+
+
+def _retry_after(error):
+    """Seconds a busy coordinator's refusal asks to wait; None for any other error (a tenant's
+    pending-job quota is RESOURCE_EXHAUSTED too, but carries no retry-after)."""
+    if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    value = dict(error.trailing_metadata() or ()).get(RETRY_AFTER_METADATA)
+    try:
+        return int(value) / 1000.0 if value is not None else None
+    except ValueError:
+        return None
 
 
 def _valid_name(key):
@@ -196,14 +213,16 @@ class Client:
     certificate, as a dict or object with `ca`, `cert` and `key` paths; every server must then
     present a coordinator certificate of that CA valid for its address, or nothing is sent to
     it and the call raises TlsRefused (see `_tls.py`). timeout: seconds one attempt of a call
-    may take; retry_for: seconds spent retrying an unavailable cluster.
+    may take; retry_for: seconds spent retrying an unavailable cluster; overload_retry_for:
+    seconds spent waiting out a busy coordinator (RESOURCE_EXHAUSTED with a retry-after).
     """
 
-    def __init__(self, endpoints, token=None, tls=None, timeout=10.0, retry_for=10.0):
+    def __init__(self, endpoints, token=None, tls=None, timeout=10.0, retry_for=10.0, overload_retry_for=60.0):
         self.endpoints = _endpoints(endpoints)
         self.token = token
         self.timeout = timeout
         self.retry_for = retry_for
+        self.overload_retry_for = overload_retry_for
         self._tls = None
         if tls is not None:
             ca, cert, key = _tls_files(tls)
@@ -253,12 +272,15 @@ class Client:
 
     def _retry(self, call):
         """Runs call(stub) against the coordinators until one answers, following leader
-        redirects and retrying unavailability for up to retry_for seconds."""
-        deadline = _time.monotonic() + self.retry_for
+        redirects and retrying unavailability for up to retry_for seconds. A refusal with a
+        retry-after (a busy coordinator: full submit queue or client-request limit; nothing was
+        done) is tried again after that wait, with jitter, for up to overload_retry_for seconds."""
+        started = _time.monotonic()
+        deadline = started + self.retry_for
         backoff = 0.02
         last = "no endpoint tried"
         while True:
-            redirected = False
+            redirected = busy = False
             for addr in self._candidates():
                 try:
                     result = call(self._stub(addr))
@@ -266,6 +288,15 @@ class Client:
                     refusal = self._tls.take_refusal(addr) if self._tls is not None else None
                     if refusal is not None:
                         raise TlsRefused(refusal, grpc.StatusCode.UNAVAILABLE) from None
+                    wait = _retry_after(e)
+                    if wait is not None:
+                        wait = min(wait, _MAX_OVERLOAD_WAIT)
+                        wait += wait / 2 * random.random()
+                        if _time.monotonic() - started + wait > self.overload_retry_for:
+                            raise errors.from_rpc_error(e) from None
+                        _time.sleep(wait)
+                        busy = True
+                        break
                     if e.code() not in _RETRYABLE:
                         raise errors.from_rpc_error(e) from None
                     last = e.details() or str(e.code())
@@ -281,7 +312,7 @@ class Client:
                 with self._lock:
                     self._preferred = addr
                 return result
-            if redirected and _time.monotonic() < deadline:
+            if busy or (redirected and _time.monotonic() < deadline):
                 continue
             if _time.monotonic() + backoff > deadline:
                 raise Unavailable(

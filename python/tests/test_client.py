@@ -127,6 +127,53 @@ def test_calls_to_a_follower_are_redirected_to_the_leader(cluster3):
         assert [j.id for j in c.jobs()] == [job.id]
 
 
+class _Busy(grpc.RpcError):
+    """What a busy coordinator answers: RESOURCE_EXHAUSTED with a retry-after."""
+
+    def __init__(self, retry_after_ms="20"):
+        self._metadata = (("retry-after-ms", retry_after_ms),) if retry_after_ms is not None else ()
+
+    def code(self):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def details(self):
+        return "the coordinator is serving as many client requests as it admits: retry after 20ms"
+
+    def trailing_metadata(self):
+        return self._metadata
+
+
+def test_a_busy_coordinator_is_waited_out_within_the_patience():
+    from corral_client.errors import ResourceExhausted
+
+    calls = []
+
+    def busy_three_times(stub):
+        calls.append(1)
+        if len(calls) <= 3:
+            raise _Busy()
+        return "answered"
+
+    with Client(f"127.0.0.1:{free_port()}", overload_retry_for=5.0) as c:
+        assert c._retry(busy_three_times) == "answered" and len(calls) == 4
+
+        def always_busy(stub):
+            raise _Busy()
+
+        c.overload_retry_for = 0.2
+        with pytest.raises(ResourceExhausted):
+            c._retry(always_busy)
+
+        def quota(stub):
+            calls.append(1)
+            raise _Busy(retry_after_ms=None)
+
+        calls.clear()
+        with pytest.raises(ResourceExhausted):
+            c._retry(quota)
+        assert len(calls) == 1, "a refusal without a retry-after (a quota) is not retried"
+
+
 def test_every_status_code_maps_to_an_exception():
     for code in grpc.StatusCode:
         if code == grpc.StatusCode.OK:

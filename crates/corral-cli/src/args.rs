@@ -436,6 +436,14 @@ pub struct JobFlags {
     /// Priority class (default: the cluster's default class).
     #[arg(long)]
     pub priority: Option<String>,
+    /// Slurm account (`-A`): the tenant the policy's `[slurm] accounts` maps it to (without
+    /// that map, the tenant of that name); unknown accounts are refused.
+    #[arg(long, short = 'A', value_name = "ACCOUNT")]
+    pub account: Option<String>,
+    /// Slurm QOS (`-q`): the priority class the policy's `[slurm] qos` maps it to (without that
+    /// map, the class of that name); unknown QOS are refused.
+    #[arg(long, short = 'q', value_name = "QOS")]
+    pub qos: Option<String>,
     /// Whole GPUs (default 0).
     #[arg(long)]
     pub gpus: Option<u32>,
@@ -693,6 +701,12 @@ pub struct JobsArgs {
     /// Only jobs submitted before this (same forms as --since).
     #[arg(long)]
     pub until: Option<String>,
+    /// Only jobs submitted by this user (login name, as Slurm's `squeue --user`).
+    #[arg(long, short = 'u', value_name = "USER", conflicts_with = "me")]
+    pub user: Option<String>,
+    /// Only my jobs: those submitted by the user running this (`squeue --me`).
+    #[arg(long)]
+    pub me: bool,
     #[command(flatten)]
     pub page: PageArgs,
 }

@@ -252,6 +252,34 @@ fn job_query(args: &JobsArgs, queue_only: bool) -> anyhow::Result<JobQuery> {
         name_prefix,
         submitted_since,
         submitted_until,
+        user: match (&args.user, args.me) {
+            (Some(user), _) => Some(user.clone()),
+            (None, true) => Some(login_name()?),
+            (None, false) => None,
+        },
+    })
+}
+
+/// The login name of the user running this, as a submit records it (`USER`, else `LOGNAME`,
+/// else the password database's name of our uid).
+pub fn login_name() -> anyhow::Result<String> {
+    for var in ["USER", "LOGNAME"] {
+        if let Some(name) = std::env::var(var).ok().filter(|n| !n.is_empty()) {
+            return Ok(name);
+        }
+    }
+    // SAFETY: getpwuid returns a pointer into static storage or null; we copy the name at once
+    // (no other thread calls it here).
+    let name = unsafe {
+        let pw = libc::getpwuid(libc::getuid());
+        if pw.is_null() || (*pw).pw_name.is_null() {
+            None
+        } else {
+            Some(std::ffi::CStr::from_ptr((*pw).pw_name).to_string_lossy().into_owned())
+        }
+    };
+    name.ok_or_else(|| {
+        anyhow::anyhow!("--me: who you are is unknown (USER unset, uid not in the password database): use --user NAME")
     })
 }
 

@@ -3,40 +3,73 @@
 //! batch script's `scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1` finds its head
 //! node as under Slurm.
 //!
-//! Served so far: `scontrol show hostnames [LIST]` (one name a line; `LIST` defaults to
+//! Served here: `scontrol show hostnames [LIST]` (one name a line; `LIST` defaults to
 //! `SLURM_JOB_NODELIST`, as in Slurm) and `scontrol show hostlist LIST` (Slurm's compressed
-//! form). Anything else is a one-line error naming what is served.
+//! form), answered without the coordinator; and, as the corral commands they translate to,
+//! `scontrol show job [ID]` (`corral show`, `ID` defaulting to `SLURM_JOB_ID`), `squeue`
+//! (`corral queue`, with `--me`, `-u/--user`, `-n/--name`, `-t/--states`) and `scancel ID...`
+//! (`corral cancel`). Those reach the coordinator as `corral` does: `CORRAL_ENDPOINT`,
+//! `CORRAL_TOKEN` and `CORRAL_CA`/`CORRAL_CERT`/`CORRAL_KEY` from the job's environment.
+//! Anything else is a one-line error naming what is served.
 
 use corral_types::hostlist;
 use std::process::ExitCode;
 
-/// Runs the in-job command `name` when the binary was called by it; `None` otherwise.
-pub fn dispatch(name: &str, args: &[String]) -> Option<ExitCode> {
-    let result = match name {
-        "scontrol" => scontrol(args, std::env::var("SLURM_JOB_NODELIST").ok().as_deref()),
-        _ => return None,
-    };
-    Some(match result {
-        Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("scontrol: error: {e}");
-            ExitCode::from(1)
-        }
-    })
+/// What the binary does when called by an in-job command's name.
+#[derive(Debug, PartialEq)]
+pub enum InJob {
+    /// Not one of Slurm's commands: the corral CLI as usual.
+    NotInJob,
+    /// Answered here: exit with this code.
+    Exit(ExitCode),
+    /// Run the corral CLI with these arguments (the first is the program name).
+    Corral(Vec<String>),
 }
 
-/// `scontrol ARGS`: its output, or a one-line error. `job_nodelist` is the job's
-/// `SLURM_JOB_NODELIST`.
+/// Runs the in-job command `name` when the binary was called by it.
+pub fn dispatch(name: &str, args: &[String]) -> InJob {
+    let result = match name {
+        "scontrol" if matches!(args, [show, job, ..] if show == "show" && job == "job") => {
+            show_job(&args[2..], std::env::var("SLURM_JOB_ID").ok().as_deref()).map(corral)
+        }
+        "scontrol" => scontrol(args, std::env::var("SLURM_JOB_NODELIST").ok().as_deref()).map(Answer::Print),
+        "squeue" => squeue(args).map(corral),
+        "scancel" => scancel(args).map(corral),
+        _ => return InJob::NotInJob,
+    };
+    match result {
+        Ok(Answer::Print(out)) => {
+            print!("{out}");
+            InJob::Exit(ExitCode::SUCCESS)
+        }
+        Ok(Answer::Corral(args)) => InJob::Corral(args),
+        Err(e) => {
+            eprintln!("{name}: error: {e}");
+            InJob::Exit(ExitCode::from(1))
+        }
+    }
+}
+
+/// What one in-job command answers.
+enum Answer {
+    Print(String),
+    Corral(Vec<String>),
+}
+
+/// The corral command line of translated arguments.
+fn corral(args: Vec<String>) -> Answer {
+    Answer::Corral(std::iter::once("corral".to_string()).chain(args).collect())
+}
+
+/// `scontrol ARGS` other than `show job`: its output, or a one-line error. `job_nodelist` is
+/// the job's `SLURM_JOB_NODELIST`.
 pub fn scontrol(args: &[String], job_nodelist: Option<&str>) -> Result<String, String> {
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     let (what, rest) = match words.as_slice() {
         ["show", what, rest @ ..] => (*what, rest),
         _ => {
             return Err(format!(
-                "'scontrol {}' is not served here: use `scontrol show hostnames|hostlist`",
+                "'scontrol {}' is not served here: use `scontrol show hostnames|hostlist|job`",
                 words.join(" ")
             ))
         }
@@ -59,8 +92,80 @@ pub fn scontrol(args: &[String], job_nodelist: Option<&str>) -> Result<String, S
             let names = hostlist::expand(list).map_err(|e| e.to_string())?;
             Ok(format!("{}\n", hostlist::compress(&names)))
         }
-        other => Err(format!("'show {other}' is not served here: use `scontrol show hostnames|hostlist`")),
+        other => Err(format!("'show {other}' is not served here: use `scontrol show hostnames|hostlist|job`")),
     }
+}
+
+/// `scontrol show job [ID]` as `corral show ID`; `ID` defaults to the job's own.
+fn show_job(rest: &[String], own_job: Option<&str>) -> Result<Vec<String>, String> {
+    let id = match rest {
+        [] => own_job.ok_or("no job id given and SLURM_JOB_ID is not set: give one, e.g. `scontrol show job 12`")?,
+        [id] => id.as_str(),
+        _ => return Err(format!("show job takes one job id, got {}", rest.len())),
+    };
+    Ok(vec!["show".into(), id.into()])
+}
+
+/// The value of option `long`/`short` at `args[*i]`: `--long=V`, `-sV`, or the next argument.
+fn option_value(args: &[String], i: &mut usize, long: &str, short: &str) -> Option<Result<String, String>> {
+    let arg = &args[*i];
+    if let Some(v) = arg.strip_prefix(&format!("{long}=")) {
+        return Some(Ok(v.to_string()));
+    }
+    if arg == long || arg == short {
+        *i += 1;
+        return Some(args.get(*i).cloned().ok_or_else(|| format!("{arg} needs a value")));
+    }
+    match arg.strip_prefix(short) {
+        Some(value) if !value.is_empty() && !arg.starts_with("--") => Some(Ok(value.to_string())),
+        _ => None,
+    }
+}
+
+/// Slurm's job state names (`-t`) as corral's: pending and running are all a queue holds.
+fn queue_states(states: &str) -> Result<String, String> {
+    states
+        .split(',')
+        .map(|s| match s.to_ascii_uppercase().as_str() {
+            "PD" | "PENDING" => Ok("pending"),
+            "R" | "RUNNING" => Ok("running"),
+            _ => Err(format!("state '{s}' is not served here: PENDING (PD) or RUNNING (R)")),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(|s| s.join(","))
+}
+
+/// `squeue ARGS` as `corral queue`.
+fn squeue(args: &[String]) -> Result<Vec<String>, String> {
+    let mut out = vec!["queue".to_string()];
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i].as_str();
+        if arg == "--me" {
+            out.push("--me".into());
+        } else if let Some(user) = option_value(args, &mut i, "--user", "-u") {
+            out.extend(["--user".into(), user?]);
+        } else if let Some(name) = option_value(args, &mut i, "--name", "-n") {
+            out.extend(["--name".into(), name?]);
+        } else if let Some(states) = option_value(args, &mut i, "--states", "-t") {
+            out.extend(["--state".into(), queue_states(&states?)?]);
+        } else {
+            return Err(format!("'{arg}' is not served here: squeue takes --me, -u/--user, -n/--name, -t/--states"));
+        }
+        i += 1;
+    }
+    Ok(out)
+}
+
+/// `scancel ID...` as `corral cancel`.
+fn scancel(args: &[String]) -> Result<Vec<String>, String> {
+    if args.is_empty() {
+        return Err("give the job ids to cancel, e.g. `scancel 12 13_4`".into());
+    }
+    if let Some(flag) = args.iter().find(|a| a.starts_with('-')) {
+        return Err(format!("'{flag}' is not served here: scancel takes job ids (12, 12_4)"));
+    }
+    Ok(std::iter::once("cancel".to_string()).chain(args.iter().cloned()).collect())
 }
 
 #[cfg(test)]
@@ -82,16 +187,47 @@ mod tests {
     #[test]
     fn every_command_the_worker_links_is_served() {
         for name in corral_worker::IN_JOB_COMMANDS {
-            assert!(dispatch(name, &["show".into(), "hostnames".into(), "n1".into()]).is_some(), "{name}");
+            assert_ne!(dispatch(name, &["show".into(), "hostnames".into(), "n1".into()]), InJob::NotInJob, "{name}");
         }
-        assert!(dispatch("corral", &[]).is_none());
+        assert_eq!(dispatch("corral", &[]), InJob::NotInJob);
+    }
+
+    fn words(args: &str) -> Vec<String> {
+        args.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn squeue_scancel_and_show_job_become_the_corral_commands() {
+        let squeue = |args: &str| squeue(&words(args));
+        assert_eq!(squeue("").unwrap(), words("queue"));
+        assert_eq!(squeue("--me").unwrap(), words("queue --me"));
+        assert_eq!(squeue("-u ana -n train").unwrap(), words("queue --user ana --name train"));
+        assert_eq!(squeue("--user=ana -tPD,R").unwrap(), words("queue --user ana --state pending,running"));
+        assert_eq!(squeue("-uana --states=RUNNING").unwrap(), words("queue --user ana --state running"));
+        assert_eq!(scancel(&words("12 13_4")).unwrap(), words("cancel 12 13_4"));
+        assert_eq!(show_job(&[], Some("12")).unwrap(), words("show 12"));
+        assert_eq!(show_job(&words("13"), Some("12")).unwrap(), words("show 13"));
+        let Answer::Corral(args) = corral(words("show 12")) else { panic!("not translated") };
+        assert_eq!(args, words("corral show 12"), "the program name comes first");
+        for (result, want) in [
+            (squeue("-j 12"), "'-j' is not served here"),
+            (squeue("-u"), "-u needs a value"),
+            (squeue("-t CD"), "state 'CD' is not served here"),
+            (scancel(&[]), "give the job ids"),
+            (scancel(&words("-u ana")), "'-u' is not served here"),
+            (show_job(&[], None), "SLURM_JOB_ID is not set"),
+            (show_job(&words("1 2"), None), "takes one job id"),
+        ] {
+            let err = result.expect_err(want);
+            assert!(err.contains(want) && !err.contains('\n'), "{want}: {err}");
+        }
     }
 
     #[test]
     fn what_is_not_served_is_a_one_line_error() {
         for (args, want) in [
             ("show hostnames", "SLURM_JOB_NODELIST is not set"),
-            ("show job 12", "not served here"),
+            ("show partition gpu", "not served here"),
             ("update job 12", "not served here"),
             ("show hostnames a b", "takes one host list"),
             ("show hostnames gpu-[01-", "invalid hostlist"),

@@ -56,6 +56,8 @@ impl JobFlags {
         JobFlags {
             tenant: self.tenant.or(under.tenant),
             priority: self.priority.or(under.priority),
+            account: self.account.or(under.account),
+            qos: self.qos.or(under.qos),
             gpus: self.gpus.or(under.gpus),
             gpu_slice: self.gpu_slice.or(under.gpu_slice),
             cpus: self.cpus.or(under.cpus),
@@ -121,8 +123,8 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
     let export = flags.export.clone().unwrap_or_else(|| if image.is_some() { "NONE" } else { "ALL" }.into());
     let user = input.environment.iter().find(|(k, _)| k == "USER" || k == "LOGNAME").map(|(_, v)| v.clone());
     let slurm = SlurmNames {
-        account: None,
-        qos: None,
+        account: flags.account.clone(),
+        qos: flags.qos.clone(),
         partition: flags.partition.clone(),
         submit_dir: input.cwd.to_str().map(str::to_owned),
         submit_host: (!input.host.is_empty()).then(|| input.host.clone()),

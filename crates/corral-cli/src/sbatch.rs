@@ -326,8 +326,8 @@ fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<V
                     flag("--constraint", value.replace('&', ","));
                 }
             }
-            "account" => flag("--tenant", value),
-            "qos" => flag("--priority", value),
+            "account" => flag("--account", value),
+            "qos" => flag("--qos", value),
             "max-restarts" => flag("--max-restarts", value),
             _ => unsupported.push(format!("--{name}")),
         }

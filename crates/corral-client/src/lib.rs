@@ -1,7 +1,8 @@
 //! Typed corral gRPC client: endpoint failover, leader redirects, and retries that reuse the
-//! same request id so a retried submit never creates a second job. Submits refused by a full
-//! submit queue (RESOURCE_EXHAUSTED with `retry-after-ms`) are retried after that long, with
-//! jitter, within `ClientConfig::overload_retry_for`. Listings come one page at a time
+//! same request id so a retried submit never creates a second job. Calls refused by a busy
+//! coordinator (RESOURCE_EXHAUSTED with `retry-after-ms`: a full submit queue, or
+//! `limits.max-client-requests` handlers at work) are retried after that long, with jitter,
+//! within `ClientConfig::overload_retry_for`. Listings come one page at a time
 //! (`*_page`) or followed to the end.
 
 use corral_proto::v1::cluster_admin_client::ClusterAdminClient;
@@ -27,7 +28,7 @@ pub enum ClientError {
     InvalidEndpoint(String),
     #[error("{0}")]
     Protocol(String),
-    #[error("gave up after {}s: the cluster stayed overloaded ({message}); submit again later", .waited.as_secs())]
+    #[error("gave up after {}s: the cluster stayed overloaded ({message}); try again later", .waited.as_secs())]
     Overloaded { waited: Duration, message: String },
 }
 
@@ -66,8 +67,8 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// Total time spent retrying an unavailable cluster before giving up.
     pub retry_for: Duration,
-    /// Total time a submit keeps waiting out a full submit queue (RESOURCE_EXHAUSTED with a
-    /// retry-after) before giving up.
+    /// Total time a call keeps waiting out a busy coordinator (RESOURCE_EXHAUSTED with a
+    /// retry-after: a full submit queue or client-request limit) before giving up.
     pub overload_retry_for: Duration,
 }
 
@@ -173,6 +174,8 @@ pub struct JobQuery {
     pub submitted_since: Option<Timestamp>,
     /// Submitted before this.
     pub submitted_until: Option<Timestamp>,
+    /// Only jobs submitted by this user (the login name recorded at submit).
+    pub user: Option<String>,
 }
 
 /// Which billing segments a listing returns (`Client::segments_page`).
@@ -278,6 +281,18 @@ impl Client {
         F: Fn(Channel) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
+        // A refusal with a retry-after (a full submit queue, or `limits.max-client-requests`
+        // handlers busy) comes before the coordinator did anything: safe to repeat, any call.
+        self.with_overload_retry(|| self.with_failover(&call)).await
+    }
+
+    /// Runs `call` on the preferred coordinator, failing over to the others and following
+    /// leader hints while they are unavailable, for up to `retry_for`.
+    async fn with_failover<T, F, Fut>(&self, call: F) -> Result<T, ClientError>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
         let started = Instant::now();
         let deadline = started + self.config.retry_for;
         let mut backoff = FAST_POLL;
@@ -357,9 +372,9 @@ impl Client {
         }
     }
 
-    /// Runs `call` (a submit, safe to repeat: same request ids) again while the leader refuses
-    /// it for a full submit queue, after the wait it asks for (capped, with jitter), for up to
-    /// `overload_retry_for`.
+    /// Runs `call` again while the coordinator refuses it with a retry-after (a full submit
+    /// queue, or as many client requests as it serves at once), after the wait it asks for
+    /// (capped, with jitter), for up to `overload_retry_for`.
     async fn with_overload_retry<T, F, Fut>(&self, call: F) -> Result<T, ClientError>
     where
         F: Fn() -> Fut,
@@ -379,7 +394,7 @@ impl Client {
                     message: status.message().to_string(),
                 });
             }
-            tracing::debug!(wait_ms = wait.as_millis() as u64, "submit queue full: retrying");
+            tracing::debug!(wait_ms = wait.as_millis() as u64, "coordinator busy: retrying");
             tokio::time::sleep(wait).await;
         }
     }
@@ -410,11 +425,9 @@ impl Client {
     pub async fn submit_with_id(&self, request_id: &str, spec: &JobSpec) -> Result<Submitted, ClientError> {
         let msg = pb::SubmitRequest { request_id: request_id.to_string(), spec: Some(spec.into()) };
         let reply = self
-            .with_overload_retry(|| {
-                self.with_retry(|ch| {
-                    let req = self.authorize(msg.clone());
-                    async move { Self::corral(ch).submit(req).await }
-                })
+            .with_retry(|ch| {
+                let req = self.authorize(msg.clone());
+                async move { Self::corral(ch).submit(req).await }
             })
             .await?
             .into_inner();
@@ -434,11 +447,9 @@ impl Client {
                 .collect(),
         };
         let reply = self
-            .with_overload_retry(|| {
-                self.with_retry(|ch| {
-                    let req = self.authorize(msg.clone());
-                    async move { Self::corral(ch).submit_batch(req).await }
-                })
+            .with_retry(|ch| {
+                let req = self.authorize(msg.clone());
+                async move { Self::corral(ch).submit_batch(req).await }
             })
             .await?
             .into_inner();
@@ -576,6 +587,7 @@ impl Client {
                     name_prefix: query.name_prefix.clone(),
                     submitted_since: query.submitted_since.map(|t| t.0),
                     submitted_until: query.submitted_until.map(|t| t.0),
+                    user: query.user.clone(),
                 });
                 async move { Self::corral(ch).list_jobs(req).await }
             })

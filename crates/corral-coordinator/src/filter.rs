@@ -37,6 +37,8 @@ pub(crate) struct JobFilter {
     pub submitted_since: Option<Timestamp>,
     /// Submitted before this.
     pub submitted_until: Option<Timestamp>,
+    /// Submitted by this user (the login name recorded at submit).
+    pub user: Option<String>,
 }
 
 /// How a job's name is matched.
@@ -85,6 +87,7 @@ impl JobFilter {
             name,
             submitted_since: request.submitted_since.map(Timestamp),
             submitted_until: request.submitted_until.map(Timestamp),
+            user: request.user.clone(),
         })
     }
 
@@ -143,6 +146,7 @@ impl JobFilter {
             && self.tenant.as_ref().is_none_or(|t| *t == job.spec.tenant)
             && self.submitted_since.is_none_or(|s| job.submitted_at >= s)
             && self.submitted_until.is_none_or(|u| job.submitted_at < u)
+            && self.user.as_ref().is_none_or(|u| job.spec.slurm.user.as_ref() == Some(u))
     }
 }
 
@@ -172,6 +176,12 @@ mod tests {
         let prefix = JobFilter { name: NameMatch::Prefix("train-".into()), ..Default::default() };
         let exact = JobFilter { name: NameMatch::Exact("train".into()), ..Default::default() };
         assert!(prefix.matches(&j) && !exact.matches(&j));
+        let ana = JobFilter { user: Some("ana".into()), ..Default::default() };
+        assert!(!ana.matches(&j), "a job with no user recorded is nobody's");
+        j.spec.slurm.user = Some("bo".into());
+        assert!(!ana.matches(&j));
+        j.spec.slurm.user = Some("ana".into());
+        assert!(ana.matches(&j));
     }
 
     /// Each request decodes its own default: a listing shows the live jobs (every job with

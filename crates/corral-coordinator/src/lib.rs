@@ -44,6 +44,7 @@ pub mod policy;
 #[cfg(test)]
 mod testing;
 
+pub use api::LIST_JOBS_DELAY_FAILPOINT;
 pub use auth::{token_sha256, SecurityConfig};
 pub use client_work::DEFAULT_MAX_CLIENT_REQUESTS;
 pub use compaction::HistoryConfig;

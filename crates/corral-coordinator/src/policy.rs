@@ -1,11 +1,14 @@
 //! The cluster policy file (`corral admin apply -f cluster.toml`, `cluster init --policy`):
-//! tenants, priority classes, prices and scheduler knobs in kebab-case TOML, parsed into the
+//! tenants, priority classes, prices, scheduler knobs and Slurm's account and QOS names in
+//! kebab-case TOML, parsed into the
 //! replicated `ClusterConfig` with errors that name the key and line, and rendered back as a
 //! file that `apply` accepts (`corral admin show`).
 //!
 //! The dev pool's policy is a file too (`cluster-configs/dev-policy.toml`, compiled in).
 
-use corral_core::{format_multiplier, format_price, ClusterConfig, PriorityClass, SchedulerConfig, TenantPolicy};
+use corral_core::{
+    format_multiplier, format_price, ClusterConfig, PriorityClass, SchedulerConfig, SlurmNaming, TenantPolicy,
+};
 use corral_types::{describe_config_error, ConfigDuration};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -145,6 +148,26 @@ struct PolicyFile {
     prices: BTreeMap<String, Number>,
     #[serde(default, skip_serializing_if = "is_default_scheduler")]
     scheduler: SchedulerEntry,
+    #[serde(default, skip_serializing_if = "is_default_slurm")]
+    slurm: SlurmEntry,
+}
+
+/// `[slurm]`: Slurm's account and QOS names of tenants and classes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct SlurmEntry {
+    /// `sbatch --account` name -> tenant.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    accounts: BTreeMap<String, String>,
+    /// `sbatch --qos` name -> priority class.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    qos: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    default_account: Option<String>,
+}
+
+fn is_default_slurm(s: &SlurmEntry) -> bool {
+    *s == SlurmEntry::default()
 }
 
 fn is_default_scheduler(s: &SchedulerEntry) -> bool {
@@ -268,6 +291,17 @@ impl PolicyFile {
             backfill_reservations: self.scheduler.backfill_reservations.unwrap_or(defaults.backfill_reservations),
             max_preemptors_per_pass: self.scheduler.max_preemptors_per_pass.unwrap_or(defaults.max_preemptors_per_pass),
         };
+        for name in self.slurm.accounts.keys() {
+            check_name("slurm.accounts", name)?;
+        }
+        for name in self.slurm.qos.keys() {
+            check_name("slurm.qos", name)?;
+        }
+        config.slurm = SlurmNaming {
+            accounts: self.slurm.accounts,
+            qos: self.slurm.qos,
+            default_account: self.slurm.default_account,
+        };
         Ok(config)
     }
 
@@ -321,6 +355,11 @@ impl PolicyFile {
             max_preemptors_per_pass: Some(s.max_preemptors_per_pass)
                 .filter(|_| s.max_preemptors_per_pass != defaults.max_preemptors_per_pass),
         };
+        file.slurm = SlurmEntry {
+            accounts: config.slurm.accounts.clone(),
+            qos: config.slurm.qos.clone(),
+            default_account: config.slurm.default_account.clone(),
+        };
         file
     }
 }
@@ -355,6 +394,9 @@ mod tests {
         assert_eq!(config.priority_classes["gpu-high-priority"].value, 1_000_000);
         assert!(config.priority_classes["gpu-high-priority"].preempts_lower);
         assert_eq!(config.gpu_prices["H100"], 2_490_000);
+        assert_eq!(config.slurm.tenant_of("proj_y"), Ok("team-b"));
+        assert_eq!(config.slurm.class_of("scavenger"), Ok("preemptible"));
+        assert_eq!(config.slurm.default_account.as_deref(), Some("proj_x"));
         for config in [config, dev_policy()] {
             let text = render_policy(&config, 3);
             assert_eq!(parse_policy("shown", &text).unwrap(), config, "{text}");

@@ -136,6 +136,49 @@ pub struct ClusterConfig {
     /// Price of one GPU-hour of a model without its own price.
     #[serde(default)]
     pub default_gpu_price: u64,
+    /// Slurm's names for tenants and classes (`[slurm]` of the policy file).
+    #[serde(default)]
+    pub slurm: SlurmNaming,
+}
+
+/// Slurm's accounts and QOS as the policy file maps them: `sbatch --account A` is the tenant
+/// `accounts[A]`, `--qos Q` the priority class `qos[Q]`. Without entries an account names a
+/// tenant and a QOS a class directly.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SlurmNaming {
+    /// Account name -> tenant.
+    #[serde(default)]
+    pub accounts: BTreeMap<String, String>,
+    /// QOS name -> priority class.
+    #[serde(default)]
+    pub qos: BTreeMap<String, String>,
+    /// The account of a job that names neither an account nor a tenant (Slurm's default account).
+    #[serde(default)]
+    pub default_account: Option<String>,
+}
+
+impl SlurmNaming {
+    /// The tenant of `account`; an unknown account is one line listing the known ones.
+    pub fn tenant_of<'a>(&'a self, account: &'a str) -> Result<&'a str, String> {
+        if self.accounts.is_empty() {
+            return Ok(account);
+        }
+        self.accounts.get(account).map(String::as_str).ok_or_else(|| {
+            let known: Vec<&str> = self.accounts.keys().map(String::as_str).collect();
+            format!("unknown account '{account}': the accounts are {}", known.join(", "))
+        })
+    }
+
+    /// The priority class of `qos`; an unknown QOS is one line listing the known ones.
+    pub fn class_of<'a>(&'a self, qos: &'a str) -> Result<&'a str, String> {
+        if self.qos.is_empty() {
+            return Ok(qos);
+        }
+        self.qos.get(qos).map(String::as_str).ok_or_else(|| {
+            let known: Vec<&str> = self.qos.keys().map(String::as_str).collect();
+            format!("unknown QOS '{qos}': the QOS are {}", known.join(", "))
+        })
+    }
 }
 
 impl ClusterConfig {
@@ -179,6 +222,7 @@ impl ClusterConfig {
             // An RTX 5090 GPU-hour costs 0.89 and an H200 3.50; other models 1.00.
             gpu_prices: [("RTX 5090".to_string(), 890_000), ("H200".to_string(), 3_500_000)].into(),
             default_gpu_price: 1_000_000,
+            slurm: SlurmNaming::default(),
         }
     }
 
@@ -245,6 +289,28 @@ impl ClusterConfig {
                 ));
             }
         }
+        for (account, tenant) in &self.slurm.accounts {
+            if account.is_empty() {
+                return Err("slurm.accounts: an empty account name".into());
+            }
+            if !self.tenants.is_empty() && !known.contains(tenant.as_str()) {
+                return Err(format!("slurm.accounts: account '{account}' maps to unknown tenant '{tenant}'"));
+            }
+        }
+        for (qos, class) in &self.slurm.qos {
+            if qos.is_empty() {
+                return Err("slurm.qos: an empty QOS name".into());
+            }
+            if !self.priority_classes.contains_key(class) {
+                return Err(format!("slurm.qos: QOS '{qos}' maps to unknown priority class '{class}'"));
+            }
+        }
+        if let Some(account) = &self.slurm.default_account {
+            self.slurm.tenant_of(account).map_err(|e| format!("slurm.default-account: {e}"))?;
+            if self.slurm.accounts.is_empty() && !self.tenants.is_empty() && !known.contains(account.as_str()) {
+                return Err(format!("slurm.default-account: '{account}' is not a tenant (and no accounts are mapped)"));
+            }
+        }
         if self.scheduler.usage_half_life_secs == 0 {
             return Err("usage half-life must be at least one second".into());
         }
@@ -276,6 +342,51 @@ mod tests {
         let mut c = ClusterConfig::dev_defaults();
         c.tenant_policies.get_mut("team-a").unwrap().quota_milli_gpus = None;
         assert!(c.validate().unwrap_err().contains("without a quota"));
+        for (naming, want) in [
+            (
+                SlurmNaming { accounts: [("p".into(), "ghost".into())].into(), ..Default::default() },
+                "unknown tenant 'ghost'",
+            ),
+            (
+                SlurmNaming { qos: [("short".into(), "urgent".into())].into(), ..Default::default() },
+                "unknown priority class 'urgent'",
+            ),
+            (SlurmNaming { default_account: Some("nobody".into()), ..Default::default() }, "'nobody' is not a tenant"),
+            (
+                SlurmNaming {
+                    accounts: [("p".into(), "team-a".into())].into(),
+                    default_account: Some("q".into()),
+                    ..Default::default()
+                },
+                "slurm.default-account: unknown account 'q': the accounts are p",
+            ),
+        ] {
+            let mut c = ClusterConfig::dev_defaults();
+            c.slurm = naming;
+            let err = c.validate().unwrap_err();
+            assert!(err.contains(want), "{err}");
+        }
+    }
+
+    #[test]
+    fn accounts_and_qos_map_to_tenants_and_classes() {
+        let direct = SlurmNaming::default();
+        assert_eq!((direct.tenant_of("team-a"), direct.class_of("normal")), (Ok("team-a"), Ok("normal")));
+        let naming = SlurmNaming {
+            accounts: [("proj_x".into(), "team-a".into()), ("proj_y".into(), "team-a".into())].into(),
+            qos: [("short".into(), "normal".into())].into(),
+            default_account: Some("proj_x".into()),
+        };
+        assert_eq!(naming.tenant_of("proj_y"), Ok("team-a"));
+        assert_eq!(naming.class_of("short"), Ok("normal"));
+        assert_eq!(
+            naming.tenant_of("team-a").unwrap_err(),
+            "unknown account 'team-a': the accounts are proj_x, proj_y"
+        );
+        assert_eq!(naming.class_of("long").unwrap_err(), "unknown QOS 'long': the QOS are short");
+        let mut c = ClusterConfig::dev_defaults();
+        c.slurm = naming;
+        assert_eq!(c.validate(), Ok(()));
     }
 
     #[test]

@@ -31,7 +31,7 @@ mod usage;
 
 pub use apply::Touched;
 pub use command::{ApplyError, Command, JobUpdate, Outcome, Placement, Preemption, Request, Response, ScheduleOutcome};
-pub use config::{ClusterConfig, PriorityClass, SchedulerConfig, TenantPolicy, DEFAULT_GRACE_SECS};
+pub use config::{ClusterConfig, PriorityClass, SchedulerConfig, SlurmNaming, TenantPolicy, DEFAULT_GRACE_SECS};
 pub use history::{CompactCutoffs, Compacted, RequestKey, RequestRecord, MAX_ARCHIVED_PER_COMPACTION};
 pub use jobctl::{dep_status, DepStatus, MAX_SIGNALS};
 pub use jobs::Jobs;

@@ -213,6 +213,15 @@ impl ClusterConfig {
             Some(format_price(new.default_gpu_price)),
         );
         scheduler_fields(&mut out, &self.scheduler, &new.scheduler);
+        let (old, slurm) = (&self.slurm, &new.slurm);
+        for account in old.accounts.keys().chain(slurm.accounts.keys()).collect::<BTreeSet<_>>() {
+            let (a, b) = (old.accounts.get(account), slurm.accounts.get(account));
+            field(&mut out, "slurm.accounts", &format!("\"{account}\""), a, b);
+        }
+        for qos in old.qos.keys().chain(slurm.qos.keys()).collect::<BTreeSet<_>>() {
+            field(&mut out, "slurm.qos", &format!("\"{qos}\""), old.qos.get(qos), slurm.qos.get(qos));
+        }
+        field(&mut out, "slurm", "default-account", old.default_account.as_ref(), slurm.default_account.as_ref());
         out
     }
 }
@@ -462,6 +471,9 @@ mod tests {
         new.gpu_prices.insert("RTX 5090".into(), 950_000);
         new.gpu_prices.insert("H100".into(), 2_500_000);
         new.priority_classes.get_mut("normal").unwrap().max_time_secs = Some(7 * 86_400);
+        new.slurm.accounts.insert("proj_x".into(), "team-a".into());
+        new.slurm.qos.insert("short".into(), "normal".into());
+        new.slurm.default_account = Some("proj_x".into());
         assert_eq!(
             old.changes_to(&new),
             vec![
@@ -471,6 +483,9 @@ mod tests {
                 "class normal: max-time set to 7d",
                 "prices: \"H100\" set to 2.5",
                 "prices: \"RTX 5090\" 0.89 -> 0.95",
+                "slurm.accounts: \"proj_x\" set to team-a",
+                "slurm.qos: \"short\" set to normal",
+                "slurm: default-account set to proj_x",
             ]
         );
         assert!(old.changes_to(&old).is_empty());

@@ -1,6 +1,7 @@
-//! Submit backpressure on a real coordinator: with a tiny submit queue, a burst of submits is
-//! refused with RESOURCE_EXHAUSTED and a retry-after at the server, and corral's client still
-//! lands every job of a burst exactly once.
+//! Backpressure on a real coordinator: with a tiny submit queue, a burst of submits is refused
+//! with RESOURCE_EXHAUSTED and a retry-after at the server, and corral's client still lands
+//! every job of a burst exactly once; with every client-request slot taken, the CLI waits the
+//! refusals out and answers once the load ends.
 
 use corral_client::{Client, ClientConfig};
 use corral_integration::cluster::{Cluster, ClusterOptions};
@@ -90,4 +91,66 @@ fn a_full_submit_queue_refuses_with_a_retry_after_and_the_client_still_lands_eve
     let request_ids: BTreeSet<&str> = burst.iter().map(|j| j.request_id.as_str()).collect();
     assert_eq!((burst.len(), request_ids.len()), (40, 40), "every burst job exactly once");
     assert_eq!(jobs.iter().filter(|j| j.request_id.starts_with("raw-")).count(), raw_accepted);
+}
+
+#[test]
+fn with_every_client_request_slot_taken_the_cli_waits_and_answers_once_the_load_ends() {
+    // One slot for client requests, and the first listing holds it for two seconds.
+    let options = ClusterOptions {
+        extra_config: "\n[limits]\nmax-client-requests = 1\n".into(),
+        node_env: vec![(
+            0,
+            "FAILPOINTS".into(),
+            format!("{}=1*return(2000)", corral_coordinator::LIST_JOBS_DELAY_FAILPOINT),
+        )],
+        ..Default::default()
+    };
+    let cluster = Cluster::start(1, options);
+    cluster.init_and_join_all();
+    cluster.leader();
+    let rt = runtime();
+    let addr = cluster.nodes[0].addr.clone();
+    let channel = rt.block_on(async {
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect")
+    });
+    // The API serves (a job that does not exist is not found) before the slot is taken.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let mut raw = pb::corral_client::CorralClient::new(channel.clone());
+        let answer = rt.block_on(raw.get_job(pb::GetJobRequest { job_id: 1, ..Default::default() }));
+        match answer {
+            Err(status) if status.code() == tonic::Code::NotFound => break,
+            other => assert!(std::time::Instant::now() < deadline, "the API does not serve: {other:?}"),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut raw = pb::corral_client::CorralClient::new(channel.clone());
+    let load = rt.spawn(async move {
+        let started = std::time::Instant::now();
+        raw.list_jobs(pb::ListJobsRequest::default()).await.map(|_| started.elapsed())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+
+    // The coordinator is full: a call tried once is refused, with a retry-after.
+    let refused = rt
+        .block_on(
+            pb::corral_client::CorralClient::new(channel)
+                .get_job(pb::GetJobRequest { job_id: 1, ..Default::default() }),
+        )
+        .expect_err("the one slot is taken");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}\n{}", cluster.log_of(0));
+    assert!(refused.metadata().get(corral_proto::RETRY_AFTER_METADATA).is_some(), "{refused:?}");
+
+    // The CLI, started while the slot is taken, is refused too, waits, and answers.
+    let started = std::time::Instant::now();
+    let out = cluster.corral_at(0, &["jobs"]);
+    let waited = started.elapsed();
+    assert!(out.status.success(), "the CLI gave up: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(waited >= std::time::Duration::from_millis(1000), "answered in {waited:?}: the slot was not taken");
+    let held = rt.block_on(load).expect("task").expect("the slow listing itself is answered");
+    assert!(held >= std::time::Duration::from_millis(1500), "the failpoint held the slot {held:?}");
 }

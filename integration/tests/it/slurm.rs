@@ -244,3 +244,99 @@ fn bare_dependencies_and_cancelling_several_jobs() {
     assert_eq!(out.status.code(), Some(1), "one unknown id fails the command");
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: job 999999: "), "{out:?}");
 }
+
+/// `corral queue --user`/`--me` (`squeue --me`), and Slurm's `squeue`, `scancel` and `scontrol
+/// show job` inside a job, reaching the coordinator through the `CORRAL_ENDPOINT` it sets.
+#[test]
+fn queue_by_user_and_slurm_commands_inside_a_job() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let held = |user: &str, name: &str| {
+        let args = ["--output", "json", "submit", "--hold", "--name", name, "--", "true"];
+        let out = corral_in(&pool, dir.path(), &[("USER", user)], &args);
+        assert!(out.status.success(), "submit: {}", one_line_stderr(&out));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        doc["id"].as_u64().expect("an id")
+    };
+    let (ana, bo) = (held("ana", "ana-held"), held("bo", "bo-held"));
+    let queue = |env: &[(&str, &str)], args: &[&str]| {
+        let out = corral_in(&pool, dir.path(), env, &[&["--output", "json", "queue"], args].concat());
+        assert!(out.status.success(), "queue {args:?}: {}", one_line_stderr(&out));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        doc.as_array().expect("a list").iter().map(|j| j["id"].as_u64().expect("id")).collect::<Vec<u64>>()
+    };
+    assert_eq!(queue(&[], &["--user", "bo"]), [bo]);
+    assert_eq!(queue(&[("USER", "ana")], &["--me"]), [ana]);
+    assert_eq!(queue(&[("USER", "cy")], &["--me"]), Vec::<u64>::new());
+    assert_eq!(queue(&[], &[]), [ana, bo]);
+
+    let script = format!(
+        "#!/bin/sh\n\
+         #SBATCH -J inside\n\
+         #SBATCH --output=inside.out\n\
+         export CORRAL_ENDPOINT={endpoint}\n\
+         squeue --me -t PD || echo squeue failed\n\
+         scontrol show job > show.txt || echo show failed\n\
+         scancel {bo} || echo scancel failed\n\
+         squeue -j 1 || echo refused\n",
+        endpoint = pool.addr
+    );
+    std::fs::write(dir.path().join("inside.sh"), script).expect("write");
+    // The submitter's CORRAL_ENDPOINT is never exported: the script names the coordinator.
+    let env = [("USER", "ana")];
+    let job = submitted_id(&corral_in(&pool, dir.path(), &env, &["sbatch", "--parsable", "inside.sh"]));
+    assert_eq!(ended(&pool, job)["state"], "succeeded");
+    let output = std::fs::read_to_string(dir.path().join("inside.out")).expect("the output file");
+    assert!(output.contains("ana-held") && !output.contains("bo-held"), "squeue --me lists my pending jobs: {output}");
+    assert!(!output.contains("failed"), "{output}");
+    let shown = std::fs::read_to_string(dir.path().join("show.txt")).expect("scontrol show job's output");
+    assert!(shown.contains("inside") && shown.contains(&job.to_string()), "the job's own record: {shown}");
+    assert!(output.contains("\nrefused\n") && output.contains("squeue: error: '-j' is not served here"), "{output}");
+    assert_eq!(ended(&pool, bo)["state"], "cancelled", "scancel inside the job");
+}
+
+/// `#SBATCH --account`/`--qos` through the policy's `[slurm]` names: an account is its tenant, a
+/// QOS its class, the default account that of a job naming none; an unknown name is refused
+/// with one line listing the known ones, and `admin diff` names a change of them.
+#[test]
+fn accounts_and_qos_map_through_the_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dev = include_str!("../../../cluster-configs/dev-policy.toml");
+    let naming = "\n[slurm]\naccounts = { \"proj_x\" = \"team-a\", \"proj_y\" = \"team-b\" }\n\
+                  qos = { \"short\" = \"normal\", \"scavenger\" = \"preemptible\" }\n\
+                  default-account = \"proj_y\"\n";
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, format!("{dev}{naming}")).expect("write");
+    let pool = DevPool::start(&["--policy", policy.to_str().expect("utf-8")]);
+    let sbatch = |directives: &str| {
+        let script = format!("#!/bin/sh\n{directives}\necho \"account=$SLURM_JOB_ACCOUNT qos=$SLURM_JOB_QOS\"\n");
+        std::fs::write(dir.path().join("job.sh"), script).expect("write");
+        corral_in(&pool, dir.path(), &[], &["sbatch", "--parsable", "--hold", "job.sh"])
+    };
+    let job = submitted_id(&sbatch("#SBATCH -A proj_x\n#SBATCH --qos=scavenger"));
+    let doc = pool.show(job);
+    assert_eq!((doc["tenant"].as_str(), doc["priority"].as_str()), (Some("team-a"), Some("preemptible")), "{doc}");
+    let job = submitted_id(&sbatch("#SBATCH --qos short"));
+    let doc = pool.show(job);
+    assert_eq!(
+        (doc["tenant"].as_str(), doc["priority"].as_str()),
+        (Some("team-b"), Some("normal")),
+        "default account: {doc}"
+    );
+    for (directives, want) in [
+        ("#SBATCH -A team-a", "unknown account 'team-a': the accounts are proj_x, proj_y"),
+        ("#SBATCH -q long", "unknown QOS 'long': the QOS are scavenger, short"),
+    ] {
+        let out = sbatch(directives);
+        assert!(!out.status.success(), "{directives} was accepted");
+        let err = one_line_stderr(&out);
+        assert!(err.contains(want), "{directives}: {err}");
+    }
+    // Without the names, the diff says what goes.
+    let plain = dir.path().join("plain.toml");
+    std::fs::write(&plain, dev).expect("write");
+    let diff = pool.json(&["admin", "diff", "-f", plain.to_str().expect("utf-8")]);
+    let changes: Vec<&str> = diff["changes"].as_array().expect("changes").iter().filter_map(|c| c.as_str()).collect();
+    assert!(changes.contains(&"slurm.accounts: \"proj_x\" unset (was team-a)"), "{diff}");
+    assert!(changes.contains(&"slurm: default-account unset (was proj_y)"), "{diff}");
+}

@@ -14,6 +14,7 @@ use crate::images::ImagePinner;
 use crate::snapshot::{Snapshot, Target};
 use crate::watch::{WatchPermit, Watches};
 use crate::{listing, CoordError, Coordinator};
+use corral_core::SlurmNaming;
 use corral_proto::v1::{self as pb};
 use corral_types::{JobSpec, Timestamp};
 use std::sync::Arc;
@@ -45,6 +46,7 @@ fn own_spec<T>(
     who: &Principal,
     mut spec: JobSpec,
 ) -> Result<JobSpec, Status> {
+    slurm_names(&coord.snapshot().read().state.config.slurm, who, &mut spec).map_err(Status::invalid_argument)?;
     if spec.tenant.is_empty() {
         spec.tenant = who.tenant().unwrap_or("default").to_string();
     }
@@ -76,6 +78,40 @@ fn own_spec<T>(
         )));
     }
     Ok(spec)
+}
+
+/// Slurm's account and QOS of `spec` as the policy's `[slurm]` maps them: the account (else the
+/// default account, for a job naming no tenant, when its tenant is one `who` may submit as)
+/// sets the tenant, the QOS the priority class. An unknown name, or one contradicting an
+/// explicit `--tenant`/`--priority`, is one line.
+fn slurm_names(naming: &SlurmNaming, who: &Principal, spec: &mut JobSpec) -> Result<(), String> {
+    let account = match (&spec.slurm.account, &naming.default_account) {
+        (Some(account), _) => Some(account.clone()),
+        (None, Some(default)) if spec.tenant.is_empty() => {
+            let tenant = naming.tenant_of(default)?;
+            who.may_access(tenant).then(|| default.clone())
+        }
+        _ => None,
+    };
+    if let Some(account) = account {
+        let tenant = naming.tenant_of(&account)?.to_string();
+        if !spec.tenant.is_empty() && spec.tenant != tenant {
+            return Err(format!(
+                "account '{account}' is tenant '{tenant}', but the job names tenant '{}'",
+                spec.tenant
+            ));
+        }
+        spec.tenant = tenant;
+        spec.slurm.account = Some(account);
+    }
+    if let Some(qos) = &spec.slurm.qos {
+        let class = naming.class_of(qos)?.to_string();
+        if !spec.priority_class.is_empty() && spec.priority_class != class {
+            return Err(format!("QOS '{qos}' is class '{class}', but the job names class '{}'", spec.priority_class));
+        }
+        spec.priority_class = class;
+    }
+    Ok(())
 }
 
 /// `Corral.Submit`. Cost: one spec (at most the user message limit; its parts capped by

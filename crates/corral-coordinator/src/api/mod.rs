@@ -23,6 +23,18 @@ use std::sync::Arc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+/// Failpoint (test builds): a `ListJobs` handler waits this many milliseconds first, holding
+/// its admission, so a test can fill `limits.max-client-requests` deterministically
+/// (`FAILPOINTS=list-jobs-delay-ms=1*return(2000)`: the first listing only).
+pub const LIST_JOBS_DELAY_FAILPOINT: &str = "list-jobs-delay-ms";
+
+/// Test builds: the delay (ms) the failpoint asks for before a listing is served.
+fn list_jobs_delay_ms() -> u64 {
+    crate::failpoints::setup();
+    fail::fail_point!(LIST_JOBS_DELAY_FAILPOINT, |v| v.and_then(|v| v.parse().ok()).unwrap_or(0));
+    0
+}
+
 pub(crate) fn server(coord: Coordinator) -> CorralServer<Api> {
     let watches = Watches::new(coord.config().max_watches_per_principal);
     CorralServer::new(Api { coord, watches })
@@ -97,6 +109,10 @@ impl Corral for Api {
     }
 
     async fn list_jobs(&self, request: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let delay_ms = list_jobs_delay_ms();
+        if delay_ms > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+        }
         let snapshot = self.linearizable().await?;
         jobs::list_jobs(&self.coord, &snapshot, request)
     }

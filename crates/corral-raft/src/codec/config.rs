@@ -1,8 +1,8 @@
 //! The cluster policy: tenants, priority classes, tenant policies, scheduler settings and GPU
-//! prices.
+//! prices, Slurm's account and QOS names.
 
 use super::pb;
-use corral_core::{ClusterConfig, PriorityClass, SchedulerConfig, TenantPolicy};
+use corral_core::{ClusterConfig, PriorityClass, SchedulerConfig, SlurmNaming, TenantPolicy};
 
 pub(super) fn config_to_pb(c: &ClusterConfig) -> pb::ClusterConfig {
     pb::ClusterConfig {
@@ -46,6 +46,12 @@ pub(super) fn config_to_pb(c: &ClusterConfig) -> pb::ClusterConfig {
             .map(|(model, price)| pb::GpuPrice { model: model.clone(), micros_per_gpu_hour: *price })
             .collect(),
         default_gpu_price: c.default_gpu_price,
+        slurm: Some(pb::SlurmNaming {
+            accounts: c.slurm.accounts.clone(),
+            qos: c.slurm.qos.clone(),
+            default_account: c.slurm.default_account.clone(),
+        })
+        .filter(|s| !s.accounts.is_empty() || !s.qos.is_empty() || s.default_account.is_some()),
     }
 }
 
@@ -95,5 +101,26 @@ pub(super) fn config_from_pb(c: pb::ClusterConfig) -> ClusterConfig {
             .unwrap_or_default(),
         gpu_prices: c.gpu_prices.into_iter().map(|p| (p.model, p.micros_per_gpu_hour)).collect(),
         default_gpu_price: c.default_gpu_price,
+        slurm: c
+            .slurm
+            .map(|s| SlurmNaming { accounts: s.accounts, qos: s.qos, default_account: s.default_account })
+            .unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_names_round_trip_and_none_is_not_encoded() {
+        let mut config = ClusterConfig::dev_defaults();
+        assert!(config_to_pb(&config).slurm.is_none(), "older encodings stay byte for byte");
+        config.slurm = SlurmNaming {
+            accounts: [("proj_x".into(), "team-a".into())].into(),
+            qos: [("short".into(), "normal".into())].into(),
+            default_account: Some("proj_x".into()),
+        };
+        assert_eq!(config_from_pb(config_to_pb(&config)), config);
     }
 }

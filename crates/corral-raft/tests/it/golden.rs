@@ -394,6 +394,8 @@ fn full_config() -> ClusterConfig {
         },
         gpu_prices: [("H100 80GB HBM3".to_string(), 2_500_000), ("RTX 5090".to_string(), 400_000)].into(),
         default_gpu_price: 1_000_000,
+        // Left empty: the golden files predate it, and an empty mapping is not encoded.
+        slurm: Default::default(),
     }
 }
 
