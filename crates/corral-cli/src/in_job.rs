@@ -19,7 +19,7 @@ use std::process::ExitCode;
 #[derive(Debug, PartialEq)]
 pub enum InJob {
     /// Not one of Slurm's commands: the corral CLI as usual.
-    NotInJob,
+    Cli,
     /// Answered here: exit with this code.
     Exit(ExitCode),
     /// Run the corral CLI with these arguments (the first is the program name).
@@ -35,7 +35,7 @@ pub fn dispatch(name: &str, args: &[String]) -> InJob {
         "scontrol" => scontrol(args, std::env::var("SLURM_JOB_NODELIST").ok().as_deref()).map(Answer::Print),
         "squeue" => squeue(args).map(corral),
         "scancel" => scancel(args).map(corral),
-        _ => return InJob::NotInJob,
+        _ => return InJob::Cli,
     };
     match result {
         Ok(Answer::Print(out)) => {
@@ -187,9 +187,9 @@ mod tests {
     #[test]
     fn every_command_the_worker_links_is_served() {
         for name in corral_worker::IN_JOB_COMMANDS {
-            assert_ne!(dispatch(name, &["show".into(), "hostnames".into(), "n1".into()]), InJob::NotInJob, "{name}");
+            assert_ne!(dispatch(name, &["show".into(), "hostnames".into(), "n1".into()]), InJob::Cli, "{name}");
         }
-        assert_eq!(dispatch("corral", &[]), InJob::NotInJob);
+        assert_eq!(dispatch("corral", &[]), InJob::Cli);
     }
 
     fn words(args: &str) -> Vec<String> {

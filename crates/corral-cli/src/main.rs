@@ -43,9 +43,9 @@ fn main() -> ExitCode {
     // Called as one of Slurm's commands inside a job (a link in the job's PATH).
     let mut argv = std::env::args();
     let name = argv.next().and_then(|a| std::path::Path::new(&a).file_name().map(|n| n.to_string_lossy().into_owned()));
-    let in_job = name.map_or(in_job::InJob::NotInJob, |name| in_job::dispatch(&name, &argv.collect::<Vec<_>>()));
+    let in_job = name.map_or(in_job::InJob::Cli, |name| in_job::dispatch(&name, &argv.collect::<Vec<_>>()));
     let parsed = match in_job {
-        in_job::InJob::NotInJob => Cli::try_parse(),
+        in_job::InJob::Cli => Cli::try_parse(),
         in_job::InJob::Exit(code) => return code,
         // `squeue`, `scancel`, `scontrol show job`: the corral command they translate to.
         in_job::InJob::Corral(args) => Cli::try_parse_from(args),
