@@ -104,7 +104,8 @@ fn the_heaviest_client_load_lapses_no_worker_lease_and_requeues_no_job() {
         rt.block_on(task).expect("load task");
     }
     drop(watches);
-    assert!(served.load(Ordering::Relaxed) > 0 && shows > 0, "the load was never served");
+    let served = served.load(Ordering::Relaxed);
+    assert!(served > 0 && shows > 0, "the load was never served: {served} listings or batches, {shows} shows");
 
     let doc = cluster.show(running);
     assert_eq!(doc["state"], "running", "the running job was stopped under client load: {doc}");
