@@ -225,6 +225,25 @@ pub struct WorkerArgs {
 pub enum BillingCommand {
     /// Cost and GPU-hours per tenant and priority class, from the ledger's segments.
     Report(BillingArgs),
+    /// One tenant's bill: each billed run and why it ended, each credit (a negative line
+    /// naming the run and the cause; the policy's `[billing.credits]`), then the totals.
+    Invoice(InvoiceArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InvoiceArgs {
+    /// The tenant billed.
+    #[arg(long)]
+    pub tenant: String,
+    /// Only runs that ended after this: a date (2026-12-01, 2026-12-01T08:00:00Z) or an age (24h, 7d).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only runs that started before this (same forms as --since).
+    #[arg(long)]
+    pub until: Option<String>,
+    /// Invoice format (--output json also selects json).
+    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+    pub format: ReportFormat,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

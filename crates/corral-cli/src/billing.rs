@@ -23,6 +23,8 @@ struct Row {
     segments: u64,
     gpu_milli_ms: u128,
     cost_micros: u64,
+    /// Credits against those segments (`corral billing invoice` lists them).
+    credited_micros: u64,
 }
 
 pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<ExitCode> {
@@ -46,12 +48,17 @@ pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<Ex
     let mut rows: BTreeMap<(String, String), Row> = BTreeMap::new();
     for g in &segments {
         let row = rows.entry((g.tenant.clone(), g.priority_class.clone())).or_default();
+        if g.is_credit() {
+            row.credited_micros += g.cost_micros;
+            continue;
+        }
         row.segments += 1;
         row.gpu_milli_ms += u128::from(g.duration_ms()) * u128::from(g.gpu_milli);
         row.cost_micros += g.cost_micros;
     }
     let gpu_hours = |r: &Row| r.gpu_milli_ms as f64 / 3_600_000_000.0;
     let total: u64 = rows.values().map(|r| r.cost_micros).sum();
+    let credited: u64 = rows.values().map(|r| r.credited_micros).sum();
     let format = if global.output == OutputFormat::Json { ReportFormat::Json } else { args.format };
     match format {
         ReportFormat::Json => {
@@ -63,9 +70,15 @@ pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<Ex
                     "gpu_hours": gpu_hours(r),
                     "cost": money(r.cost_micros),
                     "cost_micros": r.cost_micros,
+                    "credited": money(r.credited_micros),
+                    "credited_micros": r.credited_micros,
                 })).collect::<Vec<_>>(),
                 "total_cost": money(total),
                 "total_cost_micros": total,
+                "total_credited": money(credited),
+                "total_credited_micros": credited,
+                "total_net": money(total.saturating_sub(credited)),
+                "total_net_micros": total.saturating_sub(credited),
             });
             let mut doc = doc;
             if args.job.is_some() {
@@ -77,9 +90,11 @@ pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<Ex
             println!("{}", serde_json::to_string_pretty(&doc)?);
         }
         ReportFormat::Csv => {
-            println!("tenant,priority,segments,gpu_hours,cost");
+            println!("tenant,priority,segments,gpu_hours,cost,credited");
             for ((tenant, class), r) in &rows {
-                println!("{tenant},{class},{},{:.6},{}", r.segments, gpu_hours(r), money(r.cost_micros));
+                let (segments, hours, cost, credited) =
+                    (r.segments, gpu_hours(r), money(r.cost_micros), money(r.credited_micros));
+                println!("{tenant},{class},{segments},{hours:.6},{cost},{credited}");
             }
         }
         ReportFormat::Table => {
@@ -92,11 +107,13 @@ pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<Ex
                         r.segments.to_string(),
                         format!("{:.4}", gpu_hours(r)),
                         money(r.cost_micros),
+                        money(r.credited_micros),
                     ]
                 })
                 .collect();
-            table.push(vec!["total".into(), String::new(), String::new(), String::new(), money(total)]);
-            println!("{}", output::table(&["TENANT", "PRIORITY", "RUNS", "GPU-HOURS", "COST"], &table));
+            let blank = String::new;
+            table.push(vec!["total".into(), blank(), blank(), blank(), money(total), money(credited)]);
+            println!("{}", output::table(&["TENANT", "PRIORITY", "RUNS", "GPU-HOURS", "COST", "CREDITED"], &table));
             if args.job.is_some() {
                 let pieces: Vec<Vec<String>> = segments
                     .iter()
@@ -110,7 +127,8 @@ pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<Ex
                             money(g.price_micros_per_gpu_hour),
                             format!("x{}", corral_core::format_multiplier(g.multiplier_milli)),
                             g.policy_version.to_string(),
-                            money(g.cost_micros),
+                            if g.is_credit() { format!("-{}", money(g.cost_micros)) } else { money(g.cost_micros) },
+                            g.cause.map_or("-", |c| c.as_str()).to_string(),
                         ]
                     })
                     .collect();
@@ -118,7 +136,7 @@ pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<Ex
                 println!(
                     "{}",
                     output::table(
-                        &["SEGMENT", "RUN", "START", "END", "BILLED", "PRICE/H", "MULT", "POLICY", "COST"],
+                        &["SEGMENT", "RUN", "START", "END", "BILLED", "PRICE/H", "MULT", "POLICY", "COST", "CAUSE"],
                         &pieces
                     )
                 );
@@ -146,6 +164,8 @@ fn segment_json(g: &corral_types::Segment) -> serde_json::Value {
         "multiplier_milli": g.multiplier_milli,
         "policy_version": g.policy_version,
         "end_state": g.end_state,
+        "cause": g.cause.map(|c| c.as_str()),
+        "credit_for": g.credit_for,
         "cost_micros": g.cost_micros,
     })
 }
@@ -166,7 +186,9 @@ pub async fn history(global: &GlobalArgs, args: HistoryArgs) -> anyhow::Result<E
     let mut cost: BTreeMap<u64, u64> = BTreeMap::new();
     let add_costs = |cost: &mut BTreeMap<u64, u64>, segments: Vec<corral_types::Segment>| {
         for g in segments {
-            *cost.entry(g.job_id).or_default() += g.cost_micros;
+            let cost = cost.entry(g.job_id).or_default();
+            // What the job costs its tenant: its runs less their credits.
+            *cost = if g.is_credit() { cost.saturating_sub(g.cost_micros) } else { *cost + g.cost_micros };
         }
     };
     let (jobs, next) = match limit {

@@ -10,6 +10,7 @@ mod coordinator_cmd;
 mod daemon;
 mod dev;
 mod in_job;
+mod invoice;
 mod jobspec;
 mod listen;
 mod logs;
@@ -215,6 +216,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ts { count } => commands::ts(&global, count).await,
         Command::WorkerGuard(_) => unreachable!("the fence guard runs before the async runtime starts"),
         Command::Billing(args::BillingCommand::Report(args)) => billing::report(&global, args).await,
+        Command::Billing(args::BillingCommand::Invoice(args)) => invoice::invoice(&global, args).await,
         Command::History(args) => billing::history(&global, args).await,
         Command::Sbatch(args) => commands::sbatch(&global, args).await,
         Command::Run(args) => commands::run(&global, args).await,

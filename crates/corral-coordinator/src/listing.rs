@@ -397,6 +397,8 @@ mod tests {
                 end_state: "succeeded".into(),
                 cost_micros: 1,
                 policy_version: 1,
+                cause: None,
+                credit_for: None,
             };
             state.ledger.insert(id, segment);
         }

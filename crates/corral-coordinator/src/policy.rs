@@ -9,7 +9,7 @@
 use corral_core::{
     format_multiplier, format_price, ClusterConfig, PriorityClass, SchedulerConfig, SlurmNaming, TenantPolicy,
 };
-use corral_types::{describe_config_error, ConfigDuration};
+use corral_types::{describe_config_error, ConfigDuration, EndCause};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -150,6 +150,21 @@ struct PolicyFile {
     scheduler: SchedulerEntry,
     #[serde(default, skip_serializing_if = "is_default_slurm")]
     slurm: SlurmEntry,
+    #[serde(default, skip_serializing_if = "is_default_billing")]
+    billing: BillingEntry,
+}
+
+/// `[billing]`: `[billing.credits]`, the share of a run's cost credited back per end cause.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+struct BillingEntry {
+    /// End cause (`gpu-fault`, `node-lost`, ...) -> share of the run's cost, 0 to 1.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    credits: BTreeMap<String, Number>,
+}
+
+fn is_default_billing(b: &BillingEntry) -> bool {
+    *b == BillingEntry::default()
 }
 
 /// `[slurm]`: Slurm's account and QOS names of tenants and classes.
@@ -291,6 +306,18 @@ impl PolicyFile {
             backfill_reservations: self.scheduler.backfill_reservations.unwrap_or(defaults.backfill_reservations),
             max_preemptors_per_pass: self.scheduler.max_preemptors_per_pass.unwrap_or(defaults.max_preemptors_per_pass),
         };
+        for (name, share) in self.billing.credits {
+            let cause = EndCause::parse(&name).map_err(|e| format!("billing.credits: {e}"))?;
+            let key = format!("billing.credits.{name}");
+            let milli = share.to_fixed(&key, 1000)?;
+            if milli > 1000 {
+                return Err(format!(
+                    "{key}: the share of the run's cost credited, from 0 to 1 (got {})",
+                    milli as f64 / 1000.0
+                ));
+            }
+            config.credits.insert(cause, milli as u32);
+        }
         for name in self.slurm.accounts.keys() {
             check_name("slurm.accounts", name)?;
         }
@@ -360,6 +387,18 @@ impl PolicyFile {
             qos: config.slurm.qos.clone(),
             default_account: config.slurm.default_account.clone(),
         };
+        file.billing = BillingEntry {
+            credits: config
+                .credits
+                .iter()
+                .map(|(cause, milli)| {
+                    (
+                        cause.as_str().to_string(),
+                        Number::of_fixed(u64::from(*milli), 1000, |m| format_multiplier(m as u32)),
+                    )
+                })
+                .collect(),
+        };
         file
     }
 }
@@ -397,6 +436,9 @@ mod tests {
         assert_eq!(config.slurm.tenant_of("proj_y"), Ok("team-b"));
         assert_eq!(config.slurm.class_of("scavenger"), Ok("preemptible"));
         assert_eq!(config.slurm.default_account.as_deref(), Some("proj_x"));
+        assert_eq!(config.credits[&EndCause::NodeLost], 1000);
+        assert_eq!(config.credits[&EndCause::Drained], 500);
+        assert!(!config.credits.contains_key(&EndCause::Exited), "a renter's own failure is not credited");
         for config in [config, dev_policy()] {
             let text = render_policy(&config, 3);
             assert_eq!(parse_policy("shown", &text).unwrap(), config, "{text}");
@@ -464,6 +506,13 @@ default = true
             ("[tenants.a]\nquota-gpus = 0.0001\n", "more decimals"),
             ("[tenants.a]\ncohort = \"c\"\n", "without a quota"),
             ("[tenants.a]\nquota-gpus = \"four\"\n", "tenants.a.quota-gpus: expected a number, got \"four\""),
+            ("[billing.credits]\ngpu-falut = 1\n", "unknown end cause 'gpu-falut': the causes are exited,"),
+            (
+                "[billing.credits]\nnode-lost = 1.5\n",
+                "billing.credits.node-lost: the share of the run's cost credited, from 0 to 1",
+            ),
+            ("[billing.credits]\nnode-lost = -1\n", "billing.credits.node-lost: must not be negative"),
+            ("[billing]\ncredit = 1\n", "credit"),
         ];
         for (text, wanted) in cases {
             let err = parse_policy("bad.toml", text).unwrap_err();

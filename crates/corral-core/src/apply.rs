@@ -16,8 +16,8 @@ use crate::{
     ScheduleOutcome, State,
 };
 use corral_types::{
-    format_size, Allocation, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobState, NodeMode, NodeSpec, NodeState,
-    NodeStatus, PartEnd, PreemptionNotice, Segment, SliceAssignment, Timestamp, DRAIN_PREEMPTOR,
+    format_size, Allocation, EndCause, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobState, NodeMode, NodeSpec,
+    NodeState, NodeStatus, PartEnd, PreemptionNotice, Segment, SliceAssignment, Timestamp, DRAIN_PREEMPTOR,
 };
 use std::collections::BTreeSet;
 
@@ -602,13 +602,13 @@ impl State {
     }
 
     /// Ends the current run of a job: ends its live steps, charges fair-share usage, writes its
-    /// billing segment (labelled `end_state`) and frees its resources in the indexes. `length` is `None` for a
-    /// run that never started (nothing to bill or charge).
-    fn end_run(&mut self, ts: Timestamp, job_id: JobId, end_state: &str, length: Option<RunLength>) {
+    /// billing segment (labelled `end_state`, ended by `cause`) and frees its resources in the
+    /// indexes. `length` is `None` for a run that never started (nothing to bill or charge).
+    fn end_run(&mut self, ts: Timestamp, job_id: JobId, end_state: &str, cause: EndCause, length: Option<RunLength>) {
         // No step outlives the run it was made in.
         self.end_live_steps(ts, job_id, end_state);
         if let Some(length) = length {
-            self.close_segment(job_id, ts, end_state, length);
+            self.close_segment(job_id, ts, end_state, cause, length);
         }
         let Some(job) = self.jobs.get(&job_id) else { return };
         let placed = job.admitted_at.or(job.started_at);
@@ -728,6 +728,24 @@ impl State {
         let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
         let preempted_by = job.preemption.as_ref().map(|p| p.by).filter(|_| !job.cancel_requested);
         let (cancelled, no_requeue) = (job.cancel_requested, job.spec.sched.no_requeue);
+        // Whose doing the end was, for the bill: a request (cancel, preemption, drain) first, then
+        // a lost node or worker (a gang part that never reported, a worker cut off from the
+        // coordinators), then the job itself.
+        let cause = if cancelled {
+            EndCause::Cancelled
+        } else if let Some(by) = preempted_by {
+            if by == DRAIN_PREEMPTOR {
+                EndCause::Drained
+            } else {
+                EndCause::Preempted
+            }
+        } else if report.fenced || length == Some(RunLength::Lost) {
+            EndCause::NodeLost
+        } else if report.timed_out {
+            EndCause::TimeLimit
+        } else {
+            EndCause::Exited
+        };
         if length.is_some() && !report.never_started {
             job.worker_run_time_ms = Some(report.run_time_ms);
             if job.started_at.is_none() {
@@ -756,7 +774,7 @@ impl State {
         };
         if let Some(reason) = requeue_reason {
             let label = if preempted_by.is_some() { "preempted" } else { "requeued" };
-            self.end_run(ts, job_id, label, length);
+            self.end_run(ts, job_id, label, cause, length);
             self.requeue(job_id, reason);
             return Ok(Outcome::Job(Box::new(self.jobs[&job_id].clone())));
         }
@@ -795,7 +813,7 @@ impl State {
             (JobState::Failed, n) if n > 1 => format!("{reason}, after {n} restarts"),
             _ => reason,
         };
-        self.end_run(ts, job_id, state.as_str(), length);
+        self.end_run(ts, job_id, state.as_str(), cause, length);
         let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
         job.state = state;
         job.reason = Some(reason);
@@ -893,12 +911,15 @@ impl State {
     /// (cancelled if a cancel was requested, preempted if it was preempted and opted out of
     /// requeueing).
     fn finish_lost(&mut self, ts: Timestamp, id: JobId, reason: &str, length: RunLength) {
-        let label = match self.jobs.get(&id) {
-            Some(j) if j.cancel_requested => "cancelled",
-            Some(j) if j.preemption.is_some() => "preempted",
-            _ => "requeued",
+        let (label, cause) = match self.jobs.get(&id) {
+            Some(j) if j.cancel_requested => ("cancelled", EndCause::Cancelled),
+            Some(j) if j.preemption.as_ref().is_some_and(|p| p.by == DRAIN_PREEMPTOR) => {
+                ("preempted", EndCause::Drained)
+            }
+            Some(j) if j.preemption.is_some() => ("preempted", EndCause::Preempted),
+            _ => ("requeued", EndCause::NodeLost),
         };
-        self.end_run(ts, id, label, Some(length));
+        self.end_run(ts, id, label, cause, Some(length));
         let Some(job) = self.jobs.get_mut(&id) else { return };
         let end = if job.cancel_requested {
             Some(JobState::Cancelled)
@@ -1221,6 +1242,80 @@ pub(crate) mod tests {
             s.ledger.values().map(|g| crate::cost_micros(g.duration_ms(), g.gpu_milli, 890_000, 1000)).sum();
         assert_eq!(total, expected);
         assert_eq!(total, 1_335_000);
+    }
+
+    /// Every segment says why its run ended, and a cause the policy credits gets a credit entry
+    /// of its own right after the segment: its share of the cost, rounded down, tied to the
+    /// segment and stamped when the run ended. The job's own failure is not credited.
+    #[test]
+    fn each_segment_records_its_end_cause_and_credited_causes_get_a_credit_entry() {
+        let mut s = cluster();
+        s.config.credits = [(EndCause::NodeLost, 1000), (EndCause::TimeLimit, 333)].into();
+        submit(&mut s, Timestamp::compose(1_000, 0).0, "a", spec(1)).unwrap();
+        schedule(&mut s, Timestamp::compose(1_000, 1).0);
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        s.apply(&Request { ts: Timestamp::compose(1_000, 2), command: Command::JobStarted { job_id: 1, epoch } })
+            .unwrap();
+        // The node is lost an hour in: the hour is billed and credited in full.
+        let lost_at = Timestamp::compose(3_601_000, 0);
+        let lost = Command::SetNodeState { node: "n1".into(), state: NodeState::Down, reason: String::new() };
+        s.apply(&Request { ts: lost_at, command: lost }).unwrap();
+        assert_eq!((s.ledger[&1].cause, s.ledger[&1].cost_micros), (Some(EndCause::NodeLost), 890_000));
+        let credit = &s.ledger[&2];
+        assert_eq!((credit.credit_for, credit.cost_micros, credit.cause), (Some(1), 890_000, Some(EndCause::NodeLost)));
+        assert_eq!((credit.start, credit.end, credit.duration_ms, credit.job_id), (lost_at, lost_at, 0, 1));
+        // The next run fails on its own: billed, not credited.
+        s.apply(&req(Timestamp::compose(3_602_000, 0).0, Command::RegisterNode { spec: node("n1", 8) })).unwrap();
+        schedule(&mut s, Timestamp::compose(3_603_000, 0).0);
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        let failed = JobExitReport { exit_code: Some(1), run_time_ms: 1_800_000, ..Default::default() };
+        let finish = Command::JobFinished { job_id: 1, epoch, node: String::new(), report: failed };
+        s.apply(&Request { ts: Timestamp::compose(3_603_000 + 1_800_000, 0), command: finish }).unwrap();
+        assert_eq!(s.ledger.len(), 3, "no credit for the job's own failure");
+        assert_eq!((s.ledger[&3].cause, s.ledger[&3].credit_for), (Some(EndCause::Exited), None));
+        // A run killed at its time limit, credited a third (rounded down).
+        submit(&mut s, Timestamp::compose(5_500_000, 0).0, "b", spec(1)).unwrap();
+        schedule(&mut s, Timestamp::compose(5_500_000, 1).0);
+        let epoch = s.jobs[&2].allocation.as_ref().unwrap().epoch;
+        let timed_out = JobExitReport { timed_out: true, signal: Some(9), run_time_ms: 600_000, ..Default::default() };
+        let finish = Command::JobFinished { job_id: 2, epoch, node: String::new(), report: timed_out };
+        s.apply(&Request { ts: Timestamp::compose(6_100_001, 0), command: finish }).unwrap();
+        assert_eq!((s.ledger[&4].cause, s.ledger[&4].cost_micros), (Some(EndCause::TimeLimit), 148_333));
+        assert_eq!((s.ledger[&5].credit_for, s.ledger[&5].cost_micros), (Some(4), 148_333 * 333 / 1000));
+        // Every credit is at most what it credits, and the totals keep charges and credits apart.
+        for credit in s.ledger.values().filter(|g| g.is_credit()) {
+            assert!(credit.cost_micros <= s.ledger[&credit.credit_for.unwrap()].cost_micros);
+        }
+        let total = s.billed_by_tenant()[&s.jobs[&1].spec.tenant];
+        assert_eq!(total.cost_micros, 890_000 + 445_000 + 148_333);
+        assert_eq!(total.credited_micros, 890_000 + 49_394);
+    }
+
+    /// A cancelled run, a preempted one and one stopped by a drain each say so.
+    #[test]
+    fn cancels_preemptions_and_drains_are_their_own_causes() {
+        for (by, want) in
+            [(None, EndCause::Cancelled), (Some(7), EndCause::Preempted), (Some(DRAIN_PREEMPTOR), EndCause::Drained)]
+        {
+            let mut s = cluster();
+            submit(&mut s, Timestamp::compose(1_000, 0).0, "a", spec(1)).unwrap();
+            schedule(&mut s, Timestamp::compose(1_000, 1).0);
+            let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+            match by {
+                None => {
+                    s.apply(&req(
+                        Timestamp::compose(2_000, 0).0,
+                        Command::CancelJob { job_id: 1, reason: String::new() },
+                    ))
+                    .unwrap();
+                }
+                Some(by) => s.stop_for_requeue(Timestamp::compose(2_000, 0), 1, by),
+            }
+            let killed = JobExitReport { signal: Some(15), run_time_ms: 60_000, ..Default::default() };
+            let finish = Command::JobFinished { job_id: 1, epoch, node: String::new(), report: killed };
+            s.apply(&Request { ts: Timestamp::compose(61_001, 0), command: finish }).unwrap();
+            assert_eq!(s.ledger[&1].cause, Some(want), "{by:?}");
+        }
     }
 
     /// A worker killed 1.7 s into a run restarts, stops what its predecessor left running, and

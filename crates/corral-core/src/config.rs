@@ -1,6 +1,7 @@
 //! Replicated cluster configuration: tenants (quotas, cohorts, fair-share weights), priority classes
 //! and scheduler knobs.
 
+use corral_types::EndCause;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -139,6 +140,10 @@ pub struct ClusterConfig {
     /// Slurm's names for tenants and classes (`[slurm]` of the policy file).
     #[serde(default)]
     pub slurm: SlurmNaming,
+    /// The share of a run's cost credited back when it ends for a cause, in thousandths (1000:
+    /// all of it); `[billing.credits]` of the policy file. A cause without an entry: no credit.
+    #[serde(default)]
+    pub credits: BTreeMap<EndCause, u32>,
 }
 
 /// Slurm's accounts and QOS as the policy file maps them: `sbatch --account A` is the tenant
@@ -223,6 +228,7 @@ impl ClusterConfig {
             gpu_prices: [("RTX 5090".to_string(), 890_000), ("H200".to_string(), 3_500_000)].into(),
             default_gpu_price: 1_000_000,
             slurm: SlurmNaming::default(),
+            credits: BTreeMap::new(),
         }
     }
 
@@ -251,6 +257,11 @@ impl ClusterConfig {
 
     /// Checks the config for contradictions; the message says what to fix.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some((cause, milli)) = self.credits.iter().find(|(_, m)| **m > 1000) {
+            return Err(format!(
+                "the credit for '{cause}' is {milli}/1000 of the run's cost: at most all of it (1000)"
+            ));
+        }
         let defaults: Vec<&str> =
             self.priority_classes.values().filter(|c| c.is_default).map(|c| c.name.as_str()).collect();
         if defaults.len() > 1 {

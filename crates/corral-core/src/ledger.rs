@@ -5,6 +5,11 @@
 //! the current allocation epoch, or a requeue of a running job), so duplicate or stale worker
 //! reports, retries and leader changes can never charge twice.
 //!
+//! Invariant: every segment records why its run ended (`EndCause`), and a credit is an entry of
+//! its own written with the segment it credits (the policy's share for that cause, rounded down,
+//! never more than the segment's cost): the ledger stays append-only and replays to the same
+//! totals.
+//!
 //! Invariant: a run is billed for how long it ran, not for a difference of one leader's wall
 //! clock: the worker's monotonic run time, clipped to the TSO interval since the placement (a
 //! worker cannot bill more than the cluster saw); the TSO interval alone only when the worker
@@ -12,7 +17,7 @@
 
 use crate::resources::job_milli_gpus;
 use crate::State;
-use corral_types::{Job, JobId, Segment, Timestamp};
+use corral_types::{EndCause, Job, JobId, Segment, Timestamp};
 
 /// How the length of a run that ends is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,15 +52,18 @@ impl State {
 
     /// Records the segments of the current run of `job_id`, ending at `end` (before the job's
     /// allocation is cleared): one per piece between price breaks, the last one priced by the
-    /// current policy. A run that never started, or held no GPU, records nothing. Returns the
-    /// id of the last segment.
+    /// current policy, each followed by its credit when the policy credits `cause`. A run that
+    /// never started, or held no GPU, records nothing. Returns the id of the last segment.
     pub(crate) fn close_segment(
         &mut self,
         job_id: JobId,
         end: Timestamp,
         end_state: &str,
+        cause: EndCause,
         length: RunLength,
     ) -> Option<u64> {
+        let credited_at = end;
+        let credit_milli = self.config.credits.get(&cause).copied().unwrap_or(0).min(1000);
         let end = match length {
             RunLength::LostStoppedBy(stopped) => end.min(stopped),
             _ => end,
@@ -105,6 +113,8 @@ impl State {
             end_state: end_state.to_string(),
             cost_micros: 0,
             policy_version: self.policy_version,
+            cause: Some(cause),
+            credit_for: None,
         };
         // The billed length is shared out in order: each earlier piece gets its TSO interval
         // (never more than is left), the last piece the rest, so the pieces add up to the run.
@@ -128,11 +138,32 @@ impl State {
                 cost_micros: cost_micros(ms, milli, price, multiplier),
                 ..template.clone()
             };
+            let credit = credit_micros(segment.cost_micros, credit_milli);
             self.ledger.insert(id, segment);
+            if credit > 0 {
+                let credit_id = self.next_segment_id;
+                self.next_segment_id += 1;
+                let entry = Segment {
+                    id: credit_id,
+                    start: credited_at,
+                    end: credited_at,
+                    duration_ms: 0,
+                    cost_micros: credit,
+                    credit_for: Some(id),
+                    ..self.ledger[&id].clone()
+                };
+                self.ledger.insert(credit_id, entry);
+            }
             from = to;
         }
         Some(id)
     }
+}
+
+/// The credit of a segment costing `cost` for a cause credited `milli` thousandths: rounded
+/// down, never more than the cost.
+pub(crate) fn credit_micros(cost: u64, milli: u32) -> u64 {
+    (u128::from(cost) * u128::from(milli.min(1000)) / 1000) as u64
 }
 
 /// How much longer than its TSO interval a reported run may be billed. The stamps of a leader

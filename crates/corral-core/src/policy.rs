@@ -222,6 +222,11 @@ impl ClusterConfig {
             field(&mut out, "slurm.qos", &format!("\"{qos}\""), old.qos.get(qos), slurm.qos.get(qos));
         }
         field(&mut out, "slurm", "default-account", old.default_account.as_ref(), slurm.default_account.as_ref());
+        for cause in self.credits.keys().chain(new.credits.keys()).collect::<BTreeSet<_>>() {
+            let (a, b) = (self.credits.get(cause), new.credits.get(cause));
+            let fraction = |m: &u32| format_multiplier(*m);
+            field(&mut out, "billing.credits", cause.as_str(), a.map(fraction), b.map(fraction));
+        }
         out
     }
 }
@@ -374,6 +379,23 @@ mod tests {
         apply_policy(&mut s, 8_100_000, &other, false).unwrap();
         finish(&mut s, 8_200_000, third, 200_000);
         assert_eq!(s.ledger.values().filter(|g| g.job_id == third).count(), 1);
+    }
+
+    #[test]
+    fn credit_changes_are_named_in_the_diff_and_a_share_above_all_is_refused() {
+        let old = ClusterConfig::dev_defaults();
+        let mut new = old.clone();
+        new.credits = [(corral_types::EndCause::NodeLost, 1000), (corral_types::EndCause::Drained, 500)].into();
+        assert_eq!(
+            old.changes_to(&new),
+            ["billing.credits: drained set to 0.5", "billing.credits: node-lost set to 1"]
+        );
+        assert_eq!(
+            new.changes_to(&old),
+            ["billing.credits: drained unset (was 0.5)", "billing.credits: node-lost unset (was 1)"]
+        );
+        new.credits.insert(corral_types::EndCause::GpuFault, 1001);
+        assert!(new.validate().unwrap_err().contains("at most all of it"));
     }
 
     #[test]

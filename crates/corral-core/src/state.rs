@@ -109,6 +109,9 @@ pub struct State {
 pub struct BilledTotal {
     /// Sum of the segments' costs, micro-units.
     pub cost_micros: u64,
+    /// Sum of the credits against them, micro-units (the bill is the cost less these).
+    #[serde(default)]
+    pub credited_micros: u64,
     /// Sum of duration (ms) x GPU-equivalents (milli) of the segments.
     pub gpu_milli_ms: u128,
 }
@@ -116,6 +119,10 @@ pub struct BilledTotal {
 impl BilledTotal {
     /// Adds one segment.
     pub fn add(&mut self, segment: &Segment) {
+        if segment.is_credit() {
+            self.credited_micros = self.credited_micros.saturating_add(segment.cost_micros);
+            return;
+        }
         self.cost_micros = self.cost_micros.saturating_add(segment.cost_micros);
         self.gpu_milli_ms += u128::from(segment.duration_ms()) * u128::from(segment.gpu_milli);
     }

@@ -555,6 +555,8 @@ impl From<&Segment> for pb::Segment {
             duration_ms: Some(g.duration_ms),
             lost: g.lost,
             policy_version: g.policy_version,
+            cause: g.cause.map(|c| c.as_str().to_string()).unwrap_or_default(),
+            credit_for: g.credit_for,
         }
     }
 }
@@ -580,6 +582,9 @@ impl From<pb::Segment> for Segment {
             end_state: g.end_state,
             cost_micros: g.cost_micros,
             policy_version: g.policy_version,
+            // A cause this version does not know (written by a newer one) reads as unknown.
+            cause: corral_types::EndCause::parse(&g.cause).ok(),
+            credit_for: g.credit_for,
         }
     }
 }
@@ -753,6 +758,8 @@ mod tests {
             end_state: "failed".into(),
             cost_micros: 1,
             policy_version: 4,
+            cause: Some(corral_types::EndCause::NodeLost),
+            credit_for: Some(7),
         };
         assert_eq!(Segment::from(pb::Segment::from(&segment)), segment);
     }

@@ -647,6 +647,8 @@ mod tests {
             end_state: "succeeded".into(),
             cost_micros: 1,
             policy_version: 0,
+            cause: None,
+            credit_for: None,
         };
         {
             let db = sled::Config::new().path(dir.path().join("sm")).open().expect("sled");

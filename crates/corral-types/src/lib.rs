@@ -15,7 +15,7 @@ mod slurm_env;
 mod step;
 mod timestamp;
 
-pub use billing::Segment;
+pub use billing::{EndCause, Segment};
 pub use job::{
     Allocation, ArrayLimits, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuSlice,
     Job, JobExitReport, JobId, JobRef, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd, PreemptionNotice,

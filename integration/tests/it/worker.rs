@@ -1,6 +1,7 @@
 //! Worker daemons from their TOML config: a worker killed with SIGKILL has its jobs killed by
 //! its fence guard at once and requeued after the TTL; a worker frozen past the TTL is
-//! fenced and kills its stale job itself; a worker managing MIG creates an instance per MIG job
+//! fenced and kills its stale job itself; a run lost with its node is credited on the invoice
+//! when the policy credits `node-lost`; a worker managing MIG creates an instance per MIG job
 //! and destroys it afterwards.
 
 use corral_integration::cluster::{Cluster, ClusterOptions};
@@ -80,6 +81,57 @@ fn killed_worker_has_its_jobs_killed_by_its_guard_and_requeued() {
     assert!(!is_dead(second));
     cluster.json(&["cancel", &job.to_string()]);
     cluster.wait_for(job, Duration::from_secs(60), "cancelled", |d| d["state"] == "cancelled");
+}
+
+/// A run lost with its node is billed with cause `node-lost`, and under a policy crediting that
+/// cause the tenant's invoice lists the run, then a credit of its whole cost naming it: the
+/// tenant owes nothing for it.
+#[test]
+fn a_run_lost_with_its_node_is_credited_on_the_tenants_invoice() {
+    let (cluster, mut worker, dir) = setup();
+    let policy = dir.path().join("credits.toml");
+    let dev = include_str!("../../../cluster-configs/dev-policy.toml");
+    std::fs::write(&policy, format!("{dev}\n[billing.credits]\nnode-lost = 1.0\n")).expect("write");
+    let applied = cluster.json(&["admin", "apply", "-f", policy.to_str().expect("utf-8")]);
+    assert!(applied.to_string().contains("billing.credits: node-lost set to 1"), "{applied}");
+    let pid_file = dir.path().join("pids");
+    let job = submit_sleeper(&cluster, &pid_file);
+    cluster.wait_for(job, Duration::from_secs(60), "running", |d| d["state"] == "running");
+    pids(&pid_file, 1);
+    std::thread::sleep(Duration::from_secs(1));
+    worker.kill();
+    cluster.wait_for(job, Duration::from_secs(60), "requeued", |d| d["state"] == "pending");
+    cluster.json(&["cancel", &job.to_string()]);
+
+    let invoice = cluster.json(&["billing", "invoice", "--tenant", "default"]);
+    let entries = invoice["entries"].as_array().expect("entries");
+    assert_eq!(entries.len(), 2, "the run and its credit: {invoice}");
+    let (run, credit) = (&entries[0], &entries[1]);
+    assert_eq!(
+        (run["kind"].as_str(), run["cause"].as_str(), run["job_id"].as_u64()),
+        (Some("charge"), Some("node-lost"), Some(job))
+    );
+    let cost = run["amount_micros"].as_i64().expect("amount");
+    assert!(cost > 0, "a second on a GPU costs something: {invoice}");
+    assert_eq!((credit["kind"].as_str(), credit["credit_for"].as_u64()), (Some("credit"), run["entry"].as_u64()));
+    assert_eq!(credit["amount_micros"].as_i64(), Some(-cost), "{invoice}");
+    assert_eq!(invoice["totals"]["total_micros"], 0, "{invoice}");
+    assert_eq!(invoice["totals"]["charged_micros"].as_i64(), Some(cost), "{invoice}");
+
+    // The table and the CSV say the same.
+    let table = cluster.corral_at(0, &["billing", "invoice", "--tenant", "default"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("node-lost") && table.contains(&format!("credit: node-lost, entry {}", run["entry"])),
+        "{table}"
+    );
+    assert!(table.lines().any(|l| l.starts_with("total") && l.trim_end().ends_with("0.000000")), "{table}");
+    let csv = cluster.corral_at(0, &["billing", "invoice", "--tenant", "default", "--format", "csv"]);
+    let csv = String::from_utf8_lossy(&csv.stdout);
+    let credit_line = csv.lines().find(|l| l.split(',').nth(1) == Some("credit")).unwrap_or_default();
+    assert!(credit_line.ends_with(&format!(",node-lost,{}", run["entry"])), "{csv}");
+    let report = cluster.json(&["billing", "report"]);
+    assert_eq!(report["total_net_micros"], 0, "{report}");
 }
 
 #[test]

@@ -52,6 +52,7 @@ pub(super) fn config_to_pb(c: &ClusterConfig) -> pb::ClusterConfig {
             default_account: c.slurm.default_account.clone(),
         })
         .filter(|s| !s.accounts.is_empty() || !s.qos.is_empty() || s.default_account.is_some()),
+        credit_milli: c.credits.iter().map(|(cause, milli)| (cause.as_str().to_string(), *milli)).collect(),
     }
 }
 
@@ -105,6 +106,12 @@ pub(super) fn config_from_pb(c: pb::ClusterConfig) -> ClusterConfig {
             .slurm
             .map(|s| SlurmNaming { accounts: s.accounts, qos: s.qos, default_account: s.default_account })
             .unwrap_or_default(),
+        // A cause this version does not know (set by a newer one) credits nothing here.
+        credits: c
+            .credit_milli
+            .into_iter()
+            .filter_map(|(cause, milli)| corral_types::EndCause::parse(&cause).ok().map(|c| (c, milli)))
+            .collect(),
     }
 }
 

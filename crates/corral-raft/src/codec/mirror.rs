@@ -20,9 +20,9 @@
 use super::pb as state;
 use corral_proto::v1 as wire;
 use corral_types::{
-    Allocation, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuDevice, GpuSlice, Job,
-    JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, PartEnd, PreemptionNotice, PriceBreak, SchedOptions, Segment,
-    SliceAssignment, Timestamp,
+    Allocation, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, EndCause, GpuDevice,
+    GpuSlice, Job, JobExitReport, JobSpec, JobState, NodeGpus, NodeSpec, PartEnd, PreemptionNotice, PriceBreak,
+    SchedOptions, Segment, SliceAssignment, Timestamp,
 };
 use proptest::collection::{btree_map, vec};
 use proptest::option::of;
@@ -316,13 +316,13 @@ fn segment() -> impl Strategy<Value = Segment> {
     (
         (any::<u64>(), any::<u64>(), any::<u64>(), text(), text(), text(), any::<u32>(), any::<u32>(), text()),
         (any::<u32>(), any::<u64>(), timestamp(), timestamp(), any::<u64>(), any::<bool>(), text(), any::<u64>()),
-        any::<u64>(),
+        (any::<u64>(), proptest::option::of(proptest::sample::select(EndCause::ALL.to_vec())), any::<Option<u64>>()),
     )
         .prop_map(
             |(
                 (id, job_id, epoch, tenant, node, gpu_model, gpus, gpu_milli, priority_class),
                 (multiplier_milli, price_micros_per_gpu_hour, start, end, duration_ms, lost, end_state, cost_micros),
-                policy_version,
+                (policy_version, cause, credit_for),
             )| Segment {
                 id,
                 job_id,
@@ -342,6 +342,8 @@ fn segment() -> impl Strategy<Value = Segment> {
                 end_state,
                 cost_micros,
                 policy_version,
+                cause,
+                credit_for,
             },
         )
 }

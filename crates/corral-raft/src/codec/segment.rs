@@ -29,6 +29,8 @@ impl From<&Segment> for pb::Segment {
             duration_ms: Some(g.duration_ms),
             lost: g.lost,
             policy_version: g.policy_version,
+            cause: g.cause.map(|c| c.as_str().to_string()).unwrap_or_default(),
+            credit_for: g.credit_for,
         }
     }
 }
@@ -54,6 +56,9 @@ impl From<pb::Segment> for Segment {
             end_state: g.end_state,
             cost_micros: g.cost_micros,
             policy_version: g.policy_version,
+            // A cause this version does not know (written by a newer one) reads as unknown.
+            cause: corral_types::EndCause::parse(&g.cause).ok(),
+            credit_for: g.credit_for,
         }
     }
 }
@@ -74,6 +79,7 @@ pub(super) fn billed_to_pb(billed: &BTreeMap<String, BilledTotal>) -> Vec<pb::Bi
         .map(|(tenant, t)| pb::BilledTotal {
             tenant: tenant.clone(),
             cost_micros: t.cost_micros,
+            credited_micros: t.credited_micros,
             gpu_milli_ms_high: (t.gpu_milli_ms >> 64) as u64,
             gpu_milli_ms_low: t.gpu_milli_ms as u64,
         })
@@ -85,7 +91,7 @@ pub(super) fn billed_from_pb(records: Vec<pb::BilledTotal>) -> BTreeMap<String, 
         .into_iter()
         .map(|t| {
             let gpu_milli_ms = (u128::from(t.gpu_milli_ms_high) << 64) | u128::from(t.gpu_milli_ms_low);
-            (t.tenant, BilledTotal { cost_micros: t.cost_micros, gpu_milli_ms })
+            (t.tenant, BilledTotal { cost_micros: t.cost_micros, credited_micros: t.credited_micros, gpu_milli_ms })
         })
         .collect()
 }

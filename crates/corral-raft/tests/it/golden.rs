@@ -311,6 +311,8 @@ fn full_segment() -> Segment {
         policy_version: 0,
         end_state: "failed".into(),
         cost_micros: 9_977_755,
+        cause: None,
+        credit_for: None,
     }
 }
 
@@ -334,6 +336,8 @@ fn second_segment() -> Segment {
         policy_version: 0,
         end_state: "requeued".into(),
         cost_micros: 260,
+        cause: None,
+        credit_for: None,
     }
 }
 
@@ -396,6 +400,7 @@ fn full_config() -> ClusterConfig {
         default_gpu_price: 1_000_000,
         // Left empty: the golden files predate it, and an empty mapping is not encoded.
         slurm: Default::default(),
+        credits: Default::default(),
     }
 }
 
