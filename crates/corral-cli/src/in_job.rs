@@ -3,7 +3,7 @@
 //! batch script's `scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1` finds its head
 //! node as under Slurm.
 //!
-//! Served so far: `scontrol show hostnames [LIST]` (one name a line; `LIST` defaults to
+//! Served so far: `srun` (`srun.rs`), `scontrol show hostnames [LIST]` (one name a line; `LIST` defaults to
 //! `SLURM_JOB_NODELIST`, as in Slurm) and `scontrol show hostlist LIST` (Slurm's compressed
 //! form). Anything else is a one-line error naming what is served.
 
@@ -13,6 +13,7 @@ use std::process::ExitCode;
 /// Runs the in-job command `name` when the binary was called by it; `None` otherwise.
 pub fn dispatch(name: &str, args: &[String]) -> Option<ExitCode> {
     let result = match name {
+        "srun" => return Some(crate::srun::main(args)),
         "scontrol" => scontrol(args, std::env::var("SLURM_JOB_NODELIST").ok().as_deref()),
         _ => return None,
     };

@@ -1082,6 +1082,42 @@ impl GatewayClient {
             .await?;
         Ok(reply.into_inner())
     }
+
+    pub async fn create_step(&self, req: pb::CreateStepRequest) -> Result<pb::CreateStepResponse, ClientError> {
+        let limit = self.attempt_timeout;
+        let reply = self
+            .client
+            .with_retry(|ch| {
+                let req = req.clone();
+                async move { bounded(limit, Self::raw(ch).create_step(req)).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    pub async fn report_step_ended(&self, req: pb::ReportStepEndedRequest) -> Result<pb::ReportResponse, ClientError> {
+        let limit = self.attempt_timeout;
+        let reply = self
+            .client
+            .with_retry(|ch| {
+                let req = req.clone();
+                async move { bounded(limit, Self::raw(ch).report_step_ended(req)).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    pub async fn signal_step(&self, req: pb::SignalStepRequest) -> Result<pb::ReportResponse, ClientError> {
+        let limit = self.attempt_timeout;
+        let reply = self
+            .client
+            .with_retry(|ch| {
+                let req = req.clone();
+                async move { bounded(limit, Self::raw(ch).signal_step(req)).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
 }
 
 #[cfg(test)]

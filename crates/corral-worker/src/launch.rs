@@ -69,7 +69,7 @@ pub(crate) fn pick_mig_instance(
 
 /// Slurm's commands the corral binary serves inside a job when called by their name
 /// (`corral-cli`'s `in_job.rs`): the worker links each, in its `in_job_bin_dir`, to itself.
-pub const IN_JOB_COMMANDS: [&str; 1] = ["scontrol"];
+pub const IN_JOB_COMMANDS: [&str; 2] = ["scontrol", "srun"];
 
 /// Links Slurm's in-job commands in `dir` to the running corral binary, replacing old links. A
 /// worker running inside another program (a test harness) has no corral binary to link: it

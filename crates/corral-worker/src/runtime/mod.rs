@@ -8,18 +8,20 @@
 
 mod state;
 mod task;
+mod tasks;
 
 use crate::config::WorkerConfig;
 use crate::devices::Devices;
-use crate::executor::{Executor, RunningJob};
+use crate::executor::{Executor, LaunchSpec, RunningJob, DEFAULT_PATH};
 use crate::fence::FenceGuard;
-use crate::jobs::{JobTable, StartedRun};
+use crate::jobs::{JobTable, RunInfo, StartedRun};
 use crate::launch::{launch_spec, pick_mig_instance, MigPick};
 use crate::link::{self, Link, Report};
 use crate::reconcile::Action;
-use corral_types::Job;
+use corral_types::{Job, JobId, StepId};
 use nix::sys::signal::Signal;
 use state::{steps, Event, RuntimeState, Step};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,6 +53,10 @@ pub(crate) struct Runtime {
     reports: JoinSet<()>,
     /// Heartbeats, the desired-state stream and registration: aborted at shutdown.
     daemons: JoinSet<()>,
+    /// Orders to the waiters of this node's tasks of each step that runs.
+    step_orders: BTreeMap<(JobId, u64, StepId), mpsc::UnboundedSender<tasks::Order>>,
+    /// The latest desired state, for the in-job service (`srun` follows its step there).
+    desired: tokio::sync::watch::Sender<crate::reconcile::Desired>,
 }
 
 impl Runtime {
@@ -60,6 +66,7 @@ impl Runtime {
         jobs: Arc<JobTable>,
         devices: Arc<Devices>,
         link: Arc<Link>,
+        desired: tokio::sync::watch::Sender<crate::reconcile::Desired>,
     ) -> Runtime {
         let (events, inbox) = mpsc::unbounded_channel();
         Runtime {
@@ -73,6 +80,8 @@ impl Runtime {
             tasks: JoinSet::new(),
             reports: JoinSet::new(),
             daemons: JoinSet::new(),
+            step_orders: BTreeMap::new(),
+            desired,
         }
     }
 
@@ -109,7 +118,12 @@ impl Runtime {
             // The lease first: after a freeze, what happened meanwhile happened without one.
             self.state.check_lease(Instant::now());
             if let Some(event) = event {
+                let is_desired = matches!(event, Event::Link(link::LinkEvent::Desired { .. }));
                 self.handle(event);
+                if is_desired {
+                    let desired = self.state.desired().clone();
+                    self.desired.send_replace(desired);
+                }
             }
             self.converge();
             self.owners.link.set_serving(self.state.leased());
@@ -157,7 +171,8 @@ impl Runtime {
         for (job, epoch) in jobs {
             let Some(gpus) = self.begin_launch(&job, epoch) else { continue };
             let addrs = self.state.part_addrs(job.id, epoch);
-            let spec = launch_spec(&self.config, &self.owners.devices, &job, epoch, &gpus, None, &addrs);
+            let spec = launch_spec(&self.config, &self.owners.devices, &job, epoch, &gpus, None, &addrs)
+                .map(|spec| self.with_run_secret(spec));
             prepared.push((job, epoch, gpus, spec));
         }
         let executor = &self.executor;
@@ -221,6 +236,73 @@ impl Runtime {
                 self.owners.link.unregistered();
                 self.register();
             }
+            Action::LaunchTasks { job, epoch, step } => self.launch_tasks(&job, epoch, step),
+            Action::SkipTasks { job_id, epoch, step } => {
+                tracing::info!(job_id, epoch, step, "step stopped before its tasks launched here");
+            }
+            Action::KillTasks { job_id, epoch, step } => {
+                if let Some(orders) = self.step_orders.get(&(job_id, epoch, step)) {
+                    tracing::info!(job_id, epoch, step, "the step is stopping: killing its tasks here");
+                    let _ = orders.send(tasks::Order::Kill { grace: self.config.kill_grace });
+                }
+            }
+            Action::SignalTasks { job_id, epoch, step, signals, .. } => {
+                if let Some(orders) = self.step_orders.get(&(job_id, epoch, step)) {
+                    for signal in signals {
+                        let _ = orders.send(tasks::Order::Signal(signal));
+                    }
+                }
+            }
+            Action::ReportStepEnded { job_id, epoch, step, end } => {
+                self.step_orders.remove(&(job_id, epoch, step));
+                let link = self.owners.link.clone();
+                self.reports.spawn(link::deliver_step_end(link, self.events.clone(), job_id, epoch, step, end));
+            }
+            Action::ForgetStep { .. } => {}
+        }
+    }
+
+    /// Mints the run's in-job secret into its environment (with where the in-job service
+    /// listens) and records what its step tasks inherit. The secret is never logged.
+    fn with_run_secret(&self, mut spec: LaunchSpec) -> LaunchSpec {
+        let secret = crate::in_job::mint_secret();
+        spec.env.insert(crate::in_job::SECRET_ENV.into(), secret.clone());
+        spec.env.insert(crate::in_job::SOCKET_ENV.into(), self.config.in_job_socket().display().to_string());
+        let mut env = BTreeMap::from([
+            ("PATH".to_owned(), DEFAULT_PATH.to_owned()),
+            ("HOME".to_owned(), spec.work_dir.display().to_string()),
+            ("LANG".to_owned(), "C".to_owned()),
+        ]);
+        env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let info = RunInfo {
+            secret,
+            env,
+            cwd: spec.files.cwd.clone().unwrap_or_else(|| spec.work_dir.clone()),
+            work_dir: spec.work_dir.clone(),
+            uid: spec.uid,
+            gid: spec.gid,
+            open_files: spec.limits.open_files,
+            in_container: spec.image.is_some(),
+        };
+        self.owners.jobs.set_info(spec.job_id, spec.attempt, info);
+        spec
+    }
+
+    /// Launches this node's tasks of `step` of run `epoch` into the run's cgroup, and the task
+    /// that waits for them and reports their end. A failure ends them with the launch error.
+    fn launch_tasks(&mut self, job: &Job, epoch: u64, step_id: StepId) {
+        let node = self.config.node_name.clone();
+        let started = tasks::start(&self.owners.jobs, job, epoch, step_id, &node);
+        match started {
+            Ok(started) => {
+                let (orders, inbox) = mpsc::unbounded_channel();
+                self.step_orders.insert((job.id, epoch, step_id), orders);
+                self.tasks.spawn(tasks::wait(started, inbox, self.events.clone(), self.config.kill_grace));
+            }
+            Err(end) => {
+                tracing::warn!(job_id = job.id, epoch, step = step_id, error = ?end.launch_error, "cannot launch the step's tasks");
+                let _ = self.events.send(Event::TasksEnded { job_id: job.id, epoch, step: step_id, end });
+            }
         }
     }
 
@@ -243,7 +325,8 @@ impl Runtime {
         let launched = pick_mig_instance(devices, self.config.mig_manage, job, &gpus, &taken).and_then(|mig| {
             let mig_uuid = mig.as_ref().map(|m| m.uuid.as_str());
             let addrs = self.state.part_addrs(job.id, epoch);
-            let spec = launch_spec(&self.config, devices, job, epoch, &gpus, mig_uuid, &addrs);
+            let spec = launch_spec(&self.config, devices, job, epoch, &gpus, mig_uuid, &addrs)
+                .map(|s| self.with_run_secret(s));
             match spec.and_then(|spec| self.executor.launch(&spec).map_err(|e| e.to_string())) {
                 Ok(running) => Ok((running, mig)),
                 Err(e) => {

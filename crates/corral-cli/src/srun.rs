@@ -1,0 +1,386 @@
+//! `srun` inside a job (the corral binary called as `srun`): builds the step from Slurm's flags
+//! (and, where none are given, the batch environment's counts, as Slurm's `srun` does), asks
+//! the node's worker for it through the in-job socket with the run secret of its environment,
+//! relays its tasks' output on this node (each task's file in the run's directory, `--label`
+//! prefixing `N: `), forwards SIGINT/SIGTERM to the step, and exits with the step's code (the
+//! highest task status; a signal N counts as 128 + N).
+
+use corral_types::{JobStep, StepSpec};
+use corral_worker::in_job::{Call, Reply, Request, MAX_REQUEST_BYTES, SECRET_ENV, SOCKET_ENV};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+/// How often the tasks' output files are read.
+const OUTPUT_POLL: Duration = Duration::from_millis(20);
+
+/// What the flags ask for.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Flags {
+    pub spec: StepSpec,
+    pub label: bool,
+    /// `--export`: `None` is Slurm's default (`ALL`).
+    pub export: Option<String>,
+}
+
+/// Variables that describe one node or one run's secret: never carried to other nodes' tasks
+/// by `--export` (each task gets its own from its node).
+pub fn node_specific(key: &str) -> bool {
+    const PREFIXES: [&str; 4] = ["CORRAL_", "CUDA_", "NVIDIA_", "SLURMD_"];
+    const KEYS: [&str; 8] = [
+        "SLURM_NODEID",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "SLURM_TOPOLOGY_ADDR",
+        "HOSTNAME",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "SLURM_GTIDS",
+    ];
+    PREFIXES.iter().any(|p| key.starts_with(p)) || KEYS.contains(&key)
+}
+
+fn number(flag: &str, value: &str) -> Result<u32, String> {
+    value.parse().map_err(|_| format!("{flag} takes a number, got '{value}'"))
+}
+
+/// Parses Slurm's `srun` flags up to the command; `env` is the caller's environment.
+pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, String> {
+    let mut flags = Flags::default();
+    let mut i = 0;
+    let mut explicit_layout = false;
+    while i < args.len() {
+        let arg = &args[i];
+        if !arg.starts_with('-') || arg == "-" {
+            break;
+        }
+        if arg == "--" {
+            i += 1;
+            break;
+        }
+        // --name=value, --name value, -n4, -n 4
+        let (name, inline): (String, Option<String>) = if let Some(long) = arg.strip_prefix("--") {
+            match long.split_once('=') {
+                Some((n, v)) => (format!("--{n}"), Some(v.to_owned())),
+                None => (arg.clone(), None),
+            }
+        } else if arg.len() > 2 {
+            (arg[..2].to_owned(), Some(arg[2..].to_owned()))
+        } else {
+            (arg.clone(), None)
+        };
+        let takes_value = !matches!(name.as_str(), "-l" | "--label" | "-K" | "--kill-on-bad-exit" | "--overlap");
+        let value = if takes_value {
+            match inline {
+                Some(v) => v,
+                None => {
+                    i += 1;
+                    args.get(i).cloned().ok_or_else(|| format!("{name} needs a value"))?
+                }
+            }
+        } else {
+            if inline.is_some() {
+                return Err(format!("{name} takes no value"));
+            }
+            String::new()
+        };
+        match name.as_str() {
+            "-n" | "--ntasks" => {
+                flags.spec.ntasks = Some(number(&name, &value)?);
+                explicit_layout = true;
+            }
+            "-N" | "--nodes" => {
+                flags.spec.nodes = Some(number(&name, &value)?);
+                explicit_layout = true;
+            }
+            "--ntasks-per-node" => {
+                flags.spec.ntasks_per_node = Some(number(&name, &value)?);
+                explicit_layout = true;
+            }
+            "--gpus-per-task" => flags.spec.gpus_per_task = Some(number(&name, &value)?),
+            "-c" | "--cpus-per-task" => flags.spec.cpus_per_task = Some(number(&name, &value)?),
+            "-w" | "--nodelist" => {
+                flags.spec.nodelist = corral_types::hostlist::expand(&value).map_err(|e| e.to_string())?;
+                explicit_layout = true;
+            }
+            "-l" | "--label" => flags.label = true,
+            "-K" | "--kill-on-bad-exit" => flags.spec.kill_on_bad_exit = true,
+            "--overlap" => flags.spec.overlap = true,
+            "--export" => flags.export = Some(value),
+            "-D" | "--chdir" => flags.spec.cwd = Some(value),
+            other => return Err(format!("option {other} is not served by corral's srun")),
+        }
+        i += 1;
+    }
+    flags.spec.command = args[i..].to_vec();
+    if flags.spec.command.is_empty() {
+        return Err("no command: give the program to run, e.g. `srun python train.py`".into());
+    }
+    if !explicit_layout {
+        // As Slurm's srun inside an allocation: the batch environment's counts.
+        let read = |k: &str| env.get(k).and_then(|v| v.parse::<u32>().ok());
+        flags.spec.ntasks = read("SLURM_NTASKS");
+        flags.spec.ntasks_per_node = read("SLURM_NTASKS_PER_NODE");
+    }
+    if flags.spec.cpus_per_task.is_none() {
+        flags.spec.cpus_per_task = env.get("SLURM_CPUS_PER_TASK").and_then(|v| v.parse().ok());
+    }
+    flags.spec.env = exported(flags.export.as_deref(), env)?;
+    Ok(flags)
+}
+
+/// The variables `--export` carries to the tasks (node-specific ones never travel).
+fn exported(export: Option<&str>, env: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    let carry = |out: &mut BTreeMap<String, String>, k: &str| {
+        if let Some(v) = env.get(k).filter(|_| !node_specific(k)) {
+            out.insert(k.to_owned(), v.clone());
+        }
+    };
+    let items: Vec<&str> = export.unwrap_or("ALL").split(',').filter(|s| !s.is_empty()).collect();
+    for item in items {
+        match item {
+            "ALL" => {
+                for k in env.keys() {
+                    carry(&mut out, k);
+                }
+            }
+            "NONE" => {}
+            other => match other.split_once('=') {
+                Some((k, v)) => {
+                    out.insert(k.to_owned(), v.to_owned());
+                }
+                None => carry(&mut out, other),
+            },
+        }
+    }
+    Ok(out)
+}
+
+/// `srun ARGS`.
+pub fn main(args: &[String]) -> ExitCode {
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let (Some(secret), Some(socket)) = (env.get(SECRET_ENV), env.get(SOCKET_ENV)) else {
+        eprintln!(
+            "srun: error: not inside a corral job ({SECRET_ENV} is not set): srun runs a step of a running job; to start a job use `corral run` or `corral sbatch`"
+        );
+        return ExitCode::from(1);
+    };
+    let flags = match parse(args, &env) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("srun: error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("srun: error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let node = env.get("CORRAL_NODE").cloned().unwrap_or_default();
+    let job_dir = env.get("CORRAL_JOB_DIR").map(PathBuf::from);
+    match runtime.block_on(run(flags, secret.clone(), PathBuf::from(socket), node, job_dir)) {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("srun: error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// One call to the node's in-job service.
+async fn call(socket: &Path, secret: &str, call: Call) -> Result<Reply, String> {
+    let mut stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(|e| format!("cannot reach the node's worker at {}: {e}", socket.display()))?;
+    let mut line = serde_json::to_vec(&Request { secret: secret.to_owned(), call }).map_err(|e| e.to_string())?;
+    if line.len() as u64 >= MAX_REQUEST_BYTES {
+        return Err(format!("the step is too large ({} bytes): export fewer variables", line.len()));
+    }
+    line.push(b'\n');
+    stream.write_all(&line).await.map_err(|e| format!("cannot send to the node's worker: {e}"))?;
+    let mut answer = String::new();
+    BufReader::new(stream.take(16 * 1024 * 1024))
+        .read_line(&mut answer)
+        .await
+        .map_err(|e| format!("no answer from the node's worker: {e}"))?;
+    match serde_json::from_str::<Reply>(&answer) {
+        Ok(Reply::Error(e)) => Err(e),
+        Ok(reply) => Ok(reply),
+        Err(_) if answer.is_empty() => Err("the node's worker closed the connection".into()),
+        Err(e) => Err(format!("malformed answer from the node's worker: {e}")),
+    }
+}
+
+fn request_id() -> String {
+    let mut bytes = [0u8; 16];
+    let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Creates the step, relays its output here until it ends, and returns its exit code.
+async fn run(
+    flags: Flags,
+    secret: String,
+    socket: PathBuf,
+    node: String,
+    job_dir: Option<PathBuf>,
+) -> Result<i32, String> {
+    let create = Call::CreateStep { request_id: request_id(), spec: flags.spec };
+    let step = match call(&socket, &secret, create).await? {
+        Reply::Step(step) => *step,
+        other => return Err(format!("unexpected answer: {other:?}")),
+    };
+    let mut relay = Relay::new(&step, &node, job_dir.as_deref(), flags.label);
+    let mut wait = Box::pin(call(&socket, &secret, Call::WaitStep { step: step.id }));
+    let mut sigint =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let mut sigterm =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let ended = loop {
+        tokio::select! {
+            answer = &mut wait => break answer?,
+            _ = tokio::time::sleep(OUTPUT_POLL) => relay.poll(),
+            _ = sigint.recv() => forward(&socket, &secret, step.id, libc::SIGINT).await,
+            _ = sigterm.recv() => forward(&socket, &secret, step.id, libc::SIGTERM).await,
+        }
+    };
+    relay.poll();
+    relay.finish();
+    match ended {
+        Reply::Step(ended) => {
+            if let Some(reason) = ended.reason.as_deref().filter(|_| ended.exit_code != Some(0)) {
+                eprintln!("srun: step {}: {reason}", ended.id);
+            }
+            Ok(ended.exit_code.unwrap_or(1))
+        }
+        other => Err(format!("unexpected answer: {other:?}")),
+    }
+}
+
+async fn forward(socket: &Path, secret: &str, step: u32, signal: i32) {
+    if let Err(e) = call(socket, secret, Call::SignalStep { step, signal }).await {
+        eprintln!("srun: cannot forward signal {signal}: {e}");
+    }
+}
+
+/// Relays the output files of this node's tasks of a step.
+struct Relay {
+    /// (task, file, bytes read, an unfinished line when labelling)
+    files: Vec<(u32, PathBuf, u64, Vec<u8>)>,
+    label: bool,
+}
+
+impl Relay {
+    fn new(step: &JobStep, node: &str, job_dir: Option<&Path>, label: bool) -> Relay {
+        let mut files = Vec::new();
+        if let (Some(here), Some(dir)) = (step.on_node(node), job_dir) {
+            for task in here.first_task..here.first_task + here.tasks {
+                files.push((task, dir.join(format!("step-{}.{task}.out", step.id)), 0, Vec::new()));
+            }
+        }
+        if step.nodes.iter().any(|n| n.node != node && n.tasks > 0) {
+            eprintln!(
+                "srun: output of the step's tasks on other nodes stays in their nodes' files (step-{}.<task>.out in the job's directory there)",
+                step.id
+            );
+        }
+        Relay { files, label }
+    }
+
+    fn poll(&mut self) {
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        for (task, path, offset, partial) in &mut self.files {
+            let Ok(mut file) = std::fs::File::open(&*path) else { continue };
+            use std::io::{Read, Seek, SeekFrom};
+            if file.seek(SeekFrom::Start(*offset)).is_err() {
+                continue;
+            }
+            let mut data = Vec::new();
+            if file.take(1 << 20).read_to_end(&mut data).is_err() || data.is_empty() {
+                continue;
+            }
+            *offset += data.len() as u64;
+            if !self.label {
+                let _ = out.write_all(&data);
+                continue;
+            }
+            partial.extend_from_slice(&data);
+            while let Some(end) = partial.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = partial.drain(..=end).collect();
+                let _ = write!(out, "{task}: ");
+                let _ = out.write_all(&line);
+            }
+        }
+        let _ = out.flush();
+    }
+
+    fn finish(&mut self) {
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        for (task, _, _, partial) in &mut self.files {
+            if !partial.is_empty() {
+                let _ = write!(out, "{task}: ");
+                let _ = out.write_all(partial);
+                let _ = out.write_all(b"\n");
+                partial.clear();
+            }
+        }
+        let _ = out.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn flags_as_slurm_reads_them() {
+        let env = BTreeMap::from([
+            ("SLURM_NTASKS".to_owned(), "4".to_owned()),
+            ("CUDA_VISIBLE_DEVICES".to_owned(), "0,1".to_owned()),
+            ("MY_VAR".to_owned(), "x".to_owned()),
+        ]);
+        let f = parse(&args("-n4 --ntasks-per-node=2 -l -K --gpus-per-task 1 python train.py -n 3"), &env).unwrap();
+        assert_eq!(f.spec.ntasks, Some(4));
+        assert_eq!(f.spec.ntasks_per_node, Some(2));
+        assert_eq!(f.spec.gpus_per_task, Some(1));
+        assert!(f.label && f.spec.kill_on_bad_exit);
+        assert_eq!(f.spec.command, args("python train.py -n 3"), "flags after the command are the command's");
+        assert_eq!(f.spec.env.get("MY_VAR").map(String::as_str), Some("x"));
+        assert!(!f.spec.env.contains_key("CUDA_VISIBLE_DEVICES"), "a node's own variables never travel");
+        let d = parse(&args("hostname"), &env).unwrap();
+        assert_eq!(d.spec.ntasks, Some(4), "no layout flags: the batch environment's counts");
+        let n = parse(&args("-N 1 hostname"), &env).unwrap();
+        assert_eq!((n.spec.nodes, n.spec.ntasks), (Some(1), None));
+        let none = parse(&args("--export=NONE,A=1 true"), &env).unwrap();
+        assert_eq!(none.spec.env, BTreeMap::from([("A".to_owned(), "1".to_owned())]));
+        let w = parse(&args("-w n[1-2] true"), &env).unwrap();
+        assert_eq!(w.spec.nodelist, ["n1", "n2"]);
+    }
+
+    #[test]
+    fn bad_flags_are_one_line_errors() {
+        let env = BTreeMap::new();
+        for (a, want) in [
+            ("-n x true", "takes a number"),
+            ("", "no command"),
+            ("--bogus true", "not served"),
+            ("-n", "needs a value"),
+        ] {
+            let e = parse(&args(a), &env).expect_err(a);
+            assert!(e.contains(want) && !e.contains('\n'), "{a}: {e}");
+        }
+    }
+}
