@@ -57,6 +57,8 @@ fn which(tool: &str) -> Option<PathBuf> {
 /// A distribution registry on a loopback port, with its own storage directory.
 pub struct TestRegistry {
     child: Child,
+    /// The registry's log lines so far (its access log among them).
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     /// `127.0.0.1:PORT`.
     pub addr: String,
     pub dir: tempfile::TempDir,
@@ -98,14 +100,19 @@ impl TestRegistry {
             .spawn()
             .expect("start docker-registry");
         let (tx, rx) = mpsc::channel();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         for stream in [
             Box::new(child.stdout.take().expect("stdout")) as Box<dyn std::io::Read + Send>,
             Box::new(child.stderr.take().expect("stderr")),
         ] {
             let tx = tx.clone();
+            let log = log.clone();
             // Reads the log to its end, so that the registry never blocks on a full pipe.
             std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if line.contains("\"GET /v2/") {
+                        log.lock().unwrap_or_else(|p| p.into_inner()).push(line.clone());
+                    }
                     if let Some(at) = line.find("listening on ") {
                         let addr =
                             line[at + "listening on ".len()..].split(['"', ' ']).next().unwrap_or_default().to_string();
@@ -115,7 +122,15 @@ impl TestRegistry {
             });
         }
         let addr = rx.recv_timeout(Duration::from_secs(30)).expect("docker-registry did not report its address");
-        TestRegistry { child, addr, dir }
+        TestRegistry { child, log, addr, dir }
+    }
+}
+
+impl TestRegistry {
+    /// How many times the blob `digest` of `repository` was fetched (`GET`, from its access log).
+    pub fn blob_gets(&self, repository: &str, digest: &str) -> usize {
+        let wanted = format!("\"GET /v2/{repository}/blobs/{digest} ");
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|l| l.contains(&wanted)).count()
     }
 }
 

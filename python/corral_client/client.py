@@ -1,6 +1,7 @@
 """The corral client: endpoint failover, leader redirects and retries that reuse a submit's
 request id (as the Rust client does), typed results and one exception per gRPC status."""
 
+import os
 import re
 import threading
 import time as _time
@@ -28,7 +29,83 @@ _WATCH_BROKEN = _STREAM_BROKEN + (grpc.StatusCode.ABORTED,)
 
 _ENDPOINT = re.compile(r"^[^\s:]+:\d{1,5}$|^\[[0-9a-fA-F:.]+\]:\d{1,5}$")
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# Variables of the caller's environment never exported by default (export="ALL"): the client's
+# credentials and endpoint, and handles to the login session. The same list as the CLI's
+# `EXPORT_DENY` (crates/corral-cli/src/jobspec.rs): keep them in step.
+EXPORT_DENY = (
+    "CORRAL_TOKEN",
+    "CORRAL_CA",
+    "CORRAL_CERT",
+    "CORRAL_KEY",
+    "CORRAL_ENDPOINT",
+    "SSH_AUTH_SOCK",
+    "SSH_AGENT_PID",
+    "GPG_AGENT_INFO",
+    "KRB5CCNAME",
+    "XAUTHORITY",
+    "DBUS_SESSION_BUS_ADDRESS",
+    "VAULT_TOKEN",
+)
+# A job's environment limits (corral_types::MAX_ENV_VARS, MAX_ENV_BYTES).
+MAX_ENV_VARS = 1024
+MAX_ENV_BYTES = 256 * 1024
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
+
+
+def _valid_name(key):
+    return bool(key) and "=" not in key and "\0" not in key
+
+
+def exported_environment(spec, environment, explicit):
+    """A job's environment for an export spec ('ALL', 'NONE', 'VAR,VAR=value,...') from the
+    caller's `environment`, with `explicit` on top: what the CLI's `--export` does. Variables
+    past the job's limits are left out with a warning."""
+    import warnings
+
+    items = [i.strip() for i in str(spec).split(",")]
+    everything = False
+    named = {}
+    for item in items:
+        if item == "ALL":
+            everything = True
+        elif item == "NONE":
+            pass
+        elif item == "":
+            raise InvalidJob(f"invalid export '{spec}': an empty item (expected ALL, NONE or VAR[,VAR=value...])")
+        elif "=" in item:
+            key, value = item.split("=", 1)
+            if not _valid_name(key):
+                raise InvalidJob(f"invalid export item '{item}': expected a variable name or VAR=value")
+            named[key] = value
+        elif _valid_name(item):
+            # Named explicitly: exported even if on the deny list; absent, nothing.
+            if item in environment:
+                named[item] = environment[item]
+        else:
+            raise InvalidJob(f"invalid export item '{item}': expected a variable name or VAR=value")
+    if "NONE" in items and len(items) > 1:
+        raise InvalidJob(f"invalid export '{spec}': NONE cannot be combined with other items")
+    env = dict(explicit)
+    for k, v in named.items():
+        env.setdefault(k, v)
+    size = sum(len(k) + len(v) for k, v in env.items())
+    dropped = []
+    if everything:
+        for key in sorted(environment):
+            value = environment[key]
+            if key in env or key in EXPORT_DENY or not _valid_name(key):
+                continue
+            if len(env) >= MAX_ENV_VARS or size + len(key) + len(value) > MAX_ENV_BYTES:
+                dropped.append(key)
+                continue
+            size += len(key) + len(value)
+            env[key] = value
+    if dropped:
+        warnings.warn(
+            f"{len(dropped)} environment variables not exported (a job carries at most {MAX_ENV_VARS} "
+            f"variables, {MAX_ENV_BYTES // 1024} KiB): {', '.join(dropped)}"
+        )
+    return env
 
 
 def _endpoints(endpoints):
@@ -256,10 +333,16 @@ class Client:
         max_restarts=None,
         hold=False,
         request_id=None,
+        export=None,
     ):
         """Submits a job and returns it (pending). command: a list of arguments, or a string
-        run with `sh -c`. time: the time limit (seconds or '1h30m'); memory: bytes or '16GiB'.
-        A retry after a lost reply never creates a second job (one request id per call)."""
+        run with `sh -c`. time: the time limit (seconds or '1h30m'; 0: none); memory: bytes or
+        '16GiB'. As `corral submit` does, the job runs in the caller's working directory (or
+        `workdir`) with the caller's environment (less `EXPORT_DENY`) under `env`, and is named
+        after its program; export: 'ALL' (the default without `image`), 'NONE' (the default
+        with `image`, which also keeps the container's own directory) or 'VAR,VAR=value,...' as
+        `--export`. A retry after a lost reply never creates a second job (one request id per
+        call)."""
         if isinstance(command, str):
             command = ["sh", "-c", command]
         command = [str(c) for c in command]
@@ -273,23 +356,30 @@ class Client:
         if max_restarts is not None:
             sched.max_restarts = int(max_restarts)
         spec = pb.JobSpec(
-            name=name or "",
+            name=name or command[0].rsplit("/", 1)[-1],
             tenant=tenant or "",
             priority_class=priority or "",
             gpus=int(gpus or 0),
             cpu_millis=int(round(float(cpus) * 1000)) if cpus is not None else 0,
             memory_bytes=parse_size(memory),
             command=command,
-            env={str(k): str(v) for k, v in (env or {}).items()},
+            env=exported_environment(
+                export if export is not None else ("NONE" if image else "ALL"),
+                dict(os.environ),
+                {str(k): str(v) for k, v in (env or {}).items()},
+            ),
             sched=sched,
         )
         limit = parse_seconds(time)
-        if limit is not None:
+        # 0 is no limit, as in Slurm.
+        if limit:
             spec.time_limit_secs = limit
         if image:
             spec.image = image
         if workdir:
-            spec.workdir = str(workdir)
+            spec.workdir = os.path.abspath(str(workdir))
+        elif not image:
+            spec.workdir = os.getcwd()
         request = pb.SubmitRequest(request_id=request_id or str(uuid.uuid4()), spec=spec)
         reply = self._unary("Submit", request)
         return self.job(reply.job_id)

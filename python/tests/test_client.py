@@ -1,6 +1,7 @@
 """The Python client against real coordinators: jobs end to end, errors, nodes, billing,
 watches and their resumption, tenants and tokens."""
 
+import os
 import threading
 
 import pytest
@@ -308,3 +309,36 @@ def test_a_server_of_another_ca_is_refused_over_tls(tls_coordinator):
             c.nodes()
     assert str(refused.value).startswith(f"TLS: the server at {tls_coordinator.addr} failed verification")
 
+
+
+def test_submit_runs_in_the_callers_directory_with_its_environment(client, tmp_path, monkeypatch):
+    # As `corral submit`: a program found on the caller's PATH, run in the caller's directory
+    # with the caller's variables, less the deny list; named after the program.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "mytool"
+    tool.write_text('#!/bin/sh\necho "dir=$(pwd) var=$NEWCOMER_VAR token=${CORRAL_TOKEN:-unset} x=$EXPLICIT"\n')
+    tool.chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("NEWCOMER_VAR", "from-caller")
+    monkeypatch.setenv("CORRAL_TOKEN", "secret")
+    job = client.submit(["mytool"], env={"EXPLICIT": "yes"}, time=0)
+    assert job.name == "mytool" and job.time_limit_secs is None
+    done = client.wait(job, timeout=120)
+    assert done.state == "succeeded", done
+    assert list(client.logs(done)) == [f"dir={work} var=from-caller token=unset x=yes"]
+
+
+def test_export_none_sends_only_the_named_variables(client, monkeypatch):
+    monkeypatch.setenv("NEWCOMER_VAR", "from-caller")
+    job = client.submit(
+        ["/bin/sh", "-c", "echo ${NEWCOMER_VAR:-unset} $ONLY"], export="NONE", env={"ONLY": "this"}
+    )
+    assert job.name == "sh"
+    assert client.wait(job, timeout=120).state == "succeeded"
+    assert list(client.logs(job)) == ["unset this"]
+    with pytest.raises(InvalidJob, match="NONE cannot be combined"):
+        client.submit(["true"], export="NONE,FOO")

@@ -448,7 +448,8 @@ pub struct JobFlags {
     /// Memory limit, e.g. 512M or 16GiB; the job is OOM-killed above it.
     #[arg(long, value_parser = parse_size)]
     pub mem: Option<u64>,
-    /// Time limit, e.g. 90s, 30m, 2h, 1:30:00 (a bare number is minutes).
+    /// Time limit, e.g. 90s, 30m, 2h, 1:30:00 (a bare number is minutes, as in Slurm; 0: no
+    /// limit).
     #[arg(long, value_parser = parse_duration)]
     pub time: Option<std::time::Duration>,
     /// Job name (default: the program name).
@@ -663,8 +664,9 @@ pub struct UpdateArgs {
 pub struct WaitArgs {
     /// Job id (`12`), or a task of a job array (`12_7`).
     pub job: corral_types::JobRef,
-    /// Give up after this long (exit 2), e.g. 30s or 10m.
-    #[arg(long, value_parser = parse_duration)]
+    /// Give up after this long (exit 2): a duration with its unit, e.g. 30s, 10m or 1h (a bare
+    /// number is refused: seconds or minutes would be a guess).
+    #[arg(long, value_parser = parse_timeout)]
     pub timeout: Option<std::time::Duration>,
 }
 
@@ -736,6 +738,16 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     corral_types::parse_duration(s).map_err(|e| e.to_string())
 }
 
+/// A duration that must carry its unit (`30s`, `10m`, `1:30`): for options with no Slurm
+/// counterpart, where a bare number would be read as seconds by some and minutes by others.
+pub fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("'{s}' has no unit: write {t}s for seconds or {t}m for minutes"));
+    }
+    parse_duration(s)
+}
+
 pub fn parse_signal(s: &str) -> Result<i32, String> {
     let name = s.trim().trim_start_matches("SIG").to_ascii_uppercase();
     let known = [("HUP", 1), ("INT", 2), ("QUIT", 3), ("USR1", 10), ("USR2", 12), ("TERM", 15), ("CONT", 18)];
@@ -783,6 +795,14 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn wait_timeout_needs_its_unit() {
+        assert_eq!(parse_timeout("30s"), Ok(std::time::Duration::from_secs(30)));
+        assert_eq!(parse_timeout("2m"), Ok(std::time::Duration::from_secs(120)));
+        let err = parse_timeout("2").unwrap_err();
+        assert!(err.contains("2s") && err.contains("2m"), "{err}");
+    }
 
     /// clap checks a command's definition when it builds it; with deferred subcommands a run
     /// builds one, so this builds and checks them all.

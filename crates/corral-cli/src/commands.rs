@@ -145,6 +145,9 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<ExitCode>
             return Ok(ExitCode::from(130));
         }
     };
+    if job.state != JobState::Succeeded {
+        eprintln!("{}", ended_note(&job));
+    }
     Ok(ExitCode::from(run_exit_code(&job)))
 }
 
@@ -155,16 +158,7 @@ fn run_exit_code(job: &corral_types::Job) -> u8 {
         (JobState::Succeeded, _, _) => 0,
         (_, _, Some(signal)) => u8::try_from(128 + signal.clamp(1, 127)).unwrap_or(255),
         (_, Some(code), _) if code != 0 => u8::try_from(code.clamp(1, 255)).unwrap_or(1),
-        _ => {
-            let reason = output::reason(job);
-            eprintln!(
-                "corral: job {} {}{}",
-                job.id,
-                job.state,
-                if reason.is_empty() { String::new() } else { format!(": {reason}") }
-            );
-            1
-        }
+        _ => 1,
     }
 }
 
@@ -367,11 +361,39 @@ pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<ExitCod
     if args.job.task.is_some() && job.is_array() {
         bail!("task {} has not started yet: it has no output", args.job);
     }
-    if args.all_ranks {
-        return crate::logs::all_ranks(&client, &job, args.follow).await;
+    // A job without output says why: still pending (and what `-f` waits for), or ended
+    // without starting (the launch error), on stderr so that the output stays the job's.
+    if job.state == JobState::Pending {
+        let what = if args.follow { "following its output once it starts" } else { "no output yet" };
+        eprintln!("corral: job {} pending: {} ({what})", job.id, output::reason(&job));
     }
-    crate::logs::copy(client.read_rank_logs(job.id, args.rank, args.follow).await?).await?;
-    Ok(ExitCode::SUCCESS)
+    let code = if args.all_ranks {
+        crate::logs::all_ranks(&client, &job, args.follow).await?
+    } else {
+        crate::logs::copy(client.read_rank_logs(job.id, args.rank, args.follow).await?).await?;
+        ExitCode::SUCCESS
+    };
+    // A job whose program ran has its output (and its exit code in `show`); one that never ran
+    // it (its launch failed) says why here, after any output.
+    let ended = if job.state.is_terminal() { job } else { client.get_job(job.id).await? };
+    let never_ran = ended.exit_code.is_none() && ended.signal.is_none();
+    if ended.state.is_terminal() && !matches!(ended.state, JobState::Succeeded | JobState::Cancelled) && never_ran {
+        eprintln!("{}", ended_note(&ended));
+    }
+    Ok(code)
+}
+
+/// "corral: job N failed: <reason>" for a job that ended without success; the reason of a
+/// job that never started is its launch error (or why it was cancelled while pending).
+fn ended_note(job: &corral_types::Job) -> String {
+    let reason = output::reason(job);
+    let never = if job.started_at.is_none() { " before it started" } else { "" };
+    format!(
+        "corral: job {} {}{never}{}",
+        job.id,
+        job.state,
+        if reason.is_empty() { String::new() } else { format!(": {reason}") }
+    )
 }
 
 pub async fn nodes(global: &GlobalArgs) -> anyhow::Result<ExitCode> {

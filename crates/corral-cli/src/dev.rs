@@ -193,6 +193,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     tracing::info!("shutting down");
     worker_stop.cancel();
     worker.await??;
+    // The worker ended its jobs: their cgroup root goes too (one per data dir would pile up).
+    // Left in place, with a warning, while anything is still under it.
+    if let Err(e) =
+        corral_worker::executor::ProcessExecutor::new(cgroup_root.as_str()).and_then(|e| e.remove_root_cgroup())
+    {
+        tracing::warn!(error = %e, cgroup_root, "cannot remove the dev pool's cgroup root");
+    }
     stop.cancel();
     if let Err(e) = node.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown");

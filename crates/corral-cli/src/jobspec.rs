@@ -160,7 +160,8 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
         gpu_slice,
         cpu_millis: shape.cpu_millis,
         memory_bytes: shape.memory_bytes,
-        time_limit_secs: flags.time.map(|t| t.as_secs().max(1)),
+        // 0 is no limit, as in Slurm.
+        time_limit_secs: flags.time.filter(|t| !t.is_zero()).map(|t| t.as_secs().max(1)),
         image,
         command: input.command.into(),
         env: env.into(),
@@ -508,6 +509,19 @@ mod tests {
         let flags = JobFlags { image: Some("/rootfs".into()), ..Default::default() };
         let (spec, _) = job_spec(flags, input(cwd)).unwrap();
         assert_eq!((spec.workdir, spec.env.len()), (None, 0), "--image jobs keep the old defaults");
+    }
+
+    #[test]
+    fn time_zero_is_no_limit_as_in_slurm() {
+        let cwd = Path::new("/home/ana/exp");
+        let time = |t: &str| {
+            let flags = JobFlags { time: Some(crate::args::parse_duration(t).unwrap()), ..Default::default() };
+            job_spec(flags, input(cwd)).unwrap().0.time_limit_secs
+        };
+        assert_eq!(time("0"), None);
+        assert_eq!(time("0s"), None);
+        assert_eq!(time("2"), Some(120), "a bare number is minutes");
+        assert_eq!(time("90s"), Some(90));
     }
 
     #[test]

@@ -59,10 +59,7 @@ fn main() -> ExitCode {
                 let _ = e.print();
                 return ExitCode::from(2);
             }
-            // One line: clap's first line names the problem; the rest is usage we point to.
-            let rendered = e.render().to_string();
-            let first = rendered.lines().next().unwrap_or("error: invalid arguments");
-            eprintln!("{first} (see `corral --help`)");
+            eprintln!("{}", parse_error_line(&e.render().to_string()));
             return ExitCode::from(2);
         }
     };
@@ -124,6 +121,40 @@ fn block_sigpipe() {
 }
 
 /// Renders an error chain on one line.
+/// clap's error in one line: the problem, what it lists under it (the missing arguments),
+/// its tips ("a similar argument exists", "to pass '-x' as a value, use '-- -x'"), and the
+/// help of the subcommand its usage names.
+fn parse_error_line(rendered: &str) -> String {
+    let mut lines = rendered.lines();
+    let mut out = lines.next().unwrap_or("error: invalid arguments").trim_end().to_string();
+    let mut listed = Vec::new();
+    let mut tips = Vec::new();
+    let mut help = "corral --help".to_string();
+    let mut in_list = true;
+    for line in lines {
+        let trimmed = line.trim();
+        if trimmed.is_empty() {
+            in_list = false;
+        } else if let Some(tip) = trimmed.strip_prefix("tip:") {
+            tips.push(tip.trim().to_string());
+        } else if let Some(usage) = trimmed.strip_prefix("Usage:") {
+            let words: Vec<&str> =
+                usage.split_whitespace().take_while(|w| !w.starts_with(['[', '<', '-', '.'])).collect();
+            if !words.is_empty() {
+                help = format!("{} --help", words.join(" "));
+            }
+        } else if in_list {
+            listed.push(trimmed.to_string());
+        }
+    }
+    if !listed.is_empty() {
+        out = format!("{out} {}", listed.join(", "));
+    }
+    let mut notes = tips;
+    notes.push(format!("see `{help}`"));
+    format!("{out} ({})", notes.join("; "))
+}
+
 fn one_line(e: &anyhow::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     for cause in e.chain() {
@@ -159,6 +190,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             commands::control(&global, args.job, "signal", request).await
         }
         Command::Update(args) => {
+            if args.time.is_some_and(|t| t.is_zero()) {
+                anyhow::bail!("update --time 0: a time limit cannot be removed from a submitted job; give a duration");
+            }
             let request = corral_proto::v1::ControlJobRequest {
                 time_limit_secs: args.time.map(|t| t.as_secs().max(1)),
                 priority_class: args.priority,
@@ -187,6 +221,26 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
+
+    fn parse_error(args: &[&str]) -> String {
+        use clap::Parser;
+        let e = crate::args::Cli::try_parse_from(args).expect_err("a parse error");
+        super::parse_error_line(&e.render().to_string())
+    }
+
+    #[test]
+    fn parse_errors_keep_clap_hints_on_one_line() {
+        let line = parse_error(&["corral", "submit", "--gpu", "1", "--", "true"]);
+        assert!(line.contains("'--gpu'") && line.contains("'--gpus'"), "{line}");
+        assert!(line.contains("see `corral submit --help`"), "{line}");
+        let line = parse_error(&["corral", "submit", "-x"]);
+        assert!(line.contains("'-- -x'"), "{line}");
+        let line = parse_error(&["corral", "wait"]);
+        assert!(line.contains("<JOB>"), "{line}");
+        for line in [parse_error(&["corral", "submit", "--gpu", "1"]), parse_error(&["corral", "wait"])] {
+            assert!(!line.contains('\n'), "{line:?}");
+        }
+    }
 
     /// The modules each module of this crate names (`crate::x`, `use crate::{x, y::z}`).
     fn module_imports() -> BTreeMap<String, BTreeSet<String>> {

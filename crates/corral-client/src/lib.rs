@@ -120,6 +120,15 @@ fn tls_refusal(status: &Status) -> Option<String> {
     corral_security::describe_tls_error(&chain)
 }
 
+/// An HTTP server that is not a gRPC service answered (e.g. the metrics listener): tonic reads
+/// its HTML body as a gRPC frame or maps its HTTP status.
+fn answers_plain_http(status: &Status) -> bool {
+    let message = status.message();
+    message.contains("invalid compression flag")
+        || message.contains("while receiving response with status")
+        || message.contains("mapped from HTTP status")
+}
+
 /// The pause between rounds over the coordinators while none answers, for the first
 /// `FAST_POLL_FOR` of a call: a failover is over about when an election is, not a backoff later.
 const FAST_POLL: Duration = Duration::from_millis(10);
@@ -307,6 +316,11 @@ impl Client {
                     {
                         return Err(ClientError::Protocol(format!(
                             "the coordinator at {addr} did not answer in plaintext: it probably requires TLS (pass --ca, --cert and --key)"
+                        )));
+                    }
+                    Err(status) if answers_plain_http(&status) => {
+                        return Err(ClientError::Protocol(format!(
+                            "{addr}: that address answers HTTP, not corral's gRPC (is it the metrics port?): give the coordinator's API address to --endpoint"
                         )));
                     }
                     Err(status) if retryable(&status) => {

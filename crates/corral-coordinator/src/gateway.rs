@@ -103,7 +103,13 @@ impl WorkerGateway for Gateway {
         }
         let term = self.coord.worker_term()?;
         let name = spec.name.clone();
-        match self.coord.propose(Command::RegisterNode { spec }).await? {
+        // A restarted worker process says when it stopped its predecessor's jobs: their runs
+        // are billed until then, not until this registration got through.
+        let command = match request.get_ref().stale_jobs_stopped_ms_ago {
+            Some(stale_jobs_stopped_ms_ago) => Command::RegisterRestartedNode { spec, stale_jobs_stopped_ms_ago },
+            None => Command::RegisterNode { spec },
+        };
+        match self.coord.propose(command).await? {
             Outcome::NodeRegistered { epoch } => {
                 self.coord.liveness().heartbeat(term, &name, Vec::new());
                 tracing::info!(node = %name, epoch, "node registered");

@@ -15,11 +15,40 @@ use std::path::Path;
 pub const DEV_POLICY: &str = include_str!("../../../cluster-configs/dev-policy.toml");
 
 /// A number as written in the file: `8` or `0.5`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(untagged)]
 enum Number {
     Int(i64),
     Float(f64),
+}
+
+/// By hand rather than untagged, so that `"four"` reads "expected a number, got \"four\"".
+impl<'de> Deserialize<'de> for Number {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Number, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Number;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number, e.g. 8 or 0.5")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Number, E> {
+                Ok(Number::Int(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Number, E> {
+                i64::try_from(v).map(Number::Int).map_err(|_| E::custom(format!("{v} is too large")))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Number, E> {
+                Ok(Number::Float(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Number, E> {
+                Err(E::custom(format!("expected a number, got {v:?}")))
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Number, E> {
+                Err(E::custom(format!("expected a number, got {v}")))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 impl Number {
@@ -322,6 +351,7 @@ mod tests {
         let example = include_str!("../../../cluster-configs/cluster.toml");
         let config = parse_policy("cluster.toml", example).unwrap();
         assert_eq!(config.tenant_policies["team-a"].quota_milli_gpus, Some(8000));
+        assert!(config.tenants.iter().any(|t| t == "default"), "a plain submit must keep working");
         assert_eq!(config.priority_classes["gpu-high-priority"].value, 1_000_000);
         assert!(config.priority_classes["gpu-high-priority"].preempts_lower);
         assert_eq!(config.gpu_prices["H100"], 2_490_000);
@@ -391,6 +421,7 @@ default = true
             ("[tenants.a]\nborrow-limit-gpus = 2\n", "within a cohort"),
             ("[tenants.a]\nquota-gpus = 0.0001\n", "more decimals"),
             ("[tenants.a]\ncohort = \"c\"\n", "without a quota"),
+            ("[tenants.a]\nquota-gpus = \"four\"\n", "tenants.a.quota-gpus: expected a number, got \"four\""),
         ];
         for (text, wanted) in cases {
             let err = parse_policy("bad.toml", text).unwrap_err();

@@ -90,6 +90,7 @@ impl State {
                 touched.jobs.extend(preemptions.iter().map(|p| p.job_id));
             }
             Command::RegisterNode { spec: NodeSpec { name, .. } }
+            | Command::RegisterRestartedNode { spec: NodeSpec { name, .. }, .. }
             | Command::SetNodeState { node: name, .. }
             | Command::SetNodeMode { node: name, .. }
             | Command::EvictDrainedJobs { node: name }
@@ -191,7 +192,10 @@ impl State {
                 }
                 Ok(Outcome::JobsCancelled(cancelled))
             }
-            Command::RegisterNode { spec } => Ok(self.register_node(ts, spec)),
+            Command::RegisterNode { spec } => Ok(self.register_node(ts, spec, None)),
+            Command::RegisterRestartedNode { spec, stale_jobs_stopped_ms_ago } => {
+                Ok(self.register_node(ts, spec, Some(*stale_jobs_stopped_ms_ago)))
+            }
             Command::SetNodeState { node, state, reason } => self.set_node_state(ts, node, *state, reason),
             Command::Configure(config) => self.configure(config),
             Command::Noop => Ok(Outcome::Done),
@@ -683,7 +687,7 @@ impl State {
         };
         let Some(report) = &decisive.report else {
             let reason = format!("requeued: node {} was lost while it ran part of the job", decisive.node);
-            self.finish_lost(ts, job_id, &reason);
+            self.finish_lost(ts, job_id, &reason, RunLength::Lost);
             return Ok(Outcome::Job(Box::new(self.jobs[&job_id].clone())));
         };
         // A batch job ran as long as its batch step (the first node's part): its other parts
@@ -825,11 +829,18 @@ impl State {
         Ok(Outcome::Job(Box::new(self.jobs[&job_id].clone())))
     }
 
-    fn register_node(&mut self, ts: Timestamp, spec: &NodeSpec) -> Outcome {
+    /// Registers `spec` under a new epoch. `stale_jobs_stopped_ms_ago`: a restarted worker
+    /// process stopped the runs of the old registration that long before this entry's ts, so
+    /// they are billed until then, however long its registration took to get through.
+    fn register_node(&mut self, ts: Timestamp, spec: &NodeSpec, stale_jobs_stopped_ms_ago: Option<u64>) -> Outcome {
         let epoch = self.next_epoch;
         self.next_epoch += 1;
+        let length = match stale_jobs_stopped_ms_ago {
+            Some(ago) => RunLength::LostStoppedBy(Timestamp::compose(ts.physical_ms().saturating_sub(ago), 0)),
+            None => RunLength::Lost,
+        };
         // A (re-)registering worker starts empty: whatever ran there under an older epoch is gone.
-        self.requeue_jobs_on(ts, &spec.name, &format!("requeued: node {} restarted", spec.name));
+        self.requeue_jobs_on(ts, &spec.name, &format!("requeued: node {} restarted", spec.name), length);
         // A cordon or drain outlives the worker's restart.
         let (mode, mode_reason, drain_deadline) =
             self.nodes.get(&spec.name).map(|n| (n.mode, n.mode_reason.clone(), n.drain_deadline)).unwrap_or_default();
@@ -847,7 +858,7 @@ impl State {
         status.state = state;
         if state == NodeState::Down {
             let why = if reason.is_empty() { format!("node {node} down") } else { reason.to_string() };
-            self.requeue_jobs_on(ts, node, &format!("requeued: {why}"));
+            self.requeue_jobs_on(ts, node, &format!("requeued: {why}"), RunLength::Lost);
         }
         Ok(Outcome::Done)
     }
@@ -855,8 +866,9 @@ impl State {
     /// Ends the run of every job with a part on `node`: back in the queue, except cancel requests
     /// (cancelled) and preempted jobs that opted out of requeueing (preempted). A gang's part on
     /// `node` ends as lost; its run ends once its other parts have ended too (they are told to
-    /// stop), or at once for a batch job's first node (its batch step).
-    fn requeue_jobs_on(&mut self, ts: Timestamp, node: &str, reason: &str) {
+    /// stop), or at once for a batch job's first node (its batch step). A single-node run is
+    /// billed as `length` says (a lost run, maybe stopped earlier); a gang's as `finish_gang` says.
+    fn requeue_jobs_on(&mut self, ts: Timestamp, node: &str, reason: &str, length: RunLength) {
         let ids: Vec<JobId> = self.jobs_on_node(node).map(|j| j.id).collect();
         for id in ids {
             let batch_once = self.jobs.get(&id).is_some_and(Job::runs_batch_once);
@@ -872,20 +884,21 @@ impl State {
                 }
                 continue;
             }
-            self.finish_lost(ts, id, reason);
+            self.finish_lost(ts, id, reason, length);
         }
     }
 
-    /// Ends a run whose node was lost: billed for the TSO interval, then requeued with `reason`
+    /// Ends a run whose node was lost: billed for the TSO interval (to when the node's next worker
+    /// process stopped it at the latest, as `length` says), then requeued with `reason`
     /// (cancelled if a cancel was requested, preempted if it was preempted and opted out of
     /// requeueing).
-    fn finish_lost(&mut self, ts: Timestamp, id: JobId, reason: &str) {
+    fn finish_lost(&mut self, ts: Timestamp, id: JobId, reason: &str, length: RunLength) {
         let label = match self.jobs.get(&id) {
             Some(j) if j.cancel_requested => "cancelled",
             Some(j) if j.preemption.is_some() => "preempted",
             _ => "requeued",
         };
-        self.end_run(ts, id, label, Some(RunLength::Lost));
+        self.end_run(ts, id, label, Some(length));
         let Some(job) = self.jobs.get_mut(&id) else { return };
         let end = if job.cancel_requested {
             Some(JobState::Cancelled)
@@ -1208,6 +1221,52 @@ pub(crate) mod tests {
             s.ledger.values().map(|g| crate::cost_micros(g.duration_ms(), g.gpu_milli, 890_000, 1000)).sum();
         assert_eq!(total, expected);
         assert_eq!(total, 1_335_000);
+    }
+
+    /// A worker killed 1.7 s into a run restarts, stops what its predecessor left running, and
+    /// gets through to a leader only 78 s later (the leadership churned): the run is billed until
+    /// the new process stopped it, not until its registration. A node declared lost before its
+    /// worker came back is billed until the declaration, and the late registration bills nothing.
+    #[test]
+    fn a_lost_run_is_billed_until_the_node_was_declared_lost_or_its_worker_came_back() {
+        let mut s = cluster();
+        submit(&mut s, Timestamp::compose(1_000, 0).0, "a", spec(1)).unwrap();
+        schedule(&mut s, Timestamp::compose(1_000, 1).0);
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        s.apply(&Request { ts: Timestamp::compose(2_000, 0), command: Command::JobStarted { job_id: 1, epoch } })
+            .unwrap();
+        // Killed at 3.7 s; the new process stopped the old jobs at 8 s and registered at 86 s.
+        let back = Command::RegisterRestartedNode { spec: node("n1", 8), stale_jobs_stopped_ms_ago: 78_000 };
+        s.apply(&Request { ts: Timestamp::compose(86_000, 0), command: back }).unwrap();
+        assert_eq!(s.jobs[&1].state, JobState::Pending);
+        let seg = &s.ledger[&1];
+        assert_eq!((seg.start, seg.end), (Timestamp::compose(2_000, 0), Timestamp::compose(8_000, 0)));
+        assert_eq!((seg.duration_ms(), seg.lost, seg.end_state.as_str()), (6_000, true, "requeued"));
+        assert_eq!(seg.cost_micros, crate::cost_micros(6_000, 1000, 890_000, 1000));
+
+        // The next run: the node is declared lost at 100 s, its worker registers at 150 s saying
+        // it stopped the old jobs at 120 s. The declaration bills; the registration finds nothing.
+        schedule(&mut s, Timestamp::compose(90_000, 0).0);
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        s.apply(&Request { ts: Timestamp::compose(91_000, 0), command: Command::JobStarted { job_id: 1, epoch } })
+            .unwrap();
+        let lost = Command::SetNodeState { node: "n1".into(), state: NodeState::Down, reason: String::new() };
+        s.apply(&Request { ts: Timestamp::compose(100_000, 0), command: lost }).unwrap();
+        let back = Command::RegisterRestartedNode { spec: node("n1", 8), stale_jobs_stopped_ms_ago: 30_000 };
+        s.apply(&Request { ts: Timestamp::compose(150_000, 0), command: back }).unwrap();
+        assert_eq!(s.ledger.len(), 2, "the registration after the declaration bills nothing more");
+        assert_eq!((s.ledger[&2].end, s.ledger[&2].duration_ms()), (Timestamp::compose(100_000, 0), 9_000));
+
+        // A plain re-registration (same worker process) still ends the old runs at its own time.
+        schedule(&mut s, Timestamp::compose(151_000, 0).0);
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        s.apply(&Request { ts: Timestamp::compose(152_000, 0), command: Command::JobStarted { job_id: 1, epoch } })
+            .unwrap();
+        s.apply(&req(Timestamp::compose(160_000, 0).0, Command::RegisterNode { spec: node("n1", 8) })).unwrap();
+        assert_eq!(s.ledger[&3].duration_ms(), 8_000);
+        // Usage follows the bill: 6 + 9 + 8 s at one GPU.
+        let billed: u64 = s.ledger.values().map(|g| g.duration_ms()).sum();
+        assert_eq!(billed, 23_000);
     }
 
     /// A start report that never arrived (lost, or skipped for a short job) no longer bills the

@@ -233,6 +233,13 @@ pub enum Command {
         step: StepId,
         signal: i32,
     },
+    /// A restarted worker process registers (see `RegisterNode`): the runs of the node's old
+    /// registration ended `stale_jobs_stopped_ms_ago` before the entry's ts, when the new process
+    /// stopped them, and are billed until then.
+    RegisterRestartedNode {
+        spec: NodeSpec,
+        stale_jobs_stopped_ms_ago: u64,
+    },
 }
 
 /// What `corral update` changes in a pending job (`None`: unchanged).

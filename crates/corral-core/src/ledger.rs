@@ -21,6 +21,9 @@ pub(crate) enum RunLength {
     Reported { worker_ms: u64 },
     /// The worker never reported (its node was lost or restarted).
     Lost,
+    /// The worker never reported, and the node's next worker process stopped the run at this
+    /// time (it said how long before registering): billed until then at the latest.
+    LostStoppedBy(Timestamp),
 }
 
 /// Exact integer price: duration x GPU-equivalents x hourly price x class multiplier, rounded
@@ -53,6 +56,10 @@ impl State {
         end_state: &str,
         length: RunLength,
     ) -> Option<u64> {
+        let end = match length {
+            RunLength::LostStoppedBy(stopped) => end.min(stopped),
+            _ => end,
+        };
         let job = self.jobs.get(&job_id)?;
         let allocation = job.allocation.as_ref()?;
         let placed = job.admitted_at.or(job.started_at)?;
@@ -94,7 +101,7 @@ impl State {
             start,
             end,
             duration_ms,
-            lost: matches!(length, RunLength::Lost),
+            lost: matches!(length, RunLength::Lost | RunLength::LostStoppedBy(_)),
             end_state: end_state.to_string(),
             cost_micros: 0,
             policy_version: self.policy_version,
@@ -136,11 +143,12 @@ pub const TSO_LEAD_ALLOWANCE_MS: u64 = 5_000;
 /// The billed length of a run placed at `placed` (TSO), started at `start` and ended at `end`:
 /// the worker's run time clipped to the TSO interval since the placement (plus the allowance for
 /// stamps running ahead of the clock), or the TSO interval since the start when the worker never
-/// reported.
+/// reported (until the node's next worker process stopped it, if it said when).
 pub(crate) fn billed_ms(placed: Timestamp, start: Timestamp, end: Timestamp, length: RunLength) -> u64 {
     match length {
         RunLength::Reported { worker_ms } => worker_ms.min(end.millis_since(placed) + TSO_LEAD_ALLOWANCE_MS),
         RunLength::Lost => end.millis_since(start),
+        RunLength::LostStoppedBy(stopped) => end.min(stopped).millis_since(start),
     }
 }
 
@@ -178,5 +186,10 @@ mod tests {
         // A lost node: the TSO interval from the start (or the placement when no start came).
         assert_eq!(billed_ms(ts(1_000), ts(2_000), ts(12_000), RunLength::Lost), 10_000);
         assert_eq!(billed_ms(ts(1_000), ts(1_000), ts(12_000), RunLength::Lost), 11_000);
+        // A lost node whose next worker process stopped the run: until then at the latest.
+        assert_eq!(billed_ms(ts(1_000), ts(2_000), ts(90_000), RunLength::LostStoppedBy(ts(5_000))), 3_000);
+        assert_eq!(billed_ms(ts(1_000), ts(2_000), ts(4_000), RunLength::LostStoppedBy(ts(5_000))), 2_000);
+        // Stopped before it started (its stamps ran ahead): nothing.
+        assert_eq!(billed_ms(ts(1_000), ts(2_000), ts(90_000), RunLength::LostStoppedBy(ts(1_500))), 0);
     }
 }

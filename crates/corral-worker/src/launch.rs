@@ -8,6 +8,7 @@ use crate::executor::DEFAULT_PATH;
 use crate::executor::{JobFiles, LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR, SCRIPT_FILE};
 use crate::gang::{gang_env, PartAddrs, HOSTFILE};
 use crate::gpu::{DeviceInfo, MigPlacement, MigState};
+use corral_image::{ImageConfig, JobOverrides, JobRoot};
 use corral_types::{expand_output_pattern, slurm_allocation_env, GpuSlice, Job, OutputPlace, SliceAssignment};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,14 @@ use std::path::{Path, PathBuf};
 /// GPU control nodes a container with GPUs needs besides `/dev/nvidia<minor>`.
 const NVIDIA_CONTROL_NODES: [&str; 4] =
     ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"];
+
+/// What a run's registry image gives its launch: the mounted root (its pin held until it is
+/// removed) and the image config.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    pub root: JobRoot,
+    pub config: ImageConfig,
+}
 
 /// The MIG device picked for a job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,6 +115,7 @@ pub(crate) fn holds_allocation_only(job: &Job, node: &str) -> bool {
 }
 
 /// What the executor runs for allocation `epoch` of `job` on this node's `gpus`.
+#[allow(clippy::too_many_arguments)] // the run, where it runs, and its image
 pub(crate) fn launch_spec(
     config: &WorkerConfig,
     devices: &Devices,
@@ -114,8 +124,11 @@ pub(crate) fn launch_spec(
     gpus: &[u32],
     mig_uuid: Option<&str>,
     addrs: &PartAddrs,
+    image: Option<&Prepared>,
 ) -> Result<LaunchSpec, String> {
-    check_rootfs_image(job)?;
+    if image.is_none() {
+        check_rootfs_image(job)?;
+    }
     let user = config.users.resolve(&job.spec.tenant)?;
     let info = devices.info();
     let job_devices: Vec<&DeviceInfo> =
@@ -181,7 +194,7 @@ pub(crate) fn launch_spec(
     }
     // The job's own private directory (its logs, its script), wherever it runs.
     env.insert("CORRAL_JOB_DIR".into(), work_dir.display().to_string());
-    let (argv, files) = if holds_allocation_only(job, &config.node_name) {
+    let (mut argv, mut files) = if holds_allocation_only(job, &config.node_name) {
         // Not the batch step's node: hold the part (cgroup, GPUs) for the job's steps, and
         // write none of the job's output files, which are the batch step's.
         let cwd = if in_container { None } else { job.spec.workdir.as_ref().map(PathBuf::from) };
@@ -192,6 +205,22 @@ pub(crate) fn launch_spec(
         (job.spec.command.to_vec(), JobFiles::default())
     } else {
         job_files(job, &work_dir, &config.node_name)
+    };
+    let root = match image {
+        // A registry image: its config gives the process (Entrypoint, the job's command in
+        // place of Cmd, Env under the job's, WorkingDir); the job still runs as its tenant's
+        // user.
+        Some(image) => {
+            let overrides = JobOverrides { command: &job.spec.command, env: &env, working_dir: None };
+            let exec = image.config.exec(overrides).map_err(|e| e.to_string())?;
+            if !holds_allocation_only(job, &config.node_name) {
+                argv = exec.argv;
+            }
+            env = exec.env;
+            files.cwd = Some(PathBuf::from(exec.working_dir));
+            Some(image.root.path().to_path_buf())
+        }
+        None => job.spec.image.as_ref().map(PathBuf::from),
     };
     Ok(LaunchSpec {
         job_id: job.id,
@@ -208,7 +237,8 @@ pub(crate) fn launch_spec(
         },
         uid: user.map(|u| u.uid),
         gid: user.map(|u| u.gid),
-        image: job.spec.image.as_ref().map(PathBuf::from),
+        writable_root: image.is_some(),
+        image: root,
         devices: device_nodes,
         cdi_devices: uuids.iter().map(|u| format!("nvidia.com/gpu={u}")).collect(),
         binds,

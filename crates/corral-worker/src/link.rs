@@ -102,6 +102,9 @@ pub(crate) struct Link {
     /// Registered and leased by a leader: what the health service reports.
     serving: watch::Sender<bool>,
     started: Instant,
+    /// When this process stopped the jobs an earlier worker process of the node left running,
+    /// until its first registration gets through (the leader bills their runs until then).
+    stale_jobs_stopped: Mutex<Option<Instant>>,
 }
 
 impl Link {
@@ -125,7 +128,14 @@ impl Link {
             heartbeat_answered: Notify::new(),
             serving: watch::Sender::new(false),
             started: Instant::now(),
+            stale_jobs_stopped: Mutex::new(None),
         }
+    }
+
+    /// The jobs of earlier worker processes of this node were stopped now: the first
+    /// registration says so.
+    pub(crate) fn stale_jobs_stopped(&self) {
+        *self.stale_jobs_stopped.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -198,8 +208,14 @@ pub(crate) async fn register<E: From<LinkEvent>>(
     let mut backoff = Duration::from_millis(100);
     loop {
         let sent_at = Instant::now();
-        match link.gateway.register(pb::RegisterRequest { spec: Some((&spec).into()) }).await {
+        let stopped = *link.stale_jobs_stopped.lock().unwrap_or_else(|p| p.into_inner());
+        let stale_jobs_stopped_ms_ago =
+            stopped.map(|at| u64::try_from(sent_at.duration_since(at).as_millis()).unwrap_or(u64::MAX));
+        let request = pb::RegisterRequest { spec: Some((&spec).into()), stale_jobs_stopped_ms_ago };
+        match link.gateway.register(request).await {
             Ok(reply) => {
+                // Later registrations of this process end runs it stopped itself (they report).
+                *link.stale_jobs_stopped.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 tracing::info!(node = %spec.name, epoch = reply.node_epoch, gpus = spec.gpus.len(),
                     backend = devices.backend_name(), "registered with the leader");
                 let terms = Terms::of(reply.lease);

@@ -12,6 +12,9 @@
 //! - an allocation epoch runs at most once per worker process: a local record is only forgotten
 //!   once a desired state at or after the revision of its exit report no longer lists it;
 //! - a job that does not appear in the desired state does not keep running;
+//! - a run whose image is still being pulled is abandoned (reported never started) on a stop,
+//!   a lost lease or when the desired state no longer lists it: nothing ever launches from an
+//!   abandoned pull;
 //! - every start and exit is reported until a leader accepts or rejects it; a worker that must
 //!   register again first stops everything and forgets what is stale.
 
@@ -89,6 +92,9 @@ pub enum StopCause {
 /// A job's local life.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Phase {
+    /// Its image is being pulled: nothing runs yet. A stop, a lost lease or the job leaving
+    /// the desired state abandons the pull and the run is reported never started.
+    Pulling,
     /// Its process tree runs; `stopping` once a stop was ordered, with why.
     Running { stopping: Option<StopCause> },
     /// The process tree is gone; GPU hygiene and MIG clean-up run before the exit is reported.
@@ -277,6 +283,9 @@ fn follow(local: &Local, desired: &Desired, policy: &Policy, actions: &mut Vec<A
         match (local.jobs.get(&job_id), &want.want) {
             (None, Want::Run) => actions.push(Action::Launch { job: want.job.clone(), epoch }),
             (None, Want::Stop { .. }) => actions.push(Action::NeverStarted { job_id, epoch }),
+            (Some(l), Want::Stop { .. }) if l.epoch == epoch && l.phase == Phase::Pulling => {
+                actions.push(Action::NeverStarted { job_id, epoch })
+            }
             (Some(l), Want::Stop { grace, signal }) if l.epoch == epoch => {
                 if matches!(l.phase, Phase::Running { stopping: None }) {
                     let grace = grace.unwrap_or(policy.kill_grace);
@@ -301,7 +310,9 @@ fn follow(local: &Local, desired: &Desired, policy: &Policy, actions: &mut Vec<A
     }
     for (&job_id, job) in &local.jobs {
         let listed = desired.jobs.get(&job_id).is_some_and(|d| d.epoch == job.epoch);
-        if !listed && matches!(job.phase, Phase::Running { stopping: None }) {
+        if !listed && job.phase == Phase::Pulling {
+            actions.push(Action::NeverStarted { job_id, epoch: job.epoch });
+        } else if !listed && matches!(job.phase, Phase::Running { stopping: None }) {
             let (epoch, grace) = (job.epoch, policy.kill_grace);
             actions.push(Action::Stop { job_id, epoch, grace, signal: None, cause: StopCause::Orphan });
         }
@@ -336,6 +347,10 @@ fn stop_all(local: &Local, cause: StopCause, grace: Duration, actions: &mut Vec<
     for (&job_id, job) in &local.jobs {
         // A job stopping for another reason is stopped again, quicker: the lease is gone.
         let stoppable = match job.phase {
+            Phase::Pulling => {
+                actions.push(Action::NeverStarted { job_id, epoch: job.epoch });
+                false
+            }
             Phase::Running { stopping: None } => true,
             Phase::Running { stopping: Some(earlier) } => earlier != cause && earlier != StopCause::Shutdown,
             _ => false,
@@ -467,7 +482,45 @@ pub(crate) mod tests {
     #[test]
     fn table() {
         let done = Delivery::Done { revision: 7 };
+        let pulling = LocalJob {
+            epoch: 10,
+            phase: Phase::Pulling,
+            start: Delivery::Held,
+            exit: Delivery::Pending,
+            signals_sent: 0,
+            steps: BTreeMap::new(),
+        };
         let rows: Vec<(&str, Local, Desired, Vec<Action>)> = vec![
+            (
+                "a run pulling its image that is still wanted is left to pull: no report, no launch",
+                local(Standing::Leased, vec![(1, pulling.clone())]),
+                desired(5, vec![run(1, 10)]),
+                vec![],
+            ),
+            (
+                "a run stopped while it pulls is abandoned: never started",
+                local(Standing::Leased, vec![(1, pulling.clone())]),
+                desired(5, vec![stop(1, 10, None, None)]),
+                vec![Action::NeverStarted { job_id: 1, epoch: 10 }],
+            ),
+            (
+                "a run gone from the desired state while it pulls is abandoned",
+                local(Standing::Leased, vec![(1, pulling.clone())]),
+                desired(5, vec![]),
+                vec![Action::NeverStarted { job_id: 1, epoch: 10 }],
+            ),
+            (
+                "a run pulling when the lease is lost is abandoned",
+                local(Standing::Fenced, vec![(1, pulling.clone())]),
+                desired(5, vec![run(1, 10)]),
+                vec![Action::NeverStarted { job_id: 1, epoch: 10 }],
+            ),
+            (
+                "a run pulling when the worker must register again is abandoned before it does",
+                local(Standing::MustReregister, vec![(1, pulling.clone())]),
+                desired(5, vec![run(1, 10)]),
+                vec![Action::NeverStarted { job_id: 1, epoch: 10 }],
+            ),
             (
                 "a new allocation is launched",
                 local(Standing::Leased, vec![]),

@@ -58,6 +58,16 @@ impl Worker {
         for cgroup in self.executor.reap_leftovers()? {
             tracing::warn!(cgroup = %cgroup, "killed a job left running by an earlier worker process");
         }
+        self.link.stale_jobs_stopped();
+        // The image store; opening it unmounts the job roots an earlier worker process left.
+        let images = match self.config.images.clone() {
+            Some(settings) => Some(
+                tokio::task::spawn_blocking(move || corral_image::Images::open(&settings))
+                    .await?
+                    .map_err(|e| anyhow::anyhow!("cannot open the image store: {e}"))?,
+            ),
+            None => None,
+        };
         self.devices.inspect().await;
         let audit = Arc::new(corral_security::AuditLog::in_dir(&self.config.data_dir));
         let tls = self.config.agent_tls.clone();
@@ -86,6 +96,7 @@ impl Worker {
         let runtime = crate::runtime::Runtime::new(
             self.config.clone(),
             self.executor.clone(),
+            images,
             self.jobs.clone(),
             self.devices.clone(),
             self.link.clone(),

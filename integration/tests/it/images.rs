@@ -2,7 +2,9 @@
 //! with a tag is pinned to the digest the tag names then (`corral show` shows both), a tag
 //! moved later does not change what a submitted job runs, and a reference that does not
 //! resolve (not found, unauthorized, unreachable) is refused with one line. Registry
-//! credentials are the coordinator's `[images] auth-file`.
+//! credentials are the coordinator's `[images] auth-file`. On the worker: a job runs in its
+//! image (Env, WorkingDir, the job's command), the bytes pinned at submit, from the node's
+//! store once pulled; an image gone from the registry fails the job with "not found".
 
 use corral_integration::cluster::{free_port, Cluster, ClusterOptions};
 use corral_integration::registry::{auth_file, push, ready, umoci_busybox, TestRegistry};
@@ -62,14 +64,6 @@ fn a_tag_is_pinned_to_its_digest_at_submit() {
     let doc = pool.show(rootfs);
     assert_eq!((doc["image"].as_str(), doc["image_digest"].as_str()), (Some("/srv/rootfs"), None));
 
-    // Workers run containers from root filesystem directories only: a registry image's run
-    // ends with a launch error that says so, on one line.
-    pool.ok(&["release", &later.to_string()]);
-    let doc = pool.wait_for(later, "ended with a launch error", |d| {
-        d["reason"].as_str().is_some_and(|r| r.contains("is a registry image"))
-    });
-    assert!(!doc["reason"].as_str().unwrap_or_default().contains('\n'), "{doc}");
-
     // What does not resolve is refused with one line, and nothing is queued.
     let missing = pool.corral(&["submit", "--image", &format!("{}/train:nope", registry.addr), "--", "true"]);
     assert!(!missing.status.success());
@@ -118,4 +112,105 @@ fn private_registries_need_the_coordinators_credentials() {
     let doc = cluster.json(&["submit", "--hold", "--image", &reference, "--", "true"]);
     let job = doc["id"].as_u64().expect("id");
     assert_eq!(cluster.show(job)["image_digest"], digest.as_str());
+}
+
+/// Waits for `job` to end; returns its document.
+fn ended(pool: &DevPool, job: u64) -> serde_json::Value {
+    pool.wait_for(job, "ended", |d| ["succeeded", "failed", "cancelled"].contains(&d["state"].as_str().unwrap_or("")))
+}
+
+#[test]
+fn image_jobs_run_in_their_image_pinned_at_submit_and_from_the_store_once_pulled() {
+    if !ready(&[TOOLS, &["runc"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let one = umoci_busybox(dir.path(), &[("STAGE", "one")], "/work", "one");
+    push(&one, &registry, "train:v1", &[]);
+    let reference = format!("{}/train:v1", registry.addr);
+    let pool = DevPool::start(&["--gpus", "1"]);
+    let script = "echo stage=$STAGE; echo cwd=$(pwd); echo marker=$(cat /etc/marker); touch /written";
+
+    // The image's Env and WorkingDir, the job's command; the root is the job's to write.
+    let first = pool.submit(&["--image", &reference, "--", "sh", "-c", script]);
+    let doc = ended(&pool, first);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    let out = pool.ok(&["logs", &first.to_string()]);
+    assert!(out.contains("stage=one\ncwd=/work\nmarker=one\n"), "{out}");
+
+    // A held job keeps the bytes it was submitted with when the tag moves.
+    let held = pool.submit(&["--hold", "--image", &reference, "--", "sh", "-c", script]);
+    let two = umoci_busybox(dir.path(), &[("STAGE", "two")], "/work", "two");
+    push(&two, &registry, "train:v1", &[]);
+    pool.ok(&["release", &held.to_string()]);
+    let doc = ended(&pool, held);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    let out = pool.ok(&["logs", &held.to_string()]);
+    assert!(out.contains("stage=one\n") && out.contains("marker=one\n"), "{out}");
+
+    // An image the registry no longer has fails the job with "not found", on one line.
+    let gone = pool.submit(&["--hold", "--image", &reference, "--", "true"]);
+    let digest = pool.show(gone)["image_digest"].as_str().expect("digest").to_string();
+    let out = Command::new("skopeo")
+        .args(["delete", "--tls-verify=false"])
+        .arg(format!("docker://{}/train@{digest}", registry.addr))
+        .output()
+        .expect("skopeo delete");
+    assert!(out.status.success(), "skopeo delete: {}", String::from_utf8_lossy(&out.stderr));
+    pool.ok(&["release", &gone.to_string()]);
+    let doc = ended(&pool, gone);
+    assert_eq!(doc["state"], "failed", "{doc}");
+    let reason = doc["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("not found") && !reason.contains('\n'), "{doc}");
+
+    // With the registry gone, the image pulled before still runs: from the store, no fetch.
+    let by_digest = pool.show(first)["image_digest"].as_str().expect("digest").to_string();
+    let pinned = format!("{}/train@{by_digest}", registry.addr);
+    let cached = pool.submit(&["--hold", "--image", &pinned, "--", "sh", "-c", script]);
+    drop(registry);
+    pool.ok(&["release", &cached.to_string()]);
+    let doc = ended(&pool, cached);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    let out = pool.ok(&["logs", &cached.to_string()]);
+    assert!(out.contains("stage=one\ncwd=/work\nmarker=one\n"), "{out}");
+}
+
+#[test]
+fn two_jobs_of_one_image_arriving_together_fetch_each_layer_once() {
+    if !ready(&[TOOLS, &["runc"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = umoci_busybox(dir.path(), &[("STAGE", "both")], "/", "both");
+    push(&image, &registry, "shared:1", &[]);
+    let reference = format!("{}/shared:1", registry.addr);
+    let out = Command::new("skopeo")
+        .args(["inspect", "--tls-verify=false", "--raw"])
+        .arg(format!("docker://{reference}"))
+        .output()
+        .expect("skopeo inspect");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let manifest: serde_json::Value = serde_json::from_slice(&out.stdout).expect("manifest");
+    let layers: Vec<String> = manifest["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .map(|l| l["digest"].as_str().expect("digest").to_string())
+        .collect();
+    assert!(!layers.is_empty(), "{manifest}");
+    let pool = DevPool::start(&["--gpus", "2"]);
+    let jobs: Vec<u64> =
+        (0..2).map(|_| pool.submit(&["--image", &reference, "--", "sh", "-c", "echo stage=$STAGE"])).collect();
+    for &job in &jobs {
+        let doc = ended(&pool, job);
+        assert_eq!(doc["state"], "succeeded", "{doc}");
+        assert!(pool.ok(&["logs", &job.to_string()]).contains("stage=both\n"));
+    }
+    // The access log is written as each request completes: give the last line a moment.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    for layer in &layers {
+        assert_eq!(registry.blob_gets("shared", layer), 1, "layer {layer} fetched once for both jobs");
+    }
 }

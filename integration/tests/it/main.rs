@@ -10,6 +10,8 @@ mod bounds;
 mod chaos;
 mod cluster;
 mod cluster_control;
+mod dev_cleanup;
+mod failures_say_why;
 mod gang;
 mod grpc_services;
 mod history;

@@ -145,6 +145,12 @@ fn command_to_pb(r: &Request) -> pb::Command {
         Command::SignalStep { job_id, step: id, signal } => {
             Kind::SignalStep(pb::SignalStep { job_id: *job_id, step: *id, signal: *signal })
         }
+        Command::RegisterRestartedNode { spec, stale_jobs_stopped_ms_ago } => {
+            Kind::RegisterRestartedNode(pb::RegisterRestartedNode {
+                spec: Some(spec.into()),
+                stale_jobs_stopped_ms_ago: *stale_jobs_stopped_ms_ago,
+            })
+        }
         Command::Compact(c) => Kind::Compact(pb::Compact {
             archive_before: c.archive_before.0,
             request_ids_before: c.request_ids_before.0,
@@ -247,6 +253,10 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
             end: super::step::node_end_from_pb(c.end.ok_or(CodecError::Missing("step_ended.end"))?),
         },
         Kind::SignalStep(c) => Command::SignalStep { job_id: c.job_id, step: c.step, signal: c.signal },
+        Kind::RegisterRestartedNode(r) => Command::RegisterRestartedNode {
+            spec: r.spec.ok_or(CodecError::Missing("register_restarted_node.spec"))?.into(),
+            stale_jobs_stopped_ms_ago: r.stale_jobs_stopped_ms_ago,
+        },
         Kind::Compact(c) => Command::Compact(CompactCutoffs {
             archive_before: Timestamp(c.archive_before),
             request_ids_before: Timestamp(c.request_ids_before),

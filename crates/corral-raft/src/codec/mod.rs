@@ -128,7 +128,8 @@ mod tests {
         };
         let commands = [
             Command::ApplyPolicy { config: ClusterConfig::dev_defaults(), by: "cluster init".into(), force: false },
-            Command::RegisterNode { spec: node },
+            Command::RegisterNode { spec: node.clone() },
+            Command::RegisterRestartedNode { spec: node, stale_jobs_stopped_ms_ago: 1_500 },
             Command::ApplyPolicy { config, by: "admin (token 1)".into(), force: true },
             Command::SetNodeMode {
                 node: "n1".into(),

@@ -61,6 +61,9 @@ pub struct WorkerFile {
     pub mps: MpsSection,
     #[serde(default)]
     pub mig: MigSection,
+    /// Jobs from registry images: the layer store, registries, `--container-mounts` allowed.
+    #[serde(default)]
+    pub images: corral_image::ImagesSection,
     /// Mutual TLS towards the coordinators and for the agent (a worker certificate whose name
     /// is this node's name).
     pub tls: Option<TlsFiles>,
@@ -281,6 +284,7 @@ impl WorkerFile {
             resources: ResourcesSection::default(),
             gpu,
             executor: ExecutorSection::default(),
+            images: corral_image::ImagesSection::default(),
             users: None,
             health: HealthSection::default(),
             hygiene: HygieneSection::default(),
@@ -350,6 +354,7 @@ impl WorkerFile {
             return Err("resources.memory: must be greater than 0".into());
         }
         self.backend()?;
+        self.images.validate()?;
         let e = &self.executor;
         if e.cgroup_root.is_empty()
             || e.cgroup_root.starts_with('/')
@@ -484,6 +489,7 @@ impl WorkerFile {
         c.open_files = self.executor.open_files;
         c.mig_manage = self.mig.manage;
         c.pids_max = Some(self.executor.pids_max);
+        c.images = Some(self.images.settings(&self.data_dir)?);
         Ok(c)
     }
 

@@ -103,6 +103,9 @@ pub struct WorkerConfig {
     /// runs out even if the worker is frozen or dead (see `fence`). `None`: no guard (jobs of a
     /// frozen worker keep running; only for tests that run the worker in-process).
     pub fence_guard: Option<GuardCommand>,
+    /// The `[images]` table: jobs whose image is a registry reference are pulled into this
+    /// store. `None`: this worker runs no registry images (rootfs directories still run).
+    pub images: Option<corral_image::ImagesSettings>,
 }
 
 impl WorkerConfig {
@@ -130,6 +133,7 @@ impl WorkerConfig {
             agent_tls: None,
             cert_renewal: None,
             fence_guard: None,
+            images: None,
         }
     }
 

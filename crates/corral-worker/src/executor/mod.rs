@@ -78,6 +78,9 @@ pub struct LaunchSpec {
     /// Unpacked root filesystem to run the job in, as an OCI container; `None` runs a bare
     /// process. Only container executors ([`RuncExecutor`]) accept it.
     pub image: Option<PathBuf>,
+    /// The container may write its root (an image's per-job overlay); else it is read-only
+    /// (a shared rootfs directory).
+    pub writable_root: bool,
     /// Host device nodes a container gets (GPUs, InfiniBand), on top of the defaults. Bare
     /// processes see the host's /dev anyway.
     pub devices: Vec<PathBuf>,
@@ -87,7 +90,7 @@ pub struct LaunchSpec {
     /// Host directories a container sees at the same path (e.g. the MPS pipe directory).
     pub binds: Vec<PathBuf>,
     /// Working directory, batch script and output files of a Slurm-style job (bare processes
-    /// only; container executors ignore it).
+    /// only; container executors take only `cwd`, a directory inside the container).
     pub files: JobFiles,
 }
 
@@ -181,6 +184,12 @@ pub enum ExecError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    #[error("{} is not executable (permission denied): chmod +x it, or run it through its interpreter (e.g. sh {program})", path.display())]
+    NotExecutable { program: String, path: PathBuf },
+    #[error("program {program:?} not found: no such file {}", path.display())]
+    NoSuchProgram { program: String, path: PathBuf },
+    #[error("cannot run {program}: it has no #! line and is not a binary (exec format error, ENOEXEC): start it with #!/bin/sh (or the interpreter it needs), or run it as `sh {program}`")]
+    NoShebang { program: String },
 }
 
 /// Starts jobs. Implementations: [`ProcessExecutor`] (bare process in a cgroup),

@@ -79,11 +79,27 @@ pub(crate) fn environment(spec: &LaunchSpec) -> BTreeMap<String, String> {
 /// Resolves `program` like execvp would with the job's PATH: names containing `/` are taken as
 /// paths (relative ones against the work dir), others are looked up in each PATH entry
 /// (relative entries against the work dir too).
+/// A file that is there but cannot be run says so, rather than "not found".
 pub(crate) fn resolve_program(program: &str, path_var: &str, work_dir: &Path) -> Result<PathBuf, ExecError> {
     let not_found = || ExecError::ProgramNotFound { program: program.to_owned(), path: path_var.to_owned() };
-    let dirs = path_var.split(':').filter(|dir| !dir.is_empty()).map(|dir| work_dir.join(dir));
-    let paths = std::env::join_paths(dirs).map_err(|_| not_found())?;
-    which::which_in(program, Some(paths), work_dir).map_err(|_| not_found())
+    let not_executable = |path: PathBuf| ExecError::NotExecutable { program: program.to_owned(), path };
+    let is_file = |path: &Path| fs::metadata(path).is_ok_and(|m| m.is_file());
+    if program.contains('/') {
+        let path = work_dir.join(program);
+        return match which::which_in(program, None::<&str>, work_dir) {
+            Ok(found) => Ok(found),
+            Err(_) if is_file(&path) => Err(not_executable(path)),
+            Err(_) => Err(ExecError::NoSuchProgram { program: program.to_owned(), path }),
+        };
+    }
+    let dirs: Vec<PathBuf> = path_var.split(':').filter(|dir| !dir.is_empty()).map(|dir| work_dir.join(dir)).collect();
+    let paths = std::env::join_paths(&dirs).map_err(|_| not_found())?;
+    which::which_in(program, Some(paths), work_dir).map_err(|_| {
+        match dirs.iter().map(|dir| dir.join(program)).find(|p| is_file(p)) {
+            Some(path) => not_executable(path),
+            None => not_found(),
+        }
+    })
 }
 
 /// Finds one of the worker's own helper programs (runc, the MPS control daemon): a path as
@@ -315,8 +331,28 @@ pub(crate) fn spawn(plan: SpawnPlan<'_>) -> Result<JobProcess, ExecError> {
         gid: spec.gid,
     };
     let dir = spec.files.cwd.as_deref().unwrap_or(&spec.work_dir);
-    spawn::spawn(&plan.program, &spec.argv, &plan.env, dir, &plan.stdout, &plan.stderr, &confinement)
-        .map_err(|source| ExecError::Spawn { program: plan.program.display().to_string(), source })
+    spawn::spawn(&plan.program, &spec.argv, &plan.env, dir, &plan.stdout, &plan.stderr, &confinement).map_err(
+        |source| {
+            let program = plan.program.display().to_string();
+            // The child reports exec's errno in the message ("cannot exec the program: ...").
+            let errno = |code: i32| source.to_string().ends_with(&io::Error::from_raw_os_error(code).to_string());
+            if errno(libc::ENOEXEC) && !starts_like_a_program(&plan.program) {
+                ExecError::NoShebang { program }
+            } else if errno(libc::EACCES) {
+                ExecError::NotExecutable { program, path: plan.program.clone() }
+            } else {
+                ExecError::Spawn { program, source }
+            }
+        },
+    )
+}
+
+/// Starts with `#!` or an ELF header: when exec refuses such a file, a missing `#!` is not why.
+fn starts_like_a_program(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 4];
+    let read = File::open(path).and_then(|mut f| f.read(&mut head)).unwrap_or(0);
+    head[..read].starts_with(b"#!") || head[..read].starts_with(b"\x7fELF")
 }
 
 /// Runs each job as a plain process in its own cgroup under a common root cgroup.
@@ -450,7 +486,15 @@ mod tests {
         assert_eq!(resolve_program("/bin/sh", "", dir.path()).expect("absolute"), PathBuf::from("/bin/sh"));
         let script = dir.path().join("run.sh");
         fs::write(&script, "#!/bin/sh\n").expect("write");
-        assert!(resolve_program("./run.sh", DEFAULT_PATH, dir.path()).is_err());
+        let err = resolve_program("./run.sh", DEFAULT_PATH, dir.path()).unwrap_err();
+        assert!(err.to_string().contains("is not executable (permission denied)"), "{err}");
+        let bin = dir.path().join("bin");
+        fs::create_dir(&bin).expect("mkdir");
+        fs::write(bin.join("tool"), "#!/bin/sh\n").expect("write");
+        let err = resolve_program("tool", "bin", dir.path()).unwrap_err();
+        assert!(matches!(err, ExecError::NotExecutable { .. }), "{err}");
+        let err = resolve_program("./missing.sh", DEFAULT_PATH, dir.path()).unwrap_err();
+        assert!(err.to_string().contains("no such file"), "{err}");
         fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).expect("chmod");
         assert_eq!(
             resolve_program("./run.sh", DEFAULT_PATH, dir.path()).expect("relative"),

@@ -380,7 +380,7 @@ pub(crate) fn build_spec(
         .user(user)
         .args(spec.argv.clone())
         .env(env)
-        .cwd(CONTAINER_WORK_DIR)
+        .cwd(spec.files.cwd.clone().unwrap_or_else(|| PathBuf::from(CONTAINER_WORK_DIR)))
         .no_new_privileges(true)
         .capabilities(no_capabilities)
         .rlimits(rlimits)
@@ -493,7 +493,9 @@ pub(crate) fn build_spec(
 
     let mut oci = Spec::default();
     oci.set_hostname(Some(format!("corral-job-{}", spec.job_id)));
-    oci.set_root(Some(RootBuilder::default().path(image).readonly(true).build().map_err(oci_error("root"))?));
+    oci.set_root(Some(
+        RootBuilder::default().path(image).readonly(!spec.writable_root).build().map_err(oci_error("root"))?,
+    ));
     oci.set_process(Some(process));
     oci.set_mounts(Some(mounts));
     oci.set_linux(Some(linux));
@@ -703,6 +705,7 @@ mod tests {
             limits: ResourceLimits { open_files: Some(4096), ..Default::default() },
             uid: Some(2001),
             gid: Some(2002),
+            writable_root: false,
             image: Some(dir.path().join("rootfs")),
             devices: vec![PathBuf::from("/dev/null")],
             cdi_devices: Vec::new(),

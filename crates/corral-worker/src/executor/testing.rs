@@ -78,6 +78,7 @@ impl<E: TestExecutor> Fixture<E> {
             uid: None,
             gid: None,
             image: self.image.clone(),
+            writable_root: false,
             devices: Vec::new(),
             cdi_devices: Vec::new(),
             binds: Vec::new(),

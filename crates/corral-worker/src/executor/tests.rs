@@ -402,6 +402,18 @@ async fn a_failed_exec_names_the_step_and_leaves_no_cgroup() {
 }
 
 #[tokio::test]
+async fn a_script_without_its_shebang_line_is_named_so() {
+    let fx = Fixture::new();
+    fs::create_dir_all(fx.dir.path().join("job")).expect("work dir");
+    let script = fx.dir.path().join("job").join("noshebang.sh");
+    fs::write(&script, "echo hi\n").expect("write");
+    fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let err = fx.executor.launch(&fx.spec(&["./noshebang.sh"])).map(|_| ()).expect_err("no #! line");
+    assert!(matches!(err, ExecError::NoShebang { .. }), "{err}");
+    assert!(err.to_string().contains("no #! line"), "{err}");
+}
+
+#[tokio::test]
 async fn jobs_start_with_default_signals_and_the_worker_keeps_its_identity() {
     let fx = Fixture::new();
     // The worker ignores SIGPIPE (as every Rust program does): the job must not inherit it.

@@ -1,11 +1,12 @@
 //! The worker's runtime: one task owns the book-keeping (`state.rs`: registration, lease,
 //! `reconcile::Local`), asks `reconcile` what to do and carries it out. Everything that waits
 //! runs in tasks that report back as events: the link's (`link.rs`: registration, heartbeats,
-//! the desired-state stream, report deliveries) and each run's (`task.rs`: its process, its
-//! stop). Job and stop tasks live in a `JoinSet` that shutdown drains, report deliveries in one
+//! the desired-state stream, report deliveries) and each run's (`pull.rs`: its image before
+//! the launch; `task.rs`: its process, its stop). Job and stop tasks live in a `JoinSet` that shutdown drains, report deliveries in one
 //! that shutdown flushes for a few seconds only, and blocking cgroup kills run on the blocking
 //! pool. The lease is explained in `state.rs`; the fence guard (`fence.rs`) enforces it.
 
+mod pull;
 mod state;
 mod task;
 mod tasks;
@@ -15,13 +16,14 @@ use crate::devices::Devices;
 use crate::executor::{Executor, LaunchSpec, RunningJob, DEFAULT_PATH};
 use crate::fence::FenceGuard;
 use crate::jobs::{JobTable, RunInfo, StartedRun};
-use crate::launch::{launch_spec, pick_mig_instance, MigPick};
+use crate::launch::{launch_spec, pick_mig_instance, MigPick, Prepared};
 use crate::link::{self, Link, Report};
 use crate::reconcile::Action;
+use corral_image::{Images, PullProgress};
 use corral_types::{Job, JobId, StepId};
 use nix::sys::signal::Signal;
 use state::{steps, Event, RuntimeState, Step};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,9 +41,20 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(30);
 /// leader requeues whatever the old epoch still held.
 const SHUTDOWN_REPORT_FLUSH: Duration = Duration::from_secs(3);
 
+/// A run whose image is being pulled.
+struct Pull {
+    epoch: u64,
+    task: tokio::task::AbortHandle,
+    #[allow(dead_code)] // read by nothing yet: what a progress report to the leader will send
+    progress: PullProgress,
+}
+
 pub(crate) struct Runtime {
     config: Arc<WorkerConfig>,
     executor: Arc<dyn Executor>,
+    /// The node's image store; `None`: registry images are refused at launch.
+    images: Option<Images>,
+    pulls: HashMap<JobId, Pull>,
     owners: Owners,
     state: RuntimeState,
     guard: Option<FenceGuard>,
@@ -63,6 +76,7 @@ impl Runtime {
     pub(crate) fn new(
         config: Arc<WorkerConfig>,
         executor: Arc<dyn Executor>,
+        images: Option<Images>,
         jobs: Arc<JobTable>,
         devices: Arc<Devices>,
         link: Arc<Link>,
@@ -72,6 +86,8 @@ impl Runtime {
         Runtime {
             config,
             executor,
+            images,
+            pulls: HashMap::new(),
             owners: Owners { jobs, devices, link },
             state: RuntimeState::new(),
             guard: None,
@@ -117,13 +133,17 @@ impl Runtime {
             };
             // The lease first: after a freeze, what happened meanwhile happened without one.
             self.state.check_lease(Instant::now());
-            if let Some(event) = event {
-                let is_desired = matches!(event, Event::Link(link::LinkEvent::Desired { .. }));
-                self.handle(event);
-                if is_desired {
-                    let desired = self.state.desired().clone();
-                    self.desired.send_replace(desired);
+            match event {
+                Some(Event::Pulled { job_id, epoch, outcome }) => self.pulled(job_id, epoch, *outcome),
+                Some(event) => {
+                    let is_desired = matches!(event, Event::Link(link::LinkEvent::Desired { .. }));
+                    self.handle(event);
+                    if is_desired {
+                        let desired = self.state.desired().clone();
+                        self.desired.send_replace(desired);
+                    }
                 }
+                None => {}
             }
             self.converge();
             self.owners.link.set_serving(self.state.leased());
@@ -161,6 +181,11 @@ impl Runtime {
 
     /// Launches whole-GPU jobs, their cgroup set-up and fork/exec in parallel.
     fn launch_all(&mut self, jobs: Vec<(Arc<Job>, u64)>) {
+        // Registry images are pulled first, each in a task of its own.
+        let (pulled, jobs): (Vec<_>, Vec<_>) = jobs.into_iter().partition(|(job, _)| job.spec.image_digest.is_some());
+        for (job, epoch) in pulled {
+            self.launch(&job, epoch);
+        }
         if jobs.len() <= 1 {
             for (job, epoch) in jobs {
                 self.launch(&job, epoch);
@@ -171,7 +196,7 @@ impl Runtime {
         for (job, epoch) in jobs {
             let Some(gpus) = self.begin_launch(&job, epoch) else { continue };
             let addrs = self.state.part_addrs(job.id, epoch);
-            let spec = launch_spec(&self.config, &self.owners.devices, &job, epoch, &gpus, None, &addrs)
+            let spec = launch_spec(&self.config, &self.owners.devices, &job, epoch, &gpus, None, &addrs, None)
                 .map(|spec| self.with_run_secret(spec));
             prepared.push((job, epoch, gpus, spec));
         }
@@ -195,7 +220,7 @@ impl Runtime {
             launches.into_iter().map(|l| l.join().unwrap_or_else(|_| Err("the launch panicked".into()))).collect()
         });
         for ((job, epoch, gpus, _), result) in prepared.into_iter().zip(results) {
-            self.launched(&job, epoch, gpus, result.map(|running| (running, None)));
+            self.launched(&job, epoch, gpus, result.map(|running| (running, None)), None);
         }
     }
 
@@ -204,6 +229,11 @@ impl Runtime {
         match action {
             Action::Launch { job, epoch } => self.launch(&job, epoch),
             Action::NeverStarted { job_id, epoch } => {
+                if let Some(pull) = self.pulls.remove(&job_id) {
+                    // Dropping the pull drops its pin; layers other pulls wait on go on.
+                    pull.task.abort();
+                    tracing::info!(job_id, epoch = pull.epoch, "image pull abandoned");
+                }
                 tracing::info!(job_id, epoch, "stopped before it was launched: reporting it never started");
             }
             Action::Stop { job_id, epoch, grace, signal, cause } => {
@@ -316,16 +346,74 @@ impl Runtime {
         self.reports.spawn(link::deliver(link, self.events.clone(), job_id, epoch, report));
     }
 
-    /// Starts allocation `epoch` of `job`: its MIG instance, the process in its cgroup, and the
-    /// task that waits for it. A failure is recorded as an ended run with the launch error.
-    fn launch(&mut self, job: &Job, epoch: u64) {
-        let Some(gpus) = self.begin_launch(job, epoch) else { return };
+    /// Starts allocation `epoch` of `job`: its image pulled first when it is a registry
+    /// reference (`pull.rs`), then its MIG instance, the process in its cgroup, and the task
+    /// that waits for it. A failure is recorded as an ended run with the launch error.
+    fn launch(&mut self, job: &Arc<Job>, epoch: u64) {
+        if job.spec.image_digest.is_none() {
+            return self.launch_prepared(job, epoch, None);
+        }
+        let node = &self.config.node_name;
+        let Some(images) = self.images.clone() else {
+            let error = format!("node {node}: this worker has no image store: it runs no registry images");
+            return self.state.launch_failed(job.id, epoch, error);
+        };
+        if let Err(e) = pull::pinned_reference(job) {
+            return self.state.launch_failed(job.id, epoch, format!("node {node}: {e}"));
+        }
+        tracing::info!(job_id = job.id, epoch, image = ?job.spec.image, digest = ?job.spec.image_digest, "pulling the job's image");
+        self.state.pulling(job.id, epoch);
+        let progress = PullProgress::new();
+        let task = self.tasks.spawn(pull::run(images, job.clone(), epoch, progress.clone(), self.events.clone()));
+        if let Some(old) = self.pulls.insert(job.id, Pull { epoch, task, progress }) {
+            old.task.abort();
+        }
+    }
+
+    /// A pull ended: launch from what it prepared while the run still wants it; a failure
+    /// that another node would share (not found, unauthorized, a bad layer) ends the run with
+    /// it, any other is reported as a run that did not start here, which the leader requeues.
+    fn pulled(&mut self, job_id: JobId, epoch: u64, outcome: state::Outcome) {
+        if self.pulls.get(&job_id).is_some_and(|p| p.epoch == epoch) {
+            self.pulls.remove(&job_id);
+        }
+        let job = self.state.desired_job(job_id, epoch);
+        let (true, Some(job)) = (self.state.still_pulling(job_id, epoch), job) else {
+            if let Ok(prepared) = outcome {
+                pull::remove_root(prepared.root);
+            }
+            return;
+        };
+        let node = &self.config.node_name;
+        match outcome {
+            Ok(prepared) => {
+                tracing::info!(job_id, epoch, root = %prepared.root.path().display(), "image ready");
+                self.launch_prepared(&job, epoch, Some(prepared));
+            }
+            Err(e) if e.is_permanent() => {
+                tracing::warn!(job_id, epoch, error = %e, "image pull failed");
+                self.state.launch_failed(job_id, epoch, format!("node {node}: {e}"));
+            }
+            Err(e) => {
+                tracing::warn!(job_id, epoch, error = %e, "image pull failed here: the run goes back to the queue");
+                self.state.not_started(job_id, epoch);
+            }
+        }
+    }
+
+    fn launch_prepared(&mut self, job: &Job, epoch: u64, image: Option<Prepared>) {
+        let Some(gpus) = self.begin_launch(job, epoch) else {
+            if let Some(image) = image {
+                pull::remove_root(image.root);
+            }
+            return;
+        };
         let devices = &self.owners.devices;
         let taken = self.owners.jobs.taken_mig_instances();
         let launched = pick_mig_instance(devices, self.config.mig_manage, job, &gpus, &taken).and_then(|mig| {
             let mig_uuid = mig.as_ref().map(|m| m.uuid.as_str());
             let addrs = self.state.part_addrs(job.id, epoch);
-            let spec = launch_spec(&self.config, devices, job, epoch, &gpus, mig_uuid, &addrs)
+            let spec = launch_spec(&self.config, devices, job, epoch, &gpus, mig_uuid, &addrs, image.as_ref())
                 .map(|s| self.with_run_secret(s));
             match spec.and_then(|spec| self.executor.launch(&spec).map_err(|e| e.to_string())) {
                 Ok(running) => Ok((running, mig)),
@@ -337,7 +425,15 @@ impl Runtime {
                 }
             }
         });
-        self.launched(job, epoch, gpus, launched);
+        let root = image.map(|i| i.root);
+        match (&launched, root) {
+            (Ok(_), root) => self.launched(job, epoch, gpus, launched, root),
+            (Err(_), Some(root)) => {
+                pull::remove_root(root);
+                self.launched(job, epoch, gpus, launched, None)
+            }
+            (Err(_), None) => self.launched(job, epoch, gpus, launched, None),
+        }
     }
 
     /// The GPUs of `job` on this node, with the run marked as launching; None (logged) when the
@@ -360,6 +456,7 @@ impl Runtime {
         epoch: u64,
         gpus: Vec<u32>,
         launched: Result<(RunningJob, Option<MigPick>), String>,
+        root: Option<corral_image::JobRoot>,
     ) {
         let job_id = job.id;
         let (running, mig) = match launched {
@@ -386,12 +483,15 @@ impl Runtime {
             tokio::time::sleep(START_REPORT_HOLD).await;
             let _ = events.send(Event::StartDue { job_id, epoch });
         });
-        let run = task::Launched { job_id, epoch, running, time_limit: TimeLimit::of(job), gpus, mig };
+        let run = task::Launched { job_id, epoch, running, time_limit: TimeLimit::of(job), gpus, mig, root };
         self.tasks.spawn(task::run_job(self.owners.clone(), self.events.clone(), run));
     }
 
     /// Kills every job, waits for the job tasks, stops the guard.
     async fn shutdown(mut self) {
+        for (_, pull) in self.pulls.drain() {
+            pull.task.abort();
+        }
         for (job_id, handle) in self.owners.jobs.running_handles() {
             tracing::info!(job_id, "killing job: the worker shuts down");
             let _ = tokio::task::spawn_blocking(move || handle.kill_tree()).await;

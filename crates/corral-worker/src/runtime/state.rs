@@ -12,14 +12,19 @@
 //! leader may give the jobs to other nodes.
 
 use crate::gang::PartAddrs;
+use crate::launch::Prepared;
 use crate::link::{LinkEvent, ReportKind, Terms};
 use crate::reconcile::{
     reconcile, Action, Delivery, Desired, Local, LocalJob, LocalStep, Phase, Policy, Standing, StepPhase, StopCause,
 };
+use corral_image::ImageError;
 use corral_types::{Job, JobExitReport, JobId, StepId, StepNodeEnd};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What a run's `pulling` stage ends with: its image ready to launch from, or why not.
+pub(crate) type Outcome = Result<Prepared, ImageError>;
 
 /// What the runtime's tasks tell it.
 #[derive(Debug)]
@@ -34,6 +39,9 @@ pub(crate) enum Event {
     StartDue { job_id: JobId, epoch: u64 },
     /// This node's tasks of a step are all gone (or could not launch).
     TasksEnded { job_id: JobId, epoch: u64, step: StepId, end: StepNodeEnd },
+    /// The image of a run is pulled and its root mounted, or the pull failed (the runtime
+    /// handles it: it launches, or ends the run).
+    Pulled { job_id: JobId, epoch: u64, outcome: Box<Outcome> },
 }
 
 impl From<LinkEvent> for Event {
@@ -237,6 +245,8 @@ impl RuntimeState {
                     job.phase = Phase::Ended { report };
                 }
             }
+            // The runtime takes these before the book-keeping sees them.
+            Event::Pulled { .. } => {}
             Event::StartDue { job_id, epoch } => {
                 if let Some(job) = self.job_mut(job_id, epoch) {
                     if job.start == Delivery::Held {
@@ -365,6 +375,25 @@ impl RuntimeState {
         self.local.jobs.insert(job.id, running);
     }
 
+    /// Allocation `epoch` of `job` waits for its image: nothing runs, nothing is reported yet.
+    pub(crate) fn pulling(&mut self, job_id: JobId, epoch: u64) {
+        let pulling = LocalJob {
+            epoch,
+            phase: Phase::Pulling,
+            start: Delivery::Held,
+            exit: Delivery::Pending,
+            signals_sent: 0,
+            steps: BTreeMap::new(),
+        };
+        self.local.jobs.insert(job_id, pulling);
+    }
+
+    /// Whether the pull of allocation `epoch` of a job is still wanted: the run is still
+    /// pulling here (not abandoned) and the worker holds its lease.
+    pub(crate) fn still_pulling(&self, job_id: JobId, epoch: u64) -> bool {
+        self.leased() && self.local.jobs.get(&job_id).is_some_and(|j| j.epoch == epoch && j.phase == Phase::Pulling)
+    }
+
     /// Allocation `epoch` of a job could not launch: it ended with `error`.
     pub(crate) fn launch_failed(&mut self, job_id: JobId, epoch: u64, error: String) {
         let report = JobExitReport { launch_error: Some(error), ..Default::default() };
@@ -374,6 +403,19 @@ impl RuntimeState {
     /// The desired state the runtime follows.
     pub(crate) fn desired(&self) -> &Desired {
         &self.desired
+    }
+
+    /// Allocation `epoch` of a job did not start here for a reason another node may not have
+    /// (its registry unreachable, its disk full): reported never started, so the leader
+    /// requeues it.
+    pub(crate) fn not_started(&mut self, job_id: JobId, epoch: u64) {
+        let report = JobExitReport { never_started: true, ..Default::default() };
+        self.local.jobs.insert(job_id, ended(epoch, report));
+    }
+
+    /// The job of run `epoch` as the desired state last had it.
+    pub(crate) fn desired_job(&self, job_id: JobId, epoch: u64) -> Option<Arc<Job>> {
+        self.desired.jobs.get(&job_id).filter(|d| d.epoch == epoch).map(|d| d.job.clone())
     }
 
     /// Where the parts of run `epoch` of a job are, as the desired state says.

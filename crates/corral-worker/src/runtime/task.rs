@@ -59,12 +59,14 @@ pub(crate) struct Launched {
     pub time_limit: TimeLimit,
     pub gpus: Vec<u32>,
     pub mig: Option<MigPick>,
+    /// The run's image root (overlay and writable layer), removed when the run is over.
+    pub root: Option<corral_image::JobRoot>,
 }
 
 /// Waits for a job process (signalling it before its time limit if it asked, killing it at the
 /// limit), checks its GPUs, frees its MIG instance and reports the exit to the runtime.
 pub(crate) async fn run_job(owners: Owners, events: mpsc::UnboundedSender<Event>, run: Launched) {
-    let Launched { job_id, epoch, mut running, time_limit, gpus, mig } = run;
+    let Launched { job_id, epoch, mut running, time_limit, gpus, mig, root } = run;
     let handle = running.handle();
     let mut timed_out = false;
     let exit = {
@@ -110,6 +112,9 @@ pub(crate) async fn run_job(owners: Owners, events: mpsc::UnboundedSender<Event>
         }
     };
     tracing::info!(job_id, epoch, code = ?exit.exit_code, signal = ?exit.signal, oom = exit.oom_killed, "job exited");
+    if let Some(root) = root {
+        super::pull::remove_root(root);
+    }
     let created = mig.as_ref().is_some_and(|m| m.created);
     owners.jobs.exited(job_id, epoch, created);
     let _ = events.send(Event::ProcessGone { job_id, epoch });
