@@ -2,13 +2,14 @@
 //! runs `srun` steps whose tasks run on both nodes inside the job's cgroups, each with its own
 //! ranks and GPUs; the batch node's task output reaches the job's output file through `srun`,
 //! which exits with Slurm's rule; `--kill-on-bad-exit` stops the other tasks; a cancel while a
-//! step runs kills its tasks on every node.
+//! step runs kills its tasks on every node; a torchrun-style launcher finds its head node with
+//! `scontrol`; outside a job `srun` points at `corral run`.
 
 use corral_integration::cluster::{free_port, Cluster, ClusterOptions};
 use corral_integration::one_line_stderr;
 use corral_integration::worker::WorkerProc;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// A coordinator and workers w1 and w2 (2 simulated GPUs each).
@@ -36,6 +37,30 @@ fn submit(cluster: &Cluster, script: &Path) -> u64 {
     String::from_utf8_lossy(&submitted.stdout).trim().parse().expect("a job id")
 }
 
+/// A directory every job's user may write, for scripts and what their tasks write.
+fn out_dir(dir: &tempfile::TempDir) -> PathBuf {
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).expect("mkdir");
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    out
+}
+
+/// Writes `name` in `out` with `body` after the shebang line and submits it.
+fn sbatch(cluster: &Cluster, out: &Path, name: &str, body: &str) -> u64 {
+    let script = out.join(name);
+    std::fs::write(&script, format!("#!/bin/sh\n{body}")).expect("write");
+    submit(cluster, &script)
+}
+
+/// Waits for `job` to end and returns it as `corral show` has it.
+fn ended(cluster: &Cluster, job: u64) -> serde_json::Value {
+    cluster.wait_for(job, Duration::from_secs(120), "ended", |d| d["state"] != "pending" && d["state"] != "running")
+}
+
+fn logs(workers: &[WorkerProc]) -> String {
+    workers.iter().map(WorkerProc::log).collect::<Vec<_>>().join("\n")
+}
+
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -43,15 +68,13 @@ fn read(path: &Path) -> String {
 #[test]
 fn srun_runs_a_steps_tasks_on_every_node_of_the_job() {
     let (cluster, workers, dir) = pool();
-    let out = dir.path().join("out");
-    std::fs::create_dir(&out).expect("mkdir");
-    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    let script = out.join("train.sbatch");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\n\
-             #SBATCH --nodes=2\n\
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "train.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
              #SBATCH --ntasks-per-node=2\n\
              #SBATCH --gpus-per-node=2\n\
              #SBATCH --output={out}/slurm-%j.out\n\
@@ -59,25 +82,17 @@ fn srun_runs_a_steps_tasks_on_every_node_of_the_job() {
              export HEAD=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n\
              srun -l sh -c 'echo \"$SLURM_PROCID $SLURM_LOCALID $SLURM_NODEID $SLURM_NTASKS $SLURM_STEP_ID $SLURMD_NODENAME $HEAD\" > {out}/task-$SLURM_PROCID; echo hello-$SLURM_PROCID'\n\
              echo \"srun-exit $?\"\n\
-             srun --gpus-per-task 1 sh -c 'echo \"$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\" > {out}/gpu-$SLURM_PROCID'\n\
-             echo \"gpu-exit $?\"\n\
-             start=$(date +%s)\n\
-             srun -K sh -c 'if [ \"$SLURM_PROCID\" = 3 ]; then exit 3; fi; exec sleep 60'\n\
-             echo \"bad-exit $? after $(( $(date +%s) - start ))\"\n",
+             srun sh -c 'exit 0'\n",
             out = out.display()
         ),
-    )
-    .expect("write");
-    let job = submit(&cluster, &script);
-    let done = cluster
-        .wait_for(job, Duration::from_secs(120), "ended", |d| d["state"] != "pending" && d["state"] != "running");
-    let logs = || format!("{}\n{}", workers[0].log(), workers[1].log());
-    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs());
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
     let output = read(&out.join(format!("slurm-{job}.out")));
     assert_eq!(output.matches("batch-once").count(), 1, "the batch step ran once: {output}");
     // The batch node's tasks (0 and 1) reach the job's output through srun, labelled.
-    for line in ["0: hello-0", "1: hello-1", "srun-exit 0", "gpu-exit 0"] {
-        assert!(output.lines().any(|l| l == line), "{line:?} in {output:?}\n{}", logs());
+    for line in ["0: hello-0", "1: hello-1", "srun-exit 0"] {
+        assert!(output.lines().any(|l| l == line), "{line:?} in {output:?}\n{}", logs(&workers));
     }
     // Four tasks, two a node, block distribution, the batch node first.
     let mut by_node = std::collections::BTreeMap::new();
@@ -95,7 +110,34 @@ fn srun_runs_a_steps_tasks_on_every_node_of_the_job() {
         }
     }
     assert_eq!(by_node.len(), 2, "{by_node:?}");
-    // --gpus-per-task 1: each task of a node its own GPU.
+    // Listed like sacct.
+    let shown = cluster.json(&["show", &job.to_string()]);
+    let ids: Vec<String> =
+        shown["steps"].as_array().expect("steps").iter().map(|s| s["id"].as_str().unwrap_or("").to_string()).collect();
+    for id in ["batch", "0", "1"] {
+        assert!(ids.contains(&format!("{job}.{id}")), "{job}.{id} in {ids:?}");
+    }
+}
+
+#[test]
+fn srun_gpus_per_task_binds_a_distinct_gpu_to_each_task_of_a_node() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "gpus.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=2\n\
+             #SBATCH --gpus-per-node=2\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             srun --gpus-per-task 1 sh -c 'echo \"$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\" > {out}/gpu-$SLURM_PROCID'\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
     for pair in [[0, 1], [2, 3]] {
         let [a, b] = pair.map(|r| read(&out.join(format!("gpu-{r}"))));
         let (na, ga) = a.trim().split_once(' ').expect("node gpu");
@@ -103,35 +145,117 @@ fn srun_runs_a_steps_tasks_on_every_node_of_the_job() {
         assert_eq!(na, nb, "{a:?} {b:?}");
         assert!(ga != gb && ga.len() == 1 && gb.len() == 1, "distinct single GPUs: {a:?} {b:?}");
     }
-    // --kill-on-bad-exit: task 3 fails on the other node; every task is killed long before its
-    // sleep ends; the exit is the highest status (a task killed by SIGTERM counts 143).
+}
+
+#[test]
+fn srun_kill_on_bad_exit_kills_every_task_and_exits_with_the_highest_status() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "bad.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=2\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             start=$(date +%s)\n\
+             srun -K sh -c 'if [ \"$SLURM_PROCID\" = 3 ]; then exit 3; fi; exec sleep 60'\n\
+             echo \"bad-exit $? after $(( $(date +%s) - start ))\"\n\
+             srun sh -c 'exit $SLURM_PROCID'\n\
+             echo \"plain-exit $?\"\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("slurm-{job}.out")));
+    // Task 3 fails on the other node; every other task is killed long before its sleep ends
+    // (SIGTERM: 128 + 15), and srun exits with the highest status.
     let bad = output.lines().find_map(|l| l.strip_prefix("bad-exit ")).unwrap_or_else(|| panic!("{output:?}"));
     let (code, secs) = bad.split_once(" after ").expect("code and time");
-    assert_ne!(code, "0", "{bad}");
+    assert_eq!(code, "143", "{bad}");
     assert!(secs.parse::<u64>().expect("secs") < 30, "the other tasks were killed: {bad}");
-    // Listed like sacct.
-    let shown = cluster.json(&["show", &job.to_string()]);
-    let ids: Vec<String> =
-        shown["steps"].as_array().expect("steps").iter().map(|s| s["id"].as_str().unwrap_or("").to_string()).collect();
-    for id in ["batch", "0", "1", "2"] {
-        assert!(ids.contains(&format!("{job}.{id}")), "{job}.{id} in {ids:?}");
-    }
+    // Without -K every task runs to its end: the highest exit code wins.
+    assert!(output.lines().any(|l| l == "plain-exit 3"), "{output:?}");
+}
 
-    // A cancel while a step runs kills its tasks on every node.
-    let script = out.join("cancel.sbatch");
+/// What users care about most: a torchrun launcher computing its head node with `scontrol`,
+/// one launcher a node through `srun`.
+#[test]
+fn a_torchrun_style_launcher_finds_its_head_node_and_runs_once_a_node() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let launcher = out.join("torchrun");
     std::fs::write(
-        &script,
+        &launcher,
         format!(
             "#!/bin/sh\n\
+             # A stand-in for torchrun: records what it was told and where it runs.\n\
+             echo \"$SLURMD_NODENAME $SLURM_NODEID $SLURM_PROCID $*\" > {out}/launcher-$SLURM_NODEID\n\
+             echo launched-on-$SLURM_NODEID\n",
+            out = out.display()
+        ),
+    )
+    .expect("write");
+    std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let job = sbatch(
+        &cluster,
+        &out,
+        "torchrun.sbatch",
+        &format!(
+            "#SBATCH --job-name=ddp\n\
              #SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=1\n\
+             #SBATCH --gpus-per-node=2\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             nodes=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\")\n\
+             head_node=$(echo \"$nodes\" | head -n 1)\n\
+             echo \"head $head_node\"\n\
+             srun {launcher} --nnodes $SLURM_NNODES --nproc_per_node 2 --rdzv_id $SLURM_JOB_ID \
+             --rdzv_backend c10d --rdzv_endpoint $head_node:29500 train.py --epochs 1\n\
+             echo \"srun-exit $?\"\n",
+            out = out.display(),
+            launcher = launcher.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("slurm-{job}.out")));
+    let head = output.lines().find_map(|l| l.strip_prefix("head ")).unwrap_or_else(|| panic!("{output:?}")).to_owned();
+    assert!(!head.is_empty(), "{output:?}");
+    assert!(output.lines().any(|l| l == "launched-on-0"), "the batch node's launcher output: {output:?}");
+    assert!(output.lines().any(|l| l == "srun-exit 0"), "{output:?}");
+    let mut nodes = Vec::new();
+    for node_id in 0..2 {
+        let line = read(&out.join(format!("launcher-{node_id}")));
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f[1..3], [node_id.to_string(), node_id.to_string()], "NODEID and PROCID: {line:?}");
+        assert!(line.contains(&format!("--rdzv_endpoint {head}:29500 train.py --epochs 1")), "{line:?}");
+        assert!(line.contains("--nnodes 2 "), "{line:?}");
+        nodes.push(f[0].to_owned());
+    }
+    assert_eq!(nodes[0], head, "node 0 is the head node scontrol named");
+    assert_ne!(nodes[0], nodes[1], "one launcher a node");
+}
+
+/// A cancel while a step runs kills its tasks on every node: no task outlives its job.
+#[test]
+fn a_cancel_while_a_step_runs_kills_its_tasks_on_every_node() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "cancel.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
              #SBATCH --ntasks-per-node=1\n\
              #SBATCH --output={out}/cancel-%j.out\n\
              srun sh -c 'echo $$ > {out}/pid-$SLURM_PROCID; exec sleep 300'\n",
             out = out.display()
         ),
-    )
-    .expect("write");
-    let job = submit(&cluster, &script);
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     let pids: Vec<i32> = loop {
         let pids: Vec<i32> = (0..2)
@@ -140,15 +264,34 @@ fn srun_runs_a_steps_tasks_on_every_node_of_the_job() {
         if pids.len() == 2 {
             break pids;
         }
-        assert!(Instant::now() < deadline, "the step's tasks never ran\n{}", logs());
+        assert!(Instant::now() < deadline, "the step's tasks never ran\n{}", logs(&workers));
         std::thread::sleep(Duration::from_millis(50));
     };
     let cancelled = cluster.corral_at(0, &["cancel", &job.to_string()]);
     assert!(cancelled.status.success(), "{}", one_line_stderr(&cancelled));
-    cluster.wait_for(job, Duration::from_secs(60), "ended", |d| d["state"] != "pending" && d["state"] != "running");
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "cancelled", "{done}");
     let deadline = Instant::now() + Duration::from_secs(30);
     while pids.iter().any(|&p| Path::new(&format!("/proc/{p}")).exists()) {
-        assert!(Instant::now() < deadline, "a task outlived its cancelled job: {pids:?}");
+        assert!(Instant::now() < deadline, "a task outlived its cancelled job: {pids:?}\n{}", logs(&workers));
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Outside a job `srun` says what to use instead, in one line.
+#[test]
+fn srun_outside_a_job_points_at_corral_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let srun = dir.path().join("srun");
+    std::os::unix::fs::symlink(corral_integration::corral_bin(), &srun).expect("symlink");
+    let output = std::process::Command::new(&srun)
+        .args(["-n", "2", "hostname"])
+        .env_remove("CORRAL_RUN_SECRET")
+        .env_remove("CORRAL_IN_JOB_SOCKET")
+        .output()
+        .expect("run srun");
+    assert_eq!(output.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+    assert!(err.contains("not inside a corral job") && err.contains("corral run"), "{err:?}");
 }
