@@ -1,9 +1,10 @@
 //! `srun` inside a job (the corral binary called as `srun`): builds the step from Slurm's flags
 //! (and, where none are given, the batch environment's counts, as Slurm's `srun` does), asks
 //! the node's worker for it through the in-job socket with the run secret of its environment,
-//! relays its tasks' output on this node (each task's file in the run's directory, `--label`
-//! prefixing `N: `), forwards SIGINT/SIGTERM to the step, and exits with the step's code (the
-//! highest task status; a signal N counts as 128 + N).
+//! relays its tasks' output (this node's from each task's file in the run's directory, other
+//! nodes' through the worker, which reads them through the leader's proxy; `--label` prefixing
+//! `N: `), forwards SIGINT/SIGTERM to the step, and exits with the step's code (the highest task
+//! status; a signal N counts as 128 + N).
 
 use corral_types::{JobStep, StepSpec};
 use corral_worker::in_job::{Call, Reply, Request, MAX_REQUEST_BYTES, SECRET_ENV, SOCKET_ENV};
@@ -16,6 +17,11 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 /// How often the tasks' output files are read.
 const OUTPUT_POLL: Duration = Duration::from_millis(20);
+/// Other nodes' tasks whose output one `srun` relays (one stream each, through the node's
+/// worker): the rest stay in their nodes' files.
+const MAX_REMOTE_STREAMS: usize = 64;
+/// How long the last of other nodes' output may take to arrive once the step has ended.
+const REMOTE_DRAIN: Duration = Duration::from_secs(10);
 
 /// What the flags ask for.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -238,6 +244,23 @@ async fn run(
         other => return Err(format!("unexpected answer: {other:?}")),
     };
     let mut relay = Relay::new(&step, &node, job_dir.as_deref(), flags.label);
+    // Other nodes' tasks: one reader each, bounded, feeding this loop.
+    let (chunks, mut received) = tokio::sync::mpsc::channel::<(u32, Option<Vec<u8>>)>(64);
+    let remote: Vec<u32> =
+        step.nodes.iter().filter(|n| n.node != node).flat_map(|n| n.first_task..n.first_task + n.tasks).collect();
+    if remote.len() > MAX_REMOTE_STREAMS {
+        eprintln!(
+            "srun: relaying the output of {MAX_REMOTE_STREAMS} of the {} tasks on other nodes; the others write step-{}.<task>.out in the job's directory on their node",
+            remote.len(),
+            step.id
+        );
+    }
+    let mut remote_open = 0;
+    for &task in remote.iter().take(MAX_REMOTE_STREAMS) {
+        tokio::spawn(read_remote(socket.clone(), secret.clone(), step.id, task, chunks.clone()));
+        remote_open += 1;
+    }
+    drop(chunks);
     let mut wait = Box::pin(call(&socket, &secret, Call::WaitStep { step: step.id }));
     let mut sigint =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(|e| e.to_string())?;
@@ -247,11 +270,29 @@ async fn run(
         tokio::select! {
             answer = &mut wait => break answer?,
             _ = tokio::time::sleep(OUTPUT_POLL) => relay.poll(),
+            Some((task, data)) = received.recv() => match data {
+                Some(data) => relay.emit(task, &data),
+                None => remote_open -= 1,
+            },
             _ = sigint.recv() => forward(&socket, &secret, step.id, libc::SIGINT).await,
             _ = sigterm.recv() => forward(&socket, &secret, step.id, libc::SIGTERM).await,
         }
     };
     relay.poll();
+    // Each node marked its tasks gone before reporting them, so the readers end after the last
+    // of their output; the bound is for a node that cannot be reached any more.
+    let drain = tokio::time::Instant::now() + REMOTE_DRAIN;
+    while remote_open > 0 {
+        match tokio::time::timeout_at(drain, received.recv()).await {
+            Ok(Some((task, Some(data)))) => relay.emit(task, &data),
+            Ok(Some((_, None))) => remote_open -= 1,
+            Ok(None) => break,
+            Err(_) => {
+                eprintln!("srun: the output of {remote_open} tasks on other nodes did not all arrive");
+                break;
+            }
+        }
+    }
     relay.finish();
     match ended {
         Reply::Step(ended) => {
@@ -264,16 +305,70 @@ async fn run(
     }
 }
 
+/// Reads task `task`'s output on another node through the in-job service into `chunks`, then
+/// says it ended (`None`).
+async fn read_remote(
+    socket: PathBuf,
+    secret: String,
+    step: u32,
+    task: u32,
+    chunks: tokio::sync::mpsc::Sender<(u32, Option<Vec<u8>>)>,
+) {
+    if let Err(e) = stream_remote(&socket, &secret, step, task, &chunks).await {
+        eprintln!("srun: output of task {task}: {e}");
+    }
+    let _ = chunks.send((task, None)).await;
+}
+
+async fn stream_remote(
+    socket: &Path,
+    secret: &str,
+    step: u32,
+    task: u32,
+    chunks: &tokio::sync::mpsc::Sender<(u32, Option<Vec<u8>>)>,
+) -> Result<(), String> {
+    let mut stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(|e| format!("cannot reach the node's worker at {}: {e}", socket.display()))?;
+    let mut line = serde_json::to_vec(&Request { secret: secret.to_owned(), call: Call::ReadOutput { step, task } })
+        .map_err(|e| e.to_string())?;
+    line.push(b'\n');
+    stream.write_all(&line).await.map_err(|e| format!("cannot send to the node's worker: {e}"))?;
+    let mut reader = BufReader::new(stream);
+    let mut answer = String::new();
+    (&mut reader).take(64 * 1024).read_line(&mut answer).await.map_err(|e| format!("no answer: {e}"))?;
+    match serde_json::from_str::<Reply>(&answer) {
+        Ok(Reply::Streaming) => {}
+        Ok(Reply::Error(e)) => return Err(e),
+        Ok(other) => return Err(format!("unexpected answer: {other:?}")),
+        Err(_) if answer.is_empty() => return Err("the node's worker closed the connection".into()),
+        Err(e) => return Err(format!("malformed answer from the node's worker: {e}")),
+    }
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = reader.read(&mut buf).await.map_err(|e| format!("reading: {e}"))?;
+        if n == 0 {
+            return Ok(());
+        }
+        if chunks.send((task, Some(buf[..n].to_vec()))).await.is_err() {
+            return Ok(());
+        }
+    }
+}
+
 async fn forward(socket: &Path, secret: &str, step: u32, signal: i32) {
     if let Err(e) = call(socket, secret, Call::SignalStep { step, signal }).await {
         eprintln!("srun: cannot forward signal {signal}: {e}");
     }
 }
 
-/// Relays the output files of this node's tasks of a step.
+/// Writes the step's tasks' output to stdout: this node's read from their files, the others'
+/// as they come; with `--label` each line prefixed by its task's rank.
 struct Relay {
-    /// (task, file, bytes read, an unfinished line when labelling)
-    files: Vec<(u32, PathBuf, u64, Vec<u8>)>,
+    /// (task, file, bytes read) of this node's tasks
+    files: Vec<(u32, PathBuf, u64)>,
+    /// With `--label`: each task's unfinished line.
+    partial: BTreeMap<u32, Vec<u8>>,
     label: bool,
 }
 
@@ -282,22 +377,16 @@ impl Relay {
         let mut files = Vec::new();
         if let (Some(here), Some(dir)) = (step.on_node(node), job_dir) {
             for task in here.first_task..here.first_task + here.tasks {
-                files.push((task, dir.join(format!("step-{}.{task}.out", step.id)), 0, Vec::new()));
+                files.push((task, dir.join(format!("step-{}.{task}.out", step.id)), 0));
             }
         }
-        if step.nodes.iter().any(|n| n.node != node && n.tasks > 0) {
-            eprintln!(
-                "srun: output of the step's tasks on other nodes stays in their nodes' files (step-{}.<task>.out in the job's directory there)",
-                step.id
-            );
-        }
-        Relay { files, label }
+        Relay { files, partial: BTreeMap::new(), label }
     }
 
+    /// Relays what this node's tasks wrote since the last poll.
     fn poll(&mut self) {
-        let stdout = std::io::stdout();
-        let mut out = stdout.lock();
-        for (task, path, offset, partial) in &mut self.files {
+        let mut read = Vec::new();
+        for (task, path, offset) in &mut self.files {
             let Ok(mut file) = std::fs::File::open(&*path) else { continue };
             use std::io::{Read, Seek, SeekFrom};
             if file.seek(SeekFrom::Start(*offset)).is_err() {
@@ -308,24 +397,37 @@ impl Relay {
                 continue;
             }
             *offset += data.len() as u64;
-            if !self.label {
-                let _ = out.write_all(&data);
-                continue;
-            }
-            partial.extend_from_slice(&data);
-            while let Some(end) = partial.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = partial.drain(..=end).collect();
-                let _ = write!(out, "{task}: ");
-                let _ = out.write_all(&line);
-            }
+            read.push((*task, data));
+        }
+        for (task, data) in read {
+            self.emit(task, &data);
+        }
+    }
+
+    /// Writes `data` of task `task`: whole lines labelled with `--label`, as is otherwise.
+    fn emit(&mut self, task: u32, data: &[u8]) {
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        if !self.label {
+            let _ = out.write_all(data);
+            let _ = out.flush();
+            return;
+        }
+        let partial = self.partial.entry(task).or_default();
+        partial.extend_from_slice(data);
+        while let Some(end) = partial.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = partial.drain(..=end).collect();
+            let _ = write!(out, "{task}: ");
+            let _ = out.write_all(&line);
         }
         let _ = out.flush();
     }
 
+    /// Ends each task's unfinished line.
     fn finish(&mut self) {
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
-        for (task, _, _, partial) in &mut self.files {
+        for (task, partial) in &mut self.partial {
             if !partial.is_empty() {
                 let _ = write!(out, "{task}: ");
                 let _ = out.write_all(partial);

@@ -4,10 +4,12 @@
 //! into the job's environment at its launch (`CORRAL_RUN_SECRET`); the secret names the one run
 //! (job, epoch) the caller acts for, whatever else the request says. Creates and signals are
 //! forwarded to the leader through the link as this node; a wait answers once the desired state
-//! shows the step ended.
+//! shows the step ended; a read of a task's output on another node answers `Streaming`, then
+//! relays the raw bytes (through the leader's proxy from that node's agent) until that node's
+//! tasks of the step are gone, and closes.
 //!
 //! Bounds: a request line is at most `MAX_REQUEST_BYTES`; at most `MAX_CONNECTIONS` are served at
-//! once (more are answered with an error); a wait lasts at most as long as the run.
+//! once (more are answered with an error); a wait or a read lasts at most as long as the run.
 
 use crate::jobs::JobTable;
 use crate::link::Link;
@@ -26,6 +28,8 @@ pub const SECRET_ENV: &str = "CORRAL_RUN_SECRET";
 pub const SOCKET_ENV: &str = "CORRAL_IN_JOB_SOCKET";
 /// Longest request line.
 pub const MAX_REQUEST_BYTES: u64 = 512 * 1024;
+/// The answer to a secret that names no run.
+const NO_RUN: &str = "no running job of this node holds this run secret: srun works inside a running job";
 /// Connections served at once.
 const MAX_CONNECTIONS: usize = 256;
 
@@ -47,6 +51,9 @@ pub enum Call {
     WaitStep { step: StepId },
     /// `signal` to every task of the step.
     SignalStep { step: StepId, signal: i32 },
+    /// The output of task `task` (its rank) of the step, from the node it runs on: answered
+    /// `Streaming`, then the output's raw bytes until that node's tasks of the step are gone.
+    ReadOutput { step: StepId, task: u32 },
 }
 
 /// The answer.
@@ -55,6 +62,8 @@ pub enum Call {
 pub enum Reply {
     Step(Box<JobStep>),
     Signalled,
+    /// The raw output follows, until the connection closes.
+    Streaming,
     Error(String),
 }
 
@@ -118,6 +127,9 @@ async fn connection(mut stream: UnixStream, jobs: &JobTable, link: &Link, desire
     let read = BufReader::new((&mut stream).take(MAX_REQUEST_BYTES)).read_line(&mut line).await;
     let reply = match read {
         Ok(_) if line.ends_with('\n') => match serde_json::from_str::<Request>(&line) {
+            Ok(Request { secret, call: Call::ReadOutput { step, task } }) => {
+                return relay_output(stream, &secret, step, task, jobs, link).await;
+            }
             Ok(request) => answer(request, jobs, link, desired).await,
             Err(e) => Reply::Error(format!("malformed request: {e}")),
         },
@@ -127,11 +139,42 @@ async fn connection(mut stream: UnixStream, jobs: &JobTable, link: &Link, desire
     let _ = write_reply(&mut stream, &reply).await;
 }
 
+/// Answers `Streaming` and relays task `task`'s output of `step` of the caller's job, or
+/// answers why not.
+async fn relay_output(mut stream: UnixStream, secret: &str, step: StepId, task: u32, jobs: &JobTable, link: &Link) {
+    let Some((job_id, _)) = jobs.run_of_secret(secret) else {
+        let _ = write_reply(&mut stream, &Reply::Error(NO_RUN.into())).await;
+        return;
+    };
+    let mut output = match link.read_step_output(job_id, step, task).await {
+        Ok(output) => output,
+        Err(e) => {
+            let _ = write_reply(&mut stream, &Reply::Error(e)).await;
+            return;
+        }
+    };
+    if write_reply(&mut stream, &Reply::Streaming).await.is_err() {
+        return;
+    }
+    loop {
+        match output.message().await {
+            Ok(Some(chunk)) => {
+                if stream.write_all(&chunk.data).await.is_err() {
+                    return; // srun went away
+                }
+            }
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(job_id, step, task, error = %e, "the output of a step's task stopped coming");
+                return;
+            }
+        }
+    }
+}
+
 async fn answer(request: Request, jobs: &JobTable, link: &Link, desired: watch::Receiver<Desired>) -> Reply {
     let Some((job_id, epoch)) = jobs.run_of_secret(&request.secret) else {
-        return Reply::Error(
-            "no running job of this node holds this run secret: srun works inside a running job".into(),
-        );
+        return Reply::Error(NO_RUN.into());
     };
     match request.call {
         Call::CreateStep { request_id, spec } => {
@@ -148,6 +191,8 @@ async fn answer(request: Request, jobs: &JobTable, link: &Link, desired: watch::
             Err(e) => Reply::Error(e),
         },
         Call::WaitStep { step } => wait_step(job_id, epoch, step, desired).await,
+        // Served by `relay_output` before any answer.
+        Call::ReadOutput { .. } => Reply::Error("an output read is a stream of its own".into()),
     }
 }
 

@@ -110,6 +110,10 @@ impl JobTable {
 
     /// The running run whose in-job secret is `secret`: the one run an in-job command acts for.
     pub(crate) fn run_of_secret(&self, secret: &str) -> Option<(JobId, u64)> {
+        if secret.is_empty() {
+            // A run whose secret could not be minted holds an empty one: it names no run.
+            return None;
+        }
         let state = self.state();
         let mut found = None;
         for (key, info) in &state.infos {

@@ -440,6 +440,18 @@ impl Link {
         corral_types::JobStep::try_from(step).map_err(|e| e.to_string())
     }
 
+    /// The output of task `task` of a step of `job_id` on another node, through the leader's
+    /// proxy, until that node's tasks of the step are gone.
+    pub(crate) async fn read_step_output(
+        &self,
+        job_id: JobId,
+        step: StepId,
+        task: u32,
+    ) -> Result<tonic::Streaming<pb::LogChunk>, String> {
+        let request = pb::ReadStepOutputRequest { node: self.node.name.clone(), job_id, step, task };
+        self.gateway.read_step_output(request).await.map_err(|e| e.to_string())
+    }
+
     /// Forwards an in-job `srun`'s signal to every task of its step.
     pub(crate) async fn signal_step(&self, job_id: JobId, step: StepId, signal: i32) -> Result<bool, String> {
         let request = pb::SignalStepRequest { node: self.node.name.clone(), job_id, step, signal };

@@ -1,6 +1,6 @@
 //! `srun` inside a job, on real processes: a coordinator and two workers. A 2-node batch script
 //! runs `srun` steps whose tasks run on both nodes inside the job's cgroups, each with its own
-//! ranks and GPUs; the batch node's task output reaches the job's output file through `srun`,
+//! ranks and GPUs; every task's output reaches the job's output file through `srun`,
 //! which exits with Slurm's rule; `--kill-on-bad-exit` stops the other tasks; a cancel while a
 //! step runs kills its tasks on every node; a torchrun-style launcher finds its head node with
 //! `scontrol`; outside a job `srun` points at `corral run`.
@@ -90,8 +90,9 @@ fn srun_runs_a_steps_tasks_on_every_node_of_the_job() {
     assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
     let output = read(&out.join(format!("slurm-{job}.out")));
     assert_eq!(output.matches("batch-once").count(), 1, "the batch step ran once: {output}");
-    // The batch node's tasks (0 and 1) reach the job's output through srun, labelled.
-    for line in ["0: hello-0", "1: hello-1", "srun-exit 0"] {
+    // Every task's output reaches the job's output through srun, labelled: the batch node's
+    // (0 and 1) from their files, the other node's (2 and 3) through the workers.
+    for line in ["0: hello-0", "1: hello-1", "2: hello-2", "3: hello-3", "srun-exit 0"] {
         assert!(output.lines().any(|l| l == line), "{line:?} in {output:?}\n{}", logs(&workers));
     }
     // Four tasks, two a node, block distribution, the batch node first.
@@ -224,7 +225,9 @@ fn a_torchrun_style_launcher_finds_its_head_node_and_runs_once_a_node() {
     let output = read(&out.join(format!("slurm-{job}.out")));
     let head = output.lines().find_map(|l| l.strip_prefix("head ")).unwrap_or_else(|| panic!("{output:?}")).to_owned();
     assert!(!head.is_empty(), "{output:?}");
-    assert!(output.lines().any(|l| l == "launched-on-0"), "the batch node's launcher output: {output:?}");
+    for line in ["launched-on-0", "launched-on-1"] {
+        assert!(output.lines().any(|l| l == line), "both launchers' output: {output:?}");
+    }
     assert!(output.lines().any(|l| l == "srun-exit 0"), "{output:?}");
     let mut nodes = Vec::new();
     for node_id in 0..2 {

@@ -10,7 +10,20 @@ use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The output file of task `task` (its rank in the step) of step `step` in the run's directory
+/// `work_dir`.
+pub fn task_output(work_dir: &Path, step: u32, task: u32) -> PathBuf {
+    work_dir.join(format!("step-{step}.{task}.out"))
+}
+
+/// Made in the run's directory once this node's tasks of step `step` are all gone (or could not
+/// start), before their end is reported: a reader of their output files has read everything
+/// once it has read past this file's appearance.
+pub fn step_done_marker(work_dir: &Path, step: u32) -> PathBuf {
+    work_dir.join(format!("step-{step}.done"))
+}
 
 /// What to run as one task.
 #[derive(Clone, Debug, PartialEq, Eq)]

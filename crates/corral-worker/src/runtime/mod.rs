@@ -285,6 +285,11 @@ impl Runtime {
             }
             Action::ReportStepEnded { job_id, epoch, step, end } => {
                 self.step_orders.remove(&(job_id, epoch, step));
+                if let Some(info) = self.owners.jobs.info(job_id, epoch) {
+                    // Before the report: once the step has ended, readers of its output here
+                    // stop after what its tasks wrote.
+                    mark_step_done(&info.work_dir, step);
+                }
                 let link = self.owners.link.clone();
                 self.reports.spawn(link::deliver_step_end(link, self.events.clone(), job_id, epoch, step, end));
             }
@@ -531,5 +536,22 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
         None => std::future::pending().await,
+    }
+}
+
+/// Marks this node's tasks of `step` gone in the run's directory (`executor::step_done_marker`);
+/// made again harmlessly when the report is retried.
+fn mark_step_done(work_dir: &std::path::Path, step: StepId) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = crate::executor::step_done_marker(work_dir, step);
+    let made = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path);
+    if let Err(e) = made {
+        tracing::warn!(path = %path.display(), error = %e, "cannot mark the step's tasks gone: readers of their output wait for the job's end");
     }
 }

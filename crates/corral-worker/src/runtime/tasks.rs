@@ -5,13 +5,13 @@
 //! (signals, a kill) on those not reaped yet, and reports their end as one event.
 
 use super::state::Event;
-use crate::executor::{TaskProcess, TaskSpec};
+use crate::executor::{task_output, TaskProcess, TaskSpec};
 use crate::jobs::JobTable;
 use corral_types::{Job, JobId, StepId, StepNodeEnd, TaskExit};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -35,11 +35,6 @@ pub(crate) struct Started {
     kill_on_bad_exit: bool,
     /// (task rank, process)
     tasks: Vec<(u32, TaskProcess)>,
-}
-
-/// The output file of task `task` of step `step` in the run's directory `work_dir`.
-pub(crate) fn task_output(work_dir: &Path, step: StepId, task: u32) -> PathBuf {
-    work_dir.join(format!("step-{step}.{task}.out"))
 }
 
 /// The environment of one task: the run's, the step's (what `srun` exported), then the task's
