@@ -144,18 +144,21 @@ impl WorkerAgent for Agent {
         request: Request<pb::ReadStepOutputRequest>,
     ) -> Result<Response<ChunkStream>, Status> {
         let req = request.into_inner();
-        let Some(dir) = latest_attempt_dir(&self.jobs_dir, req.job_id) else {
-            return Err(Status::not_found(format!("job {} has no run on this node", req.job_id)));
-        };
+        let dir = self.jobs_dir.join(req.job_id.to_string()).join(req.epoch.to_string());
         let jobs = self.jobs.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         tokio::spawn(async move {
             let path = crate::executor::task_output(&dir, req.step, req.task);
             let done = crate::executor::step_done_marker(&dir, req.step);
+            // The part may still be starting here when the step's srun starts elsewhere.
+            let started = Instant::now();
+            while !jobs.runs(req.job_id, req.epoch) && !done.exists() && started.elapsed() < START_WAIT {
+                tokio::time::sleep(STEP_POLL).await;
+            }
             let mut offset = 0;
             loop {
                 // Decide before reading, so output written just before the end is not lost.
-                let last_round = done.exists() || !jobs.is_running(req.job_id);
+                let last_round = done.exists() || !jobs.runs(req.job_id, req.epoch);
                 let data = match read_new(&path, &mut offset) {
                     Ok(d) => d,
                     Err(e) => {

@@ -448,7 +448,7 @@ impl Link {
         step: StepId,
         task: u32,
     ) -> Result<tonic::Streaming<pb::LogChunk>, String> {
-        let request = pb::ReadStepOutputRequest { node: self.node.name.clone(), job_id, step, task };
+        let request = pb::ReadStepOutputRequest { node: self.node.name.clone(), job_id, step, task, epoch: 0 };
         self.gateway.read_step_output(request).await.map_err(|e| e.to_string())
     }
 

@@ -242,6 +242,38 @@ fn a_torchrun_style_launcher_finds_its_head_node_and_runs_once_a_node() {
     assert_ne!(nodes[0], nodes[1], "one launcher a node");
 }
 
+/// SIGTERM to `srun` reaches every task of its step, on both nodes; `srun` exits with the
+/// tasks' status.
+#[test]
+fn srun_forwards_sigterm_to_every_task() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "term.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=2\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             srun sh -c 'trap \"echo got-term > {out}/term-$SLURM_PROCID; exit 9\" TERM; touch {out}/ready-$SLURM_PROCID; while :; do sleep 0.1; done' &\n\
+             srun_pid=$!\n\
+             while [ ! -e {out}/ready-0 ] || [ ! -e {out}/ready-1 ] || [ ! -e {out}/ready-2 ] || [ ! -e {out}/ready-3 ]; do sleep 0.1; done\n\
+             kill -TERM $srun_pid\n\
+             wait $srun_pid\n\
+             echo \"srun-exit $?\"\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("slurm-{job}.out")));
+    assert!(output.lines().any(|l| l == "srun-exit 9"), "{output:?}\n{}", logs(&workers));
+    for rank in 0..4 {
+        assert_eq!(read(&out.join(format!("term-{rank}"))).trim(), "got-term", "task {rank}");
+    }
+}
+
 /// A cancel while a step runs kills its tasks on every node: no task outlives its job.
 #[test]
 fn a_cancel_while_a_step_runs_kills_its_tasks_on_every_node() {

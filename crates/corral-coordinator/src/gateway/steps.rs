@@ -131,7 +131,8 @@ impl Gateway {
         let task_node = step.nodes.iter().find(|n| (n.first_task..n.first_task + n.tasks).contains(&r.task));
         let task_node = task_node
             .ok_or_else(|| Status::not_found(format!("step {}.{} has no task {}", r.job_id, r.step, r.task)))?;
-        let request = pb::ReadStepOutputRequest { node, job_id: r.job_id, step: r.step, task: r.task };
+        let request =
+            pb::ReadStepOutputRequest { node, job_id: r.job_id, step: r.step, task: r.task, epoch: allocation.epoch };
         let upstream = self.coord.open_worker_step_output(&job, &task_node.node, request).await?;
         Ok(Response::new(Box::pin(upstream)))
     }
