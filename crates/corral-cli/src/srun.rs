@@ -30,7 +30,58 @@ pub struct Flags {
     pub label: bool,
     /// `--export`: `None` is Slurm's default (`ALL`).
     pub export: Option<String>,
+    /// Slurm options given that corral's srun accepts without acting on them (`IGNORED`).
+    pub ignored: Vec<String>,
 }
+
+/// Slurm `srun` options accepted and not acted on, one warning each (name, takes a value):
+/// binding, memory and accounting options (each task sees the job's GPUs and memory of its
+/// node), `--mpi` (there is no PMI: an MPI program sees no launcher), and `-o` (the tasks'
+/// output goes to srun's).
+const IGNORED: [(&str, bool); 42] = [
+    ("-u", false),
+    ("--unbuffered", false),
+    ("-X", false),
+    ("--disable-status", false),
+    ("-Q", false),
+    ("--quiet", false),
+    ("-v", false),
+    ("--verbose", false),
+    ("-E", false),
+    ("--preserve-env", false),
+    ("--exclusive", false),
+    ("--cpu-bind", true),
+    ("--cpu_bind", true),
+    ("--mem-bind", true),
+    ("--gpu-bind", true),
+    ("--accel-bind", true),
+    ("--hint", true),
+    ("--mpi", true),
+    ("--mem", true),
+    ("--mem-per-cpu", true),
+    ("--mem-per-gpu", true),
+    ("--gres", true),
+    ("-G", true),
+    ("--gpus", true),
+    ("--gpus-per-node", true),
+    ("--cpus-per-gpu", true),
+    ("--threads-per-core", true),
+    ("-m", true),
+    ("--distribution", true),
+    ("-J", true),
+    ("--job-name", true),
+    ("-t", true),
+    ("--time", true),
+    ("-p", true),
+    ("--partition", true),
+    ("-A", true),
+    ("--account", true),
+    ("--jobid", true),
+    ("-W", true),
+    ("--wait", true),
+    ("-o", true),
+    ("--output", true),
+];
 
 /// Variables that describe one node or one run's secret: never carried to other nodes' tasks
 /// by `--export` (each task gets its own from its node).
@@ -78,8 +129,16 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
         } else {
             (arg.clone(), None)
         };
-        let takes_value = !matches!(name.as_str(), "-l" | "--label" | "-K" | "--kill-on-bad-exit" | "--overlap");
-        let value = if takes_value {
+        let ignored = IGNORED.iter().find(|(n, _)| *n == name);
+        // -K and --kill-on-bad-exit take an optional 0 or 1 (inline only), as in Slurm.
+        let optional_value = matches!(name.as_str(), "-K" | "--kill-on-bad-exit" | "--exclusive");
+        let takes_value = match ignored {
+            Some((_, takes)) => *takes,
+            None => !matches!(name.as_str(), "-l" | "--label" | "-K" | "--kill-on-bad-exit" | "--overlap"),
+        };
+        let value = if optional_value {
+            inline.unwrap_or_default()
+        } else if takes_value {
             match inline {
                 Some(v) => v,
                 None => {
@@ -113,10 +172,18 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
                 explicit_layout = true;
             }
             "-l" | "--label" => flags.label = true,
-            "-K" | "--kill-on-bad-exit" => flags.spec.kill_on_bad_exit = true,
+            "-K" | "--kill-on-bad-exit" => {
+                flags.spec.kill_on_bad_exit = match value.as_str() {
+                    "" | "1" => true,
+                    "0" => false,
+                    other => return Err(format!("{name} takes 0 or 1, got '{other}'")),
+                }
+            }
             "--overlap" => flags.spec.overlap = true,
             "--export" => flags.export = Some(value),
             "-D" | "--chdir" => flags.spec.cwd = Some(value),
+            _ if ignored.is_some() => flags.ignored.push(name),
+            "--pty" => return Err("--pty is not served inside a job yet: run the command without it".into()),
             other => return Err(format!("option {other} is not served by corral's srun")),
         }
         i += 1;
@@ -176,7 +243,12 @@ pub fn main(args: &[String]) -> ExitCode {
         return ExitCode::from(1);
     };
     let flags = match parse(args, &env) {
-        Ok(f) => f,
+        Ok(f) => {
+            for name in &f.ignored {
+                eprintln!("srun: warning: {name} is accepted but not acted on by corral's srun");
+            }
+            f
+        }
         Err(e) => {
             eprintln!("srun: error: {e}");
             return ExitCode::from(1);
@@ -472,6 +544,21 @@ mod tests {
         assert_eq!(w.spec.nodelist, ["n1", "n2"]);
     }
 
+    /// Options of published scripts that change nothing here are accepted with a warning;
+    /// -K takes Slurm's optional 0 or 1.
+    #[test]
+    fn slurm_options_without_effect_here_are_accepted() {
+        let env = BTreeMap::new();
+        let f = parse(&args("-u --cpu-bind=none --mpi pmix --exclusive -K1 python train.py"), &env).unwrap();
+        assert_eq!(f.ignored, ["-u", "--cpu-bind", "--mpi", "--exclusive"]);
+        assert!(f.spec.kill_on_bad_exit);
+        assert_eq!(f.spec.command, args("python train.py"), "--mpi took its value");
+        let off = parse(&args("--kill-on-bad-exit=0 true"), &env).unwrap();
+        assert!(!off.spec.kill_on_bad_exit);
+        let on = parse(&args("--kill-on-bad-exit true"), &env).unwrap();
+        assert!(on.spec.kill_on_bad_exit && on.spec.command == ["true"], "no value taken from the command");
+    }
+
     #[test]
     fn bad_flags_are_one_line_errors() {
         let env = BTreeMap::new();
@@ -480,6 +567,8 @@ mod tests {
             ("", "no command"),
             ("--bogus true", "not served"),
             ("-n", "needs a value"),
+            ("-K2 true", "takes 0 or 1"),
+            ("--pty bash", "--pty is not served"),
         ] {
             let e = parse(&args(a), &env).expect_err(a);
             assert!(e.contains(want) && !e.contains('\n'), "{a}: {e}");

@@ -213,7 +213,7 @@ fn a_torchrun_style_launcher_finds_its_head_node_and_runs_once_a_node() {
              nodes=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\")\n\
              head_node=$(echo \"$nodes\" | head -n 1)\n\
              echo \"head $head_node\"\n\
-             srun {launcher} --nnodes $SLURM_NNODES --nproc_per_node 2 --rdzv_id $SLURM_JOB_ID \
+             srun -u --cpu-bind=none {launcher} --nnodes $SLURM_NNODES --nproc_per_node 2 --rdzv_id $SLURM_JOB_ID \
              --rdzv_backend c10d --rdzv_endpoint $head_node:29500 train.py --epochs 1\n\
              echo \"srun-exit $?\"\n",
             out = out.display(),
@@ -229,6 +229,7 @@ fn a_torchrun_style_launcher_finds_its_head_node_and_runs_once_a_node() {
         assert!(output.lines().any(|l| l == line), "both launchers' output: {output:?}");
     }
     assert!(output.lines().any(|l| l == "srun-exit 0"), "{output:?}");
+    assert!(output.contains("srun: warning: --cpu-bind is accepted but not acted on"), "{output:?}");
     let mut nodes = Vec::new();
     for node_id in 0..2 {
         let line = read(&out.join(format!("launcher-{node_id}")));
