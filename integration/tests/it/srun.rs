@@ -164,7 +164,9 @@ fn srun_kill_on_bad_exit_kills_every_task_and_exits_with_the_highest_status() {
              srun -K sh -c 'if [ \"$SLURM_PROCID\" = 3 ]; then exit 3; fi; exec sleep 60'\n\
              echo \"bad-exit $? after $(( $(date +%s) - start ))\"\n\
              srun sh -c 'exit $SLURM_PROCID'\n\
-             echo \"plain-exit $?\"\n",
+             echo \"plain-exit $?\"\n\
+             srun no-such-program-here\n\
+             echo \"missing-exit $?\"\n",
             out = out.display()
         ),
     );
@@ -179,6 +181,10 @@ fn srun_kill_on_bad_exit_kills_every_task_and_exits_with_the_highest_status() {
     assert!(secs.parse::<u64>().expect("secs") < 30, "the other tasks were killed: {bad}");
     // Without -K every task runs to its end: the highest exit code wins.
     assert!(output.lines().any(|l| l == "plain-exit 3"), "{output:?}");
+    // A program that is not there: every node says why, srun fails.
+    assert!(!output.lines().any(|l| l == "missing-exit 0"), "{output:?}");
+    assert!(output.lines().any(|l| l.starts_with("missing-exit ")), "{output:?}");
+    assert!(output.contains("no-such-program-here"), "the reason names the program: {output:?}");
 }
 
 /// What users care about most: a torchrun launcher computing its head node with `scontrol`,
@@ -194,6 +200,7 @@ fn a_torchrun_style_launcher_finds_its_head_node_and_runs_once_a_node() {
             "#!/bin/sh\n\
              # A stand-in for torchrun: records what it was told and where it runs.\n\
              echo \"$SLURMD_NODENAME $SLURM_NODEID $SLURM_PROCID $*\" > {out}/launcher-$SLURM_NODEID\n\
+             scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1 > {out}/head-$SLURM_NODEID\n\
              echo launched-on-$SLURM_NODEID\n",
             out = out.display()
         ),
@@ -238,6 +245,8 @@ fn a_torchrun_style_launcher_finds_its_head_node_and_runs_once_a_node() {
         assert!(line.contains(&format!("--rdzv_endpoint {head}:29500 train.py --epochs 1")), "{line:?}");
         assert!(line.contains("--nnodes 2 "), "{line:?}");
         nodes.push(f[0].to_owned());
+        let seen = read(&out.join(format!("head-{node_id}")));
+        assert_eq!(seen.trim(), head, "scontrol inside a task on node {node_id}");
     }
     assert_eq!(nodes[0], head, "node 0 is the head node scontrol named");
     assert_ne!(nodes[0], nodes[1], "one launcher a node");

@@ -327,7 +327,7 @@ impl Runtime {
     /// that waits for them and reports their end. A failure ends them with the launch error.
     fn launch_tasks(&mut self, job: &Job, epoch: u64, step_id: StepId) {
         let node = self.config.node_name.clone();
-        let started = tasks::start(&self.owners.jobs, job, epoch, step_id, &node);
+        let started = tasks::start(&self.owners.jobs, job, epoch, step_id, &node, &self.config.in_job_bin_dir());
         match started {
             Ok(started) => {
                 let (orders, inbox) = mpsc::unbounded_channel();

@@ -11,7 +11,7 @@ use corral_types::{Job, JobId, StepId, StepNodeEnd, TaskExit};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -38,16 +38,24 @@ pub(crate) struct Started {
 }
 
 /// The environment of one task: the run's, the step's (what `srun` exported), then the task's
-/// own Slurm variables.
+/// own Slurm variables; this node's directory of in-job commands (`in_job_bin`) first on its
+/// `PATH` (the exported `PATH` names the `srun` node's, which may be elsewhere here).
 pub(crate) fn task_env(
     run_env: &BTreeMap<String, String>,
     job: &Job,
     step: &corral_types::JobStep,
     node: &str,
     local: u32,
+    in_job_bin: &Path,
 ) -> BTreeMap<String, String> {
     let mut env = run_env.clone();
     env.extend(step.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let bin = in_job_bin.display().to_string();
+    let path = env.get("PATH").map_or(crate::executor::DEFAULT_PATH, String::as_str);
+    if path.split(':').next() != Some(bin.as_str()) {
+        let path = format!("{bin}:{path}");
+        env.insert("PATH".to_owned(), path);
+    }
     let here = step.on_node(node);
     let first = here.map_or(0, |n| n.first_task);
     let node_id = job.allocation.as_ref().and_then(|a| a.parts().position(|(n, _)| n == node)).unwrap_or(0);
@@ -85,6 +93,7 @@ pub(crate) fn start(
     epoch: u64,
     step_id: StepId,
     node: &str,
+    in_job_bin: &Path,
 ) -> Result<Started, StepNodeEnd> {
     let fail = |e: String| StepNodeEnd { node: node.to_owned(), tasks: Vec::new(), launch_error: Some(e) };
     let step = job.steps.steps.iter().find(|s| s.id == step_id).ok_or_else(|| fail("no such step".into()))?;
@@ -101,7 +110,7 @@ pub(crate) fn start(
         let rank = here.first_task + local;
         let spec = TaskSpec {
             argv: step.spec.command.clone(),
-            env: task_env(&info.env, job, step, node, local),
+            env: task_env(&info.env, job, step, node, local, in_job_bin),
             cwd: cwd.clone(),
             output: task_output(&info.work_dir, step_id, rank),
             uid: info.uid,
@@ -114,7 +123,7 @@ pub(crate) fn start(
                 for (_, process) in &tasks {
                     let _ = killpg(Pid::from_raw(process.pid() as i32), Signal::SIGKILL);
                 }
-                return Err(fail(format!("node {node}: task {rank}: {e}")));
+                return Err(fail(format!("task {rank}: {e}")));
             }
         }
     }
@@ -196,4 +205,49 @@ pub(crate) async fn wait(
     tracing::info!(job_id, epoch, step, status = ?exits.iter().map(TaskExit::status).max(), "step tasks ended");
     let end = StepNodeEnd { node, tasks: exits, launch_error: None };
     let _ = events.send(Event::TasksEnded { job_id, epoch, step, end });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_types::{JobStep, NodeGpus, StepNode};
+
+    /// Ranks as Slurm's block distribution gives them, each task its GPU with
+    /// `--gpus-per-task`, what srun exported, and this node's in-job commands first on `PATH`.
+    #[test]
+    fn each_task_has_its_own_ranks_gpus_and_this_nodes_commands() {
+        let mut job = (*crate::reconcile::tests::job(7, 3)).clone();
+        let alloc = job.allocation.as_mut().expect("allocation");
+        alloc.node = "n1".into();
+        alloc.more_nodes = vec![NodeGpus { node: "n2".into(), gpus: vec![0, 1] }];
+        let mut step = JobStep {
+            id: 2,
+            epoch: 3,
+            nodes: vec![
+                StepNode { node: "n1".into(), first_task: 0, tasks: 2, gpus: vec![] },
+                StepNode { node: "n2".into(), first_task: 2, tasks: 2, gpus: vec![1, 0] },
+            ],
+            ..Default::default()
+        };
+        step.spec.env.insert("PATH".into(), "/elsewhere/slurm-bin:/usr/bin".into());
+        step.spec.env.insert("MY_VAR".into(), "x".into());
+        let run_env = BTreeMap::from([("CORRAL_JOB_DIR".to_owned(), "/data/jobs/7/3".to_owned())]);
+        let bin = Path::new("/data/slurm-bin");
+        let env = task_env(&run_env, &job, &step, "n2", 1, bin);
+        let get = |k: &str| env.get(k).map(String::as_str);
+        assert_eq!(
+            [get("SLURM_PROCID"), get("SLURM_LOCALID"), get("SLURM_NODEID"), get("SLURM_STEP_ID")],
+            [Some("3"), Some("1"), Some("1"), Some("2")]
+        );
+        assert_eq!([get("SLURM_NTASKS"), get("SLURM_STEP_NUM_NODES")], [Some("4"), Some("2")]);
+        assert_eq!(get("CUDA_VISIBLE_DEVICES"), Some("0"), "task 1 of n2 gets the second of [1, 0]");
+        assert_eq!(get("MY_VAR"), Some("x"));
+        assert_eq!(get("CORRAL_JOB_DIR"), Some("/data/jobs/7/3"), "the node's own run directory");
+        assert_eq!(get("PATH"), Some("/data/slurm-bin:/elsewhere/slurm-bin:/usr/bin"));
+        let first = task_env(&run_env, &job, &step, "n1", 0, bin);
+        assert_eq!(first.get("CUDA_VISIBLE_DEVICES"), None, "without --gpus-per-task: the job's GPUs");
+        assert_eq!(first.get("SLURM_PROCID").map(String::as_str), Some("0"));
+        let again = task_env(&first, &job, &JobStep { nodes: step.nodes.clone(), ..Default::default() }, "n1", 0, bin);
+        assert_eq!(again.get("PATH"), first.get("PATH"), "not added twice");
+    }
 }
