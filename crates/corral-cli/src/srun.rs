@@ -20,14 +20,27 @@ const OUTPUT_POLL: Duration = Duration::from_millis(20);
 /// Other nodes' tasks whose output one `srun` relays (one stream each, through the node's
 /// worker): the rest stay in their nodes' files.
 const MAX_REMOTE_STREAMS: usize = 64;
+/// Longest piece of a task's line held back waiting for its end.
+const MAX_LINE: usize = 64 * 1024;
 /// How long the last of other nodes' output may take to arrive once the step has ended.
 const REMOTE_DRAIN: Duration = Duration::from_secs(10);
+
+/// Writes one line to stderr in a single write, so that it reaches the job's output file whole
+/// next to what the batch script writes to stdout.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let line = format!("{}\n", format_args!($($arg)*));
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }};
+}
 
 /// What the flags ask for.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Flags {
     pub spec: StepSpec,
     pub label: bool,
+    /// `-u`: output relayed as it comes, not a line at a time (without `--label`).
+    pub unbuffered: bool,
     /// `--export`: `None` is Slurm's default (`ALL`).
     pub export: Option<String>,
     /// Slurm options given that corral's srun accepts without acting on them (`IGNORED`).
@@ -38,9 +51,7 @@ pub struct Flags {
 /// binding, memory and accounting options (each task sees the job's GPUs and memory of its
 /// node), `--mpi` (there is no PMI: an MPI program sees no launcher), and `-o` (the tasks'
 /// output goes to srun's).
-const IGNORED: [(&str, bool); 42] = [
-    ("-u", false),
-    ("--unbuffered", false),
+const IGNORED: [(&str, bool); 40] = [
     ("-X", false),
     ("--disable-status", false),
     ("-Q", false),
@@ -134,7 +145,10 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
         let optional_value = matches!(name.as_str(), "-K" | "--kill-on-bad-exit" | "--exclusive");
         let takes_value = match ignored {
             Some((_, takes)) => *takes,
-            None => !matches!(name.as_str(), "-l" | "--label" | "-K" | "--kill-on-bad-exit" | "--overlap"),
+            None => !matches!(
+                name.as_str(),
+                "-l" | "--label" | "-K" | "--kill-on-bad-exit" | "--overlap" | "-u" | "--unbuffered"
+            ),
         };
         let value = if optional_value {
             inline.unwrap_or_default()
@@ -172,6 +186,7 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
                 explicit_layout = true;
             }
             "-l" | "--label" => flags.label = true,
+            "-u" | "--unbuffered" => flags.unbuffered = true,
             "-K" | "--kill-on-bad-exit" => {
                 flags.spec.kill_on_bad_exit = match value.as_str() {
                     "" | "1" => true,
@@ -237,7 +252,7 @@ fn exported(export: Option<&str>, env: &BTreeMap<String, String>) -> Result<BTre
 pub fn main(args: &[String]) -> ExitCode {
     let env: BTreeMap<String, String> = std::env::vars().collect();
     let (Some(secret), Some(socket)) = (env.get(SECRET_ENV), env.get(SOCKET_ENV)) else {
-        eprintln!(
+        say!(
             "srun: error: not inside a corral job ({SECRET_ENV} is not set): srun runs a step of a running job; to start a job use `corral run` or `corral sbatch`"
         );
         return ExitCode::from(1);
@@ -245,19 +260,19 @@ pub fn main(args: &[String]) -> ExitCode {
     let flags = match parse(args, &env) {
         Ok(f) => {
             for name in &f.ignored {
-                eprintln!("srun: warning: {name} is accepted but not acted on by corral's srun");
+                say!("srun: warning: {name} is accepted but not acted on by corral's srun");
             }
             f
         }
         Err(e) => {
-            eprintln!("srun: error: {e}");
+            say!("srun: error: {e}");
             return ExitCode::from(1);
         }
     };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("srun: error: {e}");
+            say!("srun: error: {e}");
             return ExitCode::from(1);
         }
     };
@@ -266,7 +281,7 @@ pub fn main(args: &[String]) -> ExitCode {
     match runtime.block_on(run(flags, secret.clone(), PathBuf::from(socket), node, job_dir)) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            eprintln!("srun: error: {e}");
+            say!("srun: error: {e}");
             ExitCode::from(1)
         }
     }
@@ -310,18 +325,24 @@ async fn run(
     node: String,
     job_dir: Option<PathBuf>,
 ) -> Result<i32, String> {
+    // Caught from the start: a signal that comes while the step is being made is forwarded to
+    // its tasks once it exists (the tasks may run before the create's answer arrives).
+    let mut sigint =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let mut sigterm =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
     let create = Call::CreateStep { request_id: request_id(), spec: flags.spec };
     let step = match call(&socket, &secret, create).await? {
         Reply::Step(step) => *step,
         other => return Err(format!("unexpected answer: {other:?}")),
     };
-    let mut relay = Relay::new(&step, &node, job_dir.as_deref(), flags.label);
+    let mut relay = Relay::new(&step, &node, job_dir.as_deref(), flags.label, flags.unbuffered);
     // Other nodes' tasks: one reader each, bounded, feeding this loop.
     let (chunks, mut received) = tokio::sync::mpsc::channel::<(u32, Option<Vec<u8>>)>(64);
     let remote: Vec<u32> =
         step.nodes.iter().filter(|n| n.node != node).flat_map(|n| n.first_task..n.first_task + n.tasks).collect();
     if remote.len() > MAX_REMOTE_STREAMS {
-        eprintln!(
+        say!(
             "srun: relaying the output of {MAX_REMOTE_STREAMS} of the {} tasks on other nodes; the others write step-{}.<task>.out in the job's directory on their node",
             remote.len(),
             step.id
@@ -334,10 +355,6 @@ async fn run(
     }
     drop(chunks);
     let mut wait = Box::pin(call(&socket, &secret, Call::WaitStep { step: step.id }));
-    let mut sigint =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(|e| e.to_string())?;
-    let mut sigterm =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
     let ended = loop {
         tokio::select! {
             answer = &mut wait => break answer?,
@@ -360,7 +377,7 @@ async fn run(
             Ok(Some((_, None))) => remote_open -= 1,
             Ok(None) => break,
             Err(_) => {
-                eprintln!("srun: the output of {remote_open} tasks on other nodes did not all arrive");
+                say!("srun: the output of {remote_open} tasks on other nodes did not all arrive");
                 break;
             }
         }
@@ -369,7 +386,7 @@ async fn run(
     match ended {
         Reply::Step(ended) => {
             if let Some(reason) = ended.reason.as_deref().filter(|_| ended.exit_code != Some(0)) {
-                eprintln!("srun: step {}: {reason}", ended.id);
+                say!("srun: step {}: {reason}", ended.id);
             }
             Ok(ended.exit_code.unwrap_or(1))
         }
@@ -387,7 +404,7 @@ async fn read_remote(
     chunks: tokio::sync::mpsc::Sender<(u32, Option<Vec<u8>>)>,
 ) {
     if let Err(e) = stream_remote(&socket, &secret, step, task, &chunks).await {
-        eprintln!("srun: output of task {task}: {e}");
+        say!("srun: output of task {task}: {e}");
     }
     let _ = chunks.send((task, None)).await;
 }
@@ -430,7 +447,7 @@ async fn stream_remote(
 
 async fn forward(socket: &Path, secret: &str, step: u32, signal: i32) {
     if let Err(e) = call(socket, secret, Call::SignalStep { step, signal }).await {
-        eprintln!("srun: cannot forward signal {signal}: {e}");
+        say!("srun: cannot forward signal {signal}: {e}");
     }
 }
 
@@ -439,20 +456,21 @@ async fn forward(socket: &Path, secret: &str, step: u32, signal: i32) {
 struct Relay {
     /// (task, file, bytes read) of this node's tasks
     files: Vec<(u32, PathBuf, u64)>,
-    /// With `--label`: each task's unfinished line.
+    /// Each task's unfinished line.
     partial: BTreeMap<u32, Vec<u8>>,
     label: bool,
+    unbuffered: bool,
 }
 
 impl Relay {
-    fn new(step: &JobStep, node: &str, job_dir: Option<&Path>, label: bool) -> Relay {
+    fn new(step: &JobStep, node: &str, job_dir: Option<&Path>, label: bool, unbuffered: bool) -> Relay {
         let mut files = Vec::new();
         if let (Some(here), Some(dir)) = (step.on_node(node), job_dir) {
             for task in here.first_task..here.first_task + here.tasks {
                 files.push((task, dir.join(format!("step-{}.{task}.out", step.id)), 0));
             }
         }
-        Relay { files, partial: BTreeMap::new(), label }
+        Relay { files, partial: BTreeMap::new(), label, unbuffered }
     }
 
     /// Relays what this node's tasks wrote since the last poll.
@@ -476,34 +494,47 @@ impl Relay {
         }
     }
 
-    /// Writes `data` of task `task`: whole lines labelled with `--label`, as is otherwise.
+    /// Writes `data` of task `task` a whole line at a time, as Slurm's srun does (tasks' lines
+    /// never cut into each other), labelled with `--label`; a line longer than `MAX_LINE` is
+    /// written in pieces.
     fn emit(&mut self, task: u32, data: &[u8]) {
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
-        if !self.label {
+        if self.unbuffered && !self.label {
             let _ = out.write_all(data);
             let _ = out.flush();
             return;
         }
         let partial = self.partial.entry(task).or_default();
         partial.extend_from_slice(data);
-        while let Some(end) = partial.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = partial.drain(..=end).collect();
-            let _ = write!(out, "{task}: ");
+        loop {
+            let end = match partial.iter().position(|b| *b == b'\n') {
+                Some(end) => end + 1,
+                None if partial.len() > MAX_LINE => MAX_LINE,
+                None => break,
+            };
+            let line: Vec<u8> = partial.drain(..end).collect();
+            if self.label {
+                let _ = write!(out, "{task}: ");
+            }
             let _ = out.write_all(&line);
         }
         let _ = out.flush();
     }
 
-    /// Ends each task's unfinished line.
+    /// Writes each task's unfinished last line (labelled ones ended with a newline).
     fn finish(&mut self) {
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
         for (task, partial) in &mut self.partial {
             if !partial.is_empty() {
-                let _ = write!(out, "{task}: ");
+                if self.label {
+                    let _ = write!(out, "{task}: ");
+                }
                 let _ = out.write_all(partial);
-                let _ = out.write_all(b"\n");
+                if self.label {
+                    let _ = out.write_all(b"\n");
+                }
                 partial.clear();
             }
         }
@@ -550,7 +581,8 @@ mod tests {
     fn slurm_options_without_effect_here_are_accepted() {
         let env = BTreeMap::new();
         let f = parse(&args("-u --cpu-bind=none --mpi pmix --exclusive -K1 python train.py"), &env).unwrap();
-        assert_eq!(f.ignored, ["-u", "--cpu-bind", "--mpi", "--exclusive"]);
+        assert_eq!(f.ignored, ["--cpu-bind", "--mpi", "--exclusive"]);
+        assert!(f.unbuffered);
         assert!(f.spec.kill_on_bad_exit);
         assert_eq!(f.spec.command, args("python train.py"), "--mpi took its value");
         let off = parse(&args("--kill-on-bad-exit=0 true"), &env).unwrap();
