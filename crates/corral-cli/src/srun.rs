@@ -385,13 +385,52 @@ async fn run(
     relay.finish();
     match ended {
         Reply::Step(ended) => {
-            if let Some(reason) = ended.reason.as_deref().filter(|_| ended.exit_code != Some(0)) {
+            let failures = failed_tasks(&ended);
+            for line in &failures {
+                say!("srun: error: {line}");
+            }
+            if let Some(reason) = ended.reason.as_deref().filter(|_| ended.exit_code != Some(0) && failures.is_empty())
+            {
                 say!("srun: step {}: {reason}", ended.id);
             }
             Ok(ended.exit_code.unwrap_or(1))
         }
         other => Err(format!("unexpected answer: {other:?}")),
     }
+}
+
+/// Most failed tasks named one a line when a step ends; the rest are counted.
+const MAX_FAILURE_LINES: usize = 16;
+
+/// What went wrong in an ended step, as Slurm's srun says it: a node whose tasks could not
+/// start, each task that exited non-zero or was killed (at most `MAX_FAILURE_LINES` lines).
+fn failed_tasks(step: &JobStep) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut more = 0;
+    for node in &step.ended {
+        let mut said = |line: String| {
+            if lines.len() < MAX_FAILURE_LINES {
+                lines.push(line);
+            } else {
+                more += 1;
+            }
+        };
+        if let Some(error) = &node.launch_error {
+            said(format!("{}: launch failed: {error}", node.node));
+        }
+        for task in &node.tasks {
+            match (task.exit_code, task.signal) {
+                (Some(0), _) => {}
+                (Some(code), _) => said(format!("{}: task {}: Exited with exit code {code}", node.node, task.task)),
+                (None, Some(signal)) => said(format!("{}: task {}: Killed by signal {signal}", node.node, task.task)),
+                (None, None) => said(format!("{}: task {}: ended without a status", node.node, task.task)),
+            }
+        }
+    }
+    if more > 0 {
+        lines.push(format!("and {more} more failed tasks"));
+    }
+    lines
 }
 
 /// Reads task `task`'s output on another node through the in-job service into `chunks`, then
@@ -589,6 +628,51 @@ mod tests {
         assert!(!off.spec.kill_on_bad_exit);
         let on = parse(&args("--kill-on-bad-exit true"), &env).unwrap();
         assert!(on.spec.kill_on_bad_exit && on.spec.command == ["true"], "no value taken from the command");
+    }
+
+    /// Each failed task a line, as Slurm's srun writes them; a node that could not start its
+    /// tasks says why.
+    #[test]
+    fn an_ended_step_names_its_failed_tasks() {
+        use corral_types::{StepNodeEnd, TaskExit};
+        let step = JobStep {
+            ended: vec![
+                StepNodeEnd {
+                    node: "n2".into(),
+                    tasks: vec![
+                        TaskExit { task: 2, exit_code: None, signal: Some(15) },
+                        TaskExit { task: 3, exit_code: Some(3), signal: None },
+                    ],
+                    launch_error: None,
+                },
+                StepNodeEnd {
+                    node: "n1".into(),
+                    tasks: vec![TaskExit { task: 0, exit_code: Some(0), signal: None }],
+                    launch_error: None,
+                },
+                StepNodeEnd { node: "n3".into(), tasks: vec![], launch_error: Some("task 4: not found".into()) },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            failed_tasks(&step),
+            [
+                "n2: task 2: Killed by signal 15",
+                "n2: task 3: Exited with exit code 3",
+                "n3: launch failed: task 4: not found"
+            ]
+        );
+        let many = JobStep {
+            ended: vec![StepNodeEnd {
+                node: "n1".into(),
+                tasks: (0..20).map(|task| TaskExit { task, exit_code: Some(1), signal: None }).collect(),
+                launch_error: None,
+            }],
+            ..Default::default()
+        };
+        let lines = failed_tasks(&many);
+        assert_eq!(lines.len(), MAX_FAILURE_LINES + 1);
+        assert_eq!(lines.last().map(String::as_str), Some("and 4 more failed tasks"));
     }
 
     #[test]

@@ -181,6 +181,7 @@ fn srun_kill_on_bad_exit_kills_every_task_and_exits_with_the_highest_status() {
     assert!(secs.parse::<u64>().expect("secs") < 30, "the other tasks were killed: {bad}");
     // Without -K every task runs to its end: the highest exit code wins.
     assert!(output.lines().any(|l| l == "plain-exit 3"), "{output:?}");
+    assert!(output.contains("task 3: Exited with exit code 3"), "srun names the failed task: {output:?}");
     // A program that is not there: every node says why, srun fails.
     assert!(!output.lines().any(|l| l == "missing-exit 0"), "{output:?}");
     assert!(output.lines().any(|l| l.starts_with("missing-exit ")), "{output:?}");
