@@ -3,7 +3,7 @@
 //! batch script's `scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1` finds its head
 //! node as under Slurm.
 //!
-//! Served here: `scontrol show hostnames [LIST]` (one name a line; `LIST` defaults to
+//! Served here: `srun` (`srun.rs`), `scontrol show hostnames [LIST]` (one name a line; `LIST` defaults to
 //! `SLURM_JOB_NODELIST`, as in Slurm) and `scontrol show hostlist LIST` (Slurm's compressed
 //! form), answered without the coordinator; and, as the corral commands they translate to,
 //! `scontrol show job [ID]` (`corral show`, `ID` defaulting to `SLURM_JOB_ID`), `squeue`
@@ -29,6 +29,7 @@ pub enum InJob {
 /// Runs the in-job command `name` when the binary was called by it.
 pub fn dispatch(name: &str, args: &[String]) -> InJob {
     let result = match name {
+        "srun" => return InJob::Exit(crate::srun::main(args)),
         "scontrol" if matches!(args, [show, job, ..] if show == "show" && job == "job") => {
             show_job(&args[2..], std::env::var("SLURM_JOB_ID").ok().as_deref()).map(corral)
         }
@@ -186,7 +187,8 @@ mod tests {
 
     #[test]
     fn every_command_the_worker_links_is_served() {
-        for name in corral_worker::IN_JOB_COMMANDS {
+        // `srun` is served by `srun.rs` (its own tests; run here it would start a step).
+        for name in corral_worker::IN_JOB_COMMANDS.into_iter().filter(|n| *n != "srun") {
             assert_ne!(dispatch(name, &["show".into(), "hostnames".into(), "n1".into()]), InJob::Cli, "{name}");
         }
         assert_eq!(dispatch("corral", &[]), InJob::Cli);

@@ -20,6 +20,7 @@ mod output;
 mod paging;
 mod sbatch;
 mod security_cmd;
+mod srun;
 mod times;
 mod top;
 mod worker_cmd;

@@ -1108,6 +1108,58 @@ impl GatewayClient {
             .await?;
         Ok(reply.into_inner())
     }
+
+    pub async fn create_step(&self, req: pb::CreateStepRequest) -> Result<pb::CreateStepResponse, ClientError> {
+        let limit = self.attempt_timeout;
+        let reply = self
+            .client
+            .with_retry(|ch| {
+                let req = req.clone();
+                async move { bounded(limit, Self::raw(ch).create_step(req)).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    pub async fn report_step_ended(&self, req: pb::ReportStepEndedRequest) -> Result<pb::ReportResponse, ClientError> {
+        let limit = self.attempt_timeout;
+        let reply = self
+            .client
+            .with_retry(|ch| {
+                let req = req.clone();
+                async move { bounded(limit, Self::raw(ch).report_step_ended(req)).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// One task's output of a step, as it comes (`srun` relaying other nodes' tasks).
+    pub async fn read_step_output(
+        &self,
+        req: pb::ReadStepOutputRequest,
+    ) -> Result<tonic::Streaming<pb::LogChunk>, ClientError> {
+        let limit = self.attempt_timeout;
+        let reply = self
+            .client
+            .with_retry(|ch| {
+                let req = req.clone();
+                async move { bounded(limit, Self::raw(ch).read_step_output(req)).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    pub async fn signal_step(&self, req: pb::SignalStepRequest) -> Result<pb::ReportResponse, ClientError> {
+        let limit = self.attempt_timeout;
+        let reply = self
+            .client
+            .with_retry(|ch| {
+                let req = req.clone();
+                async move { bounded(limit, Self::raw(ch).signal_step(req)).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
 }
 
 #[cfg(test)]

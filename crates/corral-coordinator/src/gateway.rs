@@ -210,4 +210,13 @@ impl WorkerGateway for Gateway {
     ) -> Result<Response<pb::ReportResponse>, Status> {
         self.signal_step_call(request).await
     }
+
+    type ReadStepOutputStream = steps::OutputStream;
+
+    async fn read_step_output(
+        &self,
+        request: Request<pb::ReadStepOutputRequest>,
+    ) -> Result<Response<steps::OutputStream>, Status> {
+        self.read_step_output_call(request).await
+    }
 }

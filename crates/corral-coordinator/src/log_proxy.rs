@@ -1,5 +1,6 @@
 //! The coordinator's proxy to worker agents' log streams: `ReadLogs` of the user API and the
-//! web view's log tail both open a job part's output through [`open_worker_logs`].
+//! web view's log tail both open a job part's output through [`open_worker_logs`]; `srun` on
+//! another node of the job reads a step's task output through [`open_worker_step_output`].
 
 use crate::Coordinator;
 use corral_proto::v1::worker_agent_client::WorkerAgentClient;
@@ -26,20 +27,39 @@ impl Coordinator {
         let node = allocation.parts().nth(req.rank as usize).map(|(n, _)| n.to_string()).ok_or_else(|| {
             Status::invalid_argument(format!("job {} has no rank {} in its current run", job.id, req.rank))
         })?;
+        let mut client = self.agent_client(job, &node).await?;
+        let upstream =
+            client.read_logs(req).await.map_err(|e| unreachable_agent(job, &node, &e.message()))?.into_inner();
+        Ok(Some(upstream))
+    }
+
+    /// Opens one task's output of a step on the worker agent of `node`, where it runs.
+    pub(crate) async fn open_worker_step_output(
+        &self,
+        job: &Job,
+        node: &str,
+        req: pb::ReadStepOutputRequest,
+    ) -> Result<tonic::Streaming<pb::LogChunk>, Status> {
+        let mut client = self.agent_client(job, node).await?;
+        let upstream = client.read_step_output(req).await.map_err(|e| unreachable_agent(job, node, &e.message()))?;
+        Ok(upstream.into_inner())
+    }
+
+    /// A client of the worker agent of `node`, where part of `job` runs.
+    async fn agent_client(
+        &self,
+        job: &Job,
+        node: &str,
+    ) -> Result<WorkerAgentClient<tonic::transport::Channel>, Status> {
         let address = self
             .store()
             .read()
             .state
             .nodes
-            .get(&node)
+            .get(node)
             .map(|n| n.spec.address.clone())
             .ok_or_else(|| Status::not_found(format!("node {node} of job {} is not registered", job.id)))?;
-        let unreachable = |e: &dyn std::fmt::Display| {
-            Status::unavailable(format!(
-                "logs of job {} are on node {node} at {address}, which is unreachable: {e}",
-                job.id
-            ))
-        };
+        let unreachable = |e: &dyn std::fmt::Display| unreachable_agent(job, &format!("{node} at {address}"), e);
         // Over TLS the connector does the handshake: the agent must hold the node's worker
         // certificate, or the request is never sent.
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
@@ -47,15 +67,19 @@ impl Coordinator {
             .connect_timeout(CONNECT_TIMEOUT);
         let channel = match &self.security().client_tls {
             Some(tls) => tls
-                .connect(endpoint, &address, corral_security::ExpectedServer::Worker { node: node.clone() })
+                .connect(endpoint, &address, corral_security::ExpectedServer::Worker { node: node.to_string() })
                 .await
                 .map_err(|e| unreachable(&e))?,
             None => endpoint.connect().await.map_err(|e| unreachable(&e))?,
         };
-        let mut client = WorkerAgentClient::new(channel)
+        Ok(WorkerAgentClient::new(channel)
             .max_decoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
-            .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES);
-        let upstream = client.read_logs(req).await.map_err(|e| unreachable(&e.message()))?.into_inner();
-        Ok(Some(upstream))
+            .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES))
     }
+}
+
+/// The error when the agent of `node` cannot be reached or refuses.
+fn unreachable_agent(job: &Job, node: &str, e: &dyn std::fmt::Display) -> Status {
+    // The prefix tells clients not to retry: another coordinator cannot reach it either.
+    Status::unavailable(format!("logs of job {} are on node {node}, which is unreachable: {e}", job.id))
 }

@@ -1,7 +1,8 @@
-//! The worker's `WorkerAgent` gRPC service: streams a job's log files to the coordinator.
+//! The worker's `WorkerAgent` gRPC service: streams a job's log files, and the output files of
+//! its steps' tasks (`srun` on another node relays them), to the coordinator.
 //!
-//! Invariant: log paths are built from the numeric job id only (`<data>/jobs/<id>/<epoch>/`);
-//! nothing from the request becomes a path.
+//! Invariant: log paths are built from numbers only (`<data>/jobs/<id>/<epoch>/`, a task's
+//! `step-<step>.<task>.out` there); nothing else from the request becomes a path.
 //!
 //! Bounds: whatever the size of a log, a call reads at most `16 * CHUNK` bytes of a file at a
 //! time and keeps at most 16 chunks of `CHUNK` ready (a bounded channel: a slow reader holds
@@ -21,6 +22,8 @@ use tonic::{Request, Response, Status};
 
 const CHUNK: usize = 64 * 1024;
 const POLL: Duration = Duration::from_millis(100);
+/// How often a followed task output file is read: `srun` relays it as it comes.
+const STEP_POLL: Duration = Duration::from_millis(20);
 /// How long a follower waits for a just-placed job's log directory to appear.
 const START_WAIT: Duration = Duration::from_secs(30);
 
@@ -126,6 +129,54 @@ impl WorkerAgent for Agent {
                 }
                 if !progressed {
                     tokio::time::sleep(POLL).await;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    type ReadStepOutputStream = ChunkStream;
+
+    /// One task's output file of a step, followed until this node's tasks of the step are gone
+    /// (the runtime marks it: `step_done_marker`) or the job no longer runs here.
+    async fn read_step_output(
+        &self,
+        request: Request<pb::ReadStepOutputRequest>,
+    ) -> Result<Response<ChunkStream>, Status> {
+        let req = request.into_inner();
+        let dir = self.jobs_dir.join(req.job_id.to_string()).join(req.epoch.to_string());
+        let jobs = self.jobs.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            let path = crate::executor::task_output(&dir, req.step, req.task);
+            let done = crate::executor::step_done_marker(&dir, req.step);
+            // The part may still be starting here when the step's srun starts elsewhere.
+            let started = Instant::now();
+            while !jobs.runs(req.job_id, req.epoch) && !done.exists() && started.elapsed() < START_WAIT {
+                tokio::time::sleep(STEP_POLL).await;
+            }
+            let mut offset = 0;
+            loop {
+                // Decide before reading, so output written just before the end is not lost.
+                let last_round = done.exists() || !jobs.runs(req.job_id, req.epoch);
+                let data = match read_new(&path, &mut offset) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::internal(format!("cannot read task output: {e}")))).await;
+                        return;
+                    }
+                };
+                for piece in data.chunks(CHUNK) {
+                    let chunk = pb::LogChunk { stream: LogStream::Stdout as i32, data: piece.to_vec() };
+                    if tx.send(Ok(chunk)).await.is_err() {
+                        return; // the reader went away
+                    }
+                }
+                if last_round && data.is_empty() {
+                    return;
+                }
+                if data.is_empty() {
+                    tokio::time::sleep(STEP_POLL).await;
                 }
             }
         });

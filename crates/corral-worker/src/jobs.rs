@@ -9,7 +9,8 @@
 use crate::executor::{CgroupUsage, JobHandle};
 use corral_types::JobId;
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A run's key: the job and its allocation epoch.
 type RunKey = (JobId, u64);
@@ -52,9 +53,33 @@ impl Run {
     }
 }
 
+/// What a run's step tasks inherit from it, and the secret its in-job commands present.
+/// The secret is never logged (`Debug` leaves it out).
+pub(crate) struct RunInfo {
+    pub secret: String,
+    /// The run's whole environment (the secret included).
+    pub env: BTreeMap<String, String>,
+    /// The run's working directory.
+    pub cwd: PathBuf,
+    /// The run's own directory (its logs; its tasks' output files).
+    pub work_dir: PathBuf,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub open_files: Option<u64>,
+    /// The run is a container: its tasks would have to run in it (not served yet).
+    pub in_container: bool,
+}
+
+impl std::fmt::Debug for RunInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunInfo").field("work_dir", &self.work_dir).finish_non_exhaustive()
+    }
+}
+
 #[derive(Default)]
 struct State {
     runs: BTreeMap<RunKey, Run>,
+    infos: BTreeMap<RunKey, Arc<RunInfo>>,
 }
 
 /// The runs of this worker process.
@@ -73,9 +98,37 @@ impl JobTable {
         self.state().runs.insert((job_id, epoch), Run::Launching);
     }
 
+    /// Records what the run's tasks inherit (before its process starts).
+    pub(crate) fn set_info(&self, job_id: JobId, epoch: u64, info: RunInfo) {
+        self.state().infos.insert((job_id, epoch), Arc::new(info));
+    }
+
+    /// What allocation `epoch`'s tasks inherit, while the run is known.
+    pub(crate) fn info(&self, job_id: JobId, epoch: u64) -> Option<Arc<RunInfo>> {
+        self.state().infos.get(&(job_id, epoch)).cloned()
+    }
+
+    /// The running run whose in-job secret is `secret`: the one run an in-job command acts for.
+    pub(crate) fn run_of_secret(&self, secret: &str) -> Option<(JobId, u64)> {
+        if secret.is_empty() {
+            // A run whose secret could not be minted holds an empty one: it names no run.
+            return None;
+        }
+        let state = self.state();
+        let mut found = None;
+        for (key, info) in &state.infos {
+            // Every entry is compared in full, whatever matches first.
+            if constant_time_eq(info.secret.as_bytes(), secret.as_bytes()) {
+                found = Some(*key);
+            }
+        }
+        found.filter(|key| state.runs.get(key).is_some_and(|run| run.running().is_some()))
+    }
+
     /// The launch failed: the run leaves the table.
     pub(crate) fn launch_failed(&self, job_id: JobId, epoch: u64) {
         let mut state = self.state();
+        state.infos.remove(&(job_id, epoch));
         if matches!(state.runs.get(&(job_id, epoch)), Some(Run::Launching)) {
             state.runs.remove(&(job_id, epoch));
         }
@@ -99,7 +152,9 @@ impl JobTable {
 
     /// The run's clean-up is over: it leaves the table.
     pub(crate) fn remove(&self, job_id: JobId, epoch: u64) {
-        self.state().runs.remove(&(job_id, epoch));
+        let mut state = self.state();
+        state.runs.remove(&(job_id, epoch));
+        state.infos.remove(&(job_id, epoch));
     }
 
     /// True while a run of the job is being launched or its process tree runs here.
@@ -152,6 +207,11 @@ impl JobTable {
             .map(|(job_id, tenant, handle)| JobSample { job_id, tenant, usage: handle.usage() })
             .collect()
     }
+}
+
+/// Compares two byte strings in time that depends on their lengths only.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

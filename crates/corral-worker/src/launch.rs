@@ -78,7 +78,7 @@ pub(crate) fn pick_mig_instance(
 
 /// Slurm's commands the corral binary serves inside a job when called by their name
 /// (`corral-cli`'s `in_job.rs`): the worker links each, in its `in_job_bin_dir`, to itself.
-pub const IN_JOB_COMMANDS: [&str; 3] = ["scontrol", "squeue", "scancel"];
+pub const IN_JOB_COMMANDS: [&str; 4] = ["scontrol", "squeue", "scancel", "srun"];
 
 /// Links Slurm's in-job commands in `dir` to the running corral binary, replacing old links. A
 /// worker running inside another program (a test harness) has no corral binary to link: it

@@ -17,6 +17,7 @@ pub mod gpu;
 mod grpc_health;
 pub mod health;
 pub mod hygiene;
+pub mod in_job;
 mod jobs;
 pub mod join;
 mod launch;

@@ -11,7 +11,7 @@ use crate::jobs::JobTable;
 use crate::reconcile::{Desired, DesiredJob, Want};
 use corral_client::GatewayClient;
 use corral_proto::v1::{self as pb};
-use corral_types::{Job, JobExitReport, JobId, NodeSpec};
+use corral_types::{Job, JobExitReport, JobId, NodeSpec, StepId, StepNodeEnd};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -69,6 +69,8 @@ pub(crate) enum LinkEvent {
     Desired { node_epoch: u64, desired: Desired, reregister: bool },
     /// A leader accepted or rejected a report at applied index `revision`.
     Reported { job_id: JobId, epoch: u64, kind: ReportKind, revision: u64 },
+    /// A leader accepted or rejected the end of this node's tasks of a step.
+    StepReported { job_id: JobId, epoch: u64, step: StepId, revision: u64 },
 }
 
 struct State {
@@ -312,7 +314,8 @@ pub(crate) async fn watch_desired<E: From<LinkEvent>>(link: Arc<Link>, events: m
                         term = state.term;
                         let reregister = state.reregister;
                         match desired_of(state) {
-                            Ok(desired) => {
+                            Ok(mut desired) => {
+                                desired.node = link.node.name.clone();
                                 let _ = events.send(LinkEvent::Desired { node_epoch, desired, reregister }.into());
                             }
                             Err(e) => tracing::warn!(error = %e, "malformed desired state: ignored"),
@@ -387,6 +390,76 @@ pub(crate) async fn deliver<E: From<LinkEvent>>(
     }
 }
 
+/// Sends the end of this node's tasks of a step until a leader accepts or rejects it.
+pub(crate) async fn deliver_step_end<E: From<LinkEvent>>(
+    link: Arc<Link>,
+    events: mpsc::UnboundedSender<E>,
+    job_id: JobId,
+    epoch: u64,
+    step: StepId,
+    end: StepNodeEnd,
+) {
+    let node = link.node.name.clone();
+    let mut backoff = Duration::from_millis(50);
+    let mut failures = 0u32;
+    loop {
+        let request = pb::ReportStepEndedRequest { node: node.clone(), job_id, epoch, step, end: Some((&end).into()) };
+        match link.gateway.report_step_ended(request).await {
+            Ok(reply) => {
+                if !reply.accepted {
+                    tracing::info!(job_id, epoch, step, "step report was stale: ignored by the leader");
+                }
+                let _ = events.send(LinkEvent::StepReported { job_id, epoch, step, revision: reply.revision }.into());
+                return;
+            }
+            Err(e) => {
+                failures += 1;
+                if failures == 1 || failures.is_multiple_of(10) {
+                    tracing::warn!(job_id, epoch, step, attempts = failures, error = %e, "cannot report a step's end yet; retrying");
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+impl Link {
+    /// Forwards an in-job `srun`'s new step of run `epoch` of `job_id` to the leader.
+    pub(crate) async fn create_step(
+        &self,
+        job_id: JobId,
+        epoch: u64,
+        request_id: String,
+        spec: &corral_types::StepSpec,
+    ) -> Result<corral_types::JobStep, String> {
+        let request =
+            pb::CreateStepRequest { node: self.node.name.clone(), job_id, epoch, request_id, spec: Some(spec.into()) };
+        let reply = self.gateway.create_step(request).await.map_err(|e| e.to_string())?;
+        let step = reply.step.ok_or("the leader answered without the step")?;
+        corral_types::JobStep::try_from(step).map_err(|e| e.to_string())
+    }
+
+    /// The output of task `task` of a step of `job_id` on another node, through the leader's
+    /// proxy, until that node's tasks of the step are gone.
+    pub(crate) async fn read_step_output(
+        &self,
+        job_id: JobId,
+        step: StepId,
+        task: u32,
+    ) -> Result<tonic::Streaming<pb::LogChunk>, String> {
+        let request = pb::ReadStepOutputRequest { node: self.node.name.clone(), job_id, step, task, epoch: 0 };
+        self.gateway.read_step_output(request).await.map_err(|e| e.to_string())
+    }
+
+    /// Forwards an in-job `srun`'s signal to every task of its step.
+    pub(crate) async fn signal_step(&self, job_id: JobId, step: StepId, signal: i32) -> Result<bool, String> {
+        let request = pb::SignalStepRequest { node: self.node.name.clone(), job_id, step, signal };
+        let reply = self.gateway.signal_step(request).await.map_err(|e| e.to_string())?;
+        Ok(reply.accepted)
+    }
+}
+
 /// The runtime's view of a pushed desired state.
 fn desired_of(state: pb::DesiredState) -> Result<Desired, corral_proto::ProtoError> {
     let mut jobs = BTreeMap::new();
@@ -403,7 +476,7 @@ fn desired_of(state: pb::DesiredState) -> Result<Desired, corral_proto::ProtoErr
         let addrs = crate::gang::PartAddrs { master_addr: d.master_addr, part_addrs: d.part_addrs };
         jobs.insert(job.id, DesiredJob { job: Arc::new(job), epoch, want, addrs });
     }
-    Ok(Desired { revision: state.revision, jobs })
+    Ok(Desired { revision: state.revision, jobs, node: String::new() })
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@
 //! - every start and exit is reported until a leader accepts or rejects it; a worker that must
 //!   register again first stops everything and forgets what is stale.
 
-use corral_types::{Job, JobExitReport, JobId};
+use corral_types::{Job, JobExitReport, JobId, StepId, StepNodeEnd};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +52,8 @@ pub struct Desired {
     /// Applied log index it was read at; 0: none received since the registration.
     pub revision: u64,
     pub jobs: BTreeMap<JobId, DesiredJob>,
+    /// This node's name: which tasks of a step are its own.
+    pub node: String,
 }
 
 /// Where one report to the leaders stands.
@@ -111,6 +113,27 @@ pub struct LocalJob {
     /// How many of the job's `corral signal` entries this run has had: the count at the launch
     /// (older ones were for earlier runs), then each delivered one.
     pub signals_sent: usize,
+    /// The job's steps whose tasks this run launched here (or recorded as not launched).
+    pub steps: BTreeMap<StepId, LocalStep>,
+}
+
+/// This node's tasks of one step of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalStep {
+    pub phase: StepPhase,
+    /// The report of their end (`Pending` until they ended).
+    pub report: Delivery,
+    /// How many of the step's signals the tasks have had.
+    pub signals_sent: usize,
+}
+
+/// Where this node's tasks of a step stand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepPhase {
+    /// They run; `killing` once the step is stopping.
+    Running { killing: bool },
+    /// Every one of them is gone: what the leader learns.
+    Ended { end: StepNodeEnd },
 }
 
 /// The worker's standing with the leaders.
@@ -188,6 +211,44 @@ pub enum Action {
         signals: Vec<i32>,
         sent: usize,
     },
+    /// Launch this node's tasks of step `step` of the run into its cgroup.
+    LaunchTasks {
+        job: Arc<Job>,
+        epoch: u64,
+        step: StepId,
+    },
+    /// The step stopped before its tasks were launched here: record them as never started.
+    SkipTasks {
+        job_id: JobId,
+        epoch: u64,
+        step: StepId,
+    },
+    /// Kill this node's tasks of the step (it is stopping: `--kill-on-bad-exit`, the run ends).
+    KillTasks {
+        job_id: JobId,
+        epoch: u64,
+        step: StepId,
+    },
+    /// Deliver `signals` to the step's tasks; afterwards they have had `sent` of them.
+    SignalTasks {
+        job_id: JobId,
+        epoch: u64,
+        step: StepId,
+        signals: Vec<i32>,
+        sent: usize,
+    },
+    /// Report that this node's tasks of the step are gone.
+    ReportStepEnded {
+        job_id: JobId,
+        epoch: u64,
+        step: StepId,
+        end: StepNodeEnd,
+    },
+    /// Drop the record of a step the leader no longer lists as live.
+    ForgetStep {
+        job_id: JobId,
+        step: StepId,
+    },
 }
 
 /// The actions that bring this worker to what the leader wants.
@@ -241,6 +302,11 @@ fn follow(local: &Local, desired: &Desired, policy: &Policy, actions: &mut Vec<A
             }
             (Some(_), _) => {}
         }
+        if let Some(l) = local.jobs.get(&job_id) {
+            if l.epoch == epoch && want.want == Want::Run && matches!(l.phase, Phase::Running { stopping: None }) {
+                follow_steps(job_id, l, want, &desired.node, actions);
+            }
+        }
     }
     for (&job_id, job) in &local.jobs {
         let listed = desired.jobs.get(&job_id).is_some_and(|d| d.epoch == job.epoch);
@@ -249,6 +315,30 @@ fn follow(local: &Local, desired: &Desired, policy: &Policy, actions: &mut Vec<A
         } else if !listed && matches!(job.phase, Phase::Running { stopping: None }) {
             let (epoch, grace) = (job.epoch, policy.kill_grace);
             actions.push(Action::Stop { job_id, epoch, grace, signal: None, cause: StopCause::Orphan });
+        }
+    }
+}
+
+/// Launches, kills and signals of this node's tasks of the run's live steps.
+fn follow_steps(job_id: JobId, l: &LocalJob, want: &DesiredJob, node: &str, actions: &mut Vec<Action>) {
+    let epoch = want.epoch;
+    for step in want.job.steps.steps.iter().filter(|s| s.epoch == epoch && s.state.is_live()) {
+        if step.on_node(node).is_none_or(|n| n.tasks == 0) || step.node_ended(node) {
+            continue;
+        }
+        let id = step.id;
+        match l.steps.get(&id) {
+            None if step.stopping => actions.push(Action::SkipTasks { job_id, epoch, step: id }),
+            None => actions.push(Action::LaunchTasks { job: want.job.clone(), epoch, step: id }),
+            Some(LocalStep { phase: StepPhase::Running { killing: false }, signals_sent, .. }) => {
+                if step.stopping {
+                    actions.push(Action::KillTasks { job_id, epoch, step: id });
+                } else if step.signals.len() > *signals_sent {
+                    let signals = step.signals[*signals_sent..].to_vec();
+                    actions.push(Action::SignalTasks { job_id, epoch, step: id, signals, sent: step.signals.len() });
+                }
+            }
+            Some(_) => {}
         }
     }
 }
@@ -282,6 +372,19 @@ fn report(local: &Local, desired: &Desired, actions: &mut Vec<Action>) {
             // Exits follow their start report, so a leader never sees them out of order.
             if job.exit == Delivery::Pending && job.start != Delivery::InFlight {
                 actions.push(Action::ReportFinished { job_id, epoch, report: report.clone() });
+            }
+        }
+        for (&step, s) in &job.steps {
+            if let (StepPhase::Ended { end }, Delivery::Pending) = (&s.phase, s.report) {
+                actions.push(Action::ReportStepEnded { job_id, epoch, step, end: end.clone() });
+            }
+            if let Delivery::Done { revision } = s.report {
+                let live = desired.jobs.get(&job_id).is_some_and(|d| {
+                    d.epoch == epoch && d.job.steps.steps.iter().any(|x| x.id == step && x.state.is_live())
+                });
+                if desired.revision >= revision && !live {
+                    actions.push(Action::ForgetStep { job_id, step });
+                }
             }
         }
         if let Delivery::Done { revision } = job.exit {
@@ -339,7 +442,7 @@ pub(crate) mod tests {
     }
 
     fn desired(revision: u64, jobs: Vec<(JobId, DesiredJob)>) -> Desired {
-        Desired { revision, jobs: jobs.into_iter().collect() }
+        Desired { revision, jobs: jobs.into_iter().collect(), node: "n1".into() }
     }
 
     fn local(standing: Standing, jobs: Vec<(JobId, LocalJob)>) -> Local {
@@ -347,11 +450,18 @@ pub(crate) mod tests {
     }
 
     fn running(epoch: u64, stopping: Option<StopCause>, start: Delivery) -> LocalJob {
-        LocalJob { epoch, phase: Phase::Running { stopping }, start, exit: Delivery::Pending, signals_sent: 0 }
+        LocalJob {
+            epoch,
+            phase: Phase::Running { stopping },
+            start,
+            exit: Delivery::Pending,
+            signals_sent: 0,
+            steps: BTreeMap::new(),
+        }
     }
 
     fn ended(epoch: u64, report: JobExitReport, start: Delivery, exit: Delivery) -> LocalJob {
-        LocalJob { epoch, phase: Phase::Ended { report }, start, exit, signals_sent: 0 }
+        LocalJob { epoch, phase: Phase::Ended { report }, start, exit, signals_sent: 0, steps: BTreeMap::new() }
     }
 
     fn signalled(id: JobId, epoch: u64, signals: Vec<i32>) -> (JobId, DesiredJob) {
@@ -378,6 +488,7 @@ pub(crate) mod tests {
             start: Delivery::Held,
             exit: Delivery::Pending,
             signals_sent: 0,
+            steps: BTreeMap::new(),
         };
         let rows: Vec<(&str, Local, Desired, Vec<Action>)> = vec![
             (
@@ -604,6 +715,7 @@ pub(crate) mod tests {
                                 start: done,
                                 exit: Delivery::Pending,
                                 signals_sent: 0,
+                                steps: BTreeMap::new(),
                             },
                         ),
                     ],
@@ -697,5 +809,109 @@ pub(crate) mod tests {
         }
         assert!(reconcile(&local, &desired, &POLICY).is_empty());
         assert_eq!(local.jobs.len(), 3);
+    }
+
+    /// A job of run `epoch` on n1 with one step, as `edit` leaves it.
+    fn with_step(id: JobId, epoch: u64, edit: impl FnOnce(&mut corral_types::JobStep)) -> (JobId, DesiredJob) {
+        let mut j = (*job(id, epoch)).clone();
+        let mut step = corral_types::JobStep {
+            id: 0,
+            epoch,
+            nodes: vec![corral_types::StepNode { node: "n1".into(), first_task: 0, tasks: 2, gpus: vec![] }],
+            ..Default::default()
+        };
+        edit(&mut step);
+        j.steps.next_id = 1;
+        j.steps.steps.push(step);
+        (id, DesiredJob { job: Arc::new(j), epoch, want: Want::Run, addrs: Default::default() })
+    }
+
+    fn with_local_step(phase: StepPhase, report: Delivery) -> LocalJob {
+        let mut l = running(10, None, Delivery::Done { revision: 4 });
+        l.steps.insert(0, LocalStep { phase, report, signals_sent: 0 });
+        l
+    }
+
+    /// This node's tasks of a step: launched once, killed when it stops, signalled, their end
+    /// reported until accepted, and forgotten once the leader no longer lists the step as live.
+    #[test]
+    fn steps() {
+        let end = StepNodeEnd { node: "n1".into(), ..Default::default() };
+        let ended = StepPhase::Ended { end: end.clone() };
+        let live = StepPhase::Running { killing: false };
+        let leased = |l: LocalJob| local(Standing::Leased, vec![(1, l)]);
+        let fresh = running(10, None, Delivery::Done { revision: 4 });
+        let (_, d) = with_step(1, 10, |_| {});
+        let rows: Vec<(&str, Local, Desired, Vec<Action>)> = vec![
+            (
+                "a live step with tasks here is launched",
+                leased(fresh.clone()),
+                desired(5, vec![with_step(1, 10, |_| {})]),
+                vec![Action::LaunchTasks { job: d.job.clone(), epoch: 10, step: 0 }],
+            ),
+            (
+                "a step with no tasks here is not",
+                leased(fresh.clone()),
+                desired(5, vec![with_step(1, 10, |s| s.nodes[0].node = "n2".into())]),
+                vec![],
+            ),
+            (
+                "a step of another run is not",
+                leased(fresh.clone()),
+                desired(5, vec![with_step(1, 10, |s| s.epoch = 9)]),
+                vec![],
+            ),
+            (
+                "a step this node already reported is not launched again",
+                leased(fresh.clone()),
+                desired(5, vec![with_step(1, 10, |s| s.ended.push(end.clone()))]),
+                vec![],
+            ),
+            (
+                "a step stopping before its launch is recorded as not launched",
+                leased(fresh.clone()),
+                desired(5, vec![with_step(1, 10, |s| s.stopping = true)]),
+                vec![Action::SkipTasks { job_id: 1, epoch: 10, step: 0 }],
+            ),
+            (
+                "running tasks of a stopping step are killed once",
+                leased(with_local_step(live.clone(), Delivery::Pending)),
+                desired(5, vec![with_step(1, 10, |s| s.stopping = true)]),
+                vec![Action::KillTasks { job_id: 1, epoch: 10, step: 0 }],
+            ),
+            (
+                "being killed: nothing more",
+                leased(with_local_step(StepPhase::Running { killing: true }, Delivery::Pending)),
+                desired(5, vec![with_step(1, 10, |s| s.stopping = true)]),
+                vec![],
+            ),
+            (
+                "signals srun forwarded are delivered",
+                leased(with_local_step(live, Delivery::Pending)),
+                desired(5, vec![with_step(1, 10, |s| s.signals = vec![2])]),
+                vec![Action::SignalTasks { job_id: 1, epoch: 10, step: 0, signals: vec![2], sent: 1 }],
+            ),
+            (
+                "ended tasks are reported",
+                leased(with_local_step(ended.clone(), Delivery::Pending)),
+                desired(5, vec![with_step(1, 10, |_| {})]),
+                vec![Action::ReportStepEnded { job_id: 1, epoch: 10, step: 0, end: end.clone() }],
+            ),
+            (
+                "a report accepted at 7 is kept while a state older than it lists the step live",
+                leased(with_local_step(ended.clone(), Delivery::Done { revision: 7 })),
+                desired(6, vec![with_step(1, 10, |_| {})]),
+                vec![],
+            ),
+            (
+                "then forgotten",
+                leased(with_local_step(ended, Delivery::Done { revision: 7 })),
+                desired(7, vec![with_step(1, 10, |s| s.state = corral_types::StepState::Completed)]),
+                vec![Action::ForgetStep { job_id: 1, step: 0 }],
+            ),
+        ];
+        for (what, local, desired, expected) in rows {
+            assert_eq!(reconcile(&local, &desired, &POLICY), expected, "{what}");
+        }
     }
 }

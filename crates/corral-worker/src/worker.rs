@@ -87,6 +87,11 @@ impl Worker {
             .add_service(InterceptedService::new(reflection_alpha, check))
             .serve_with_incoming(incoming);
         let agent = tokio::spawn(agent);
+        let (desired_tx, desired_rx) = tokio::sync::watch::channel(crate::reconcile::Desired::default());
+        let in_job = {
+            let (path, jobs, link) = (self.config.in_job_socket(), self.jobs.clone(), self.link.clone());
+            tokio::spawn(async move { crate::in_job::serve(&path, jobs, link, desired_rx).await })
+        };
         let renewal = self.config.cert_renewal.clone().map(|r| tokio::spawn(crate::renew::run(r)));
         let runtime = crate::runtime::Runtime::new(
             self.config.clone(),
@@ -95,9 +100,11 @@ impl Worker {
             self.jobs.clone(),
             self.devices.clone(),
             self.link.clone(),
+            desired_tx,
         );
         let result = runtime.run(shutdown).await;
         agent.abort();
+        in_job.abort();
         if let Some(renewal) = renewal {
             renewal.abort();
         }

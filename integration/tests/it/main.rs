@@ -29,6 +29,7 @@ mod prometheus_config;
 mod python;
 mod security;
 mod slurm;
+mod srun;
 mod tso;
 mod watch;
 mod web;

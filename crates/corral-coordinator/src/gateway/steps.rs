@@ -1,6 +1,8 @@
 //! The worker gateway's step calls: `srun` inside a job (`CreateStep`, forwarded by the worker
 //! agent of the node where the `srun` runs), the nodes' reports that their tasks of a step are
-//! gone (`ReportStepEnded`) and the signals `srun` forwards (`SignalStep`).
+//! gone (`ReportStepEnded`), the signals `srun` forwards (`SignalStep`) and the output of the
+//! step's tasks on other nodes that `srun` relays (`ReadStepOutput`, proxied from the agent of
+//! the task's node as `corral logs` is).
 //!
 //! Over TLS a worker acts only for the node its certificate names, and only for jobs with a part
 //! there: an in-job command can reach no other job through its node.
@@ -9,7 +11,12 @@ use super::Gateway;
 use crate::CoordError;
 use corral_core::{ApplyError, Command, Outcome};
 use corral_proto::v1::{self as pb};
+use std::pin::Pin;
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
+
+/// A task's output, chunk by chunk, as the agent of its node streams it.
+pub(super) type OutputStream = Pin<Box<dyn Stream<Item = Result<pb::LogChunk, Status>> + Send>>;
 
 impl Gateway {
     /// The node a step call speaks for: the certificate's name over TLS, else the request's.
@@ -96,5 +103,37 @@ impl Gateway {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// One task's output of a step of a job that has a live part on the calling node, from the
+    /// agent of the task's node. Cost: a lookup in the state, then one proxied stream (gRPC's
+    /// flow control holds the agent back while `srun` reads slowly).
+    pub(super) async fn read_step_output_call(
+        &self,
+        request: Request<pb::ReadStepOutputRequest>,
+    ) -> Result<Response<OutputStream>, Status> {
+        let node = self.calling_node(&request, "read step output", &request.get_ref().node)?;
+        let r = request.into_inner();
+        let job = {
+            let data = self.coord.store().read();
+            data.state.jobs.get(&r.job_id).cloned()
+        };
+        let job = job.ok_or_else(|| Status::not_found(format!("no job {}", r.job_id)))?;
+        let Some(allocation) = job.allocation.as_ref().filter(|a| a.gpus_on(&node).is_some() && !a.part_ended(&node))
+        else {
+            return Err(Status::failed_precondition(format!(
+                "job {} does not run on node {node}: srun reads only its own job's steps",
+                r.job_id
+            )));
+        };
+        let step = job.steps.steps.iter().find(|s| s.id == r.step && s.epoch == allocation.epoch);
+        let step = step.ok_or_else(|| Status::not_found(format!("job {} has no step {}", r.job_id, r.step)))?;
+        let task_node = step.nodes.iter().find(|n| (n.first_task..n.first_task + n.tasks).contains(&r.task));
+        let task_node = task_node
+            .ok_or_else(|| Status::not_found(format!("step {}.{} has no task {}", r.job_id, r.step, r.task)))?;
+        let request =
+            pb::ReadStepOutputRequest { node, job_id: r.job_id, step: r.step, task: r.task, epoch: allocation.epoch };
+        let upstream = self.coord.open_worker_step_output(&job, &task_node.node, request).await?;
+        Ok(Response::new(Box::pin(upstream)))
     }
 }

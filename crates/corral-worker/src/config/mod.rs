@@ -148,6 +148,11 @@ impl WorkerConfig {
         self.data_dir.join("slurm-bin")
     }
 
+    /// Unix socket of the in-job service (`srun` inside a job reaches its node's worker there).
+    pub fn in_job_socket(&self) -> PathBuf {
+        self.data_dir.join("in-job.sock")
+    }
+
     /// File where GPU leaks are recorded, one JSON object per line.
     pub fn leak_record_file(&self) -> PathBuf {
         self.data_dir.join("gpu-leaks.jsonl")

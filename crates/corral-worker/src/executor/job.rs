@@ -182,6 +182,11 @@ impl JobHandle {
     pub fn usage(&self) -> CgroupUsage {
         self.shared.cgroup.usage()
     }
+
+    /// The job cgroup's `cgroup.procs` files, opened for writing (for a task to join it).
+    pub(crate) fn cgroup_procs(&self) -> Result<Vec<std::fs::File>, ExecError> {
+        self.shared.cgroup.open_procs_files()
+    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ mod process;
 mod routing;
 mod runc;
 mod spawn;
+mod task;
 #[cfg(test)]
 mod testing;
 #[cfg(test)]
@@ -34,6 +35,7 @@ pub(crate) use process::{find_program, DEFAULT_PATH};
 pub use process::{ProcessExecutor, SCRIPT_FILE, STDERR_LOG, STDOUT_LOG};
 pub use routing::RoutingExecutor;
 pub use runc::{find_runc, RuncConfig, RuncExecutor, CONTAINER_WORK_DIR};
+pub use task::{step_done_marker, task_output, TaskProcess, TaskSpec};
 
 /// Resource limits enforced by the job's cgroup; `None` means unlimited.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

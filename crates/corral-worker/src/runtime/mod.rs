@@ -9,20 +9,21 @@
 mod pull;
 mod state;
 mod task;
+mod tasks;
 
 use crate::config::WorkerConfig;
 use crate::devices::Devices;
-use crate::executor::{Executor, RunningJob};
+use crate::executor::{Executor, LaunchSpec, RunningJob, DEFAULT_PATH};
 use crate::fence::FenceGuard;
-use crate::jobs::{JobTable, StartedRun};
+use crate::jobs::{JobTable, RunInfo, StartedRun};
 use crate::launch::{launch_spec, pick_mig_instance, MigPick, Prepared};
 use crate::link::{self, Link, Report};
 use crate::reconcile::Action;
 use corral_image::{Images, PullProgress};
-use corral_types::{Job, JobId};
+use corral_types::{Job, JobId, StepId};
 use nix::sys::signal::Signal;
 use state::{steps, Event, RuntimeState, Step};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -65,6 +66,10 @@ pub(crate) struct Runtime {
     reports: JoinSet<()>,
     /// Heartbeats, the desired-state stream and registration: aborted at shutdown.
     daemons: JoinSet<()>,
+    /// Orders to the waiters of this node's tasks of each step that runs.
+    step_orders: BTreeMap<(JobId, u64, StepId), mpsc::UnboundedSender<tasks::Order>>,
+    /// The latest desired state, for the in-job service (`srun` follows its step there).
+    desired: tokio::sync::watch::Sender<crate::reconcile::Desired>,
 }
 
 impl Runtime {
@@ -75,6 +80,7 @@ impl Runtime {
         jobs: Arc<JobTable>,
         devices: Arc<Devices>,
         link: Arc<Link>,
+        desired: tokio::sync::watch::Sender<crate::reconcile::Desired>,
     ) -> Runtime {
         let (events, inbox) = mpsc::unbounded_channel();
         Runtime {
@@ -90,6 +96,8 @@ impl Runtime {
             tasks: JoinSet::new(),
             reports: JoinSet::new(),
             daemons: JoinSet::new(),
+            step_orders: BTreeMap::new(),
+            desired,
         }
     }
 
@@ -127,7 +135,14 @@ impl Runtime {
             self.state.check_lease(Instant::now());
             match event {
                 Some(Event::Pulled { job_id, epoch, outcome }) => self.pulled(job_id, epoch, *outcome),
-                Some(event) => self.handle(event),
+                Some(event) => {
+                    let is_desired = matches!(event, Event::Link(link::LinkEvent::Desired { .. }));
+                    self.handle(event);
+                    if is_desired {
+                        let desired = self.state.desired().clone();
+                        self.desired.send_replace(desired);
+                    }
+                }
                 None => {}
             }
             self.converge();
@@ -181,7 +196,8 @@ impl Runtime {
         for (job, epoch) in jobs {
             let Some(gpus) = self.begin_launch(&job, epoch) else { continue };
             let addrs = self.state.part_addrs(job.id, epoch);
-            let spec = launch_spec(&self.config, &self.owners.devices, &job, epoch, &gpus, None, &addrs, None);
+            let spec = launch_spec(&self.config, &self.owners.devices, &job, epoch, &gpus, None, &addrs, None)
+                .map(|spec| self.with_run_secret(spec));
             prepared.push((job, epoch, gpus, spec));
         }
         let executor = &self.executor;
@@ -249,6 +265,78 @@ impl Runtime {
             Action::Reregister => {
                 self.owners.link.unregistered();
                 self.register();
+            }
+            Action::LaunchTasks { job, epoch, step } => self.launch_tasks(&job, epoch, step),
+            Action::SkipTasks { job_id, epoch, step } => {
+                tracing::info!(job_id, epoch, step, "step stopped before its tasks launched here");
+            }
+            Action::KillTasks { job_id, epoch, step } => {
+                if let Some(orders) = self.step_orders.get(&(job_id, epoch, step)) {
+                    tracing::info!(job_id, epoch, step, "the step is stopping: killing its tasks here");
+                    let _ = orders.send(tasks::Order::Kill { grace: self.config.kill_grace });
+                }
+            }
+            Action::SignalTasks { job_id, epoch, step, signals, .. } => {
+                if let Some(orders) = self.step_orders.get(&(job_id, epoch, step)) {
+                    for signal in signals {
+                        let _ = orders.send(tasks::Order::Signal(signal));
+                    }
+                }
+            }
+            Action::ReportStepEnded { job_id, epoch, step, end } => {
+                self.step_orders.remove(&(job_id, epoch, step));
+                if let Some(info) = self.owners.jobs.info(job_id, epoch) {
+                    // Before the report: once the step has ended, readers of its output here
+                    // stop after what its tasks wrote.
+                    mark_step_done(&info.work_dir, step);
+                }
+                let link = self.owners.link.clone();
+                self.reports.spawn(link::deliver_step_end(link, self.events.clone(), job_id, epoch, step, end));
+            }
+            Action::ForgetStep { .. } => {}
+        }
+    }
+
+    /// Mints the run's in-job secret into its environment (with where the in-job service
+    /// listens) and records what its step tasks inherit. The secret is never logged.
+    fn with_run_secret(&self, mut spec: LaunchSpec) -> LaunchSpec {
+        let secret = crate::in_job::mint_secret();
+        spec.env.insert(crate::in_job::SECRET_ENV.into(), secret.clone());
+        spec.env.insert(crate::in_job::SOCKET_ENV.into(), self.config.in_job_socket().display().to_string());
+        let mut env = BTreeMap::from([
+            ("PATH".to_owned(), DEFAULT_PATH.to_owned()),
+            ("HOME".to_owned(), spec.work_dir.display().to_string()),
+            ("LANG".to_owned(), "C".to_owned()),
+        ]);
+        env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let info = RunInfo {
+            secret,
+            env,
+            cwd: spec.files.cwd.clone().unwrap_or_else(|| spec.work_dir.clone()),
+            work_dir: spec.work_dir.clone(),
+            uid: spec.uid,
+            gid: spec.gid,
+            open_files: spec.limits.open_files,
+            in_container: spec.image.is_some(),
+        };
+        self.owners.jobs.set_info(spec.job_id, spec.attempt, info);
+        spec
+    }
+
+    /// Launches this node's tasks of `step` of run `epoch` into the run's cgroup, and the task
+    /// that waits for them and reports their end. A failure ends them with the launch error.
+    fn launch_tasks(&mut self, job: &Job, epoch: u64, step_id: StepId) {
+        let node = self.config.node_name.clone();
+        let started = tasks::start(&self.owners.jobs, job, epoch, step_id, &node, &self.config.in_job_bin_dir());
+        match started {
+            Ok(started) => {
+                let (orders, inbox) = mpsc::unbounded_channel();
+                self.step_orders.insert((job.id, epoch, step_id), orders);
+                self.tasks.spawn(tasks::wait(started, inbox, self.events.clone(), self.config.kill_grace));
+            }
+            Err(end) => {
+                tracing::warn!(job_id = job.id, epoch, step = step_id, error = ?end.launch_error, "cannot launch the step's tasks");
+                let _ = self.events.send(Event::TasksEnded { job_id: job.id, epoch, step: step_id, end });
             }
         }
     }
@@ -330,7 +418,8 @@ impl Runtime {
         let launched = pick_mig_instance(devices, self.config.mig_manage, job, &gpus, &taken).and_then(|mig| {
             let mig_uuid = mig.as_ref().map(|m| m.uuid.as_str());
             let addrs = self.state.part_addrs(job.id, epoch);
-            let spec = launch_spec(&self.config, devices, job, epoch, &gpus, mig_uuid, &addrs, image.as_ref());
+            let spec = launch_spec(&self.config, devices, job, epoch, &gpus, mig_uuid, &addrs, image.as_ref())
+                .map(|s| self.with_run_secret(s));
             match spec.and_then(|spec| self.executor.launch(&spec).map_err(|e| e.to_string())) {
                 Ok(running) => Ok((running, mig)),
                 Err(e) => {
@@ -447,5 +536,22 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
         None => std::future::pending().await,
+    }
+}
+
+/// Marks this node's tasks of `step` gone in the run's directory (`executor::step_done_marker`);
+/// made again harmlessly when the report is retried.
+fn mark_step_done(work_dir: &std::path::Path, step: StepId) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = crate::executor::step_done_marker(work_dir, step);
+    let made = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path);
+    if let Err(e) = made {
+        tracing::warn!(path = %path.display(), error = %e, "cannot mark the step's tasks gone: readers of their output wait for the job's end");
     }
 }

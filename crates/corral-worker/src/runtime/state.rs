@@ -14,9 +14,11 @@
 use crate::gang::PartAddrs;
 use crate::launch::Prepared;
 use crate::link::{LinkEvent, ReportKind, Terms};
-use crate::reconcile::{reconcile, Action, Delivery, Desired, Local, LocalJob, Phase, Policy, Standing, StopCause};
+use crate::reconcile::{
+    reconcile, Action, Delivery, Desired, Local, LocalJob, LocalStep, Phase, Policy, Standing, StepPhase, StopCause,
+};
 use corral_image::ImageError;
-use corral_types::{Job, JobExitReport, JobId};
+use corral_types::{Job, JobExitReport, JobId, StepId, StepNodeEnd};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +37,8 @@ pub(crate) enum Event {
     Exited { job_id: JobId, epoch: u64, report: JobExitReport },
     /// A launched job's start report is due (`START_REPORT_HOLD` passed).
     StartDue { job_id: JobId, epoch: u64 },
+    /// This node's tasks of a step are all gone (or could not launch).
+    TasksEnded { job_id: JobId, epoch: u64, step: StepId, end: StepNodeEnd },
     /// The image of a run is pulled and its root mounted, or the pull failed (the runtime
     /// handles it: it launches, or ends the run).
     Pulled { job_id: JobId, epoch: u64, outcome: Box<Outcome> },
@@ -201,6 +205,16 @@ impl RuntimeState {
             }
             // Answers for an earlier registration.
             Event::Link(LinkEvent::Answered { .. } | LinkEvent::Desired { .. }) => {}
+            Event::Link(LinkEvent::StepReported { job_id, epoch, step, revision }) => {
+                if let Some(s) = self.job_mut(job_id, epoch).and_then(|j| j.steps.get_mut(&step)) {
+                    s.report = Delivery::Done { revision };
+                }
+            }
+            Event::TasksEnded { job_id, epoch, step, end } => {
+                if let Some(s) = self.job_mut(job_id, epoch).and_then(|j| j.steps.get_mut(&step)) {
+                    s.phase = StepPhase::Ended { end };
+                }
+            }
             Event::Link(LinkEvent::Reported { job_id, epoch, kind, revision }) => {
                 if let Some(job) = self.job_mut(job_id, epoch) {
                     let delivery = Delivery::Done { revision };
@@ -300,6 +314,44 @@ impl RuntimeState {
                     job.signals_sent = *sent;
                 }
             }
+            Action::LaunchTasks { job, step, .. } => {
+                if let Some(j) = self.local.jobs.get_mut(&job.id) {
+                    let running = StepPhase::Running { killing: false };
+                    let signals_sent =
+                        job.steps.steps.iter().find(|s| s.id == *step).map(|s| s.signals.len()).unwrap_or(0);
+                    j.steps.insert(*step, LocalStep { phase: running, report: Delivery::Pending, signals_sent });
+                }
+            }
+            Action::SkipTasks { job_id, step, .. } => {
+                if let Some(j) = self.local.jobs.get_mut(job_id) {
+                    let end = StepNodeEnd {
+                        launch_error: Some("the step stopped before its tasks launched here".into()),
+                        ..Default::default()
+                    };
+                    let phase = StepPhase::Ended { end };
+                    j.steps.insert(*step, LocalStep { phase, report: Delivery::Pending, signals_sent: 0 });
+                }
+            }
+            Action::KillTasks { job_id, step, .. } => {
+                if let Some(s) = self.local.jobs.get_mut(job_id).and_then(|j| j.steps.get_mut(step)) {
+                    s.phase = StepPhase::Running { killing: true };
+                }
+            }
+            Action::SignalTasks { job_id, step, sent, .. } => {
+                if let Some(s) = self.local.jobs.get_mut(job_id).and_then(|j| j.steps.get_mut(step)) {
+                    s.signals_sent = *sent;
+                }
+            }
+            Action::ReportStepEnded { job_id, step, .. } => {
+                if let Some(s) = self.local.jobs.get_mut(job_id).and_then(|j| j.steps.get_mut(step)) {
+                    s.report = Delivery::InFlight;
+                }
+            }
+            Action::ForgetStep { job_id, step } => {
+                if let Some(j) = self.local.jobs.get_mut(job_id) {
+                    j.steps.remove(step);
+                }
+            }
             Action::Reregister => {
                 self.local = Local { standing: Standing::Unregistered, jobs: BTreeMap::new() };
                 self.desired = Desired::default();
@@ -318,14 +370,21 @@ impl RuntimeState {
             start: Delivery::Held,
             exit: Delivery::Pending,
             signals_sent: job.signals.len(),
+            steps: BTreeMap::new(),
         };
         self.local.jobs.insert(job.id, running);
     }
 
     /// Allocation `epoch` of `job` waits for its image: nothing runs, nothing is reported yet.
     pub(crate) fn pulling(&mut self, job_id: JobId, epoch: u64) {
-        let pulling =
-            LocalJob { epoch, phase: Phase::Pulling, start: Delivery::Held, exit: Delivery::Pending, signals_sent: 0 };
+        let pulling = LocalJob {
+            epoch,
+            phase: Phase::Pulling,
+            start: Delivery::Held,
+            exit: Delivery::Pending,
+            signals_sent: 0,
+            steps: BTreeMap::new(),
+        };
         self.local.jobs.insert(job_id, pulling);
     }
 
@@ -339,6 +398,11 @@ impl RuntimeState {
     pub(crate) fn launch_failed(&mut self, job_id: JobId, epoch: u64, error: String) {
         let report = JobExitReport { launch_error: Some(error), ..Default::default() };
         self.local.jobs.insert(job_id, ended(epoch, report));
+    }
+
+    /// The desired state the runtime follows.
+    pub(crate) fn desired(&self) -> &Desired {
+        &self.desired
     }
 
     /// Allocation `epoch` of a job did not start here for a reason another node may not have
@@ -368,6 +432,7 @@ fn ended(epoch: u64, report: JobExitReport) -> LocalJob {
         start: Delivery::Skipped,
         exit: Delivery::Pending,
         signals_sent: 0,
+        steps: BTreeMap::new(),
     }
 }
 
@@ -414,7 +479,8 @@ mod tests {
             .iter()
             .map(|&id| (id, DesiredJob { job: job(id, 1), epoch: 1, want: Want::Run, addrs: PartAddrs::default() }))
             .collect();
-        LinkEvent::Desired { node_epoch: 3, desired: Desired { revision, jobs }, reregister: false }.into()
+        LinkEvent::Desired { node_epoch: 3, desired: Desired { revision, jobs, node: "n1".into() }, reregister: false }
+            .into()
     }
 
     fn local_job(state: &RuntimeState, job_id: JobId) -> &LocalJob {

@@ -1,0 +1,693 @@
+//! `srun` inside a job (the corral binary called as `srun`): builds the step from Slurm's flags
+//! (and, where none are given, the batch environment's counts, as Slurm's `srun` does), asks
+//! the node's worker for it through the in-job socket with the run secret of its environment,
+//! relays its tasks' output (this node's from each task's file in the run's directory, other
+//! nodes' through the worker, which reads them through the leader's proxy; `--label` prefixing
+//! `N: `), forwards SIGINT/SIGTERM to the step, and exits with the step's code (the highest task
+//! status; a signal N counts as 128 + N).
+
+use corral_types::{JobStep, StepSpec};
+use corral_worker::in_job::{Call, Reply, Request, MAX_REQUEST_BYTES, SECRET_ENV, SOCKET_ENV};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+/// How often the tasks' output files are read.
+const OUTPUT_POLL: Duration = Duration::from_millis(20);
+/// Other nodes' tasks whose output one `srun` relays (one stream each, through the node's
+/// worker): the rest stay in their nodes' files.
+const MAX_REMOTE_STREAMS: usize = 64;
+/// Longest piece of a task's line held back waiting for its end.
+const MAX_LINE: usize = 64 * 1024;
+/// How long the last of other nodes' output may take to arrive once the step has ended.
+const REMOTE_DRAIN: Duration = Duration::from_secs(10);
+
+/// Writes one line to stderr in a single write, so that it reaches the job's output file whole
+/// next to what the batch script writes to stdout.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let line = format!("{}\n", format_args!($($arg)*));
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }};
+}
+
+/// What the flags ask for.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Flags {
+    pub spec: StepSpec,
+    pub label: bool,
+    /// `-u`: output relayed as it comes, not a line at a time (without `--label`).
+    pub unbuffered: bool,
+    /// `--export`: `None` is Slurm's default (`ALL`).
+    pub export: Option<String>,
+    /// Slurm options given that corral's srun accepts without acting on them (`IGNORED`).
+    pub ignored: Vec<String>,
+}
+
+/// Slurm `srun` options accepted and not acted on, one warning each (name, takes a value):
+/// binding, memory and accounting options (each task sees the job's GPUs and memory of its
+/// node), `--mpi` (there is no PMI: an MPI program sees no launcher), and `-o` (the tasks'
+/// output goes to srun's).
+const IGNORED: [(&str, bool); 40] = [
+    ("-X", false),
+    ("--disable-status", false),
+    ("-Q", false),
+    ("--quiet", false),
+    ("-v", false),
+    ("--verbose", false),
+    ("-E", false),
+    ("--preserve-env", false),
+    ("--exclusive", false),
+    ("--cpu-bind", true),
+    ("--cpu_bind", true),
+    ("--mem-bind", true),
+    ("--gpu-bind", true),
+    ("--accel-bind", true),
+    ("--hint", true),
+    ("--mpi", true),
+    ("--mem", true),
+    ("--mem-per-cpu", true),
+    ("--mem-per-gpu", true),
+    ("--gres", true),
+    ("-G", true),
+    ("--gpus", true),
+    ("--gpus-per-node", true),
+    ("--cpus-per-gpu", true),
+    ("--threads-per-core", true),
+    ("-m", true),
+    ("--distribution", true),
+    ("-J", true),
+    ("--job-name", true),
+    ("-t", true),
+    ("--time", true),
+    ("-p", true),
+    ("--partition", true),
+    ("-A", true),
+    ("--account", true),
+    ("--jobid", true),
+    ("-W", true),
+    ("--wait", true),
+    ("-o", true),
+    ("--output", true),
+];
+
+/// Variables that describe one node or one run's secret: never carried to other nodes' tasks
+/// by `--export` (each task gets its own from its node).
+pub fn node_specific(key: &str) -> bool {
+    const PREFIXES: [&str; 4] = ["CORRAL_", "CUDA_", "NVIDIA_", "SLURMD_"];
+    const KEYS: [&str; 8] = [
+        "SLURM_NODEID",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "SLURM_TOPOLOGY_ADDR",
+        "HOSTNAME",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "SLURM_GTIDS",
+    ];
+    PREFIXES.iter().any(|p| key.starts_with(p)) || KEYS.contains(&key)
+}
+
+fn number(flag: &str, value: &str) -> Result<u32, String> {
+    value.parse().map_err(|_| format!("{flag} takes a number, got '{value}'"))
+}
+
+/// Parses Slurm's `srun` flags up to the command; `env` is the caller's environment.
+pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, String> {
+    let mut flags = Flags::default();
+    let mut i = 0;
+    let mut explicit_layout = false;
+    while i < args.len() {
+        let arg = &args[i];
+        if !arg.starts_with('-') || arg == "-" {
+            break;
+        }
+        if arg == "--" {
+            i += 1;
+            break;
+        }
+        // --name=value, --name value, -n4, -n 4
+        let (name, inline): (String, Option<String>) = if let Some(long) = arg.strip_prefix("--") {
+            match long.split_once('=') {
+                Some((n, v)) => (format!("--{n}"), Some(v.to_owned())),
+                None => (arg.clone(), None),
+            }
+        } else if arg.len() > 2 {
+            (arg[..2].to_owned(), Some(arg[2..].to_owned()))
+        } else {
+            (arg.clone(), None)
+        };
+        let ignored = IGNORED.iter().find(|(n, _)| *n == name);
+        // -K and --kill-on-bad-exit take an optional 0 or 1 (inline only), as in Slurm.
+        let optional_value = matches!(name.as_str(), "-K" | "--kill-on-bad-exit" | "--exclusive");
+        let takes_value = match ignored {
+            Some((_, takes)) => *takes,
+            None => !matches!(
+                name.as_str(),
+                "-l" | "--label" | "-K" | "--kill-on-bad-exit" | "--overlap" | "-u" | "--unbuffered"
+            ),
+        };
+        let value = if optional_value {
+            inline.unwrap_or_default()
+        } else if takes_value {
+            match inline {
+                Some(v) => v,
+                None => {
+                    i += 1;
+                    args.get(i).cloned().ok_or_else(|| format!("{name} needs a value"))?
+                }
+            }
+        } else {
+            if inline.is_some() {
+                return Err(format!("{name} takes no value"));
+            }
+            String::new()
+        };
+        match name.as_str() {
+            "-n" | "--ntasks" => {
+                flags.spec.ntasks = Some(number(&name, &value)?);
+                explicit_layout = true;
+            }
+            "-N" | "--nodes" => {
+                flags.spec.nodes = Some(number(&name, &value)?);
+                explicit_layout = true;
+            }
+            "--ntasks-per-node" => {
+                flags.spec.ntasks_per_node = Some(number(&name, &value)?);
+                explicit_layout = true;
+            }
+            "--gpus-per-task" => flags.spec.gpus_per_task = Some(number(&name, &value)?),
+            "-c" | "--cpus-per-task" => flags.spec.cpus_per_task = Some(number(&name, &value)?),
+            "-w" | "--nodelist" => {
+                flags.spec.nodelist = corral_types::hostlist::expand(&value).map_err(|e| e.to_string())?;
+                explicit_layout = true;
+            }
+            "-l" | "--label" => flags.label = true,
+            "-u" | "--unbuffered" => flags.unbuffered = true,
+            "-K" | "--kill-on-bad-exit" => {
+                flags.spec.kill_on_bad_exit = match value.as_str() {
+                    "" | "1" => true,
+                    "0" => false,
+                    other => return Err(format!("{name} takes 0 or 1, got '{other}'")),
+                }
+            }
+            "--overlap" => flags.spec.overlap = true,
+            "--export" => flags.export = Some(value),
+            "-D" | "--chdir" => flags.spec.cwd = Some(value),
+            _ if ignored.is_some() => flags.ignored.push(name),
+            "--pty" => return Err("--pty is not served inside a job yet: run the command without it".into()),
+            other => return Err(format!("option {other} is not served by corral's srun")),
+        }
+        i += 1;
+    }
+    flags.spec.command = args[i..].to_vec();
+    if flags.spec.command.is_empty() {
+        return Err("no command: give the program to run, e.g. `srun python train.py`".into());
+    }
+    if !explicit_layout {
+        // As Slurm's srun inside an allocation: the batch environment's counts.
+        let read = |k: &str| env.get(k).and_then(|v| v.parse::<u32>().ok());
+        flags.spec.ntasks = read("SLURM_NTASKS");
+        flags.spec.ntasks_per_node = read("SLURM_NTASKS_PER_NODE");
+    }
+    if flags.spec.cpus_per_task.is_none() {
+        flags.spec.cpus_per_task = env.get("SLURM_CPUS_PER_TASK").and_then(|v| v.parse().ok());
+    }
+    flags.spec.env = exported(flags.export.as_deref(), env)?;
+    Ok(flags)
+}
+
+/// The variables `--export` carries to the tasks (node-specific ones never travel).
+fn exported(export: Option<&str>, env: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    let carry = |out: &mut BTreeMap<String, String>, k: &str| {
+        if let Some(v) = env.get(k).filter(|_| !node_specific(k)) {
+            out.insert(k.to_owned(), v.clone());
+        }
+    };
+    let items: Vec<&str> = export.unwrap_or("ALL").split(',').filter(|s| !s.is_empty()).collect();
+    for item in items {
+        match item {
+            "ALL" => {
+                for k in env.keys() {
+                    carry(&mut out, k);
+                }
+            }
+            "NONE" => {}
+            other => match other.split_once('=') {
+                Some((k, v)) => {
+                    out.insert(k.to_owned(), v.to_owned());
+                }
+                None => carry(&mut out, other),
+            },
+        }
+    }
+    Ok(out)
+}
+
+/// `srun ARGS`.
+pub fn main(args: &[String]) -> ExitCode {
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let (Some(secret), Some(socket)) = (env.get(SECRET_ENV), env.get(SOCKET_ENV)) else {
+        say!(
+            "srun: error: not inside a corral job ({SECRET_ENV} is not set): srun runs a step of a running job; to start a job use `corral run` or `corral sbatch`"
+        );
+        return ExitCode::from(1);
+    };
+    let flags = match parse(args, &env) {
+        Ok(f) => {
+            for name in &f.ignored {
+                say!("srun: warning: {name} is accepted but not acted on by corral's srun");
+            }
+            f
+        }
+        Err(e) => {
+            say!("srun: error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            say!("srun: error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let node = env.get("CORRAL_NODE").cloned().unwrap_or_default();
+    let job_dir = env.get("CORRAL_JOB_DIR").map(PathBuf::from);
+    match runtime.block_on(run(flags, secret.clone(), PathBuf::from(socket), node, job_dir)) {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            say!("srun: error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// One call to the node's in-job service.
+async fn call(socket: &Path, secret: &str, call: Call) -> Result<Reply, String> {
+    let mut stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(|e| format!("cannot reach the node's worker at {}: {e}", socket.display()))?;
+    let mut line = serde_json::to_vec(&Request { secret: secret.to_owned(), call }).map_err(|e| e.to_string())?;
+    if line.len() as u64 >= MAX_REQUEST_BYTES {
+        return Err(format!("the step is too large ({} bytes): export fewer variables", line.len()));
+    }
+    line.push(b'\n');
+    stream.write_all(&line).await.map_err(|e| format!("cannot send to the node's worker: {e}"))?;
+    let mut answer = String::new();
+    BufReader::new(stream.take(16 * 1024 * 1024))
+        .read_line(&mut answer)
+        .await
+        .map_err(|e| format!("no answer from the node's worker: {e}"))?;
+    match serde_json::from_str::<Reply>(&answer) {
+        Ok(Reply::Error(e)) => Err(e),
+        Ok(reply) => Ok(reply),
+        Err(_) if answer.is_empty() => Err("the node's worker closed the connection".into()),
+        Err(e) => Err(format!("malformed answer from the node's worker: {e}")),
+    }
+}
+
+fn request_id() -> String {
+    let mut bytes = [0u8; 16];
+    let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Creates the step, relays its output here until it ends, and returns its exit code.
+async fn run(
+    flags: Flags,
+    secret: String,
+    socket: PathBuf,
+    node: String,
+    job_dir: Option<PathBuf>,
+) -> Result<i32, String> {
+    // Caught from the start: a signal that comes while the step is being made is forwarded to
+    // its tasks once it exists (the tasks may run before the create's answer arrives).
+    let mut sigint =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let mut sigterm =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let create = Call::CreateStep { request_id: request_id(), spec: flags.spec };
+    let step = match call(&socket, &secret, create).await? {
+        Reply::Step(step) => *step,
+        other => return Err(format!("unexpected answer: {other:?}")),
+    };
+    let mut relay = Relay::new(&step, &node, job_dir.as_deref(), flags.label, flags.unbuffered);
+    // Other nodes' tasks: one reader each, bounded, feeding this loop.
+    let (chunks, mut received) = tokio::sync::mpsc::channel::<(u32, Option<Vec<u8>>)>(64);
+    let remote: Vec<u32> =
+        step.nodes.iter().filter(|n| n.node != node).flat_map(|n| n.first_task..n.first_task + n.tasks).collect();
+    if remote.len() > MAX_REMOTE_STREAMS {
+        say!(
+            "srun: relaying the output of {MAX_REMOTE_STREAMS} of the {} tasks on other nodes; the others write step-{}.<task>.out in the job's directory on their node",
+            remote.len(),
+            step.id
+        );
+    }
+    let mut remote_open = 0;
+    for &task in remote.iter().take(MAX_REMOTE_STREAMS) {
+        tokio::spawn(read_remote(socket.clone(), secret.clone(), step.id, task, chunks.clone()));
+        remote_open += 1;
+    }
+    drop(chunks);
+    let mut wait = Box::pin(call(&socket, &secret, Call::WaitStep { step: step.id }));
+    let ended = loop {
+        tokio::select! {
+            answer = &mut wait => break answer?,
+            _ = tokio::time::sleep(OUTPUT_POLL) => relay.poll(),
+            Some((task, data)) = received.recv() => match data {
+                Some(data) => relay.emit(task, &data),
+                None => remote_open -= 1,
+            },
+            _ = sigint.recv() => forward(&socket, &secret, step.id, libc::SIGINT).await,
+            _ = sigterm.recv() => forward(&socket, &secret, step.id, libc::SIGTERM).await,
+        }
+    };
+    relay.poll();
+    // Each node marked its tasks gone before reporting them, so the readers end after the last
+    // of their output; the bound is for a node that cannot be reached any more.
+    let drain = tokio::time::Instant::now() + REMOTE_DRAIN;
+    while remote_open > 0 {
+        match tokio::time::timeout_at(drain, received.recv()).await {
+            Ok(Some((task, Some(data)))) => relay.emit(task, &data),
+            Ok(Some((_, None))) => remote_open -= 1,
+            Ok(None) => break,
+            Err(_) => {
+                say!("srun: the output of {remote_open} tasks on other nodes did not all arrive");
+                break;
+            }
+        }
+    }
+    relay.finish();
+    match ended {
+        Reply::Step(ended) => {
+            let failures = failed_tasks(&ended);
+            for line in &failures {
+                say!("srun: error: {line}");
+            }
+            if let Some(reason) = ended.reason.as_deref().filter(|_| ended.exit_code != Some(0) && failures.is_empty())
+            {
+                say!("srun: step {}: {reason}", ended.id);
+            }
+            Ok(ended.exit_code.unwrap_or(1))
+        }
+        other => Err(format!("unexpected answer: {other:?}")),
+    }
+}
+
+/// Most failed tasks named one a line when a step ends; the rest are counted.
+const MAX_FAILURE_LINES: usize = 16;
+
+/// What went wrong in an ended step, as Slurm's srun says it: a node whose tasks could not
+/// start, each task that exited non-zero or was killed (at most `MAX_FAILURE_LINES` lines).
+fn failed_tasks(step: &JobStep) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut more = 0;
+    for node in &step.ended {
+        let mut said = |line: String| {
+            if lines.len() < MAX_FAILURE_LINES {
+                lines.push(line);
+            } else {
+                more += 1;
+            }
+        };
+        if let Some(error) = &node.launch_error {
+            said(format!("{}: launch failed: {error}", node.node));
+        }
+        for task in &node.tasks {
+            match (task.exit_code, task.signal) {
+                (Some(0), _) => {}
+                (Some(code), _) => said(format!("{}: task {}: Exited with exit code {code}", node.node, task.task)),
+                (None, Some(signal)) => said(format!("{}: task {}: Killed by signal {signal}", node.node, task.task)),
+                (None, None) => said(format!("{}: task {}: ended without a status", node.node, task.task)),
+            }
+        }
+    }
+    if more > 0 {
+        lines.push(format!("and {more} more failed tasks"));
+    }
+    lines
+}
+
+/// Reads task `task`'s output on another node through the in-job service into `chunks`, then
+/// says it ended (`None`).
+async fn read_remote(
+    socket: PathBuf,
+    secret: String,
+    step: u32,
+    task: u32,
+    chunks: tokio::sync::mpsc::Sender<(u32, Option<Vec<u8>>)>,
+) {
+    if let Err(e) = stream_remote(&socket, &secret, step, task, &chunks).await {
+        say!("srun: output of task {task}: {e}");
+    }
+    let _ = chunks.send((task, None)).await;
+}
+
+async fn stream_remote(
+    socket: &Path,
+    secret: &str,
+    step: u32,
+    task: u32,
+    chunks: &tokio::sync::mpsc::Sender<(u32, Option<Vec<u8>>)>,
+) -> Result<(), String> {
+    let mut stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(|e| format!("cannot reach the node's worker at {}: {e}", socket.display()))?;
+    let mut line = serde_json::to_vec(&Request { secret: secret.to_owned(), call: Call::ReadOutput { step, task } })
+        .map_err(|e| e.to_string())?;
+    line.push(b'\n');
+    stream.write_all(&line).await.map_err(|e| format!("cannot send to the node's worker: {e}"))?;
+    let mut reader = BufReader::new(stream);
+    let mut answer = String::new();
+    (&mut reader).take(64 * 1024).read_line(&mut answer).await.map_err(|e| format!("no answer: {e}"))?;
+    match serde_json::from_str::<Reply>(&answer) {
+        Ok(Reply::Streaming) => {}
+        Ok(Reply::Error(e)) => return Err(e),
+        Ok(other) => return Err(format!("unexpected answer: {other:?}")),
+        Err(_) if answer.is_empty() => return Err("the node's worker closed the connection".into()),
+        Err(e) => return Err(format!("malformed answer from the node's worker: {e}")),
+    }
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = reader.read(&mut buf).await.map_err(|e| format!("reading: {e}"))?;
+        if n == 0 {
+            return Ok(());
+        }
+        if chunks.send((task, Some(buf[..n].to_vec()))).await.is_err() {
+            return Ok(());
+        }
+    }
+}
+
+async fn forward(socket: &Path, secret: &str, step: u32, signal: i32) {
+    if let Err(e) = call(socket, secret, Call::SignalStep { step, signal }).await {
+        say!("srun: cannot forward signal {signal}: {e}");
+    }
+}
+
+/// Writes the step's tasks' output to stdout: this node's read from their files, the others'
+/// as they come; with `--label` each line prefixed by its task's rank.
+struct Relay {
+    /// (task, file, bytes read) of this node's tasks
+    files: Vec<(u32, PathBuf, u64)>,
+    /// Each task's unfinished line.
+    partial: BTreeMap<u32, Vec<u8>>,
+    label: bool,
+    unbuffered: bool,
+}
+
+impl Relay {
+    fn new(step: &JobStep, node: &str, job_dir: Option<&Path>, label: bool, unbuffered: bool) -> Relay {
+        let mut files = Vec::new();
+        if let (Some(here), Some(dir)) = (step.on_node(node), job_dir) {
+            for task in here.first_task..here.first_task + here.tasks {
+                files.push((task, dir.join(format!("step-{}.{task}.out", step.id)), 0));
+            }
+        }
+        Relay { files, partial: BTreeMap::new(), label, unbuffered }
+    }
+
+    /// Relays what this node's tasks wrote since the last poll.
+    fn poll(&mut self) {
+        let mut read = Vec::new();
+        for (task, path, offset) in &mut self.files {
+            let Ok(mut file) = std::fs::File::open(&*path) else { continue };
+            use std::io::{Read, Seek, SeekFrom};
+            if file.seek(SeekFrom::Start(*offset)).is_err() {
+                continue;
+            }
+            let mut data = Vec::new();
+            if file.take(1 << 20).read_to_end(&mut data).is_err() || data.is_empty() {
+                continue;
+            }
+            *offset += data.len() as u64;
+            read.push((*task, data));
+        }
+        for (task, data) in read {
+            self.emit(task, &data);
+        }
+    }
+
+    /// Writes `data` of task `task` a whole line at a time, as Slurm's srun does (tasks' lines
+    /// never cut into each other), labelled with `--label`; a line longer than `MAX_LINE` is
+    /// written in pieces.
+    fn emit(&mut self, task: u32, data: &[u8]) {
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        if self.unbuffered && !self.label {
+            let _ = out.write_all(data);
+            let _ = out.flush();
+            return;
+        }
+        let partial = self.partial.entry(task).or_default();
+        partial.extend_from_slice(data);
+        loop {
+            let end = match partial.iter().position(|b| *b == b'\n') {
+                Some(end) => end + 1,
+                None if partial.len() > MAX_LINE => MAX_LINE,
+                None => break,
+            };
+            let line: Vec<u8> = partial.drain(..end).collect();
+            if self.label {
+                let _ = write!(out, "{task}: ");
+            }
+            let _ = out.write_all(&line);
+        }
+        let _ = out.flush();
+    }
+
+    /// Writes each task's unfinished last line (labelled ones ended with a newline).
+    fn finish(&mut self) {
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        for (task, partial) in &mut self.partial {
+            if !partial.is_empty() {
+                if self.label {
+                    let _ = write!(out, "{task}: ");
+                }
+                let _ = out.write_all(partial);
+                if self.label {
+                    let _ = out.write_all(b"\n");
+                }
+                partial.clear();
+            }
+        }
+        let _ = out.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn flags_as_slurm_reads_them() {
+        let env = BTreeMap::from([
+            ("SLURM_NTASKS".to_owned(), "4".to_owned()),
+            ("CUDA_VISIBLE_DEVICES".to_owned(), "0,1".to_owned()),
+            ("MY_VAR".to_owned(), "x".to_owned()),
+        ]);
+        let f = parse(&args("-n4 --ntasks-per-node=2 -l -K --gpus-per-task 1 python train.py -n 3"), &env).unwrap();
+        assert_eq!(f.spec.ntasks, Some(4));
+        assert_eq!(f.spec.ntasks_per_node, Some(2));
+        assert_eq!(f.spec.gpus_per_task, Some(1));
+        assert!(f.label && f.spec.kill_on_bad_exit);
+        assert_eq!(f.spec.command, args("python train.py -n 3"), "flags after the command are the command's");
+        assert_eq!(f.spec.env.get("MY_VAR").map(String::as_str), Some("x"));
+        assert!(!f.spec.env.contains_key("CUDA_VISIBLE_DEVICES"), "a node's own variables never travel");
+        let d = parse(&args("hostname"), &env).unwrap();
+        assert_eq!(d.spec.ntasks, Some(4), "no layout flags: the batch environment's counts");
+        let n = parse(&args("-N 1 hostname"), &env).unwrap();
+        assert_eq!((n.spec.nodes, n.spec.ntasks), (Some(1), None));
+        let none = parse(&args("--export=NONE,A=1 true"), &env).unwrap();
+        assert_eq!(none.spec.env, BTreeMap::from([("A".to_owned(), "1".to_owned())]));
+        let w = parse(&args("-w n[1-2] true"), &env).unwrap();
+        assert_eq!(w.spec.nodelist, ["n1", "n2"]);
+    }
+
+    /// Options of published scripts that change nothing here are accepted with a warning;
+    /// -K takes Slurm's optional 0 or 1.
+    #[test]
+    fn slurm_options_without_effect_here_are_accepted() {
+        let env = BTreeMap::new();
+        let f = parse(&args("-u --cpu-bind=none --mpi pmix --exclusive -K1 python train.py"), &env).unwrap();
+        assert_eq!(f.ignored, ["--cpu-bind", "--mpi", "--exclusive"]);
+        assert!(f.unbuffered);
+        assert!(f.spec.kill_on_bad_exit);
+        assert_eq!(f.spec.command, args("python train.py"), "--mpi took its value");
+        let off = parse(&args("--kill-on-bad-exit=0 true"), &env).unwrap();
+        assert!(!off.spec.kill_on_bad_exit);
+        let on = parse(&args("--kill-on-bad-exit true"), &env).unwrap();
+        assert!(on.spec.kill_on_bad_exit && on.spec.command == ["true"], "no value taken from the command");
+    }
+
+    /// Each failed task a line, as Slurm's srun writes them; a node that could not start its
+    /// tasks says why.
+    #[test]
+    fn an_ended_step_names_its_failed_tasks() {
+        use corral_types::{StepNodeEnd, TaskExit};
+        let step = JobStep {
+            ended: vec![
+                StepNodeEnd {
+                    node: "n2".into(),
+                    tasks: vec![
+                        TaskExit { task: 2, exit_code: None, signal: Some(15) },
+                        TaskExit { task: 3, exit_code: Some(3), signal: None },
+                    ],
+                    launch_error: None,
+                },
+                StepNodeEnd {
+                    node: "n1".into(),
+                    tasks: vec![TaskExit { task: 0, exit_code: Some(0), signal: None }],
+                    launch_error: None,
+                },
+                StepNodeEnd { node: "n3".into(), tasks: vec![], launch_error: Some("task 4: not found".into()) },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            failed_tasks(&step),
+            [
+                "n2: task 2: Killed by signal 15",
+                "n2: task 3: Exited with exit code 3",
+                "n3: launch failed: task 4: not found"
+            ]
+        );
+        let many = JobStep {
+            ended: vec![StepNodeEnd {
+                node: "n1".into(),
+                tasks: (0..20).map(|task| TaskExit { task, exit_code: Some(1), signal: None }).collect(),
+                launch_error: None,
+            }],
+            ..Default::default()
+        };
+        let lines = failed_tasks(&many);
+        assert_eq!(lines.len(), MAX_FAILURE_LINES + 1);
+        assert_eq!(lines.last().map(String::as_str), Some("and 4 more failed tasks"));
+    }
+
+    #[test]
+    fn bad_flags_are_one_line_errors() {
+        let env = BTreeMap::new();
+        for (a, want) in [
+            ("-n x true", "takes a number"),
+            ("", "no command"),
+            ("--bogus true", "not served"),
+            ("-n", "needs a value"),
+            ("-K2 true", "takes 0 or 1"),
+            ("--pty bash", "--pty is not served"),
+        ] {
+            let e = parse(&args(a), &env).expect_err(a);
+            assert!(e.contains(want) && !e.contains('\n'), "{a}: {e}");
+        }
+    }
+}

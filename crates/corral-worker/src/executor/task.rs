@@ -1,0 +1,91 @@
+//! A step's task: one more process started inside a running job's cgroup (what `srun` inside a
+//! job launches), confined as the job's main process is (same cgroup, user, limits), with its
+//! output in a file of its own. It cannot outlive the job: the job's end kills its cgroup.
+
+use super::job::JobHandle;
+use super::process::resolve_program;
+use super::spawn;
+use super::{ExecError, DEFAULT_PATH};
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+
+/// The output file of task `task` (its rank in the step) of step `step` in the run's directory
+/// `work_dir`.
+pub fn task_output(work_dir: &Path, step: u32, task: u32) -> PathBuf {
+    work_dir.join(format!("step-{step}.{task}.out"))
+}
+
+/// Made in the run's directory once this node's tasks of step `step` are all gone (or could not
+/// start), before their end is reported: a reader of their output files has read everything
+/// once it has read past this file's appearance.
+pub fn step_done_marker(work_dir: &Path, step: u32) -> PathBuf {
+    work_dir.join(format!("step-{step}.done"))
+}
+
+/// What to run as one task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskSpec {
+    /// Program and arguments; `argv[0]` is looked up in the environment's `PATH`.
+    pub argv: Vec<String>,
+    /// Its whole environment.
+    pub env: BTreeMap<String, String>,
+    /// Its working directory (absolute).
+    pub cwd: PathBuf,
+    /// Receives its stdout and stderr (created, or truncated; owned by the job's user).
+    pub output: PathBuf,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub open_files: Option<u64>,
+}
+
+/// A started task.
+#[derive(Debug)]
+pub struct TaskProcess {
+    process: spawn::JobProcess,
+}
+
+impl TaskProcess {
+    /// Its pid (also its process group's).
+    pub fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
+    /// Waits for it to exit and reaps it: (exit code, signal). Cancel-safe.
+    pub async fn wait(&mut self) -> std::io::Result<(Option<i32>, Option<i32>)> {
+        let status = self.process.wait().await?;
+        Ok((status.code(), status.signal()))
+    }
+}
+
+impl JobHandle {
+    /// Starts a task inside the job's cgroup (it joins it before exec). Blocking (a little
+    /// filesystem work); call inside a tokio runtime.
+    pub fn spawn_task(&self, spec: &TaskSpec) -> Result<TaskProcess, ExecError> {
+        let argv0 = spec.argv.first().ok_or_else(|| ExecError::InvalidSpec("a task needs a command".into()))?;
+        let path_var = spec.env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
+        let program = resolve_program(argv0, path_var, &spec.cwd)?;
+        let open = || {
+            let mut options = OpenOptions::new();
+            options.write(true).create(true).truncate(true).mode(0o640).custom_flags(libc::O_NOFOLLOW);
+            let file = options.open(&spec.output)?;
+            if spec.uid.is_some() || spec.gid.is_some() {
+                std::os::unix::fs::fchown(&file, spec.uid, spec.gid)?;
+            }
+            Ok::<_, std::io::Error>(file)
+        };
+        let output = open().map_err(|source| ExecError::OutputFile { path: spec.output.clone(), source })?;
+        let cgroup_procs = self.cgroup_procs()?;
+        let confinement = spawn::Confinement {
+            cgroup_procs: &cgroup_procs,
+            open_files: spec.open_files,
+            uid: spec.uid,
+            gid: spec.gid,
+        };
+        let process = spawn::spawn(&program, &spec.argv, &spec.env, &spec.cwd, &output, &output, &confinement)
+            .map_err(|source| ExecError::Spawn { program: program.display().to_string(), source })?;
+        Ok(TaskProcess { process })
+    }
+}

@@ -1,0 +1,253 @@
+//! This node's tasks of a step (`srun` inside a job): `start` launches them into the run's
+//! cgroup, each with its own environment (`SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_NODEID`,
+//! `SLURM_STEP_ID`, its GPUs with `--gpus-per-task`) and output file
+//! (`<run dir>/step-<step>.<task>.out`); `wait` reaps them, carries out the runtime's orders
+//! (signals, a kill) on those not reaped yet, and reports their end as one event.
+
+use super::state::Event;
+use crate::executor::{task_output, TaskProcess, TaskSpec};
+use crate::jobs::JobTable;
+use corral_types::{Job, JobId, StepId, StepNodeEnd, TaskExit};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// What the runtime asks of a step's running tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// This signal to every task not yet gone.
+    Signal(i32),
+    /// SIGTERM, then SIGKILL after `grace`.
+    Kill { grace: Duration },
+}
+
+/// This node's started tasks of a step.
+pub(crate) struct Started {
+    job_id: JobId,
+    epoch: u64,
+    step: StepId,
+    node: String,
+    /// `--kill-on-bad-exit`: a task that fails here kills the others here at once (the leader
+    /// then stops the other nodes' tasks when this node reports).
+    kill_on_bad_exit: bool,
+    /// (task rank, process)
+    tasks: Vec<(u32, TaskProcess)>,
+}
+
+/// The environment of one task: the run's, the step's (what `srun` exported), then the task's
+/// own Slurm variables; this node's directory of in-job commands (`in_job_bin`) first on its
+/// `PATH` (the exported `PATH` names the `srun` node's, which may be elsewhere here).
+pub(crate) fn task_env(
+    run_env: &BTreeMap<String, String>,
+    job: &Job,
+    step: &corral_types::JobStep,
+    node: &str,
+    local: u32,
+    in_job_bin: &Path,
+) -> BTreeMap<String, String> {
+    let mut env = run_env.clone();
+    env.extend(step.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let bin = in_job_bin.display().to_string();
+    let path = env.get("PATH").map_or(crate::executor::DEFAULT_PATH, String::as_str);
+    if path.split(':').next() != Some(bin.as_str()) {
+        let path = format!("{bin}:{path}");
+        env.insert("PATH".to_owned(), path);
+    }
+    let here = step.on_node(node);
+    let first = here.map_or(0, |n| n.first_task);
+    let node_id = job.allocation.as_ref().and_then(|a| a.parts().position(|(n, _)| n == node)).unwrap_or(0);
+    let ntasks = step.ntasks();
+    let step_nodes = step.node_names();
+    let mut set = |k: &str, v: String| {
+        env.insert(k.to_owned(), v);
+    };
+    set("SLURM_PROCID", (first + local).to_string());
+    set("SLURM_LOCALID", local.to_string());
+    set("SLURM_NODEID", node_id.to_string());
+    set("SLURM_STEP_ID", step.id.to_string());
+    set("SLURM_STEPID", step.id.to_string());
+    set("SLURM_NTASKS", ntasks.to_string());
+    set("SLURM_NPROCS", ntasks.to_string());
+    set("SLURM_STEP_NUM_TASKS", ntasks.to_string());
+    set("SLURM_STEP_NUM_NODES", step_nodes.len().to_string());
+    set("SLURM_STEP_NODELIST", corral_types::hostlist::compress(&step_nodes));
+    set("SLURM_STEP_TASKS_PER_NODE", step.nodes.iter().map(|n| n.tasks.to_string()).collect::<Vec<_>>().join(","));
+    // torchrun-style launchers read these too.
+    set("RANK", (first + local).to_string());
+    set("LOCAL_RANK", local.to_string());
+    set("WORLD_SIZE", ntasks.to_string());
+    if let Some(gpus) = here.and_then(|n| n.task_gpus(local)) {
+        set("CUDA_VISIBLE_DEVICES", gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
+    }
+    env
+}
+
+/// Launches this node's tasks of step `step_id` of run `epoch` of `job`. On failure the tasks
+/// started are killed and the error is the node's end of the step.
+pub(crate) fn start(
+    jobs: &JobTable,
+    job: &Job,
+    epoch: u64,
+    step_id: StepId,
+    node: &str,
+    in_job_bin: &Path,
+) -> Result<Started, StepNodeEnd> {
+    let fail = |e: String| StepNodeEnd { node: node.to_owned(), tasks: Vec::new(), launch_error: Some(e) };
+    let step = job.steps.steps.iter().find(|s| s.id == step_id).ok_or_else(|| fail("no such step".into()))?;
+    let here = step.on_node(node).ok_or_else(|| fail(format!("the step has no tasks on node {node}")))?;
+    let (Some(handle), Some(info)) = (jobs.handle(job.id, epoch), jobs.info(job.id, epoch)) else {
+        return Err(fail(format!("the run does not run on node {node}")));
+    };
+    if info.in_container {
+        return Err(fail("srun inside an image job is not supported yet".into()));
+    }
+    let cwd = step.spec.cwd.as_ref().map(PathBuf::from).unwrap_or_else(|| info.cwd.clone());
+    let mut tasks = Vec::new();
+    for local in 0..here.tasks {
+        let rank = here.first_task + local;
+        let spec = TaskSpec {
+            argv: step.spec.command.clone(),
+            env: task_env(&info.env, job, step, node, local, in_job_bin),
+            cwd: cwd.clone(),
+            output: task_output(&info.work_dir, step_id, rank),
+            uid: info.uid,
+            gid: info.gid,
+            open_files: info.open_files,
+        };
+        match handle.spawn_task(&spec) {
+            Ok(process) => tasks.push((rank, process)),
+            Err(e) => {
+                for (_, process) in &tasks {
+                    let _ = killpg(Pid::from_raw(process.pid() as i32), Signal::SIGKILL);
+                }
+                return Err(fail(format!("task {rank}: {e}")));
+            }
+        }
+    }
+    tracing::info!(job_id = job.id, epoch, step = step_id, tasks = tasks.len(), "step tasks started");
+    let kill_on_bad_exit = step.spec.kill_on_bad_exit;
+    Ok(Started { job_id: job.id, epoch, step: step_id, node: node.to_owned(), kill_on_bad_exit, tasks })
+}
+
+/// What woke the waiter.
+enum Woke {
+    Exit(usize, std::io::Result<(Option<i32>, Option<i32>)>),
+    Order(Option<Order>),
+    KillDue,
+}
+
+/// Waits for every task of `started`, carrying out `orders` on those not reaped yet, then
+/// reports their exits.
+pub(crate) async fn wait(
+    started: Started,
+    mut orders: mpsc::UnboundedReceiver<Order>,
+    events: mpsc::UnboundedSender<Event>,
+    kill_grace: Duration,
+) {
+    let Started { job_id, epoch, step, node, kill_on_bad_exit, tasks } = started;
+    let mut running = tasks;
+    let mut exits = Vec::new();
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let signal_all = |running: &[(u32, TaskProcess)], signal: Signal| {
+        for (_, process) in running {
+            // Its process group: the task and what it started. The task is not reaped yet, so
+            // its pid is still its own.
+            let _ = killpg(Pid::from_raw(process.pid() as i32), signal);
+        }
+    };
+    let mut orders_open = true;
+    while !running.is_empty() {
+        let woke = {
+            let next = futures::future::select_all(running.iter_mut().map(|(_, p)| Box::pin(p.wait())));
+            let kill_due = async {
+                match kill_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                (result, index, _) = next => Woke::Exit(index, result),
+                order = orders.recv(), if orders_open => Woke::Order(order),
+                _ = kill_due => Woke::KillDue,
+            }
+        };
+        match woke {
+            Woke::Exit(index, result) => {
+                let (rank, _) = running.remove(index);
+                let (exit_code, signal) = result.unwrap_or((None, Some(libc::SIGKILL)));
+                let exit = TaskExit { task: rank, exit_code, signal };
+                if kill_on_bad_exit && exit.status() != 0 && kill_at.is_none() && !running.is_empty() {
+                    tracing::info!(job_id, step, task = rank, "a task failed: killing the step's other tasks here");
+                    signal_all(&running, Signal::SIGTERM);
+                    kill_at = Some(tokio::time::Instant::now() + kill_grace);
+                }
+                exits.push(exit);
+            }
+            Woke::Order(None) => orders_open = false,
+            Woke::Order(Some(Order::Signal(signal))) => match Signal::try_from(signal) {
+                Ok(signal) => signal_all(&running, signal),
+                Err(_) => tracing::warn!(job_id, step, signal, "not a signal: ignored"),
+            },
+            Woke::Order(Some(Order::Kill { grace })) => {
+                signal_all(&running, Signal::SIGTERM);
+                kill_at.get_or_insert(tokio::time::Instant::now() + grace);
+            }
+            Woke::KillDue => {
+                signal_all(&running, Signal::SIGKILL);
+                kill_at = None;
+            }
+        }
+    }
+    exits.sort_by_key(|e| e.task);
+    tracing::info!(job_id, epoch, step, status = ?exits.iter().map(TaskExit::status).max(), "step tasks ended");
+    let end = StepNodeEnd { node, tasks: exits, launch_error: None };
+    let _ = events.send(Event::TasksEnded { job_id, epoch, step, end });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_types::{JobStep, NodeGpus, StepNode};
+
+    /// Ranks as Slurm's block distribution gives them, each task its GPU with
+    /// `--gpus-per-task`, what srun exported, and this node's in-job commands first on `PATH`.
+    #[test]
+    fn each_task_has_its_own_ranks_gpus_and_this_nodes_commands() {
+        let mut job = (*crate::reconcile::tests::job(7, 3)).clone();
+        let alloc = job.allocation.as_mut().expect("allocation");
+        alloc.node = "n1".into();
+        alloc.more_nodes = vec![NodeGpus { node: "n2".into(), gpus: vec![0, 1] }];
+        let mut step = JobStep {
+            id: 2,
+            epoch: 3,
+            nodes: vec![
+                StepNode { node: "n1".into(), first_task: 0, tasks: 2, gpus: vec![] },
+                StepNode { node: "n2".into(), first_task: 2, tasks: 2, gpus: vec![1, 0] },
+            ],
+            ..Default::default()
+        };
+        step.spec.env.insert("PATH".into(), "/elsewhere/slurm-bin:/usr/bin".into());
+        step.spec.env.insert("MY_VAR".into(), "x".into());
+        let run_env = BTreeMap::from([("CORRAL_JOB_DIR".to_owned(), "/data/jobs/7/3".to_owned())]);
+        let bin = Path::new("/data/slurm-bin");
+        let env = task_env(&run_env, &job, &step, "n2", 1, bin);
+        let get = |k: &str| env.get(k).map(String::as_str);
+        assert_eq!(
+            [get("SLURM_PROCID"), get("SLURM_LOCALID"), get("SLURM_NODEID"), get("SLURM_STEP_ID")],
+            [Some("3"), Some("1"), Some("1"), Some("2")]
+        );
+        assert_eq!([get("SLURM_NTASKS"), get("SLURM_STEP_NUM_NODES")], [Some("4"), Some("2")]);
+        assert_eq!(get("CUDA_VISIBLE_DEVICES"), Some("0"), "task 1 of n2 gets the second of [1, 0]");
+        assert_eq!(get("MY_VAR"), Some("x"));
+        assert_eq!(get("CORRAL_JOB_DIR"), Some("/data/jobs/7/3"), "the node's own run directory");
+        assert_eq!(get("PATH"), Some("/data/slurm-bin:/elsewhere/slurm-bin:/usr/bin"));
+        let first = task_env(&run_env, &job, &step, "n1", 0, bin);
+        assert_eq!(first.get("CUDA_VISIBLE_DEVICES"), None, "without --gpus-per-task: the job's GPUs");
+        assert_eq!(first.get("SLURM_PROCID").map(String::as_str), Some("0"));
+        let again = task_env(&first, &job, &JobStep { nodes: step.nodes.clone(), ..Default::default() }, "n1", 0, bin);
+        assert_eq!(again.get("PATH"), first.get("PATH"), "not added twice");
+    }
+}

@@ -1,0 +1,96 @@
+//! `srun` step launch benchmark: inside a 2-node batch job (a coordinator and two workers on
+//! loopback, as the integration tests run them), `srun` of 4 tasks (2 a node), timed from just
+//! before `srun` starts until the last of its 4 tasks runs (each task's first command records
+//! the time; the nodes share this machine's clock). The first samples are warm-up.
+//!
+//! Run: `cargo build --release -p corral-cli && cargo bench -p corral-integration --bench srun`
+//! Knobs: `CORRAL_BENCH_SAMPLES` (timed `srun`s, default 20), `CORRAL_BIN` (the `corral` binary).
+
+use corral_integration::cluster::{free_port, Cluster, ClusterOptions};
+use corral_integration::worker::WorkerProc;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+const WARMUP: usize = 3;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Nanoseconds since the epoch, as `date +%s%N` wrote them into `path`.
+fn stamp(path: &Path) -> u128 {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.trim().parse().unwrap_or_else(|_| panic!("{}: not a time: {text:?}", path.display()))
+}
+
+fn main() {
+    let samples: usize = env_or("CORRAL_BENCH_SAMPLES", 20);
+    let port = free_port();
+    let cluster = Cluster::start(1, ClusterOptions::default());
+    let init = cluster.corral_at(0, &["cluster", "init"]);
+    assert!(init.status.success(), "cluster init: {}", String::from_utf8_lossy(&init.stderr));
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let mut workers = Vec::new();
+    for name in ["w1", "w2"] {
+        let mut w = WorkerProc::configure(dir.path(), name, &cluster.endpoints(), 2);
+        w.edit_config(|c| format!("rendezvous-ports = \"{port}-{port}\"\n{c}"));
+        w.start();
+        w.wait_registered(&cluster);
+        workers.push(w);
+    }
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).expect("mkdir");
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let runs = WARMUP + samples;
+    let script = out.join("bench.sbatch");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\
+             #SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=2\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             i=0\n\
+             while [ $i -lt {runs} ]; do\n\
+             i=$((i + 1))\n\
+             date +%s%N > {out}/start-$i\n\
+             srun sh -c \"date +%s%N > {out}/run-$i-\\$SLURM_PROCID\" || exit 1\n\
+             done\n",
+            out = out.display()
+        ),
+    )
+    .expect("write");
+    let submitted = cluster.corral_at(0, &["sbatch", &script.display().to_string()]);
+    assert!(submitted.status.success(), "sbatch: {}", String::from_utf8_lossy(&submitted.stderr));
+    let job: u64 = String::from_utf8_lossy(&submitted.stdout).trim().parse().expect("a job id");
+    let done = cluster
+        .wait_for(job, Duration::from_secs(600), "ended", |d| d["state"] != "pending" && d["state"] != "running");
+    assert_eq!(
+        done["state"],
+        "succeeded",
+        "{done}\n{}",
+        std::fs::read_to_string(out.join(format!("slurm-{job}.out"))).unwrap_or_default()
+    );
+    let mut all: Vec<Duration> = (WARMUP + 1..=runs)
+        .map(|i| {
+            let start = stamp(&out.join(format!("start-{i}")));
+            let last = (0..4).map(|t| stamp(&out.join(format!("run-{i}-{t}")))).max().expect("4 tasks");
+            Duration::from_nanos(last.saturating_sub(start) as u64)
+        })
+        .collect();
+    all.sort();
+    println!(
+        "srun of 4 tasks on 2 nodes, srun start to every task running: median {:.1?}  p90 {:.1?}  min {:.1?}  max {:.1?}  (n={})",
+        percentile(&all, 0.5),
+        percentile(&all, 0.9),
+        percentile(&all, 0.0),
+        percentile(&all, 1.0),
+        all.len()
+    );
+}

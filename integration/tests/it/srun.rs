@@ -1,0 +1,343 @@
+//! `srun` inside a job, on real processes: a coordinator and two workers. A 2-node batch script
+//! runs `srun` steps whose tasks run on both nodes inside the job's cgroups, each with its own
+//! ranks and GPUs; every task's output reaches the job's output file through `srun`,
+//! which exits with Slurm's rule; `--kill-on-bad-exit` stops the other tasks; a cancel while a
+//! step runs kills its tasks on every node; a torchrun-style launcher finds its head node with
+//! `scontrol`; outside a job `srun` points at `corral run`.
+
+use corral_integration::cluster::{free_port, Cluster, ClusterOptions};
+use corral_integration::one_line_stderr;
+use corral_integration::worker::WorkerProc;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A coordinator and workers w1 and w2 (2 simulated GPUs each).
+fn pool() -> (Cluster, Vec<WorkerProc>, tempfile::TempDir) {
+    let port = free_port();
+    let cluster = Cluster::start(1, ClusterOptions::default());
+    let init = cluster.corral_at(0, &["cluster", "init"]);
+    assert!(init.status.success(), "{}", one_line_stderr(&init));
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let mut workers = Vec::new();
+    for name in ["w1", "w2"] {
+        let mut w = WorkerProc::configure(dir.path(), name, &cluster.endpoints(), 2);
+        w.edit_config(|c| format!("rendezvous-ports = \"{port}-{port}\"\n{c}"));
+        w.start();
+        w.wait_registered(&cluster);
+        workers.push(w);
+    }
+    (cluster, workers, dir)
+}
+
+fn submit(cluster: &Cluster, script: &Path) -> u64 {
+    let submitted = cluster.corral_at(0, &["sbatch", &script.display().to_string()]);
+    assert!(submitted.status.success(), "{}", one_line_stderr(&submitted));
+    String::from_utf8_lossy(&submitted.stdout).trim().parse().expect("a job id")
+}
+
+/// A directory every job's user may write, for scripts and what their tasks write.
+fn out_dir(dir: &tempfile::TempDir) -> PathBuf {
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).expect("mkdir");
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    out
+}
+
+/// Writes `name` in `out` with `body` after the shebang line and submits it.
+fn sbatch(cluster: &Cluster, out: &Path, name: &str, body: &str) -> u64 {
+    let script = out.join(name);
+    std::fs::write(&script, format!("#!/bin/sh\n{body}")).expect("write");
+    submit(cluster, &script)
+}
+
+/// Waits for `job` to end and returns it as `corral show` has it.
+fn ended(cluster: &Cluster, job: u64) -> serde_json::Value {
+    cluster.wait_for(job, Duration::from_secs(120), "ended", |d| d["state"] != "pending" && d["state"] != "running")
+}
+
+fn logs(workers: &[WorkerProc]) -> String {
+    workers.iter().map(WorkerProc::log).collect::<Vec<_>>().join("\n")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn srun_runs_a_steps_tasks_on_every_node_of_the_job() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "train.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=2\n\
+             #SBATCH --gpus-per-node=2\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             echo batch-once\n\
+             export HEAD=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n\
+             srun -l sh -c 'echo \"$SLURM_PROCID $SLURM_LOCALID $SLURM_NODEID $SLURM_NTASKS $SLURM_STEP_ID $SLURMD_NODENAME $HEAD\" > {out}/task-$SLURM_PROCID; echo hello-$SLURM_PROCID'\n\
+             echo \"srun-exit $?\"\n\
+             srun sh -c 'exit 0'\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("slurm-{job}.out")));
+    assert_eq!(output.matches("batch-once").count(), 1, "the batch step ran once: {output}");
+    // Every task's output reaches the job's output through srun, labelled: the batch node's
+    // (0 and 1) from their files, the other node's (2 and 3) through the workers.
+    for line in ["0: hello-0", "1: hello-1", "2: hello-2", "3: hello-3", "srun-exit 0"] {
+        assert!(output.lines().any(|l| l == line), "{line:?} in {output:?}\n{}", logs(&workers));
+    }
+    // Four tasks, two a node, block distribution, the batch node first.
+    let mut by_node = std::collections::BTreeMap::new();
+    for rank in 0..4 {
+        let line = read(&out.join(format!("task-{rank}")));
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f.len(), 7, "{line:?}");
+        let want = [rank.to_string(), (rank % 2).to_string(), (rank / 2).to_string(), "4".into(), "0".into()];
+        assert_eq!(f[..5], want, "PROCID LOCALID NODEID NTASKS STEP_ID of task {rank}: {line:?}");
+        by_node.entry(f[5].to_string()).or_insert_with(Vec::new).push(rank);
+        if rank < 2 {
+            assert_eq!(f[6], f[5], "scontrol's head node is the batch node, where tasks 0 and 1 run: {line:?}");
+        } else {
+            assert_ne!(f[6], f[5], "{line:?}");
+        }
+    }
+    assert_eq!(by_node.len(), 2, "{by_node:?}");
+    // Listed like sacct.
+    let shown = cluster.json(&["show", &job.to_string()]);
+    let ids: Vec<String> =
+        shown["steps"].as_array().expect("steps").iter().map(|s| s["id"].as_str().unwrap_or("").to_string()).collect();
+    for id in ["batch", "0", "1"] {
+        assert!(ids.contains(&format!("{job}.{id}")), "{job}.{id} in {ids:?}");
+    }
+}
+
+#[test]
+fn srun_gpus_per_task_binds_a_distinct_gpu_to_each_task_of_a_node() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "gpus.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=2\n\
+             #SBATCH --gpus-per-node=2\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             srun --gpus-per-task 1 sh -c 'echo \"$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\" > {out}/gpu-$SLURM_PROCID'\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    for pair in [[0, 1], [2, 3]] {
+        let [a, b] = pair.map(|r| read(&out.join(format!("gpu-{r}"))));
+        let (na, ga) = a.trim().split_once(' ').expect("node gpu");
+        let (nb, gb) = b.trim().split_once(' ').expect("node gpu");
+        assert_eq!(na, nb, "{a:?} {b:?}");
+        assert!(ga != gb && ga.len() == 1 && gb.len() == 1, "distinct single GPUs: {a:?} {b:?}");
+    }
+}
+
+#[test]
+fn srun_kill_on_bad_exit_kills_every_task_and_exits_with_the_highest_status() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "bad.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=2\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             start=$(date +%s)\n\
+             srun -K sh -c 'if [ \"$SLURM_PROCID\" = 3 ]; then exit 3; fi; exec sleep 60'\n\
+             echo \"bad-exit $? after $(( $(date +%s) - start ))\"\n\
+             srun sh -c 'exit $SLURM_PROCID'\n\
+             echo \"plain-exit $?\"\n\
+             srun no-such-program-here\n\
+             echo \"missing-exit $?\"\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("slurm-{job}.out")));
+    // Task 3 fails on the other node; every other task is killed long before its sleep ends
+    // (SIGTERM: 128 + 15), and srun exits with the highest status.
+    let bad = output.lines().find_map(|l| l.strip_prefix("bad-exit ")).unwrap_or_else(|| panic!("{output:?}"));
+    let (code, secs) = bad.split_once(" after ").expect("code and time");
+    assert_eq!(code, "143", "{bad}");
+    assert!(secs.parse::<u64>().expect("secs") < 30, "the other tasks were killed: {bad}");
+    // Without -K every task runs to its end: the highest exit code wins.
+    assert!(output.lines().any(|l| l == "plain-exit 3"), "{output:?}");
+    assert!(output.contains("task 3: Exited with exit code 3"), "srun names the failed task: {output:?}");
+    // A program that is not there: every node says why, srun fails.
+    assert!(!output.lines().any(|l| l == "missing-exit 0"), "{output:?}");
+    assert!(output.lines().any(|l| l.starts_with("missing-exit ")), "{output:?}");
+    assert!(output.contains("no-such-program-here"), "the reason names the program: {output:?}");
+}
+
+/// What users care about most: a torchrun launcher computing its head node with `scontrol`,
+/// one launcher a node through `srun`.
+#[test]
+fn a_torchrun_style_launcher_finds_its_head_node_and_runs_once_a_node() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let launcher = out.join("torchrun");
+    std::fs::write(
+        &launcher,
+        format!(
+            "#!/bin/sh\n\
+             # A stand-in for torchrun: records what it was told and where it runs.\n\
+             echo \"$SLURMD_NODENAME $SLURM_NODEID $SLURM_PROCID $*\" > {out}/launcher-$SLURM_NODEID\n\
+             scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1 > {out}/head-$SLURM_NODEID\n\
+             echo launched-on-$SLURM_NODEID\n",
+            out = out.display()
+        ),
+    )
+    .expect("write");
+    std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let job = sbatch(
+        &cluster,
+        &out,
+        "torchrun.sbatch",
+        &format!(
+            "#SBATCH --job-name=ddp\n\
+             #SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=1\n\
+             #SBATCH --gpus-per-node=2\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             nodes=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\")\n\
+             head_node=$(echo \"$nodes\" | head -n 1)\n\
+             echo \"head $head_node\"\n\
+             srun -u --cpu-bind=none {launcher} --nnodes $SLURM_NNODES --nproc_per_node 2 --rdzv_id $SLURM_JOB_ID \
+             --rdzv_backend c10d --rdzv_endpoint $head_node:29500 train.py --epochs 1\n\
+             echo \"srun-exit $?\"\n",
+            out = out.display(),
+            launcher = launcher.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("slurm-{job}.out")));
+    let head = output.lines().find_map(|l| l.strip_prefix("head ")).unwrap_or_else(|| panic!("{output:?}")).to_owned();
+    assert!(!head.is_empty(), "{output:?}");
+    for line in ["launched-on-0", "launched-on-1"] {
+        assert!(output.lines().any(|l| l == line), "both launchers' output: {output:?}");
+    }
+    assert!(output.lines().any(|l| l == "srun-exit 0"), "{output:?}");
+    assert!(output.contains("srun: warning: --cpu-bind is accepted but not acted on"), "{output:?}");
+    let mut nodes = Vec::new();
+    for node_id in 0..2 {
+        let line = read(&out.join(format!("launcher-{node_id}")));
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f[1..3], [node_id.to_string(), node_id.to_string()], "NODEID and PROCID: {line:?}");
+        assert!(line.contains(&format!("--rdzv_endpoint {head}:29500 train.py --epochs 1")), "{line:?}");
+        assert!(line.contains("--nnodes 2 "), "{line:?}");
+        nodes.push(f[0].to_owned());
+        let seen = read(&out.join(format!("head-{node_id}")));
+        assert_eq!(seen.trim(), head, "scontrol inside a task on node {node_id}");
+    }
+    assert_eq!(nodes[0], head, "node 0 is the head node scontrol named");
+    assert_ne!(nodes[0], nodes[1], "one launcher a node");
+}
+
+/// SIGTERM to `srun` reaches every task of its step, on both nodes; `srun` exits with the
+/// tasks' status.
+#[test]
+fn srun_forwards_sigterm_to_every_task() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "term.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=2\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             srun sh -c 'trap \"echo got-term > {out}/term-$SLURM_PROCID; exit 9\" TERM; touch {out}/ready-$SLURM_PROCID; while :; do sleep 0.1; done' &\n\
+             srun_pid=$!\n\
+             while [ ! -e {out}/ready-0 ] || [ ! -e {out}/ready-1 ] || [ ! -e {out}/ready-2 ] || [ ! -e {out}/ready-3 ]; do sleep 0.1; done\n\
+             kill -TERM $srun_pid\n\
+             wait $srun_pid\n\
+             echo \"srun-exit $?\"\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("slurm-{job}.out")));
+    assert!(output.lines().any(|l| l == "srun-exit 9"), "{output:?}\n{}", logs(&workers));
+    for rank in 0..4 {
+        assert_eq!(read(&out.join(format!("term-{rank}"))).trim(), "got-term", "task {rank}");
+    }
+}
+
+/// A cancel while a step runs kills its tasks on every node: no task outlives its job.
+#[test]
+fn a_cancel_while_a_step_runs_kills_its_tasks_on_every_node() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "cancel.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=1\n\
+             #SBATCH --output={out}/cancel-%j.out\n\
+             srun sh -c 'echo $$ > {out}/pid-$SLURM_PROCID; exec sleep 300'\n",
+            out = out.display()
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pids: Vec<i32> = loop {
+        let pids: Vec<i32> = (0..2)
+            .filter_map(|r| std::fs::read_to_string(out.join(format!("pid-{r}"))).ok()?.trim().parse().ok())
+            .collect();
+        if pids.len() == 2 {
+            break pids;
+        }
+        assert!(Instant::now() < deadline, "the step's tasks never ran\n{}", logs(&workers));
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let cancelled = cluster.corral_at(0, &["cancel", &job.to_string()]);
+    assert!(cancelled.status.success(), "{}", one_line_stderr(&cancelled));
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "cancelled", "{done}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pids.iter().any(|&p| Path::new(&format!("/proc/{p}")).exists()) {
+        assert!(Instant::now() < deadline, "a task outlived its cancelled job: {pids:?}\n{}", logs(&workers));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Outside a job `srun` says what to use instead, in one line.
+#[test]
+fn srun_outside_a_job_points_at_corral_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let srun = dir.path().join("srun");
+    std::os::unix::fs::symlink(corral_integration::corral_bin(), &srun).expect("symlink");
+    let output = std::process::Command::new(&srun)
+        .args(["-n", "2", "hostname"])
+        .env_remove("CORRAL_RUN_SECRET")
+        .env_remove("CORRAL_IN_JOB_SOCKET")
+        .output()
+        .expect("run srun");
+    assert_eq!(output.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+    assert!(err.contains("not inside a corral job") && err.contains("corral run"), "{err:?}");
+}
