@@ -278,6 +278,10 @@ impl Runtime {
         if let Err(e) = pull::pinned_reference(job) {
             return self.state.launch_failed(job.id, epoch, format!("node {node}: {e}"));
         }
+        // A mount this node refuses fails the run before anything is fetched.
+        if let Err(e) = crate::launch::checked_mounts(&self.config, job) {
+            return self.state.launch_failed(job.id, epoch, format!("node {node}: {e}"));
+        }
         tracing::info!(job_id = job.id, epoch, image = ?job.spec.image, digest = ?job.spec.image_digest, "pulling the job's image");
         self.state.pulling(job.id, epoch);
         let progress = PullProgress::new();
