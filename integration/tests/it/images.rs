@@ -7,10 +7,11 @@
 //! store once pulled; an image gone from the registry fails the job with "not found". Pyxis's
 //! flags (`--container-mounts` within the node's allow-list, `--container-workdir`,
 //! `--container-env`) shape the container, and a batch script naming its image with
-//! `#SBATCH --container-image` runs in it.
+//! `#SBATCH --container-image` runs in it. While a run's image is pulled, `corral show` and
+//! `corral queue` say so with its progress (the worker's heartbeats carry it to the leader).
 
 use corral_integration::cluster::{free_port, Cluster, ClusterOptions};
-use corral_integration::registry::{auth_file, push, ready, umoci_busybox, TestRegistry};
+use corral_integration::registry::{auth_file, push, ready, umoci_busybox, SlowProxy, TestRegistry};
 use corral_integration::{corral_bin, one_line_stderr, DevPool};
 use std::process::Command;
 
@@ -315,4 +316,30 @@ fn a_batch_script_with_a_container_image_directive_runs_in_the_image() {
     assert!(doc["image_digest"].as_str().is_some_and(|d| d.starts_with("sha256:")), "{doc}");
     let logs = pool.ok(&["logs", &job.to_string()]);
     assert!(logs.contains(&format!("stage=batch marker=batch args=a b cwd=/etc job={job}\n")), "{logs}");
+}
+
+#[test]
+fn a_run_pulling_its_image_shows_its_progress_in_show_and_queue() {
+    if !ready(&[TOOLS, &["runc"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = umoci_busybox(dir.path(), &[("STAGE", "slow")], "/", "slow");
+    push(&image, &registry, "slow:1", &[]);
+    // About 1 MB of layers at 150 kB/s: several heartbeats see the pull under way.
+    let proxy = SlowProxy::start(&registry.addr, 150_000);
+    let reference = format!("{}/slow:1", proxy.addr);
+    let pool = DevPool::start(&["--gpus", "1"]);
+    let job = pool.submit(&["--image", &reference, "--", "sh", "-c", "echo stage=$STAGE"]);
+    let doc = pool.wait_for(job, "a pulling reason", |d| d["reason"].as_str().is_some_and(|r| r.contains(" layers, ")));
+    let reason = doc["reason"].as_str().expect("reason").to_string();
+    assert!(reason.starts_with(&format!("pulling image {reference}: ")) && reason.ends_with(" MB"), "{reason}");
+    assert_eq!((doc["state"].as_str(), doc["started_at"].is_null()), (Some("running"), true), "{doc}");
+    let queue = pool.ok(&["queue"]);
+    assert!(queue.contains(&format!("pulling image {reference}")), "{queue}");
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert!(!doc["reason"].as_str().unwrap_or_default().contains("pulling"), "{doc}");
+    assert!(pool.ok(&["logs", &job.to_string()]).contains("stage=slow\n"));
 }
