@@ -416,6 +416,10 @@ pub struct DevArgs {
     /// mount-allow` (repeatable; none: every container mount is refused).
     #[arg(long, value_name = "DIR")]
     pub mount_allow: Vec<PathBuf>,
+    /// Unpacked image layers the worker's store keeps before the least recently used images
+    /// no placed or running job needs are removed, as a worker's `[images] max-size`.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub image_max_size: Option<u64>,
 }
 
 #[derive(Debug, Args)]

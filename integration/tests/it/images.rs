@@ -9,6 +9,7 @@
 //! `--container-env`) shape the container, and a batch script naming its image with
 //! `#SBATCH --container-image` runs in it. While a run's image is pulled, `corral show` and
 //! `corral queue` say so with its progress (the worker's heartbeats carry it to the leader).
+//! Garbage collection under a small `max-size` never removes a running job's image.
 
 use corral_integration::cluster::{free_port, Cluster, ClusterOptions};
 use corral_integration::registry::{auth_file, push, ready, umoci_busybox, SlowProxy, TestRegistry};
@@ -342,4 +343,54 @@ fn a_run_pulling_its_image_shows_its_progress_in_show_and_queue() {
     assert_eq!(doc["state"], "succeeded", "{doc}");
     assert!(!doc["reason"].as_str().unwrap_or_default().contains("pulling"), "{doc}");
     assert!(pool.ok(&["logs", &job.to_string()]).contains("stage=slow\n"));
+}
+
+/// Whether the worker's store holds the image record of `digest` (`sha256:...`).
+fn stored(pool: &DevPool, digest: &str) -> bool {
+    let hex = digest.strip_prefix("sha256:").expect("sha256 digest");
+    pool.data_dir.join("worker/images/images").join(format!("{hex}.json")).exists()
+}
+
+#[test]
+fn collection_under_a_small_max_size_never_removes_a_running_jobs_image() {
+    if !ready(&[TOOLS, &["runc"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, marker) in [("one", "one"), ("two", "two"), ("three", "three")] {
+        let image = umoci_busybox(dir.path(), &[], "/", marker);
+        push(&image, &registry, &format!("{name}:1"), &[]);
+    }
+    let reference = |name: &str| format!("{}/{name}:1", registry.addr);
+    // Room for one image (busybox, about 2 MB unpacked), not two: each pull past the first
+    // collects what nothing pins.
+    let pool = DevPool::start(&["--gpus", "2", "--image-max-size", "3MiB"]);
+
+    // Job one runs until the test lets it go (a file in its work dir, /work in the container).
+    let wait_go = "echo started; while [ ! -e /work/go ]; do sleep 0.1; done; echo marker=$(cat /etc/marker)";
+    let running = pool.submit(&["--image", &reference("one"), "--", "sh", "-c", wait_go]);
+    let doc = pool.wait_for(running, "job one started", |d| !d["started_at"].is_null());
+    assert_eq!(doc["state"], "running", "{doc}");
+    let one = pool.show(running)["image_digest"].as_str().expect("digest").to_string();
+    assert!(stored(&pool, &one), "pulled into the store");
+
+    // Another image is pulled meanwhile: its collection keeps the running job's image.
+    let other = pool.submit(&["--image", &reference("two"), "--", "cat", "/etc/marker"]);
+    let doc = ended(&pool, other);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    let two = doc["image_digest"].as_str().expect("digest").to_string();
+    assert!(stored(&pool, &one), "the running job's image survives a collection over max-size");
+
+    let jobs = pool.data_dir.join("worker/jobs").join(running.to_string());
+    let epoch_dir = std::fs::read_dir(&jobs).expect("job dir").next().expect("an epoch").expect("entry").path();
+    std::fs::write(epoch_dir.join("go"), "").expect("go");
+    let doc = ended(&pool, running);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert!(pool.ok(&["logs", &running.to_string()]).contains("marker=one\n"), "its root was intact to the end");
+
+    // Once nothing needs them, the next pull's collection removes both.
+    let third = pool.submit(&["--image", &reference("three"), "--", "true"]);
+    assert_eq!(ended(&pool, third)["state"], "succeeded");
+    assert!(!stored(&pool, &one) && !stored(&pool, &two), "unpinned images over max-size are collected");
 }
