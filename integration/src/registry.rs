@@ -2,7 +2,7 @@
 //! distribution registry (Debian's `docker-registry`) started on a loopback port, optionally
 //! with htpasswd auth; busybox images built with `umoci` from busybox-static, with the `Env`
 //! and `WorkingDir` a test asks for; pushes with `skopeo`; a Docker `config.json` of
-//! credentials.
+//! credentials; a throttling TCP proxy (`SlowProxy`) for pulls slow enough to watch.
 //!
 //! A test that lacks a tool or root skips with a loud message, except under CI (`CI` set), where
 //! it fails: `.ci/run` installs the packages and runs as root.
@@ -220,6 +220,67 @@ fn base64(bytes: &[u8]) -> String {
         }
     }
     out
+}
+
+/// A TCP proxy on loopback in front of `upstream` that passes what `upstream` sends at most
+/// `bytes_per_sec` (what the client sends goes through as it comes): a pull slow enough to
+/// be watched. Stops accepting when dropped.
+pub struct SlowProxy {
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SlowProxy {
+    pub fn start(upstream: &str, bytes_per_sec: u64) -> SlowProxy {
+        use std::io::{Read, Write};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (flag, upstream) = (stop.clone(), upstream.to_string());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if flag.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(server) = std::net::TcpStream::connect(&upstream) else { continue };
+                let (mut to_server, mut from_client) =
+                    (server.try_clone().expect("clone"), client.try_clone().expect("clone"));
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from_client, &mut to_server);
+                    let _ = to_server.shutdown(std::net::Shutdown::Write);
+                });
+                let (mut from_server, mut to_client) = (server, client);
+                std::thread::spawn(move || {
+                    // 20 slices a second.
+                    let mut buf = vec![0u8; (bytes_per_sec / 20).max(1) as usize];
+                    loop {
+                        match from_server.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                if to_client.write_all(&buf[..n]).is_err() {
+                                    break;
+                                }
+                                std::thread::sleep(Duration::from_millis(50));
+                            }
+                        }
+                    }
+                    let _ = to_client.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        SlowProxy { addr, stop }
+    }
+}
+
+impl Drop for SlowProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Wakes the accept loop so that it sees the flag.
+        let _ = std::net::TcpStream::connect(&self.addr);
+    }
 }
 
 #[cfg(test)]

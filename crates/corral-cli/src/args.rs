@@ -431,6 +431,14 @@ pub struct DevArgs {
     /// as root without it, jobs run as root, though without any capability.
     #[arg(long, value_name = "USER")]
     pub run_as: Option<String>,
+    /// Host directory that --container-mounts may bind from, as a worker's `[images]
+    /// mount-allow` (repeatable; none: every container mount is refused).
+    #[arg(long, value_name = "DIR")]
+    pub mount_allow: Vec<PathBuf>,
+    /// Unpacked image layers the worker's store keeps before the least recently used images
+    /// no placed or running job needs are removed, as a worker's `[images] max-size`.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub image_max_size: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -487,6 +495,18 @@ pub struct JobFlags {
     /// path of an unpacked root filesystem on every worker.
     #[arg(long, visible_alias = "container-image", value_name = "REF|DIR")]
     pub image: Option<String>,
+    /// Bind mounts into the --image container, SRC[:DST[:ro|rw]], comma-separated (repeatable).
+    /// SRC is a path on the worker, below a directory its `[images] mount-allow` lists, else
+    /// the job fails naming the mount.
+    #[arg(long, value_name = "SRC[:DST[:ro]],...")]
+    pub container_mounts: Vec<String>,
+    /// Working directory in the --image container (default: the image's WorkingDir).
+    #[arg(long, value_name = "DIR")]
+    pub container_workdir: Option<String>,
+    /// Variables of this shell set in the --image container over the image's values, even
+    /// with --export NONE (comma-separated, repeatable).
+    #[arg(long, value_name = "VAR[,VAR]", value_delimiter = ',')]
+    pub container_env: Vec<String>,
     /// Gang across nodes: whole GPUs per node (--gpus must be a multiple); all parts start together.
     #[arg(long)]
     pub gpus_per_node: Option<u32>,

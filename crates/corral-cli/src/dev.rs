@@ -130,6 +130,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     worker_file.node_name = Some(NODE_NAME.to_string());
     worker_file.users = Some(users);
     worker_file.executor.cgroup_root = cgroup_root.clone();
+    worker_file.images.mount_allow = args.mount_allow.clone();
+    if let Some(size) = args.image_max_size {
+        worker_file.images.max_size = ConfigSize(size);
+    }
     // A try-out pool runs without containers where runc is missing (a real worker's self-check
     // refuses to start without the runc its config names).
     if corral_worker::executor::find_runc(std::path::Path::new(&worker_file.executor.runc)).is_none() {

@@ -5,8 +5,8 @@
 use crate::args::JobFlags;
 use anyhow::bail;
 use corral_types::{
-    default_output_pattern, parse_dependencies, ArraySpec, GpuSlice, JobSpec, SchedOptions, SlurmNames, TaskLayout,
-    MAX_ENV_BYTES, MAX_ENV_VARS,
+    default_output_pattern, parse_dependencies, ArraySpec, ContainerMount, ContainerOptions, GpuSlice, JobSpec,
+    SchedOptions, SlurmNames, TaskLayout, MAX_ENV_BYTES, MAX_ENV_VARS,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -53,6 +53,10 @@ impl JobFlags {
         env.extend(self.env);
         let mut constraint = under.constraint;
         constraint.extend(self.constraint);
+        let mut container_mounts = under.container_mounts;
+        container_mounts.extend(self.container_mounts);
+        let mut container_env = under.container_env;
+        container_env.extend(self.container_env);
         JobFlags {
             tenant: self.tenant.or(under.tenant),
             priority: self.priority.or(under.priority),
@@ -65,6 +69,9 @@ impl JobFlags {
             time: self.time.or(under.time),
             name: self.name.or(under.name),
             image: self.image.or(under.image),
+            container_mounts,
+            container_workdir: self.container_workdir.or(under.container_workdir),
+            container_env,
             gpus_per_node: self.gpus_per_node.or(under.gpus_per_node),
             rdma: self.rdma || under.rdma,
             no_requeue: self.no_requeue || under.no_requeue,
@@ -104,10 +111,18 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
     let shape = allocation_shape(&flags)?;
     let layout = shape.layout;
     let image = flags.image;
-    if image.is_some() && input.script.is_some() {
-        bail!(
-            "a batch script cannot run in an --image container yet: submit the container with `corral submit --image`"
-        );
+    let mut container = ContainerOptions { workdir: flags.container_workdir.clone(), ..ContainerOptions::default() };
+    for list in &flags.container_mounts {
+        container.mounts.extend(ContainerMount::parse_list(list).map_err(anyhow::Error::msg)?);
+    }
+    for name in &flags.container_env {
+        let name = name.trim();
+        if !name.is_empty() && !container.env.iter().any(|n| n == name) {
+            container.env.push(name.to_string());
+        }
+    }
+    if image.is_none() && !container.is_default() {
+        bail!("--container-mounts, --container-workdir and --container-env need --image (--container-image)");
     }
     if image.is_some() && flags.chdir.is_some() {
         bail!("--chdir is not supported with --image yet: the container starts in its own directory");
@@ -130,8 +145,28 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
         submit_host: (!input.host.is_empty()).then(|| input.host.clone()),
         user,
     };
-    let explicit: BTreeMap<String, String> = flags.env.into_iter().collect();
-    let (env, warnings) = exported_environment(&export, input.environment, explicit)?;
+    let mut explicit: BTreeMap<String, String> = flags.env.into_iter().collect();
+    let mut unset = Vec::new();
+    // `--container-env`: these variables of the submitting shell, whatever --export says.
+    for name in &container.env {
+        match input.environment.iter().find(|(k, _)| k == name) {
+            Some((k, v)) => {
+                explicit.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+            None => unset.push(format!("--container-env {name}: not set in this shell, the image's value stays")),
+        }
+    }
+    let (env, mut warnings) = exported_environment(&export, input.environment, explicit)?;
+    warnings.extend(unset);
+    let (stdout_pattern, stderr_pattern) = if image.is_some() && (flags.stdout.is_some() || flags.stderr.is_some()) {
+        warnings.push(
+            "--stdout/--stderr (--output/--error) are not written for --image jobs yet: `corral logs` has the output"
+                .into(),
+        );
+        (None, None)
+    } else {
+        (flags.stdout, flags.stderr)
+    };
     let array = flags.array.as_deref().map(ArraySpec::parse).transpose()?;
     let (dependencies, singleton) = match flags.dependency.as_deref() {
         Some(spec) => parse_dependencies(spec)?,
@@ -153,6 +188,7 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
     }
     let name = flags.name.unwrap_or(input.default_name);
     let batch = input.script.is_some();
+    let in_image = image.is_some();
     let spec = JobSpec {
         name,
         // Empty: the coordinator fills in the token's tenant (or `default`).
@@ -188,14 +224,17 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
         script: input.script.map(Into::into),
         // Slurm writes a batch job's output to slurm-%j.out (slurm-%A_%a.out for an array) in
         // its working directory unless told otherwise.
-        stdout_path: flags.stdout.or_else(|| batch.then(|| default_output_pattern(array.is_some()).to_string())),
-        stderr_path: flags.stderr,
+        // (An --image job's output is in its logs only.)
+        stdout_path: stdout_pattern
+            .or_else(|| (batch && !in_image).then(|| default_output_pattern(array.is_some()).to_string())),
+        stderr_path: stderr_pattern,
         array,
         layout,
         slurm,
         append_output: flags.open_mode.as_deref() == Some("append"),
         // The coordinator pins the image's tag at submit.
         image_digest: None,
+        container,
     };
     let mut checked = spec.clone();
     if checked.tenant.is_empty() {
@@ -511,6 +550,38 @@ mod tests {
         let flags = JobFlags { image: Some("/rootfs".into()), ..Default::default() };
         let (spec, _) = job_spec(flags, input(cwd)).unwrap();
         assert_eq!((spec.workdir, spec.env.len()), (None, 0), "--image jobs keep the old defaults");
+    }
+
+    #[test]
+    fn container_flags_need_an_image_and_pass_the_named_variables() {
+        let cwd = Path::new("/home/ana/exp");
+        let flags = JobFlags {
+            image: Some("busybox".into()),
+            container_mounts: vec!["/data/set:/data:ro,/scratch".into(), "/x:/y".into()],
+            container_workdir: Some("/data".into()),
+            container_env: vec!["LR".into(), "MISSING".into(), "LR".into()],
+            ..Default::default()
+        };
+        let (spec, warnings) = job_spec(flags, input(cwd)).unwrap();
+        let mounts: Vec<String> = spec.container.mounts.iter().map(ToString::to_string).collect();
+        assert_eq!(mounts, ["/data/set:/data:ro", "/scratch:/scratch", "/x:/y"]);
+        assert_eq!(
+            (spec.container.workdir.as_deref(), spec.container.env.as_slice()),
+            (Some("/data"), &["LR".to_string(), "MISSING".to_string()][..])
+        );
+        assert_eq!(spec.env.get("LR").map(String::as_str), Some("0.1"), "exported though --image defaults to NONE");
+        assert_eq!(spec.env.len(), 1);
+        assert!(warnings.iter().any(|w| w.contains("--container-env MISSING")), "{warnings:?}");
+        let flags = JobFlags { container_workdir: Some("/w".into()), ..Default::default() };
+        assert!(job_spec(flags, input(cwd)).unwrap_err().to_string().contains("need --image"));
+        let flags =
+            JobFlags { image: Some("busybox".into()), container_mounts: vec!["/a:b".into()], ..Default::default() };
+        assert!(job_spec(flags, input(cwd)).unwrap_err().to_string().contains("the target must be an absolute path"));
+        // A batch script runs in its image; its output is in its logs, not in slurm-%j.out.
+        let flags = JobFlags { image: Some("busybox".into()), ..Default::default() };
+        let script = JobInput { script: Some("#!/bin/sh\necho hi\n".into()), ..input(cwd) };
+        let (spec, _) = job_spec(flags, script).unwrap();
+        assert_eq!((spec.stdout_path, spec.workdir, spec.batch_step), (None, None, true));
     }
 
     #[test]

@@ -42,6 +42,16 @@ pub fn resources(job: &Job) -> String {
 }
 
 pub fn job_json(job: &Job) -> Value {
+    let mut doc = job_json_base(job);
+    // Added apart: one more key in the literal above would pass json!'s recursion limit.
+    let container = &job.spec.container;
+    doc["container_mounts"] = json!(container.mounts.iter().map(ToString::to_string).collect::<Vec<_>>());
+    doc["container_workdir"] = json!(container.workdir);
+    doc["container_env"] = json!(container.env);
+    doc
+}
+
+fn job_json_base(job: &Job) -> Value {
     let ts = |t: Option<Timestamp>| t.map(format_utc);
     json!({
         "id": job.id,
@@ -468,6 +478,16 @@ pub fn job_details(job: &Job) -> String {
     }
     if let Some(digest) = &job.spec.image_digest {
         lines.push(("digest", digest.clone()));
+    }
+    let container = &job.spec.container;
+    if !container.mounts.is_empty() {
+        lines.push(("mounts", container.mounts.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")));
+    }
+    if let Some(dir) = &container.workdir {
+        lines.push(("workdir", dir.clone()));
+    }
+    if !container.env.is_empty() {
+        lines.push(("host env", container.env.join(",")));
     }
     if let Some(a) = &job.allocation {
         for (node, gpus) in a.parts() {

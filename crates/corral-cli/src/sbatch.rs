@@ -316,6 +316,7 @@ fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<V
             "chdir" => flag("--chdir", value),
             // Pyxis's name.
             "container-image" => flag("--image", value),
+            "container-mounts" | "container-workdir" | "container-env" => flag(&format!("--{name}"), value),
             "export" => flag("--export", value),
             "partition" => flag("--partition", value),
             "constraint" => {
@@ -361,6 +362,9 @@ const KNOWN_WITH_VALUE: &[&str] = &[
     "signal",
     "chdir",
     "container-image",
+    "container-mounts",
+    "container-workdir",
+    "container-env",
     "export",
     "partition",
     "constraint",
@@ -613,6 +617,17 @@ python train.py
             let d = parse_directives("s", script, true).unwrap();
             assert_eq!(d.flags.image.as_deref(), Some("nvcr.io/nvidia/pytorch:24.01-py3"), "{script}");
         }
+        let d = parse_directives(
+            "s",
+            "#SBATCH --container-mounts=/data:/data:ro\n#SBATCH --container-workdir=/w\n#CORRAL --container-env A,B\n#SBATCH --container-mounts=/s\n",
+            true,
+        )
+        .unwrap();
+        assert_eq!(d.flags.container_mounts, ["/data:/data:ro", "/s"]);
+        assert_eq!(
+            (d.flags.container_workdir.as_deref(), d.flags.container_env.as_slice()),
+            (Some("/w"), &["A".to_string(), "B".to_string()][..])
+        );
         assert_eq!(
             parse_directives("s", "#SBATCH --container-image\n", false).unwrap_err(),
             "s line 1: #SBATCH --container-image: --container-image needs a value"

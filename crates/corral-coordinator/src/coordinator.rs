@@ -11,6 +11,7 @@ use crate::client_work::ClientWork;
 use crate::group_commit::Submits;
 use crate::liveness::Liveness;
 use crate::metrics::SchedulerMetrics;
+use crate::pulls::PullBoard;
 use crate::scheduler::LeaderView;
 use crate::snapshot::Snapshot;
 use crate::tso::{self, Allocation, Tso};
@@ -98,6 +99,8 @@ struct Inner {
     submits: Submits,
     tso: Tso,
     liveness: Liveness,
+    /// The image pulls workers reported last (leader memory, shown in job replies).
+    pulls: Arc<PullBoard>,
     /// Scheduler counters and pass latency, exported while this node leads.
     scheduler_metrics: SchedulerMetrics,
     /// The runtime client requests are served on, apart from the control loop.
@@ -120,6 +123,7 @@ impl Coordinator {
                 submits: Submits::new(config.max_queued_submits),
                 tso: Tso::default(),
                 liveness: Liveness::default(),
+                pulls: Arc::default(),
                 scheduler_metrics: SchedulerMetrics::default(),
                 client_work: Arc::new(client_work),
                 registry: corral_image::Registry::new(config.registries.clone()),
@@ -140,7 +144,7 @@ impl Coordinator {
     /// What a request handler reads: the applied state and the leader's last scheduling pass
     /// as of now. Cheap: two `Arc`s.
     pub(crate) fn snapshot(&self) -> Snapshot {
-        Snapshot::new(self.inner.node.state.clone(), self.inner.leader_view.pending())
+        Snapshot::new(self.inner.node.state.clone(), self.inner.leader_view.pending(), self.inner.pulls.clone())
     }
 
     pub(crate) fn config(&self) -> &CoordinatorConfig {
@@ -155,6 +159,11 @@ impl Coordinator {
     /// The leader's memory of its last scheduling pass.
     pub(crate) fn leader_view(&self) -> &LeaderView {
         &self.inner.leader_view
+    }
+
+    /// The image pulls workers reported in their last heartbeats.
+    pub(crate) fn pulls(&self) -> &PullBoard {
+        &self.inner.pulls
     }
 
     /// The leader's memory of the workers: heartbeats and GPU health.

@@ -138,6 +138,7 @@ impl WorkerGateway for Gateway {
             }
         };
         self.coord.liveness().heartbeat(term, &hb.node, gpus);
+        self.coord.pulls().report(&hb.node, hb.pulls);
         let current = {
             let data = self.coord.store().read();
             data.state.nodes.get(&hb.node).is_some_and(|n| n.epoch == hb.node_epoch && n.state == NodeState::Up)

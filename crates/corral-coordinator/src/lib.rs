@@ -32,6 +32,7 @@ mod desired;
 mod gateway;
 mod join;
 mod liveness;
+mod pulls;
 // The cluster's members, and what every service shares.
 mod auth;
 mod cluster;

@@ -10,6 +10,7 @@
 //! and sees everything applied by then. The leader's memory is frozen: the last scheduling
 //! pass as it was when the snapshot was taken.
 
+use crate::pulls::PullBoard;
 use crate::reply::job_reply;
 use crate::scheduler::PendingJobs;
 use crate::CoordError;
@@ -25,6 +26,8 @@ use std::sync::{Arc, RwLockReadGuard};
 pub(crate) struct Snapshot {
     store: StateMachineStore,
     pending: Arc<PendingJobs>,
+    /// Live, not frozen: the pulls workers reported last.
+    pulls: Arc<PullBoard>,
 }
 
 /// What a job reference (`12` or `12_7`) names.
@@ -38,8 +41,8 @@ pub(crate) enum Target {
 }
 
 impl Snapshot {
-    pub(crate) fn new(store: StateMachineStore, pending: Arc<PendingJobs>) -> Snapshot {
-        Snapshot { store, pending }
+    pub(crate) fn new(store: StateMachineStore, pending: Arc<PendingJobs>, pulls: Arc<PullBoard>) -> Snapshot {
+        Snapshot { store, pending, pulls }
     }
 
     /// The applied state, read-locked. Never hold the guard across an `.await`.
@@ -60,7 +63,12 @@ impl Snapshot {
 
     /// `job` as the API returns it (see [`job_reply`]).
     pub(crate) fn job_reply(&self, job: &Job) -> pb::Job {
-        job_reply(job, &self.pending)
+        let mut reply = job_reply(job, &self.pending);
+        // A placed run whose image is still being pulled says so (leader memory only).
+        if reply.reason.is_none() {
+            reply.reason = self.pulls.detail(job);
+        }
+        reply
     }
 
     /// Job `job_id` from the hot state, or else from the history of finished jobs.

@@ -150,6 +150,10 @@ pub struct JobSpec {
     /// `--open-mode=append`: output files are appended to instead of truncated.
     #[serde(default)]
     pub append_output: bool,
+    /// Mounts, working directory and variables of the job's container (pyxis's
+    /// `--container-*` flags); only with an image.
+    #[serde(default)]
+    pub container: crate::ContainerOptions,
 }
 
 /// Largest batch script a job may carry.
@@ -612,6 +616,13 @@ impl JobSpec {
         if self.time_limit_secs == Some(0) {
             return Err(JobSpecError::Invalid { field: "time".into(), reason: "must be greater than zero".into() });
         }
+        if !self.container.is_default() && self.image.is_none() {
+            return Err(JobSpecError::Invalid {
+                field: "container options".into(),
+                reason: "--container-mounts, --container-workdir and --container-env need --image".into(),
+            });
+        }
+        self.container.validate().map_err(|(field, reason)| JobSpecError::Invalid { field: field.into(), reason })?;
         for key in self.env.keys() {
             if key.is_empty() || key.contains('=') || key.contains('\0') {
                 return Err(JobSpecError::Invalid {

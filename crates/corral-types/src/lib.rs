@@ -4,6 +4,7 @@
 //! Boundary: serde + thiserror only. Nothing here does I/O or reads a clock.
 
 mod billing;
+mod container;
 pub mod hostlist;
 mod job;
 mod job_options;
@@ -16,6 +17,7 @@ mod step;
 mod timestamp;
 
 pub use billing::{EndCause, Segment};
+pub use container::{ContainerMount, ContainerOptions, MAX_CONTAINER_ENV, MAX_CONTAINER_MOUNTS};
 pub use job::{
     Allocation, ArrayLimits, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuSlice,
     Job, JobExitReport, JobId, JobRef, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd, PreemptionNotice,

@@ -5,7 +5,7 @@
 use crate::config::WorkerConfig;
 use crate::devices::Devices;
 use crate::executor::DEFAULT_PATH;
-use crate::executor::{JobFiles, LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR, SCRIPT_FILE};
+use crate::executor::{BindMount, JobFiles, LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR, SCRIPT_FILE};
 use crate::gang::{gang_env, PartAddrs, HOSTFILE};
 use crate::gpu::{DeviceInfo, MigPlacement, MigState};
 use corral_image::{ImageConfig, JobOverrides, JobRoot};
@@ -200,9 +200,9 @@ pub(crate) fn launch_spec(
         let cwd = if in_container { None } else { job.spec.workdir.as_ref().map(PathBuf::from) };
         (HOLD_ARGV.iter().map(|a| a.to_string()).collect(), JobFiles { cwd, ..JobFiles::default() })
     } else if in_container {
-        // Containers keep their own directory and environment (workdir, script and output
-        // files are for bare processes).
-        (job.spec.command.to_vec(), JobFiles::default())
+        // Containers keep their own directory and environment (workdir and output files are
+        // for bare processes). A batch script is written to the work dir, seen at /work.
+        container_script(job)
     } else {
         job_files(job, &work_dir, &config.node_name)
     };
@@ -211,17 +211,28 @@ pub(crate) fn launch_spec(
         // place of Cmd, Env under the job's, WorkingDir); the job still runs as its tenant's
         // user.
         Some(image) => {
-            let overrides = JobOverrides { command: &job.spec.command, env: &env, working_dir: None };
+            let overrides = JobOverrides {
+                command: &job.spec.command,
+                env: &env,
+                working_dir: job.spec.container.workdir.as_deref(),
+            };
             let exec = image.config.exec(overrides).map_err(|e| e.to_string())?;
-            if !holds_allocation_only(job, &config.node_name) {
+            // A batch script runs by itself, not through the image's Entrypoint (as pyxis).
+            if !holds_allocation_only(job, &config.node_name) && job.spec.script.is_none() {
                 argv = exec.argv;
             }
             env = exec.env;
             files.cwd = Some(PathBuf::from(exec.working_dir));
             Some(image.root.path().to_path_buf())
         }
-        None => job.spec.image.as_ref().map(PathBuf::from),
+        None => {
+            if let Some(dir) = &job.spec.container.workdir {
+                files.cwd = Some(PathBuf::from(dir));
+            }
+            job.spec.image.as_ref().map(PathBuf::from)
+        }
     };
+    let mounts = if in_container { checked_mounts(config, job)? } else { Vec::new() };
     Ok(LaunchSpec {
         job_id: job.id,
         attempt: epoch,
@@ -242,8 +253,40 @@ pub(crate) fn launch_spec(
         devices: device_nodes,
         cdi_devices: uuids.iter().map(|u| format!("nvidia.com/gpu={u}")).collect(),
         binds,
+        mounts,
         files,
     })
+}
+
+/// The argv and files of a container job's main process: its command, or its batch script
+/// written to the work dir and run from [`CONTAINER_WORK_DIR`] (directly with `#!`, else with
+/// /bin/sh) with the command as its arguments.
+fn container_script(job: &Job) -> (Vec<String>, JobFiles) {
+    let Some(script) = &job.spec.script else { return (job.spec.command.to_vec(), JobFiles::default()) };
+    let path = format!("{CONTAINER_WORK_DIR}/{SCRIPT_FILE}");
+    let mut argv = if script.starts_with("#!") { vec![path] } else { vec!["/bin/sh".to_owned(), path] };
+    argv.extend(job.spec.command.iter().cloned());
+    (argv, JobFiles { script: Some(script.to_string()), ..JobFiles::default() })
+}
+
+/// The job's `--container-mounts`, each checked against the node's `[images] mount-allow`
+/// (sources resolved on the host); the first refused one fails the launch, named.
+pub(crate) fn checked_mounts(config: &WorkerConfig, job: &Job) -> Result<Vec<BindMount>, String> {
+    let allow = config.images.as_ref().map(|i| i.mount_allow.clone()).unwrap_or_default();
+    job.spec
+        .container
+        .mounts
+        .iter()
+        .map(|m| {
+            let wanted = corral_image::ContainerMount {
+                source: PathBuf::from(&m.source),
+                target: PathBuf::from(&m.target),
+                read_only: m.read_only,
+            };
+            let checked = allow.check(&wanted).map_err(|e| format!("container mount {m} refused: {e}"))?;
+            Ok(BindMount { source: checked.source, target: checked.target, read_only: checked.read_only })
+        })
+        .collect()
 }
 
 /// Refuses a job whose image is a registry reference (the coordinator pinned it to a digest):

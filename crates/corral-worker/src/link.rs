@@ -105,6 +105,34 @@ pub(crate) struct Link {
     /// When this process stopped the jobs an earlier worker process of the node left running,
     /// until its first registration gets through (the leader bills their runs until then).
     stale_jobs_stopped: Mutex<Option<Instant>>,
+    /// Runs whose image is being pulled, reported with each heartbeat (see [`PullShown`]).
+    pulls: Mutex<BTreeMap<JobId, ShownPull>>,
+    /// Tells one [`PullShown`] from another of the same job.
+    pull_tokens: std::sync::atomic::AtomicU64,
+}
+
+/// A pull as heartbeats report it.
+struct ShownPull {
+    token: u64,
+    epoch: u64,
+    image: String,
+    progress: corral_image::PullProgress,
+}
+
+/// Keeps a run's pull in the heartbeats until dropped (the pull ended or was abandoned).
+pub(crate) struct PullShown {
+    link: Arc<Link>,
+    job_id: JobId,
+    token: u64,
+}
+
+impl Drop for PullShown {
+    fn drop(&mut self) {
+        let mut pulls = self.link.pulls.lock().unwrap_or_else(|p| p.into_inner());
+        if pulls.get(&self.job_id).is_some_and(|p| p.token == self.token) {
+            pulls.remove(&self.job_id);
+        }
+    }
 }
 
 impl Link {
@@ -129,7 +157,44 @@ impl Link {
             serving: watch::Sender::new(false),
             started: Instant::now(),
             stale_jobs_stopped: Mutex::new(None),
+            pulls: Mutex::new(BTreeMap::new()),
+            pull_tokens: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Reports allocation `epoch` of `job_id` pulling `image` with each heartbeat while the
+    /// returned guard lives.
+    pub(crate) fn show_pull(
+        self: &Arc<Self>,
+        job_id: JobId,
+        epoch: u64,
+        image: String,
+        progress: corral_image::PullProgress,
+    ) -> PullShown {
+        let token = self.pull_tokens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let shown = ShownPull { token, epoch, image, progress };
+        self.pulls.lock().unwrap_or_else(|p| p.into_inner()).insert(job_id, shown);
+        PullShown { link: self.clone(), job_id, token }
+    }
+
+    /// The pulls under way, with their progress now.
+    fn pull_reports(&self) -> Vec<pb::PullProgress> {
+        let pulls = self.pulls.lock().unwrap_or_else(|p| p.into_inner());
+        pulls
+            .iter()
+            .map(|(&job_id, p)| {
+                let now = p.progress.snapshot();
+                pb::PullProgress {
+                    job_id,
+                    epoch: p.epoch,
+                    image: p.image.clone(),
+                    layers_done: u32::try_from(now.layers_done).unwrap_or(u32::MAX),
+                    layers_total: u32::try_from(now.layers_total).unwrap_or(u32::MAX),
+                    bytes_done: now.bytes_done,
+                    bytes_total: now.bytes_total,
+                }
+            })
+            .collect()
     }
 
     /// The jobs of earlier worker processes of this node were stopped now: the first
@@ -250,7 +315,8 @@ pub(crate) async fn heartbeats<E: From<LinkEvent>>(
             };
             let sent_at = Instant::now();
             let gpus = devices.heartbeat_health(&jobs).await.iter().map(pb::GpuHealth::from).collect();
-            let request = pb::HeartbeatRequest { node: link.node.name.clone(), node_epoch, gpus };
+            let pulls = link.pull_reports();
+            let request = pb::HeartbeatRequest { node: link.node.name.clone(), node_epoch, gpus, pulls };
             match link.gateway.heartbeat(request).await {
                 Ok(reply) => {
                     failures = 0;

@@ -4,11 +4,16 @@
 //! resolve (not found, unauthorized, unreachable) is refused with one line. Registry
 //! credentials are the coordinator's `[images] auth-file`. On the worker: a job runs in its
 //! image (Env, WorkingDir, the job's command), the bytes pinned at submit, from the node's
-//! store once pulled; an image gone from the registry fails the job with "not found".
+//! store once pulled; an image gone from the registry fails the job with "not found". Pyxis's
+//! flags (`--container-mounts` within the node's allow-list, `--container-workdir`,
+//! `--container-env`) shape the container, and a batch script naming its image with
+//! `#SBATCH --container-image` runs in it. While a run's image is pulled, `corral show` and
+//! `corral queue` say so with its progress (the worker's heartbeats carry it to the leader).
+//! Garbage collection under a small `max-size` never removes a running job's image.
 
 use corral_integration::cluster::{free_port, Cluster, ClusterOptions};
-use corral_integration::registry::{auth_file, push, ready, umoci_busybox, TestRegistry};
-use corral_integration::{one_line_stderr, DevPool};
+use corral_integration::registry::{auth_file, push, ready, umoci_busybox, SlowProxy, TestRegistry};
+use corral_integration::{corral_bin, one_line_stderr, DevPool};
 use std::process::Command;
 
 const TOOLS: &[&str] = &["docker-registry", "skopeo", "umoci"];
@@ -213,4 +218,179 @@ fn two_jobs_of_one_image_arriving_together_fetch_each_layer_once() {
     for layer in &layers {
         assert_eq!(registry.blob_gets("shared", layer), 1, "layer {layer} fetched once for both jobs");
     }
+}
+
+#[test]
+fn pyxis_container_flags_bind_allowed_mounts_set_the_workdir_and_pass_variables() {
+    if !ready(&[TOOLS, &["runc"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = umoci_busybox(dir.path(), &[("STAGE", "image"), ("TOKEN", "image")], "/work", "flags");
+    push(&image, &registry, "flags:1", &[]);
+    let reference = format!("{}/flags:1", registry.addr);
+    let allowed = dir.path().join("allowed");
+    std::fs::create_dir_all(allowed.join("set")).expect("mkdir");
+    std::fs::create_dir_all(allowed.join("out")).expect("mkdir");
+    std::fs::write(allowed.join("set/input"), "data-in\n").expect("write");
+    let private = dir.path().join("private");
+    std::fs::create_dir_all(&private).expect("mkdir");
+    let pool = DevPool::start(&["--gpus", "1", "--mount-allow", allowed.to_str().expect("utf8")]);
+
+    // Read-only and read-write mounts, the working directory, a variable of the submit's shell.
+    let mounts = format!("{}:/data:ro,{}:/results", allowed.join("set").display(), allowed.join("out").display());
+    let script = "echo cwd=$(pwd) token=$TOKEN stage=$STAGE; cat input; echo done > /results/out; \
+                  touch /data/new 2>/dev/null && echo ro-written || echo ro-refused";
+    let out = Command::new(corral_bin())
+        .args(["--endpoint", &pool.addr, "--output", "json", "submit", "--image", &reference])
+        .args(["--container-mounts", &mounts, "--container-workdir", "/data", "--container-env", "TOKEN"])
+        .args(["--", "sh", "-c", script])
+        .env("TOKEN", "host")
+        .output()
+        .expect("corral submit");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let job = serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")["id"].as_u64().expect("id");
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    let expected_mounts =
+        [format!("{}:/data:ro", allowed.join("set").display()), format!("{}:/results", allowed.join("out").display())];
+    assert_eq!(doc["container_mounts"], serde_json::json!(expected_mounts), "{doc}");
+    assert_eq!(
+        (doc["container_workdir"].as_str(), &doc["container_env"]),
+        (Some("/data"), &serde_json::json!(["TOKEN"]))
+    );
+    let logs = pool.ok(&["logs", &job.to_string()]);
+    assert!(logs.contains("cwd=/data token=host stage=image\ndata-in\nro-refused\n"), "{logs}");
+    assert_eq!(std::fs::read_to_string(allowed.join("out/out")).expect("written through the mount"), "done\n");
+    assert!(!allowed.join("set/new").exists());
+
+    // A mount outside the node's allow-list fails the job, named on one line.
+    let refused = format!("{}:/secret", private.display());
+    let job = pool.submit(&["--image", &reference, "--container-mounts", &refused, "--", "true"]);
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "failed", "{doc}");
+    let reason = doc["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains(&format!("container mount {refused} refused")) && reason.contains("mount-allow"), "{doc}");
+    assert!(!reason.contains('\n'), "{reason}");
+    let logs = pool.corral(&["logs", &job.to_string()]);
+    let said = format!("{}{}", String::from_utf8_lossy(&logs.stdout), String::from_utf8_lossy(&logs.stderr));
+    assert!(said.contains(&refused), "{said}");
+
+    // Container flags without an image, or a relative mount, are refused at submit.
+    for (args, needle) in [
+        (vec!["submit", "--container-mounts", "/a:/b", "--", "true"], "need --image"),
+        (vec!["submit", "--image", &reference, "--container-mounts", "a:/b", "--", "true"], "must be an absolute path"),
+    ] {
+        let out = pool.corral(&args);
+        assert!(!out.status.success(), "{args:?}");
+        let line = one_line_stderr(&out);
+        assert!(line.contains(needle), "{args:?}: {line}");
+    }
+}
+
+#[test]
+fn a_batch_script_with_a_container_image_directive_runs_in_the_image() {
+    if !ready(&[TOOLS, &["runc"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = umoci_busybox(dir.path(), &[("STAGE", "batch")], "/work", "batch");
+    push(&image, &registry, "batch:1", &[]);
+    let reference = format!("{}/batch:1", registry.addr);
+    let pool = DevPool::start(&["--gpus", "1"]);
+    let script = dir.path().join("job.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n#SBATCH --container-image={reference}\n#SBATCH --container-workdir=/etc\n#SBATCH --job-name=inimage\n\
+             echo stage=$STAGE marker=$(cat marker) args=$* cwd=$(pwd) job=$SLURM_JOB_ID\n"
+        ),
+    )
+    .expect("script");
+    let doc = pool.json(&["sbatch", script.to_str().expect("utf8"), "a", "b"]);
+    let job = doc["id"].as_u64().unwrap_or_else(|| panic!("no id in {doc}"));
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert_eq!((doc["image"].as_str(), doc["name"].as_str()), (Some(reference.as_str()), Some("inimage")));
+    assert!(doc["image_digest"].as_str().is_some_and(|d| d.starts_with("sha256:")), "{doc}");
+    let logs = pool.ok(&["logs", &job.to_string()]);
+    assert!(logs.contains(&format!("stage=batch marker=batch args=a b cwd=/etc job={job}\n")), "{logs}");
+}
+
+#[test]
+fn a_run_pulling_its_image_shows_its_progress_in_show_and_queue() {
+    if !ready(&[TOOLS, &["runc"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = umoci_busybox(dir.path(), &[("STAGE", "slow")], "/", "slow");
+    push(&image, &registry, "slow:1", &[]);
+    // About 1 MB of layers at 150 kB/s: several heartbeats see the pull under way.
+    let proxy = SlowProxy::start(&registry.addr, 150_000);
+    let reference = format!("{}/slow:1", proxy.addr);
+    let pool = DevPool::start(&["--gpus", "1"]);
+    let job = pool.submit(&["--image", &reference, "--", "sh", "-c", "echo stage=$STAGE"]);
+    let doc = pool.wait_for(job, "a pulling reason", |d| d["reason"].as_str().is_some_and(|r| r.contains(" layers, ")));
+    let reason = doc["reason"].as_str().expect("reason").to_string();
+    assert!(reason.starts_with(&format!("pulling image {reference}: ")) && reason.ends_with(" MB"), "{reason}");
+    assert_eq!((doc["state"].as_str(), doc["started_at"].is_null()), (Some("running"), true), "{doc}");
+    let queue = pool.ok(&["queue"]);
+    assert!(queue.contains(&format!("pulling image {reference}")), "{queue}");
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert!(!doc["reason"].as_str().unwrap_or_default().contains("pulling"), "{doc}");
+    assert!(pool.ok(&["logs", &job.to_string()]).contains("stage=slow\n"));
+}
+
+/// Whether the worker's store holds the image record of `digest` (`sha256:...`).
+fn stored(pool: &DevPool, digest: &str) -> bool {
+    let hex = digest.strip_prefix("sha256:").expect("sha256 digest");
+    pool.data_dir.join("worker/images/images").join(format!("{hex}.json")).exists()
+}
+
+#[test]
+fn collection_under_a_small_max_size_never_removes_a_running_jobs_image() {
+    if !ready(&[TOOLS, &["runc"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, marker) in [("one", "one"), ("two", "two"), ("three", "three")] {
+        let image = umoci_busybox(dir.path(), &[], "/", marker);
+        push(&image, &registry, &format!("{name}:1"), &[]);
+    }
+    let reference = |name: &str| format!("{}/{name}:1", registry.addr);
+    // Room for one image (busybox, about 2 MB unpacked), not two: each pull past the first
+    // collects what nothing pins.
+    let pool = DevPool::start(&["--gpus", "2", "--image-max-size", "3MiB"]);
+
+    // Job one runs until the test lets it go (a file in its work dir, /work in the container).
+    let wait_go = "echo started; while [ ! -e /work/go ]; do sleep 0.1; done; echo marker=$(cat /etc/marker)";
+    let running = pool.submit(&["--image", &reference("one"), "--", "sh", "-c", wait_go]);
+    let doc = pool.wait_for(running, "job one started", |d| !d["started_at"].is_null());
+    assert_eq!(doc["state"], "running", "{doc}");
+    let one = pool.show(running)["image_digest"].as_str().expect("digest").to_string();
+    assert!(stored(&pool, &one), "pulled into the store");
+
+    // Another image is pulled meanwhile: its collection keeps the running job's image.
+    let other = pool.submit(&["--image", &reference("two"), "--", "cat", "/etc/marker"]);
+    let doc = ended(&pool, other);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    let two = doc["image_digest"].as_str().expect("digest").to_string();
+    assert!(stored(&pool, &one), "the running job's image survives a collection over max-size");
+
+    let jobs = pool.data_dir.join("worker/jobs").join(running.to_string());
+    let epoch_dir = std::fs::read_dir(&jobs).expect("job dir").next().expect("an epoch").expect("entry").path();
+    std::fs::write(epoch_dir.join("go"), "").expect("go");
+    let doc = ended(&pool, running);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert!(pool.ok(&["logs", &running.to_string()]).contains("marker=one\n"), "its root was intact to the end");
+
+    // Once nothing needs them, the next pull's collection removes both.
+    let third = pool.submit(&["--image", &reference("three"), "--", "true"]);
+    assert_eq!(ended(&pool, third)["state"], "succeeded");
+    assert!(!stored(&pool, &one) && !stored(&pool, &two), "unpinned images over max-size are collected");
 }

@@ -227,6 +227,7 @@ pub(super) async fn remove_node(
     let gpus = coord.snapshot().read().state.nodes.get(&node).map_or(0, |n| n.spec.gpus.len() as u32);
     coord.propose(Command::RemoveNode { node: node.clone(), revoke_certificates: true }).await?;
     coord.liveness().forget(&node);
+    coord.pulls().forget(&node);
     coord.audit_admin(&request, "node remove", &who, format!("node {node} ({gpus} gpus)"));
     Ok(Response::new(pb::RemoveNodeResponse { gpus }))
 }

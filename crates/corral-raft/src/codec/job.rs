@@ -84,6 +84,7 @@ impl From<&JobSpec> for pb::JobSpec {
             batch_step: s.batch_step,
             slurm: (!s.slurm.is_default()).then(|| slurm_names_to_pb(&s.slurm)),
             append_output: s.append_output,
+            container: (!s.container.is_default()).then(|| container_to_pb(&s.container)),
         }
     }
 }
@@ -115,6 +116,30 @@ fn layout_from_pb(l: pb::TaskLayout) -> TaskLayout {
         mem_per_gpu: l.mem_per_gpu,
         exclusive: l.exclusive,
         gpu_type: l.gpu_type,
+    }
+}
+
+fn container_to_pb(c: &corral_types::ContainerOptions) -> pb::ContainerOptions {
+    pb::ContainerOptions {
+        mounts: c
+            .mounts
+            .iter()
+            .map(|m| pb::ContainerMount { source: m.source.clone(), target: m.target.clone(), read_only: m.read_only })
+            .collect(),
+        workdir: c.workdir.clone(),
+        env: c.env.clone(),
+    }
+}
+
+fn container_from_pb(c: pb::ContainerOptions) -> corral_types::ContainerOptions {
+    corral_types::ContainerOptions {
+        mounts: c
+            .mounts
+            .into_iter()
+            .map(|m| corral_types::ContainerMount { source: m.source, target: m.target, read_only: m.read_only })
+            .collect(),
+        workdir: c.workdir,
+        env: c.env,
     }
 }
 
@@ -194,6 +219,7 @@ impl TryFrom<pb::JobSpec> for JobSpec {
             batch_step: s.batch_step,
             slurm: s.slurm.map(slurm_names_from_pb).unwrap_or_default(),
             append_output: s.append_output,
+            container: s.container.map(container_from_pb).unwrap_or_default(),
         })
     }
 }

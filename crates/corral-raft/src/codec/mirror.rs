@@ -96,6 +96,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
             of(text()),
             of(text()),
             of(text()),
+            container_options(),
         ),
     )
         .prop_map(
@@ -111,6 +112,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                     gpu_type,
                     account,
                     user,
+                    container,
                 ),
             )| JobSpec {
                 name,
@@ -143,8 +145,22 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                 batch_step,
                 slurm: corral_types::SlurmNames { account, user, ..Default::default() },
                 append_output,
+                container,
             },
         )
+}
+
+fn container_options() -> impl Strategy<Value = corral_types::ContainerOptions> {
+    let mount = (text(), text(), any::<bool>()).prop_map(|(source, target, read_only)| corral_types::ContainerMount {
+        source,
+        target,
+        read_only,
+    });
+    prop_oneof![
+        Just(corral_types::ContainerOptions::default()),
+        (vec(mount, 0..3), of(text()), vec(text(), 0..3))
+            .prop_map(|(mounts, workdir, env)| corral_types::ContainerOptions { mounts, workdir, env }),
+    ]
 }
 
 fn exit_report() -> impl Strategy<Value = JobExitReport> {

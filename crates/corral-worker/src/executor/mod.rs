@@ -89,9 +89,21 @@ pub struct LaunchSpec {
     pub cdi_devices: Vec<String>,
     /// Host directories a container sees at the same path (e.g. the MPS pipe directory).
     pub binds: Vec<PathBuf>,
+    /// The job's own bind mounts (`--container-mounts`), already checked against the node's
+    /// allow-list; containers only.
+    pub mounts: Vec<BindMount>,
     /// Working directory, batch script and output files of a Slurm-style job (bare processes
     /// only; container executors take only `cwd`, a directory inside the container).
     pub files: JobFiles,
+}
+
+/// A host path bound into a container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindMount {
+    pub source: PathBuf,
+    /// Absolute, in the container.
+    pub target: PathBuf,
+    pub read_only: bool,
 }
 
 /// Where a job runs and writes besides its own `work_dir`. The default runs it in `work_dir`

@@ -412,6 +412,9 @@ pub(crate) fn build_spec(
     for dir in &spec.binds {
         mounts.push(bind(dir, dir, false)?);
     }
+    for mount in &spec.mounts {
+        mounts.push(bind(&mount.source, &mount.target, mount.read_only)?);
+    }
 
     let mut devices = Vec::new();
     match cdi {
@@ -710,6 +713,11 @@ mod tests {
             devices: vec![PathBuf::from("/dev/null")],
             cdi_devices: Vec::new(),
             binds: vec![PathBuf::from("/run/corral/mps/0/pipe")],
+            mounts: vec![super::super::BindMount {
+                source: PathBuf::from("/data/set"),
+                target: PathBuf::from("/data"),
+                read_only: true,
+            }],
             files: Default::default(),
         };
         spec.limits.memory_bytes = Some(1 << 30);
@@ -747,9 +755,13 @@ mod tests {
         assert_eq!((rules[1]["allow"].as_bool(), rules[1]["major"].as_i64()), (Some(true), Some(1)));
         let destinations: Vec<&str> =
             json["mounts"].as_array().expect("mounts").iter().filter_map(|m| m["destination"].as_str()).collect();
-        for wanted in ["/proc", "/dev", "/work", "/tmp", "/run/corral/mps/0/pipe"] {
+        for wanted in ["/proc", "/dev", "/work", "/tmp", "/run/corral/mps/0/pipe", "/data"] {
             assert!(destinations.contains(&wanted), "{wanted} not in {destinations:?}");
         }
+        let data =
+            json["mounts"].as_array().expect("mounts").iter().find(|m| m["destination"] == "/data").expect("/data");
+        assert_eq!(data["source"], "/data/set");
+        assert!(data["options"].as_array().expect("options").contains(&"ro".into()), "{data}");
 
         // With CDI edits the GPU nodes come from the spec, other nodes still from the job.
         spec.devices = vec![PathBuf::from("/dev/nvidia0"), PathBuf::from("/dev/zero")];

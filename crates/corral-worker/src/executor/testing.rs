@@ -82,6 +82,7 @@ impl<E: TestExecutor> Fixture<E> {
             devices: Vec::new(),
             cdi_devices: Vec::new(),
             binds: Vec::new(),
+            mounts: Vec::new(),
             files: Default::default(),
         }
     }

@@ -45,8 +45,8 @@ const SHUTDOWN_REPORT_FLUSH: Duration = Duration::from_secs(3);
 struct Pull {
     epoch: u64,
     task: tokio::task::AbortHandle,
-    #[allow(dead_code)] // read by nothing yet: what a progress report to the leader will send
-    progress: PullProgress,
+    /// Keeps the pull's progress in the heartbeats while the pull is under way.
+    _shown: crate::link::PullShown,
 }
 
 pub(crate) struct Runtime {
@@ -366,11 +366,17 @@ impl Runtime {
         if let Err(e) = pull::pinned_reference(job) {
             return self.state.launch_failed(job.id, epoch, format!("node {node}: {e}"));
         }
+        // A mount this node refuses fails the run before anything is fetched.
+        if let Err(e) = crate::launch::checked_mounts(&self.config, job) {
+            return self.state.launch_failed(job.id, epoch, format!("node {node}: {e}"));
+        }
         tracing::info!(job_id = job.id, epoch, image = ?job.spec.image, digest = ?job.spec.image_digest, "pulling the job's image");
         self.state.pulling(job.id, epoch);
         let progress = PullProgress::new();
-        let task = self.tasks.spawn(pull::run(images, job.clone(), epoch, progress.clone(), self.events.clone()));
-        if let Some(old) = self.pulls.insert(job.id, Pull { epoch, task, progress }) {
+        let image = job.spec.image.clone().unwrap_or_default();
+        let shown = self.owners.link.show_pull(job.id, epoch, image, progress.clone());
+        let task = self.tasks.spawn(pull::run(images, job.clone(), epoch, progress, self.events.clone()));
+        if let Some(old) = self.pulls.insert(job.id, Pull { epoch, task, _shown: shown }) {
             old.task.abort();
         }
     }
