@@ -259,8 +259,9 @@ pub struct AuthSection {
 pub struct RaftSection {
     /// Between the leader's heartbeats to its followers (default 50ms).
     heartbeat_interval: Option<ConfigDuration>,
-    /// A follower that heard no leader for a random time between these two campaigns
-    /// (default 150ms to 300ms).
+    /// A follower that heard no leader for a random time between these two campaigns, if a
+    /// majority grants it a pre-vote (default 150ms to 300ms). One that heard a leader within
+    /// the minimum refuses pre-votes and votes.
     election_timeout_min: Option<ConfigDuration>,
     election_timeout_max: Option<ConfigDuration>,
     /// Build a snapshot every this many applied entries (the coordinators of a cluster take
@@ -575,6 +576,9 @@ impl Coordinator {
             },
             registries,
             max_watches_per_principal: file.limits.max_watches_per_principal,
+            // No longer than Raft's own lease, the minimum election timeout (see `RaftNode`):
+            // a deposed leader stops serving before another can be elected.
+            leader_lease: CoordinatorConfig::default().leader_lease.min(file.raft.election_timeout_min().get()),
             ..Default::default()
         };
         Ok(Coordinator::new(node, config))

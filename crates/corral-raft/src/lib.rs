@@ -1,5 +1,6 @@
 //! openraft glue for corral: type config, raft-log log store, state machine (its history in
-//! redb), gRPC network and its typed wire (`raft_wire`, over `proto/raft.proto`), and the
+//! redb), gRPC network and its typed wire (`raft_wire`, over `proto/raft.proto`), the election
+//! timer with its pre-vote (`election`), and the
 //! persisted encoding of the replicated state (`codec`, over `proto/state.proto`).
 //!
 //! Boundary: the only crate that knows openraft, raft-log, redb and sled (read once, to move an
@@ -10,6 +11,7 @@
 
 mod change_log;
 pub mod codec;
+mod election;
 pub mod fuzz;
 mod history;
 pub mod log_store;

@@ -1,4 +1,5 @@
-//! Raft RPCs over gRPC: the client side (`GrpcNetworkFactory`) and the server side (`RaftGrpcService`).
+//! Raft RPCs over gRPC: the client side (`GrpcNetworkFactory`) and the server side
+//! (`RaftGrpcService`), which also answers corral's pre-vote (`election.rs`).
 //!
 //! openraft's requests and replies travel as the typed messages of `raft.proto`
 //! (`raft_wire.rs`): an entry's command as the bytes the log stores for it, shared by every
@@ -15,6 +16,8 @@
 //!   the retry of the same range waits for it instead of starting over, so one slow request
 //!   (a large entry, a slow disk, a busy host) still completes.
 
+use crate::election::{self, ElectionClock, PreVoteView};
+use crate::log_store::LogStore;
 use crate::raft_wire::{self, WireError};
 use crate::types::{NodeId, Raft, TypeConfig};
 use corral_proto::raft as pb;
@@ -27,7 +30,6 @@ use openraft::raft::{
     VoteResponse,
 };
 use openraft::BasicNode;
-use prost::Message;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,7 +47,14 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNetworkFactory {
     type Network = GrpcNetwork;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> GrpcNetwork {
-        GrpcNetwork { target, addr: node.addr.clone(), tls: self.tls.clone(), client: None, in_flight: None }
+        self.client_for(target, &node.addr)
+    }
+}
+
+impl GrpcNetworkFactory {
+    /// A connection to the peer `target` at `addr`, made on its first request.
+    pub(crate) fn client_for(&self, target: NodeId, addr: &str) -> GrpcNetwork {
+        GrpcNetwork { target, addr: addr.to_string(), tls: self.tls.clone(), client: None, in_flight: None }
     }
 }
 
@@ -83,7 +92,7 @@ impl Drop for GrpcNetwork {
 type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
 
 impl GrpcNetwork {
-    fn client(&mut self) -> Result<RaftClient<Channel>, Unreachable> {
+    pub(crate) fn client(&mut self) -> Result<RaftClient<Channel>, Unreachable> {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
@@ -177,6 +186,24 @@ impl GrpcNetwork {
 
 /// How long an AppendEntries request may run in the background before it is given up.
 const APPEND_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Asks a peer for a pre-vote, waiting at most `ttl`: whether it was granted. A peer of an
+/// earlier build, which has no pre-vote (UNIMPLEMENTED), counts as granting it: it would
+/// answer the vote itself as it always did.
+pub(crate) async fn pre_vote(
+    mut client: RaftClient<Channel>,
+    request: pb::PreVoteRequest,
+    ttl: Duration,
+) -> Result<bool, String> {
+    match tokio::time::timeout(ttl, client.pre_vote(request)).await {
+        Err(_) => Err(format!("no answer within {ttl:?}")),
+        Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => Ok(true),
+        Ok(Err(status)) => Err(error_chain(&status)),
+        Ok(Ok(reply)) => raft_wire::pre_vote_reply_from_pb(reply.into_inner())
+            .map(|(granted, _term)| granted)
+            .map_err(|e| e.to_string()),
+    }
+}
 
 /// Decodes a reply: what the peer's Raft answered, or a reply that does not decode.
 type Decode<Reply, Resp, E> = fn(Reply) -> Result<Result<Resp, RaftError<NodeId, E>>, WireError>;
@@ -301,79 +328,30 @@ impl RaftNetwork<TypeConfig> for GrpcNetwork {
 #[derive(Clone)]
 pub struct RaftGrpcService {
     raft: Raft,
-    catch_up: Arc<CatchUp>,
-}
-
-/// A follower this many committed entries short, fed requests this large, is catching up.
-const CATCH_UP_LAG_ENTRIES: u64 = 8;
-const CATCH_UP_REQUEST_BYTES: usize = 1 << 20;
-
-/// Whether this node knows it lacks entries the leader has committed (see `note_progress`).
-struct CatchUp {
-    behind: std::sync::atomic::AtomicBool,
-    /// When the last AppendEntries arrived.
-    last_append: std::sync::Mutex<std::time::Instant>,
+    log: LogStore<TypeConfig>,
+    /// When this node last heard from a leader (pre-votes are judged by it, and the election
+    /// timer starts again from it).
+    clock: Arc<ElectionClock>,
+    min_election_timeout: Duration,
 }
 
 impl RaftGrpcService {
-    pub fn new(raft: Raft) -> Self {
-        let catch_up = Arc::new(CatchUp {
-            behind: std::sync::atomic::AtomicBool::new(false),
-            last_append: std::sync::Mutex::new(std::time::Instant::now()),
-        });
-        // A leader that stops sending (it died) must not leave this node silent for long: after
-        // four of the longest election timeouts without an AppendEntries it campaigns again,
-        // behind or not. (A follower that holds every committed entry campaigns as usual.)
-        let (raft2, watch) = (raft.clone(), Arc::downgrade(&catch_up));
-        let patience = Duration::from_millis(raft.config().election_timeout_max * 4);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let Some(catch_up) = watch.upgrade() else { return };
-                let quiet = catch_up.last_append.lock().map(|t| t.elapsed() > patience).unwrap_or(true);
-                if quiet && catch_up.behind.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                    tracing::info!("no AppendEntries for {patience:?}: elections resumed");
-                    raft2.runtime_config().elect(true);
-                }
-            }
-        });
-        RaftGrpcService { raft, catch_up }
+    pub(crate) fn new(
+        raft: Raft,
+        log: LogStore<TypeConfig>,
+        clock: Arc<ElectionClock>,
+        min_election_timeout: Duration,
+    ) -> Self {
+        RaftGrpcService { raft, log, clock, min_election_timeout }
     }
 
-    /// openraft 0.9 has no pre-vote. A follower far behind, busy storing megabytes of entries,
-    /// misses the leader's heartbeats (they travel on the same stream, behind the large
-    /// requests), times out, raises the term and deposes a healthy leader, again and again, so
-    /// it never catches up. A node that lacks committed entries can never win an election
-    /// (every voter holding them refuses it), so while the leader's requests show it behind the
-    /// commit index it does not campaign; it still votes, and campaigns again once caught up or
-    /// once the leader has been silent for four of the longest election timeouts.
-    ///
-    /// Under ordinary load every follower trails the commit index by an entry or two (the other
-    /// follower made the quorum): only a large request that leaves it many entries short marks
-    /// a catch-up.
-    fn note_progress(
-        &self,
-        leader_commit: Option<u64>,
-        carried: Option<u64>,
-        last_log: Option<u64>,
-        request_bytes: usize,
-    ) {
-        use std::sync::atomic::Ordering;
-        if let Ok(mut at) = self.catch_up.last_append.lock() {
-            *at = std::time::Instant::now();
-        }
-        let Some(commit) = leader_commit else { return };
-        let stored_up_to = carried.max(last_log);
-        let behind = catching_up(commit, carried, last_log, request_bytes);
-        if self.catch_up.behind.swap(behind, Ordering::SeqCst) != behind {
-            tracing::info!(
-                behind,
-                commit,
-                stored_up_to,
-                "catching up with the leader: elections {}",
-                if behind { "paused" } else { "resumed" }
-            );
-            self.raft.runtime_config().elect(!behind);
+    /// Notes a request of a leader whose vote is at least this node's (the current leader, or
+    /// a newer one), as it arrives: a follower busy storing a large request still counts its
+    /// leader as heard, and refuses pre-votes.
+    fn note_leader(&self, vote: &openraft::Vote<NodeId>) {
+        let current = self.raft.metrics().borrow().vote;
+        if vote.is_committed() && *vote >= current {
+            self.clock.leader_heard();
         }
     }
 
@@ -384,35 +362,15 @@ impl RaftGrpcService {
     }
 }
 
-/// Whether a follower that just stored a request of `request_bytes` whose entries end at
-/// `carried`, and whose log ends at `last_log`, is catching up with a leader that committed
-/// `commit`. The log's end counts, not the request's: the request may re-send old entries.
-fn catching_up(commit: u64, carried: Option<u64>, last_log: Option<u64>, request_bytes: usize) -> bool {
-    let lag = commit.saturating_sub(carried.max(last_log).unwrap_or(0));
-    lag >= CATCH_UP_LAG_ENTRIES && request_bytes >= CATCH_UP_REQUEST_BYTES
-}
-
 #[tonic::async_trait]
 impl RaftRpc for RaftGrpcService {
     async fn append_entries(
         &self,
         request: tonic::Request<pb::AppendEntriesRequest>,
     ) -> Result<tonic::Response<pb::AppendEntriesReply>, tonic::Status> {
-        let request = request.into_inner();
-        let request_bytes = request.encoded_len();
-        let rpc = raft_wire::append_request_from_pb(request)?;
-        let leader_commit = rpc.leader_commit.map(|c| c.index);
-        let carried = rpc.entries.last().map(|e| e.log_id.index).or(rpc.prev_log_id.map(|p| p.index));
+        let rpc = raft_wire::append_request_from_pb(request.into_inner())?;
+        self.note_leader(&rpc.vote);
         let response = self.raft.append_entries(rpc).await;
-        // After a success this node's log holds everything up to the request's last entry, and
-        // perhaps more: a new leader re-sends, from well below, entries its followers already
-        // hold (it does not know yet how far they match), so the request alone would make an
-        // up-to-date follower look far behind and pause its elections just when the new
-        // leader may die.
-        if matches!(response, Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_))) {
-            let last_log = self.raft.metrics().borrow().last_log_index;
-            self.note_progress(leader_commit, carried, last_log, request_bytes);
-        }
         Ok(tonic::Response::new(raft_wire::append_reply_to_pb(&response)))
     }
 
@@ -421,7 +379,37 @@ impl RaftRpc for RaftGrpcService {
         request: tonic::Request<pb::VoteRequest>,
     ) -> Result<tonic::Response<pb::VoteReply>, tonic::Status> {
         let rpc = raft_wire::vote_request_from_pb(request.into_inner())?;
-        Ok(tonic::Response::new(raft_wire::vote_reply_to_pb(&self.raft.vote(rpc).await)))
+        let response = self.raft.vote(rpc).await;
+        if response.as_ref().is_ok_and(|r| r.vote_granted) {
+            // Give the candidate time to win before campaigning too.
+            self.clock.restart_timer();
+        }
+        Ok(tonic::Response::new(raft_wire::vote_reply_to_pb(&response)))
+    }
+
+    /// Answers a pre-vote by `election::grant_pre_vote`; changes nothing here.
+    async fn pre_vote(
+        &self,
+        request: tonic::Request<pb::PreVoteRequest>,
+    ) -> Result<tonic::Response<pb::PreVoteReply>, tonic::Status> {
+        use openraft::storage::RaftLogStorage;
+        let (candidate, term, candidate_last_log) = raft_wire::pre_vote_request_from_pb(request.into_inner())?;
+        let (quiet_for, current_term) = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            (election::quiet_for(&m, &self.clock), m.current_term)
+        };
+        let last_log_id = self
+            .log
+            .clone()
+            .get_log_state()
+            .await
+            .map_err(|e| tonic::Status::internal(format!("cannot read the log's state: {e}")))?
+            .last_log_id;
+        let view = PreVoteView { quiet_for, last_log_id };
+        let granted = election::grant_pre_vote(&view, candidate_last_log, self.min_election_timeout);
+        tracing::debug!(candidate, term, granted, ?quiet_for, "pre-vote");
+        Ok(tonic::Response::new(raft_wire::pre_vote_reply_to_pb(granted, current_term)))
     }
 
     async fn install_snapshot(
@@ -429,6 +417,7 @@ impl RaftRpc for RaftGrpcService {
         request: tonic::Request<pb::InstallSnapshotRequest>,
     ) -> Result<tonic::Response<pb::InstallSnapshotReply>, tonic::Status> {
         let rpc = raft_wire::snapshot_request_from_pb(request.into_inner())?;
+        self.note_leader(&rpc.vote);
         Ok(tonic::Response::new(raft_wire::snapshot_reply_to_pb(&self.raft.install_snapshot(rpc).await)))
     }
 }
@@ -436,19 +425,7 @@ impl RaftRpc for RaftGrpcService {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_a_follower_whose_log_ends_far_below_the_commit_is_catching_up() {
-        // A new leader re-sent 4 MiB of entries up to 156 that this node already holds up to
-        // 228, the commit: not behind (seen in the failover bench, where it paused elections
-        // for 1.2 s right before that leader was killed).
-        assert!(!catching_up(228, Some(156), Some(228), 4 << 20));
-        // Its log really ends at 160: behind.
-        assert!(catching_up(228, Some(156), Some(160), 4 << 20));
-        // Small requests never mark a catch-up; nor does a lag of a few entries.
-        assert!(!catching_up(228, Some(156), Some(160), 64 << 10));
-        assert!(!catching_up(228, Some(225), Some(225), 4 << 20));
-    }
+    use prost::Message;
 
     /// An AppendEntries request carries the entries that fit the budget (at least one), each
     /// command as the bytes the log holds (shared, not copied), and decodes as it was sent.

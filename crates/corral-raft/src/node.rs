@@ -2,6 +2,7 @@
 //! proposing commands, linearizable reads, membership changes, status and shutdown. Callers see
 //! corral's own types ([`RaftStatus`], [`RaftError`]); openraft's stay inside this crate.
 
+use crate::election::{ElectionClock, Elections};
 use crate::log_store::LogStore;
 use crate::network::{GrpcNetworkFactory, RaftGrpcService};
 use crate::state_machine::StateMachineStore;
@@ -21,6 +22,9 @@ pub struct RaftNodeConfig {
     /// Holds `raft-log/` (log + vote), `history.redb` and `snapshots/`.
     pub data_dir: PathBuf,
     pub heartbeat_interval_ms: u64,
+    /// A voter that heard from no leader for a random time between these two asks for
+    /// pre-votes, and campaigns if a majority grants them (`election.rs`). A voter that heard
+    /// from a leader within the minimum refuses pre-votes and votes.
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
     /// Build a snapshot every this many applied entries (each node at its own phase: see
@@ -151,17 +155,28 @@ pub struct RaftNode {
     log: LogStore<TypeConfig>,
     /// Each follower's replicated index and when it last moved (flow control).
     progress: Arc<std::sync::Mutex<BTreeMap<NodeId, (u64, Instant)>>>,
+    /// When this node last heard from a leader (the election timer and pre-votes).
+    clock: Arc<ElectionClock>,
+    min_election_timeout: Duration,
 }
 
 impl RaftNode {
     /// Opens storage and starts the Raft core. Does not initialize a cluster.
     pub async fn open(config: &RaftNodeConfig) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&config.data_dir)?;
+        // corral's election timer campaigns, after a pre-vote (`election.rs`); openraft's is off.
+        // Its timeouts still set two things: its leader lease, `election_timeout_max` (a voter
+        // that heard from its leader within it refuses to vote), which is the minimum election
+        // timeout, so that a pre-vote granted is a vote granted (and a leader that a quorum
+        // acknowledged within it is still the only one); and how long a vote request waits,
+        // `election_timeout_min`, just below it.
+        let lease = config.election_timeout_min_ms.max(config.heartbeat_interval_ms + 2);
         let raft_config = openraft::Config {
             cluster_name: "corral".to_string(),
             heartbeat_interval: config.heartbeat_interval_ms,
-            election_timeout_min: config.election_timeout_min_ms,
-            election_timeout_max: config.election_timeout_max_ms,
+            election_timeout_min: lease - 1,
+            election_timeout_max: lease,
+            enable_elect: false,
             // Built when `schedule_snapshots` asks, so that the nodes take turns.
             snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: config.keep_logs_after_snapshot,
@@ -192,9 +207,30 @@ impl RaftNode {
         .await?;
         state.changes().set_capacity(config.watch_history);
         let network = GrpcNetworkFactory { tls: config.client_tls.clone() };
-        let raft = Raft::new(config.node_id, Arc::new(raft_config), network, log_store.clone(), state.clone()).await?;
+        let raft =
+            Raft::new(config.node_id, Arc::new(raft_config), network.clone(), log_store.clone(), state.clone()).await?;
         tokio::spawn(schedule_snapshots(raft.clone(), config.node_id, config.snapshot_every));
-        Ok(RaftNode { id: config.node_id, raft, state, log: log_store, progress: Arc::default() })
+        let clock = Arc::new(ElectionClock::new());
+        let min_election_timeout = Duration::from_millis(config.election_timeout_min_ms);
+        let elections = Elections {
+            id: config.node_id,
+            raft: raft.clone(),
+            log: log_store.clone(),
+            clock: clock.clone(),
+            network,
+            min_timeout: min_election_timeout,
+            max_timeout: Duration::from_millis(config.election_timeout_max_ms),
+        };
+        tokio::spawn(elections.run());
+        Ok(RaftNode {
+            id: config.node_id,
+            raft,
+            state,
+            log: log_store,
+            progress: Arc::default(),
+            clock,
+            min_election_timeout,
+        })
     }
 
     /// Flow control for client writes on a leader: waits, at most `patience`, while a follower
@@ -352,7 +388,8 @@ impl RaftNode {
 
     /// The gRPC service through which peers reach this node.
     pub fn grpc_service(&self) -> RaftServer<RaftGrpcService> {
-        RaftGrpcService::new(self.raft.clone()).into_server()
+        RaftGrpcService::new(self.raft.clone(), self.log.clone(), self.clock.clone(), self.min_election_timeout)
+            .into_server()
     }
 
     /// Stops the Raft core (the storage closes when the last handle is dropped).

@@ -271,6 +271,29 @@ pub fn vote_reply_from_pb(r: pb::VoteReply) -> Result<Result<VoteResponse<NodeId
     })
 }
 
+// ---- pre-vote ----
+
+/// A pre-vote request: `candidate` would campaign at `term` with a log ending at `last_log_id`.
+pub fn pre_vote_request_to_pb(candidate: NodeId, term: u64, last_log_id: Option<LogId<NodeId>>) -> pb::PreVoteRequest {
+    pb::PreVoteRequest { version: WIRE_VERSION, candidate, term, last_log_id: last_log_id.as_ref().map(log_id_to_pb) }
+}
+
+/// A received pre-vote request: the candidate, the term it would campaign at, its last log id.
+pub fn pre_vote_request_from_pb(r: pb::PreVoteRequest) -> Result<(NodeId, u64, Option<LogId<NodeId>>), WireError> {
+    check_version(r.version)?;
+    Ok((r.candidate, r.term, r.last_log_id.map(log_id_from_pb)))
+}
+
+pub fn pre_vote_reply_to_pb(granted: bool, term: u64) -> pb::PreVoteReply {
+    pb::PreVoteReply { version: WIRE_VERSION, granted, term }
+}
+
+/// A pre-vote reply: whether it was granted, and the receiver's term.
+pub fn pre_vote_reply_from_pb(r: pb::PreVoteReply) -> Result<(bool, u64), WireError> {
+    check_version(r.version)?;
+    Ok((r.granted, r.term))
+}
+
 // ---- InstallSnapshot ----
 
 fn snapshot_meta_to_pb(m: &SnapshotMeta<NodeId, BasicNode>) -> pb::SnapshotMeta {
@@ -402,6 +425,24 @@ mod tests {
             let reply = pb::VoteReply { version, ..vote_reply_to_pb(&Err(RaftError::Fatal(Fatal::Stopped))) };
             assert!(matches!(vote_reply_from_pb(reply), Err(WireError::Version { found }) if found == version));
         }
+    }
+
+    /// A pre-vote crosses the wire as it was sent, an empty log included; another version is
+    /// refused.
+    #[test]
+    fn a_pre_vote_crosses_the_wire() {
+        let last = Some(LogId::new(CommittedLeaderId::new(4, 2), 17));
+        for last in [last, None] {
+            let sent = pre_vote_request_to_pb(2, 5, last);
+            let bytes = sent.encode_to_vec();
+            let received = pb::PreVoteRequest::decode(bytes.as_slice()).expect("decodes");
+            assert_eq!(pre_vote_request_from_pb(received).expect("converts"), (2, 5, last));
+        }
+        assert_eq!(pre_vote_reply_from_pb(pre_vote_reply_to_pb(false, 7)).expect("converts"), (false, 7));
+        let newer = pb::PreVoteRequest { version: WIRE_VERSION + 1, ..pre_vote_request_to_pb(2, 5, None) };
+        assert!(matches!(pre_vote_request_from_pb(newer), Err(WireError::Version { .. })));
+        let older = pb::PreVoteReply { version: 0, ..pre_vote_reply_to_pb(true, 7) };
+        assert!(matches!(pre_vote_reply_from_pb(older), Err(WireError::Version { found: 0 })));
     }
 
     /// A received entry whose command does not decode is refused with its index, before any

@@ -335,3 +335,40 @@ fn partitioned_leader_loses_nothing_and_terms_have_one_leader() {
     }
     assert!(leaders.len() >= 2, "expected a leader change: {leaders:?}");
 }
+
+/// Pre-vote: a follower cut off from the others for many election timeouts asks for pre-votes
+/// that nobody answers, so it never campaigns; when it comes back, the leader stays the leader
+/// in the same term and the follower catches up.
+#[test]
+fn a_follower_cut_off_and_back_does_not_depose_the_leader() {
+    let rt = runtime();
+    let hosts = Arc::new(NetHosts::create(3));
+    let options = ClusterOptions { hosts: Some(hosts.clone()), ..Default::default() };
+    let cluster = Cluster::start(3, options);
+    cluster.init_and_join_all();
+    let endpoints = cluster.endpoints();
+    let leader = cluster.leader();
+    let term = |i: usize| cluster.status(i).and_then(|s| s["term"].as_u64());
+    let before = term(leader).expect("the leader's term");
+    let follower = (leader + 1) % 3;
+    assert_eq!(term(follower), Some(before));
+
+    hosts.isolate(follower + 1);
+    // Twenty of the longest election timeouts (300 ms): without pre-vote the follower would
+    // campaign about twenty times, and its term would depose the leader on its return.
+    std::thread::sleep(Duration::from_secs(6));
+    rt.block_on(client(&endpoints).submit_with_id("while-cut-off", &spec("while-cut-off"))).expect("write");
+    hosts.heal(follower + 1);
+    std::thread::sleep(Duration::from_secs(2));
+    rt.block_on(client(&endpoints).submit_with_id("after-return", &spec("after-return"))).expect("write");
+    cluster.wait_converged();
+
+    assert_eq!(cluster.leader(), leader, "the leader changed");
+    for i in 0..3 {
+        assert_eq!(term(i), Some(before), "node {} is in another term", i + 1);
+    }
+    let jobs = rt.block_on(client(&endpoints).list_jobs(true, None)).expect("list");
+    for rid in ["while-cut-off", "after-return"] {
+        assert!(jobs.iter().any(|j| j.request_id == rid), "{rid} is missing");
+    }
+}

@@ -1,6 +1,6 @@
 //! Golden bytes of the Raft wire (`raft.proto`, `corral_raft::raft_wire`): an AppendEntries
 //! request with a blank, a command and a membership entry, its replies, a vote request and its
-//! reply, a snapshot chunk and its replies. Coordinators of one wire version must read each
+//! reply, a pre-vote request and its reply, a snapshot chunk and its replies. Coordinators of one wire version must read each
 //! other's bytes: every message decodes to the values below, and they encode to the very same
 //! bytes.
 //!
@@ -126,6 +126,18 @@ fn a_vote_keeps_its_bytes() {
         Ok(VoteResponse::new(Vote::new(4, 2), Some(log_id(3, 1, 12)), true));
     let decode = |m| raft_wire::vote_reply_from_pb(m).expect("converts");
     check("wire-vote-reply", &reply, raft_wire::vote_reply_to_pb, decode);
+}
+
+#[test]
+fn a_pre_vote_keeps_its_bytes() {
+    let request = (2u64, 5u64, Some(log_id(4, 2, 17)));
+    let encode = |r: &(u64, u64, Option<LogId<u64>>)| raft_wire::pre_vote_request_to_pb(r.0, r.1, r.2);
+    let decode = |m| raft_wire::pre_vote_request_from_pb(m).expect("converts");
+    check("wire-pre-vote-request", &request, encode, decode);
+    let reply = (true, 4u64);
+    let encode = |r: &(bool, u64)| raft_wire::pre_vote_reply_to_pb(r.0, r.1);
+    let decode = |m| raft_wire::pre_vote_reply_from_pb(m).expect("converts");
+    check("wire-pre-vote-reply", &reply, encode, decode);
 }
 
 /// The fields of an InstallSnapshot request (openraft's type has no `PartialEq`).
