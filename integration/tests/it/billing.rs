@@ -47,8 +47,11 @@ fn report_and_history_charge_runs_exactly_at_their_rates() {
     assert_eq!(future["total_cost_micros"], 0);
 
     let csv = pool.ok(&["billing", "report", "--format", "csv"]);
-    assert!(csv.starts_with("tenant,priority,segments,gpu_hours,cost\n"), "{csv}");
+    // The credits against each row's runs last (none here: the policy credits nothing).
+    assert!(csv.starts_with("tenant,priority,segments,gpu_hours,cost,credited\n"), "{csv}");
     assert_eq!(csv.lines().count(), 3, "{csv}");
+    assert!(csv.lines().skip(1).all(|l| l.ends_with(",0.000000")), "{csv}");
+    assert_eq!(report["total_net_micros"], total, "{report}");
 
     let history = pool.json(&["history"]);
     let entry =
