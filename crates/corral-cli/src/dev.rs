@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 const NODE_NAME: &str = "dev-node";
 
-/// Stable short hash of a path, naming this data dir's job cgroups.
+/// Stable short hash of a path, naming this data dir's simulated GPUs.
 fn path_tag(path: &std::path::Path) -> String {
     let hash = path
         .to_string_lossy()
@@ -113,8 +113,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 
     let agent_listener = TcpListener::bind("127.0.0.1:0").await?;
     // The worker is assembled as `corral worker` assembles one, from a config that says what
-    // a dev pool is: simulated GPUs, jobs as this user, a cgroup root per data dir.
-    let cgroup_root = format!("corral/dev-{}", path_tag(&data_dir));
+    // a dev pool is: simulated GPUs, jobs as this user, its own data dir (and so its own cgroup).
     let gpu = GpuSection {
         backend: "simulated".into(),
         devices: vec![SimulatedDeviceSection {
@@ -129,7 +128,6 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let mut worker_file = WorkerFile::new(vec![addr.to_string()], data_dir.join("worker"), gpu);
     worker_file.node_name = Some(NODE_NAME.to_string());
     worker_file.users = Some(users);
-    worker_file.executor.cgroup_root = cgroup_root.clone();
     // A try-out pool runs without containers where runc is missing (a real worker's self-check
     // refuses to start without the runc its config names).
     if corral_worker::executor::find_runc(std::path::Path::new(&worker_file.executor.runc)).is_none() {
@@ -146,12 +144,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         host: format!("{NODE_NAME}-{}", path_tag(&data_dir)),
     })
     .with_faults_file(data_dir.join("worker/faults.toml"));
-    let options = BuildOptions {
-        token: None,
-        fence_guard: Some(crate::daemon::fence_guard(&cgroup_root)?),
-        gpus: Some(Arc::new(gpus)),
-    };
+    let options =
+        BuildOptions { token: None, fence_guard: Some(crate::daemon::fence_guard()?), gpus: Some(Arc::new(gpus)) };
     let worker = Worker::build(&worker_file, agent_addr, options)?;
+    // The data dir exists now: the root is the one the worker resolved.
+    let cgroup_root = worker_file.job_cgroup_root();
     let agent_addr = agent_addr.to_string();
     // One listener exports both: the coordinator's series and the worker's do not overlap.
     let metrics = match metrics_addr {
