@@ -390,9 +390,21 @@ pub struct DevArgs {
     /// Address of the API (and Raft) endpoint.
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: String,
-    /// Number of simulated GPUs.
+    /// Number of simulated GPUs (of each node).
     #[arg(long, default_value_t = 8)]
     pub gpus: u32,
+    /// Number of simulated worker nodes: `dev-node`, `dev-node-2` ... `dev-node-N` (a gang
+    /// needs two or more).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub nodes: u32,
+    /// Labels of a node, e.g. `partition=train,zone=a`: the first --node-labels is the first
+    /// node's, the second the second's... (`partition=P` puts it in partition P).
+    #[arg(long, value_name = "KEY=VALUE,...")]
+    pub node_labels: Vec<String>,
+    /// Simulate MIG-capable GPUs with MIG mode on: each `--gpu-slice mig:...` job gets an
+    /// instance made for it (as a worker with `[mig] manage = true`).
+    #[arg(long)]
+    pub mig: bool,
     /// Model name of the simulated GPUs.
     #[arg(long, default_value = "RTX 5090")]
     pub gpu_model: String,
@@ -400,7 +412,7 @@ pub struct DevArgs {
     #[arg(long, default_value = "32GiB", value_parser = parse_size)]
     pub gpu_memory: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (loopback only): the coordinator's and
-    /// the worker's series on one listener; the web view of the pool at http://ADDR/.
+    /// the (first) worker's series on one listener; the web view of the pool at http://ADDR/.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
     /// Cluster policy to start with (TOML; see cluster-configs/cluster.toml). Default: the dev

@@ -515,6 +515,17 @@ pub fn job_details(job: &Job) -> String {
     out
 }
 
+/// A node's labels, sorted by key, the key `partition` once with every partition (comma
+/// separated, as Slurm writes a node's partitions).
+fn node_labels(n: &pb::NodeView) -> Vec<(String, String)> {
+    let mut labels: std::collections::BTreeMap<String, String> =
+        n.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    if !n.partitions.is_empty() {
+        labels.insert("partition".into(), n.partitions.join(","));
+    }
+    labels.into_iter().collect()
+}
+
 pub fn node_json(n: &pb::NodeView) -> Value {
     json!({
         "name": n.name,
@@ -525,7 +536,8 @@ pub fn node_json(n: &pb::NodeView) -> Value {
         "memory_bytes": n.memory_bytes,
         "heartbeat_age_ms": n.heartbeat_age_ms,
         "reason": (!n.reason.is_empty()).then(|| n.reason.clone()),
-        "labels": n.labels.iter().collect::<std::collections::BTreeMap<_, _>>(),
+        "labels": node_labels(n).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+        "partitions": n.partitions,
         "drain_deadline": n.drain_deadline.map(|t| format_utc(Timestamp(t))),
         "running_jobs": n.running_jobs,
         "gpus": n.gpus.iter().map(|g| json!({
@@ -571,8 +583,7 @@ pub fn nodes_table(nodes: &[pb::NodeView]) -> String {
             temps,
             n.heartbeat_age_ms.map(|ms| format!("{:.1}s", ms as f64 / 1000.0)).unwrap_or_else(|| "-".into()),
             {
-                let labels: std::collections::BTreeMap<_, _> = n.labels.iter().collect();
-                let text = labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+                let text = node_labels(n).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
                 if text.is_empty() {
                     "-".to_string()
                 } else {

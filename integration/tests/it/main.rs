@@ -11,6 +11,7 @@ mod chaos;
 mod cluster;
 mod cluster_control;
 mod dev_cleanup;
+mod dev_nodes;
 mod failures_say_why;
 mod gang;
 mod grpc_services;
