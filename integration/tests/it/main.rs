@@ -28,6 +28,7 @@ mod paging;
 mod policy;
 mod prometheus_config;
 mod python;
+mod readme;
 mod security;
 mod slurm;
 mod tso;
