@@ -4,7 +4,8 @@
 //! a data dir of the test's: the rest of the line's flags as written). The job programs the
 //! examples name (`train.py`, `./urgent.sh`...) are trivial stand-ins in the working directory.
 //! Every line must exit 0; every job a block submitted must succeed. Only the lines in
-//! `SKIPPED` are not run, each with its reason, printed.
+//! `SKIPPED` are not run, each with its reason, printed. The "Coming from Slurm" `#SBATCH`
+//! example runs too, as one script.
 
 use corral_integration::cluster::free_port;
 use corral_integration::{corral_bin, DevPool};
@@ -84,6 +85,23 @@ fn write_stand_ins(dir: &Path) {
     }
 }
 
+/// PATH for the examples: the `corral` under test first, and a `python` that runs python3
+/// where the machine has no `python` (the examples say `python train.py`).
+fn example_path(tmp: &Path) -> String {
+    let bin_dir = corral_bin().parent().expect("bin dir").to_path_buf();
+    let mut path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let has_python = Command::new("python").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !has_python {
+        let shim_dir = tmp.join("python-shim");
+        std::fs::create_dir_all(&shim_dir).expect("shim dir");
+        let shim = shim_dir.join("python");
+        std::fs::write(&shim, "#!/bin/sh\nexec python3 \"$@\"\n").expect("python shim");
+        std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        path = format!("{}:{path}", shim_dir.display());
+    }
+    path
+}
+
 /// Runs `line` through `sh` in `dir` with `env`, its output kept in files under `out`;
 /// returns (exit ok, stdout, stderr).
 fn run_line(line: &str, dir: &Path, env: &[(String, String)], out: &Path) -> (bool, String, String) {
@@ -152,8 +170,7 @@ fn every_try_it_example_of_the_readme_runs_as_written() {
     std::fs::create_dir_all(&work).expect("work dir");
     write_stand_ins(&work);
     let bin = corral_bin();
-    let bin_dir = bin.parent().expect("bin dir").to_path_buf();
-    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let path = example_path(tmp.path());
 
     let mut pool: Option<DevPool> = None;
     let mut pools = 0;
@@ -213,6 +230,37 @@ fn every_try_it_example_of_the_readme_runs_as_written() {
         }
     }
     assert!(pools >= 2 && ran > 15, "ran {ran} lines on {pools} pools: the README's blocks changed shape?");
+}
+
+/// The text of the `sh` block of README.md that starts with `first_line`.
+fn block_starting_with(readme: &str, first_line: &str) -> String {
+    let start =
+        readme.find(&format!("```sh\n{first_line}")).unwrap_or_else(|| panic!("no README block starts `{first_line}`"));
+    let body = &readme[start + "```sh\n".len()..];
+    body[..body.find("\n```").expect("an unterminated block")].to_string()
+}
+
+/// "Coming from Slurm": the `#SBATCH` script example runs as one script, as written (its
+/// heredoc spans lines), and its job's output lands in the `--output` file it names.
+#[test]
+fn the_readme_sbatch_example_runs_as_written() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let script = block_starting_with(&readme, "cat > train.sbatch <<'EOF'");
+    let pool = DevPool::start(&[]);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&work).expect("work dir");
+    write_stand_ins(&work);
+    let path = example_path(tmp.path());
+    let env = [("PATH".to_string(), path), ("CORRAL_ENDPOINT".to_string(), pool.addr.clone())];
+    let (ok, stdout, stderr) = run_line(&format!("set -e\n{script}"), &work, &env, tmp.path());
+    assert!(ok, "the sbatch example failed:\nstdout: {stdout}\nstderr: {stderr}\npool log:\n{}", pool.logs());
+    assert!(stdout.contains("train.py: done"), "`corral logs -f` printed the job's output: {stdout}");
+    let outputs: Vec<_> = std::fs::read_dir(work.join("logs")).expect("logs/").filter_map(Result::ok).collect();
+    assert_eq!(outputs.len(), 1, "one output file in logs/");
+    let name = outputs[0].file_name().to_string_lossy().into_owned();
+    assert!(name.starts_with("resnet-") && name.ends_with(".out"), "--output=logs/%x-%j.out: {name}");
 }
 
 #[test]
