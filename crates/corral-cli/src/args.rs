@@ -51,8 +51,9 @@ pub enum OutputFormat {
 #[derive(Debug, Subcommand)]
 #[command(defer = true)]
 pub enum Command {
-    /// Run a single-process pool: one coordinator plus a worker with simulated GPUs. Jobs run as
-    /// the user running it (started as root: as root, without capabilities; see --run-as).
+    /// Run a single-process pool: one coordinator plus a worker (--nodes: several) with simulated
+    /// GPUs. Jobs run as the user running it (started as root: as root, without capabilities;
+    /// see --run-as).
     Dev(DevArgs),
     /// Run a coordinator daemon (one Raft member) from its TOML config file.
     Coordinator(ConfigArg),
@@ -384,7 +385,7 @@ pub enum ClusterCommand {
 
 #[derive(Debug, Args)]
 pub struct DevArgs {
-    /// Where the coordinator and worker keep their data.
+    /// Where the coordinator and the workers keep their data.
     #[arg(long, default_value = "./corral-data")]
     pub data_dir: PathBuf,
     /// Address of the API (and Raft) endpoint.

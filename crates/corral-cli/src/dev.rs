@@ -262,3 +262,25 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     server.await??;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_keep_the_first_node_of_a_single_node_pool() {
+        assert_eq!(node_names(1), ["dev-node"]);
+        assert_eq!(node_names(3), ["dev-node", "dev-node-2", "dev-node-3"]);
+    }
+
+    #[test]
+    fn node_labels_take_partitions_apart_and_refuse_what_is_not_key_value() {
+        let (labels, partitions) = parse_node_labels("partition=train, zone=a,partition=infer").expect("valid");
+        assert_eq!(partitions, ["train", "infer"]);
+        assert_eq!(labels, BTreeMap::from([("zone".to_string(), "a".to_string())]));
+        for bad in ["zone", "=a", "zone=", "partition=train,x"] {
+            let e = parse_node_labels(bad).expect_err(bad).to_string();
+            assert!(e.starts_with("--node-labels: "), "{bad}: {e}");
+        }
+    }
+}
