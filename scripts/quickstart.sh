@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # Builds corral, starts a `corral dev` pool (8 simulated RTX 5090s, data in ./corral-data),
 # runs a first job on one GPU, shows its state, output and the pool, then stops the pool.
+# CORRAL_BIN (a corral binary to use instead of building one), CORRAL_ENDPOINT and
+# CORRAL_DATA_DIR change those defaults (the README's test runs it that way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --release -p corral-cli
-corral=target/release/corral
-endpoint=127.0.0.1:7070
+if [ -n "${CORRAL_BIN:-}" ]; then
+  corral=$CORRAL_BIN
+else
+  cargo build --release -p corral-cli
+  corral=target/release/corral
+fi
+endpoint=${CORRAL_ENDPOINT:-127.0.0.1:7070}
+data_dir=${CORRAL_DATA_DIR:-./corral-data}
 log=$(mktemp)
 
-"$corral" dev --data-dir ./corral-data --listen "$endpoint" >"$log" 2>&1 &
+"$corral" dev --data-dir "$data_dir" --listen "$endpoint" >"$log" 2>&1 &
 pool=$!
 trap 'kill -TERM $pool 2>/dev/null; wait $pool 2>/dev/null || true; rm -f "$log"' EXIT
 

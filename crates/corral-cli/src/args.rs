@@ -51,8 +51,9 @@ pub enum OutputFormat {
 #[derive(Debug, Subcommand)]
 #[command(defer = true)]
 pub enum Command {
-    /// Run a single-process pool: one coordinator plus a worker with simulated GPUs. Jobs run as
-    /// the user running it (started as root: as root, without capabilities; see --run-as).
+    /// Run a single-process pool: one coordinator plus a worker (--nodes: several) with simulated
+    /// GPUs. Jobs run as the user running it (started as root: as root, without capabilities;
+    /// see --run-as).
     Dev(DevArgs),
     /// Run a coordinator daemon (one Raft member) from its TOML config file.
     Coordinator(ConfigArg),
@@ -403,15 +404,27 @@ pub enum ClusterCommand {
 
 #[derive(Debug, Args)]
 pub struct DevArgs {
-    /// Where the coordinator and worker keep their data.
+    /// Where the coordinator and the workers keep their data.
     #[arg(long, default_value = "./corral-data")]
     pub data_dir: PathBuf,
     /// Address of the API (and Raft) endpoint.
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: String,
-    /// Number of simulated GPUs.
+    /// Number of simulated GPUs (of each node).
     #[arg(long, default_value_t = 8)]
     pub gpus: u32,
+    /// Number of simulated worker nodes: `dev-node`, `dev-node-2` ... `dev-node-N` (a gang
+    /// needs two or more).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub nodes: u32,
+    /// Labels of a node, e.g. `partition=train,zone=a`: the first --node-labels is the first
+    /// node's, the second the second's... (`partition=P` puts it in partition P).
+    #[arg(long, value_name = "KEY=VALUE,...")]
+    pub node_labels: Vec<String>,
+    /// Simulate MIG-capable GPUs with MIG mode on: each `--gpu-slice mig:...` job gets an
+    /// instance made for it (as a worker with `[mig] manage = true`).
+    #[arg(long)]
+    pub mig: bool,
     /// Model name of the simulated GPUs.
     #[arg(long, default_value = "RTX 5090")]
     pub gpu_model: String,
@@ -419,7 +432,7 @@ pub struct DevArgs {
     #[arg(long, default_value = "32GiB", value_parser = parse_size)]
     pub gpu_memory: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (loopback only): the coordinator's and
-    /// the worker's series on one listener; the web view of the pool at http://ADDR/.
+    /// the (first) worker's series on one listener; the web view of the pool at http://ADDR/.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
     /// Cluster policy to start with (TOML; see cluster-configs/cluster.toml). Default: the dev

@@ -28,9 +28,9 @@ pub async fn termination() {
     }
 }
 
-/// The fence guard of a worker whose job cgroups live under `cgroup_root`: this binary's
-/// hidden `worker-guard` command.
-pub fn fence_guard(cgroup_root: &str) -> anyhow::Result<GuardCommand> {
+/// The fence guard of a worker: this binary's hidden `worker-guard` command (the worker adds
+/// `--cgroup-root` and its job cgroup root).
+pub fn fence_guard() -> anyhow::Result<GuardCommand> {
     let program = std::env::current_exe().context("cannot find the corral binary to start the fence guard")?;
-    Ok(GuardCommand { program, args: vec!["worker-guard".into(), "--cgroup-root".into(), cgroup_root.into()] })
+    Ok(GuardCommand { program, args: vec!["worker-guard".into()] })
 }

@@ -1,4 +1,5 @@
-//! `corral dev`: a single-node coordinator and a worker with simulated GPUs in one process.
+//! `corral dev`: a single-node coordinator and one or more workers with simulated GPUs (MIG
+//! capable with `--mig`) in one process.
 
 use crate::args::DevArgs;
 use crate::metrics_http::MetricsSource;
@@ -7,9 +8,10 @@ use corral_coordinator::policy::parse_policy;
 use corral_coordinator::{Coordinator, CoordinatorFile};
 use corral_core::Command;
 use corral_types::ConfigSize;
-use corral_worker::config::{GpuSection, SimulatedDeviceSection, UserSection, UsersSection};
-use corral_worker::gpu::{SimulatedConfig, SimulatedGpus};
+use corral_worker::config::{ExecutorSection, GpuSection, SimulatedDeviceSection, UserSection, UsersSection};
+use corral_worker::gpu::{SimulatedDevice, SimulatedGpus};
 use corral_worker::{BuildOptions, Worker, WorkerFile};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +20,35 @@ use tokio_util::sync::CancellationToken;
 
 const NODE_NAME: &str = "dev-node";
 
-/// Stable short hash of a path, naming this data dir's job cgroups.
+/// The names of `count` simulated nodes: `dev-node`, then `dev-node-2` ... `dev-node-N` (so a
+/// pool restarted with more nodes keeps its first one).
+fn node_names(count: u32) -> Vec<String> {
+    (1..=count).map(|i| if i == 1 { NODE_NAME.to_string() } else { format!("{NODE_NAME}-{i}") }).collect()
+}
+
+/// A `--node-labels` value: `key=value` pairs separated by commas; `partition=P` (any number)
+/// puts the node in partition P.
+fn parse_node_labels(text: &str) -> anyhow::Result<(BTreeMap<String, String>, Vec<String>)> {
+    let mut labels = BTreeMap::new();
+    let mut partitions = Vec::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((key, value)) = pair.split_once('=') else {
+            bail!("--node-labels: '{pair}' is not key=value (e.g. partition=train,zone=a)");
+        };
+        let (key, value) = (key.trim(), value.trim());
+        if key.is_empty() || value.is_empty() {
+            bail!("--node-labels: '{pair}' needs a key and a value (e.g. partition=train,zone=a)");
+        }
+        if key == "partition" {
+            partitions.push(value.to_string());
+        } else {
+            labels.insert(key.to_string(), value.to_string());
+        }
+    }
+    Ok((labels, partitions))
+}
+
+/// Stable short hash of a path, naming this data dir's simulated GPUs.
 fn path_tag(path: &std::path::Path) -> String {
     let hash = path
         .to_string_lossy()
@@ -111,73 +141,94 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         _ => coordinator.install_first_policy(policy.clone(), "corral dev").await?,
     }
 
-    let agent_listener = TcpListener::bind("127.0.0.1:0").await?;
-    // The worker is assembled as `corral worker` assembles one, from a config that says what
-    // a dev pool is: simulated GPUs, jobs as this user, a cgroup root per data dir.
-    let cgroup_root = format!("corral/dev-{}", path_tag(&data_dir));
-    let gpu = GpuSection {
-        backend: "simulated".into(),
-        devices: vec![SimulatedDeviceSection {
-            model: args.gpu_model.clone(),
-            memory: ConfigSize(args.gpu_memory),
-            count: args.gpus,
-            mig: false,
-        }],
-        // Operators and tests inject GPU faults (overheat, XID, leaked memory) by writing this file.
-        faults_file: Some(data_dir.join("worker/faults.toml")),
-    };
-    let mut worker_file = WorkerFile::new(vec![addr.to_string()], data_dir.join("worker"), gpu);
-    worker_file.node_name = Some(NODE_NAME.to_string());
-    worker_file.users = Some(users);
-    worker_file.executor.cgroup_root = cgroup_root.clone();
-    worker_file.images.mount_allow = args.mount_allow.clone();
-    if let Some(size) = args.image_max_size {
-        worker_file.images.max_size = ConfigSize(size);
-    }
-    // A try-out pool runs without containers where runc is missing (a real worker's self-check
-    // refuses to start without the runc its config names).
-    if corral_worker::executor::find_runc(std::path::Path::new(&worker_file.executor.runc)).is_none() {
+    // Each worker is assembled as `corral worker` assembles one, from a config that says what
+    // a dev pool is: simulated GPUs, jobs as this user, its own data dir (and so its own cgroup).
+    let runc = corral_worker::executor::find_runc(std::path::Path::new(&ExecutorSection::default().runc)).is_some();
+    if !runc {
+        // A try-out pool runs without containers where runc is missing (a real worker's
+        // self-check refuses to start without the runc its config names).
         tracing::info!("runc not found: corral dev runs no --image jobs");
-        worker_file.executor.runc = String::new();
     }
-    worker_file.validate().map_err(anyhow::Error::msg)?;
-    let agent_addr = agent_listener.local_addr()?;
-    // Simulated GPU ids unique to this data dir: two dev pools never share a device.
-    let gpus = SimulatedGpus::new(SimulatedConfig {
-        count: args.gpus,
-        model: args.gpu_model.clone(),
-        memory_mib: args.gpu_memory >> 20,
-        host: format!("{NODE_NAME}-{}", path_tag(&data_dir)),
-    })
-    .with_faults_file(data_dir.join("worker/faults.toml"));
-    let options = BuildOptions {
-        token: None,
-        fence_guard: Some(crate::daemon::fence_guard(&cgroup_root)?),
-        gpus: Some(Arc::new(gpus)),
-    };
-    let worker = Worker::build(&worker_file, agent_addr, options)?;
-    let agent_addr = agent_addr.to_string();
-    // One listener exports both: the coordinator's series and the worker's do not overlap.
+    let names = node_names(args.nodes);
+    if args.node_labels.len() > names.len() {
+        bail!("--node-labels: {} given for {} node(s) (one per node, in order)", args.node_labels.len(), names.len());
+    }
+    let mut workers = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let worker_dir = if i == 0 { data_dir.join("worker") } else { data_dir.join(format!("worker-{}", i + 1)) };
+        let gpu = GpuSection {
+            backend: "simulated".into(),
+            devices: vec![SimulatedDeviceSection {
+                model: args.gpu_model.clone(),
+                memory: ConfigSize(args.gpu_memory),
+                count: args.gpus,
+                mig: args.mig,
+            }],
+            // Operators and tests inject GPU faults (overheat, XID, leaked memory) by writing this file.
+            faults_file: Some(worker_dir.join("faults.toml")),
+        };
+        let mut worker_file = WorkerFile::new(vec![addr.to_string()], worker_dir.clone(), gpu);
+        worker_file.node_name = Some(name.clone());
+        worker_file.users = Some(users.clone());
+        // A simulated MIG card gets the instance each MIG job needs, as `[mig] manage` does.
+        worker_file.mig.manage = args.mig;
+        worker_file.images.mount_allow = args.mount_allow.clone();
+        if let Some(size) = args.image_max_size {
+            worker_file.images.max_size = ConfigSize(size);
+        }
+        if let Some(labels) = args.node_labels.get(i) {
+            let (labels, partitions) = parse_node_labels(labels)?;
+            worker_file.labels = labels;
+            worker_file.partitions = partitions;
+        }
+        if !runc {
+            worker_file.executor.runc = String::new();
+        }
+        worker_file.validate().map_err(anyhow::Error::msg)?;
+        let agent_listener = TcpListener::bind("127.0.0.1:0").await?;
+        let agent_addr = agent_listener.local_addr()?;
+        // Simulated GPU ids unique to this data dir and node: two dev pools never share a device.
+        let device =
+            SimulatedDevice { model: args.gpu_model.clone(), memory_mib: args.gpu_memory >> 20, mig: args.mig };
+        let gpus =
+            SimulatedGpus::with_devices(&format!("{name}-{}", path_tag(&data_dir)), &vec![device; args.gpus as usize])
+                .with_faults_file(worker_dir.join("faults.toml"));
+        let options =
+            BuildOptions { token: None, fence_guard: Some(crate::daemon::fence_guard()?), gpus: Some(Arc::new(gpus)) };
+        let worker = Worker::build(&worker_file, agent_addr, options)?;
+        // The data dir exists now: the root is the one the worker resolved.
+        let cgroup_root = worker_file.job_cgroup_root();
+        workers.push((name.clone(), agent_addr.to_string(), cgroup_root, worker, agent_listener));
+    }
+    // One listener exports both: the coordinator's series and the first worker's, which do not
+    // overlap (two workers' series would: same names in one document).
     let metrics = match metrics_addr {
         Some(addr) => {
-            let sources =
-                vec![MetricsSource::Coordinator(coordinator.clone()), MetricsSource::Worker(worker.metrics())];
+            let mut sources = vec![MetricsSource::Coordinator(coordinator.clone())];
+            sources.extend(workers.first().map(|w| MetricsSource::Worker(w.3.metrics())));
             Some(crate::metrics_http::start(addr, sources, stop.clone().cancelled_owned()).await?)
         }
         None => None,
     };
-    // The worker stops first, while the coordinator still takes its last reports.
+    // The workers stop first, while the coordinator still takes their last reports.
     let worker_stop = stop.child_token();
-    let worker = tokio::spawn(worker.run(agent_listener, worker_stop.clone().cancelled_owned()));
+    let mut running = Vec::new();
+    for (name, agent_addr, cgroup_root, worker, listener) in workers {
+        let task = tokio::spawn(worker.run(listener, worker_stop.clone().cancelled_owned()));
+        running.push((name, agent_addr, cgroup_root, task));
+    }
 
     let deadline = Instant::now() + Duration::from_secs(30);
-    // Ready once this process's worker registered: after a restart the node is already up in the
+    // Ready once this process's workers registered: after a restart a node is already up in the
     // persisted state, but with the previous worker's address.
     let registered =
-        |n: &corral_types::NodeStatus| n.state == corral_types::NodeState::Up && n.spec.address == agent_addr;
-    while !node.state.read().state.nodes.get(NODE_NAME).is_some_and(registered) {
+        |agent: &str, n: &corral_types::NodeStatus| n.state == corral_types::NodeState::Up && n.spec.address == agent;
+    while !running
+        .iter()
+        .all(|(name, agent, ..)| node.state.read().state.nodes.get(name).is_some_and(|n| registered(agent, n)))
+    {
         if Instant::now() > deadline {
-            bail!("the dev worker did not register within 30s");
+            bail!("the dev workers did not register within 30s");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -185,8 +236,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         println!("corral dev metrics at http://{bound}/metrics");
         println!("corral dev web view at http://{bound}/");
     }
+    let nodes = if args.nodes == 1 { String::new() } else { format!("{} nodes of ", args.nodes) };
+    let mig = if args.mig { ", MIG on" } else { "" };
     println!(
-        "corral dev ready at {addr} ({} x {} simulated, data in {})",
+        "corral dev ready at {addr} ({nodes}{} x {} simulated{mig}, data in {})",
         args.gpus,
         args.gpu_model,
         data_dir.display()
@@ -196,13 +249,15 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     crate::daemon::termination().await;
     tracing::info!("shutting down");
     worker_stop.cancel();
-    worker.await??;
-    // The worker ended its jobs: their cgroup root goes too (one per data dir would pile up).
-    // Left in place, with a warning, while anything is still under it.
-    if let Err(e) =
-        corral_worker::executor::ProcessExecutor::new(cgroup_root.as_str()).and_then(|e| e.remove_root_cgroup())
-    {
-        tracing::warn!(error = %e, cgroup_root, "cannot remove the dev pool's cgroup root");
+    for (_, _, cgroup_root, task) in running {
+        task.await??;
+        // The worker ended its jobs: its cgroup root goes too (one per data dir would pile up).
+        // Left in place, with a warning, while anything is still under it.
+        if let Err(e) =
+            corral_worker::executor::ProcessExecutor::new(cgroup_root.as_str()).and_then(|e| e.remove_root_cgroup())
+        {
+            tracing::warn!(error = %e, cgroup_root, "cannot remove the dev pool's cgroup root");
+        }
     }
     stop.cancel();
     if let Err(e) = node.shutdown().await {
@@ -210,4 +265,26 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     server.await??;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_keep_the_first_node_of_a_single_node_pool() {
+        assert_eq!(node_names(1), ["dev-node"]);
+        assert_eq!(node_names(3), ["dev-node", "dev-node-2", "dev-node-3"]);
+    }
+
+    #[test]
+    fn node_labels_take_partitions_apart_and_refuse_what_is_not_key_value() {
+        let (labels, partitions) = parse_node_labels("partition=train, zone=a,partition=infer").expect("valid");
+        assert_eq!(partitions, ["train", "infer"]);
+        assert_eq!(labels, BTreeMap::from([("zone".to_string(), "a".to_string())]));
+        for bad in ["zone", "=a", "zone=", "partition=train,x"] {
+            let e = parse_node_labels(bad).expect_err(bad).to_string();
+            assert!(e.starts_with("--node-labels: "), "{bad}: {e}");
+        }
+    }
 }

@@ -344,6 +344,37 @@ fn pending_indices(array: &Job, jobs: &[Job]) -> Vec<u32> {
     indices
 }
 
+/// Why the row of an unfinished array waits: the array's own reason (held, a dependency);
+/// else that of its first created task still pending in `jobs`; and for the tasks not created
+/// yet because the array has its window's worth (`%N`) unfinished, that throttle (what Slurm
+/// calls JobArrayTaskLimit).
+fn array_reason(array: &Job, jobs: &[Job]) -> String {
+    if array.state.is_terminal() || array.reason.as_ref().is_some_and(|r| !r.is_empty()) {
+        return reason(array);
+    }
+    let task = jobs
+        .iter()
+        .find(|j| j.state == JobState::Pending && j.array_task.is_some_and(|t| t.array == array.id))
+        .map(reason);
+    let throttled = match (&array.spec.array, &array.array_progress) {
+        (Some(spec), Some(p)) if !array.cancel_requested => {
+            let unfinished = p.created.saturating_sub(p.succeeded.saturating_add(p.unsuccessful));
+            let waiting = spec.indices_from(u64::from(p.created)).any(|i| p.skipped.binary_search(&i).is_err());
+            (waiting && unfinished >= spec.window()).then(|| {
+                let limit = spec.max_running.map_or_else(|| format!("{} at once", spec.window()), |n| format!("%{n}"));
+                format!("array task limit ({limit}): {unfinished} unfinished, the next starts when one ends")
+            })
+        }
+        _ => None,
+    };
+    match (task, throttled) {
+        (Some(task), Some(throttled)) => format!("{task}; the rest: {throttled}"),
+        (Some(task), None) => task,
+        (None, Some(throttled)) => throttled,
+        (None, None) => reason(array),
+    }
+}
+
 const JOBS_HEADER: &[&str] = &["ID", "NAME", "TENANT", "PRIORITY", "STATE", "GPUS", "NODE", "ELAPSED", "REASON"];
 
 /// The job table; the pending tasks of an array collapse into one row (`12_[5-999]`).
@@ -455,7 +486,7 @@ fn job_rows(jobs: &[Job], arrays: &BTreeSet<u64>) -> Vec<(usize, Vec<String>)> {
                 j.allocation.as_ref().map(|a| a.node.clone()).unwrap_or_else(|| "-".into()),
                 // An array's own row stands for its waiting tasks: no run time of its own.
                 if j.is_array() { "-".into() } else { elapsed(j).map(format_duration).unwrap_or_else(|| "-".into()) },
-                reason(j),
+                if j.is_array() { array_reason(j, jobs) } else { reason(j) },
             ];
             Some((i, row))
         })
@@ -535,6 +566,17 @@ pub fn job_details(job: &Job) -> String {
     out
 }
 
+/// A node's labels, sorted by key, the key `partition` once with every partition (comma
+/// separated, as Slurm writes a node's partitions).
+fn node_labels(n: &pb::NodeView) -> Vec<(String, String)> {
+    let mut labels: std::collections::BTreeMap<String, String> =
+        n.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    if !n.partitions.is_empty() {
+        labels.insert("partition".into(), n.partitions.join(","));
+    }
+    labels.into_iter().collect()
+}
+
 pub fn node_json(n: &pb::NodeView) -> Value {
     json!({
         "name": n.name,
@@ -545,7 +587,8 @@ pub fn node_json(n: &pb::NodeView) -> Value {
         "memory_bytes": n.memory_bytes,
         "heartbeat_age_ms": n.heartbeat_age_ms,
         "reason": (!n.reason.is_empty()).then(|| n.reason.clone()),
-        "labels": n.labels.iter().collect::<std::collections::BTreeMap<_, _>>(),
+        "labels": node_labels(n).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+        "partitions": n.partitions,
         "drain_deadline": n.drain_deadline.map(|t| format_utc(Timestamp(t))),
         "running_jobs": n.running_jobs,
         "gpus": n.gpus.iter().map(|g| json!({
@@ -591,8 +634,7 @@ pub fn nodes_table(nodes: &[pb::NodeView]) -> String {
             temps,
             n.heartbeat_age_ms.map(|ms| format!("{:.1}s", ms as f64 / 1000.0)).unwrap_or_else(|| "-".into()),
             {
-                let labels: std::collections::BTreeMap<_, _> = n.labels.iter().collect();
-                let text = labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+                let text = node_labels(n).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
                 if text.is_empty() {
                     "-".to_string()
                 } else {
@@ -705,6 +747,44 @@ mod tests {
         let mut stream = JobsTableStream::default();
         assert!(stream.accept(vec![array]).is_empty());
         assert_eq!(stream.finish_lines().len(), 2);
+    }
+
+    /// An array of 10 tasks with `%2`, two of them running: its row says the rest wait for the
+    /// throttle; with a created task pending too, that task's reason comes first.
+    #[test]
+    fn an_array_row_held_back_by_its_throttle_says_so() {
+        let mut array = task(1, 0, 0);
+        array.array_task = None;
+        array.state = JobState::Running;
+        array.spec.array = Some(corral_types::ArraySpec {
+            ranges: vec![corral_types::ArrayRange { first: 0, last: 9, step: 1 }],
+            max_running: Some(2),
+        });
+        array.array_progress = Some(corral_types::ArrayProgress { created: 2, ..Default::default() });
+        let running = |id, index| {
+            let mut t = task(id, 1, index);
+            t.state = JobState::Running;
+            t
+        };
+        let table = jobs_table(&[array.clone(), running(2, 0), running(3, 1)]);
+        let row = table.lines().find(|l| l.starts_with("1_[2-9]")).expect("the array's row");
+        assert!(row.ends_with("array task limit (%2): 2 unfinished, the next starts when one ends"), "{table}");
+
+        let mut waiting = task(3, 1, 1);
+        waiting.reason = Some("resources: needs 1 gpu".into());
+        let table = jobs_table(&[array.clone(), running(2, 0), waiting]);
+        let row = table.lines().find(|l| l.starts_with("1_[1-9]")).expect("the array's row");
+        assert!(
+            row.ends_with(
+                "resources: needs 1 gpu; the rest: array task limit (%2): 2 unfinished, the next starts when one ends"
+            ),
+            "{table}"
+        );
+
+        // Below its window the array creates tasks at once: no throttle to speak of.
+        array.array_progress = Some(corral_types::ArrayProgress { created: 2, succeeded: 1, ..Default::default() });
+        let table = jobs_table(&[array, running(3, 1)]);
+        assert!(!table.contains("task limit"), "{table}");
     }
 
     #[test]

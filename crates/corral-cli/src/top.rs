@@ -170,11 +170,17 @@ pub async fn run(global: &GlobalArgs, args: TopArgs) -> anyhow::Result<ExitCode>
     }
     let endpoints = global.endpoint.join(",");
     let interval = corral_types::format_duration(args.interval);
+    // One listener for the whole run: a Ctrl-C that arrives during a refresh is not lost.
+    let stop = crate::daemon::termination();
+    tokio::pin!(stop);
     loop {
         // A failed refresh (e.g. during a leader change) shows the error and tries again.
-        let body = match Frame::fetch(&client).await {
-            Ok(frame) => frame.render(),
-            Err(e) => format!("error: {e}"),
+        let body = tokio::select! {
+            fetched = Frame::fetch(&client) => match fetched {
+                Ok(frame) => frame.render(),
+                Err(e) => format!("error: {e}"),
+            },
+            _ = &mut stop => return Ok(ExitCode::SUCCESS),
         };
         let mut stdout = std::io::stdout().lock();
         write!(
@@ -186,7 +192,7 @@ pub async fn run(global: &GlobalArgs, args: TopArgs) -> anyhow::Result<ExitCode>
         drop(stdout);
         tokio::select! {
             _ = tokio::time::sleep(args.interval) => {}
-            _ = crate::daemon::termination() => return Ok(ExitCode::SUCCESS),
+            _ = &mut stop => return Ok(ExitCode::SUCCESS),
         }
     }
 }

@@ -19,7 +19,7 @@ pub async fn run(config_path: &Path, join: Option<String>, token: Option<String>
     };
     let listen = file.listen.parse()?;
     let listener = crate::listen::bind(listen, "for the coordinators").await?;
-    let fence_guard = Some(crate::daemon::fence_guard(&file.executor.cgroup_root)?);
+    let fence_guard = Some(crate::daemon::fence_guard()?);
     let worker = match &join {
         Some(join) => {
             let options = BuildOptions { token: None, fence_guard, gpus: None };

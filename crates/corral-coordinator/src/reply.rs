@@ -105,6 +105,7 @@ pub(crate) fn node_view(state: &State, n: &NodeStatus, live: Option<&NodeLive>, 
         labels: n.spec.labels.iter().cloned().collect(),
         drain_deadline: n.drain_deadline.map(|t| t.0),
         running_jobs: jobs.len() as u32,
+        partitions: n.spec.labels.iter().filter(|(k, _)| k == "partition").map(|(_, v)| v.clone()).collect(),
     }
 }
 

@@ -30,11 +30,11 @@ pub struct GpuDevice {
 }
 
 impl GpuDevice {
-    /// Whether MIG slices may be placed on this GPU: reported by the worker, or known from the
-    /// model name for workers that do not report it.
+    /// Whether MIG slices may be placed on this GPU: what its worker reported, never guessed
+    /// from the model name (a simulated or MIG-less card of a MIG model must not get slices
+    /// its worker cannot make).
     pub fn supports_mig(&self) -> bool {
-        const MIG_MODELS: [&str; 9] = ["A100", "A30", "H100", "H200", "H800", "H20", "B200", "B100", "RTX PRO 6000"];
-        self.mig_capable || MIG_MODELS.iter().any(|m| self.model.contains(m))
+        self.mig_capable
     }
 }
 

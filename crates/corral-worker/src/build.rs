@@ -18,7 +18,8 @@ use std::sync::Arc;
 pub struct BuildOptions {
     /// Token towards the coordinators when the file has none (e.g. `$CORRAL_TOKEN`).
     pub token: Option<String>,
-    /// How to start the fence guard; `None` only for workers run inside a test process.
+    /// How to start the fence guard; `None` only for workers run inside a test process. The
+    /// worker adds `--cgroup-root` and its job cgroup root to the arguments.
     pub fence_guard: Option<GuardCommand>,
     /// GPUs to use instead of the file's `[gpu]` backend (`corral dev` names its simulated
     /// devices after its data dir).
@@ -68,9 +69,14 @@ impl Worker {
             None => gpu_backend(&file)?,
         };
         crate::preflight::check(&file, gpus.as_ref())?;
-        let executor = executor(&file)?;
+        // After the data dir was resolved: the guard and the executors name the same cgroup.
+        let cgroup_root = file.job_cgroup_root();
+        let executor = executor(&file, &cgroup_root)?;
         let mut config = file.worker_config().map_err(anyhow::Error::msg)?;
-        config.fence_guard = options.fence_guard;
+        config.fence_guard = options.fence_guard.map(|mut guard| {
+            guard.args.extend(["--cgroup-root".to_string(), cgroup_root.clone()]);
+            guard
+        });
         let tls_files = file.tls.clone().or_else(|| crate::join::stored_credentials(&file.data_dir));
         let tls = match &tls_files {
             Some(files) => {
@@ -145,13 +151,13 @@ fn gpu_backend(file: &WorkerFile) -> anyhow::Result<Arc<dyn GpuBackend>> {
     }
 }
 
-fn executor(file: &WorkerFile) -> anyhow::Result<Arc<dyn Executor>> {
-    let process = ProcessExecutor::new(file.executor.cgroup_root.clone())?;
+fn executor(file: &WorkerFile, cgroup_root: &str) -> anyhow::Result<Arc<dyn Executor>> {
+    let process = ProcessExecutor::new(cgroup_root)?;
     if file.executor.runc.is_empty() {
         tracing::info!("containers disabled (executor.runc = \"\"): --image jobs will fail");
         return Ok(Arc::new(process));
     }
-    let mut runc = RuncConfig::new(file.data_dir.join("containers"), file.executor.cgroup_root.clone());
+    let mut runc = RuncConfig::new(file.data_dir.join("containers"), cgroup_root);
     runc.runc = PathBuf::from(&file.executor.runc);
     runc.cdi_dirs = file.executor.cdi_dirs.clone();
     match RuncExecutor::new(runc) {

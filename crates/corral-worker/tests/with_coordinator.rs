@@ -109,5 +109,8 @@ async fn simulated_leak_and_overheat_make_gpus_unschedulable_until_healed() {
     stop.cancel();
     let _ = node.shutdown().await;
     server.await.expect("server task").expect("server");
-    let _ = ProcessExecutor::new(format!("corral-it-{}", std::process::id())).map(|e| e.remove_root_cgroup());
+    // The worker's own cgroup (named after its data dir), then the configured root above it.
+    for root in [file.job_cgroup_root(), format!("corral-it-{}", std::process::id())] {
+        let _ = ProcessExecutor::new(root).map(|e| e.remove_root_cgroup());
+    }
 }

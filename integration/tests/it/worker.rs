@@ -2,7 +2,7 @@
 //! its fence guard at once and requeued after the TTL; a worker frozen past the TTL is
 //! fenced and kills its stale job itself; a run lost with its node is credited on the invoice
 //! when the policy credits `node-lost`; a worker managing MIG creates an instance per MIG job
-//! and destroys it afterwards.
+//! and destroys it afterwards; two workers of one host never kill each other's jobs.
 
 use corral_integration::cluster::{Cluster, ClusterOptions};
 use corral_integration::is_dead;
@@ -212,4 +212,59 @@ fn managed_mig_instances_are_created_per_job_and_destroyed_after() {
     assert_ne!(ua, ub, "each job has its own instance");
     let log = worker.log();
     assert_eq!(log.matches("destroyed a simulated MIG instance").count(), 3, "{log}");
+}
+
+/// Two workers of one host given the same `executor.cgroup-root` (as a copied example config
+/// has) keep their jobs apart: each puts them under a cgroup named after its data dir. The
+/// second worker's start (which reaps what an earlier worker of its data dir left), its death
+/// (its fence guard kills its jobs) and its restart leave the first worker's job running.
+#[test]
+fn two_workers_sharing_a_cgroup_root_never_kill_each_others_jobs() {
+    let (cluster, w1, dir) = setup();
+    let mut root_line = String::new();
+    w1.edit_config(|config| {
+        root_line = config.lines().find(|l| l.starts_with("cgroup-root")).expect("a cgroup-root line").to_owned();
+        config
+    });
+    let sleeper = |pid_file: &Path| -> u64 {
+        let script = format!("echo $$ >> {}; exec sleep 1000", pid_file.display());
+        cluster.json(&["submit", "--gpus", "2", "--", "sh", "-c", &script])["id"].as_u64().expect("job id")
+    };
+    let (pids_1, pids_2) = (dir.path().join("pids-1"), dir.path().join("pids-2"));
+    let first = sleeper(&pids_1);
+    cluster.wait_for(first, Duration::from_secs(60), "running on w1", |d| d["state"] == "running" && d["node"] == "w1");
+    let first_pid = pids(&pids_1, 1)[0];
+
+    let mut w2 = WorkerProc::configure(dir.path(), "w2", &cluster.endpoints(), 2);
+    w2.edit_config(|config| {
+        let own = config.lines().find(|l| l.starts_with("cgroup-root")).expect("a cgroup-root line").to_owned();
+        config.replace(&own, &root_line)
+    });
+    w2.start();
+    w2.wait_registered(&cluster);
+    // w1's GPUs are taken: this one runs on w2.
+    let second = sleeper(&pids_2);
+    cluster
+        .wait_for(second, Duration::from_secs(60), "running on w2", |d| d["state"] == "running" && d["node"] == "w2");
+    let second_pid = pids(&pids_2, 1)[0];
+    assert!(!is_dead(first_pid), "w2's start killed w1's job: {}", w2.log());
+
+    // w2 dies: its guard kills its own job at once, and only that one.
+    w2.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !is_dead(second_pid) {
+        assert!(Instant::now() < deadline, "w2's guard did not kill w2's job");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    w2.start();
+    w2.wait_registered(&cluster);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!is_dead(first_pid), "w2's guard or restart killed w1's job: {}", w2.log());
+    assert_eq!(cluster.show(first)["state"], "running");
+    assert!(!w2.log().contains(&format!("/job-{first}-")), "w2 reaped w1's job: {}", w2.log());
+    for job in [first, second] {
+        cluster.json(&["cancel", &job.to_string()]);
+    }
+    cluster.wait_for(first, Duration::from_secs(60), "cancelled", |d| d["state"] == "cancelled");
+    drop(w1);
 }

@@ -436,7 +436,7 @@ mod placement {
     fn mig_slices_pack_without_fragmenting() {
         check(
             "
-            node h1 gpus=2 model=H100 gpu-mem=81559
+            node h1 gpus=2 model=H100 gpu-mem=81559 mig
             submit default slice=mig:3g.40gb
             submit default slice=mig:4g.40gb
             submit default slice=mig:1g.10gb

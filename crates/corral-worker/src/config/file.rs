@@ -121,7 +121,8 @@ fn one() -> u32 {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct ExecutorSection {
-    /// Parent cgroup of the job cgroups.
+    /// Parent cgroup of the workers' cgroups: each worker's job cgroups go one level below,
+    /// in a cgroup named after its data dir (see [`WorkerFile::job_cgroup_root`]).
     pub cgroup_root: String,
     /// runc binary for `--image` jobs; `""` disables containers.
     pub runc: String,
@@ -497,6 +498,31 @@ impl WorkerFile {
     pub fn faults_file(&self) -> PathBuf {
         self.gpu.faults_file.clone().unwrap_or_else(|| self.data_dir.join("faults.toml"))
     }
+
+    /// The cgroup this worker puts its job cgroups under: `executor.cgroup-root`, then one level
+    /// named after the data dir (the worker's identity on this host), so that two workers of
+    /// one host never share it, even with the same `cgroup-root`. Everything a worker reaps at
+    /// start and its fence guard kills lies under it: what a worker of this data dir started.
+    /// The data dir is resolved (symlinks, relative paths) where it exists.
+    pub fn job_cgroup_root(&self) -> String {
+        let dir = self
+            .data_dir
+            .canonicalize()
+            .or_else(|_| std::path::absolute(&self.data_dir))
+            .unwrap_or_else(|_| self.data_dir.clone());
+        format!("{}/{}", self.executor.cgroup_root.trim_end_matches('/'), identity_cgroup(&dir))
+    }
+}
+
+/// The cgroup name of the worker whose data dir is `dir`: `w-` and a 64-bit FNV-1a hash of
+/// the path, stable across restarts and versions.
+pub fn identity_cgroup(dir: &Path) -> String {
+    let hash = dir
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3));
+    format!("w-{hash:016x}")
 }
 
 #[cfg(test)]

@@ -191,12 +191,15 @@ fn device_info(index: u32, device: &Device<'_>) -> Result<DeviceInfo, GpuError> 
     let numa_node = pci_bus_id
         .as_deref()
         .and_then(|id| parse_numa_node(&std::fs::read_to_string(format!("/sys/bus/pci/devices/{id}/numa_node")).ok()?));
+    let mig = mig_state(device);
+    // The coordinator places MIG slices only where the worker says it can make them.
+    let mig_capable = !matches!(mig, MigState::Unsupported);
     Ok(DeviceInfo {
-        device: GpuDevice { index, uuid, model, memory_mib, numa_node, ..Default::default() },
+        device: GpuDevice { index, uuid, model, memory_mib, numa_node, mig_capable, ..Default::default() },
         pci_bus_id,
         numa_node,
         minor: device.minor_number().ok(),
-        mig: mig_state(device),
+        mig,
     })
 }
 
