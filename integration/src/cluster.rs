@@ -2,6 +2,7 @@
 
 use crate::{corral_bin, unsafe_kill};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -312,20 +313,40 @@ impl Cluster {
         }
     }
 
-    /// Waits until every running node applied the same index and reports the same digest.
+    /// Waits until every running node reports the same digest at the same applied index, one at
+    /// least as high as the highest applied index of the first look (so everything
+    /// acknowledged before the call is in it). A leader writes every second or so (it extends
+    /// its timestamp window) and a digest of a large state takes a while: two nodes are rarely
+    /// seen at the same index in one round, so every round's digests are kept, by node and
+    /// index, and the nodes are asked at once.
     pub fn wait_converged(&self) -> String {
         let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen: BTreeMap<u64, BTreeMap<u64, String>> = BTreeMap::new();
+        let mut floor = None;
         loop {
-            let statuses: Vec<Value> = (0..self.nodes.len())
-                .filter(|i| self.nodes[*i].is_running())
-                .filter_map(|i| self.status_with_digest(i))
-                .collect();
-            let running = self.nodes.iter().filter(|n| n.is_running()).count();
-            if statuses.len() == running {
-                let applied: Vec<&Value> = statuses.iter().map(|s| &s["applied_index"]).collect();
-                let digests: Vec<&Value> = statuses.iter().map(|s| &s["state_digest"]).collect();
-                if applied.windows(2).all(|w| w[0] == w[1]) && digests.windows(2).all(|w| w[0] == w[1]) {
-                    return digests[0].as_str().unwrap_or_default().to_string();
+            let running: Vec<usize> = (0..self.nodes.len()).filter(|i| self.nodes[*i].is_running()).collect();
+            let statuses: Vec<Value> = std::thread::scope(|scope| {
+                let asked: Vec<_> = running.iter().map(|&i| scope.spawn(move || self.status_with_digest(i))).collect();
+                asked.into_iter().filter_map(|h| h.join().ok().flatten()).collect()
+            });
+            if statuses.len() == running.len() {
+                for s in &statuses {
+                    if let (Some(id), Some(applied), Some(digest)) =
+                        (s["node_id"].as_u64(), s["applied_index"].as_u64(), s["state_digest"].as_str())
+                    {
+                        seen.entry(id).or_default().insert(applied, digest.to_string());
+                    }
+                }
+                let floor =
+                    *floor.get_or_insert_with(|| statuses.iter().filter_map(|s| s["applied_index"].as_u64()).max());
+                let ids: Vec<u64> = statuses.iter().filter_map(|s| s["node_id"].as_u64()).collect();
+                let first = ids.first().and_then(|id| seen.get(id));
+                let common =
+                    first.into_iter().flat_map(|m| m.range(floor.unwrap_or(0)..).rev()).find(|(index, digest)| {
+                        ids.iter().all(|id| seen.get(id).and_then(|m| m.get(*index)) == Some(*digest))
+                    });
+                if let Some((_, digest)) = common {
+                    return digest.clone();
                 }
             }
             if Instant::now() >= deadline {
@@ -355,7 +376,11 @@ impl Cluster {
                         format!("node {}'s log ends:\n{tail}", self.nodes[i].node_id)
                     })
                     .collect();
-                panic!("nodes did not converge: {statuses:?}\n{}\n{}", silent.join("\n"), behind.join("\n"));
+                panic!(
+                    "nodes did not converge: {statuses:?}\ndigests seen (node: index -> digest): {seen:?}\n{}\n{}",
+                    silent.join("\n"),
+                    behind.join("\n")
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -42,13 +42,19 @@ impl Admin {
 
 impl Coordinator {
     /// This node's view of the cluster; with `digest`, also the digest of its state machine
-    /// (which encodes the whole state: only on request, on a blocking thread).
+    /// (which encodes the whole state: only on request, on a blocking thread), and then the
+    /// applied index is the one the digest stands at: while entries keep applying (a leader
+    /// extends its timestamp window every second or so), a digest compared with another
+    /// node's is meaningful only at the same index.
     pub async fn cluster_status(&self, digest: bool) -> pb::ClusterStatus {
-        let state_digest = if digest {
+        let (digest_applied, state_digest) = if digest {
             let store = self.store().clone();
-            tokio::task::spawn_blocking(move || store.digest()).await.unwrap_or(0)
+            match tokio::task::spawn_blocking(move || store.digest_at()).await {
+                Ok((applied, digest)) => (Some(applied), digest),
+                Err(_) => (None, 0),
+            }
         } else {
-            0
+            (None, 0)
         };
         let node = &self.raft_node();
         let status = node.status();
@@ -69,7 +75,7 @@ impl Coordinator {
             term: status.term,
             last_log_index: status.last_log_index,
             committed_index: node.committed_index().await,
-            applied_index: status.applied_index,
+            applied_index: digest_applied.or(status.applied_index),
             snapshot_index: status.snapshot_index,
             purged_index: status.purged_index,
             members,

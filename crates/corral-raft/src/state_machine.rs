@@ -157,6 +157,29 @@ impl StateMachineStore {
     /// FNV-1a of the encoded state and its history: equal on every node that applied the same
     /// log prefix. Reads everything: for tests and `cluster status --digest`, not a hot path.
     pub fn digest(&self) -> u64 {
+        self.digest_at().1
+    }
+
+    /// The applied index and the digest of the state at exactly that index. The state is
+    /// copied under the read lock but the history is read after it is released: an entry
+    /// applied meanwhile would mix two indexes, so the digest is taken again (a few times at
+    /// most; the last try is returned as it stands) until no entry was applied during it.
+    pub fn digest_at(&self) -> (u64, u64) {
+        let mut last = (0, 0);
+        for _ in 0..DIGEST_TRIES {
+            let (applied, state) = {
+                let data = self.read();
+                (data.applied_index(), data.state.replicated_copy())
+            };
+            last = (applied, Self::digest_of(&state, &self.shared.history));
+            if self.read().applied_index() == applied {
+                break;
+            }
+        }
+        last
+    }
+
+    fn digest_of(state: &State, history: &History) -> u64 {
         struct Fnv(u64);
         impl Write for Fnv {
             fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -167,11 +190,10 @@ impl StateMachineStore {
                 Ok(())
             }
         }
-        let state = self.read().state.replicated_copy();
         let mut hash = Fnv(0xcbf2_9ce4_8422_2325);
         let written = hash
-            .write_all(&codec::snapshot_to_bytes(&state))
-            .and_then(|()| self.shared.history.write_to(&codec::HotBounds::of(&state), &mut hash));
+            .write_all(&codec::snapshot_to_bytes(state))
+            .and_then(|()| history.write_to(&codec::HotBounds::of(state), &mut hash));
         written.map_or(0, |()| hash.0)
     }
 
@@ -362,6 +384,9 @@ fn load_hot_body(body: std::fs::File) -> anyhow::Result<State> {
 
 /// The last applied log id and membership a snapshot stands at.
 type AppliedAt = (Option<LogId>, StoredMembership);
+
+/// How many times [`StateMachineStore::digest_at`] takes the digest while entries apply.
+const DIGEST_TRIES: usize = 3;
 
 fn blocking_err(e: tokio::task::JoinError) -> StorageError<NodeId> {
     io_err(std::io::Error::other(e.to_string()))
@@ -928,6 +953,28 @@ mod tests {
         let stored: Vec<(u64, u64)> = store.segments_from(0).map(|g| (g.job_id, g.epoch)).collect();
         assert_eq!(stored, vec![(1, epoch)], "the run is billed in the store");
         assert_eq!(store.archived_job(1).map(|j| j.state), Some(corral_types::JobState::Succeeded));
+    }
+
+    /// A digest names the applied index it stands at: two stores that applied the same entries
+    /// agree at every index, and a later entry changes the digest along with the index (a
+    /// digest compared with another node's at a different index says nothing).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_digest_names_the_index_it_stands_at() {
+        let (dir, other_dir) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+        let mut store = StateMachineStore::open(dir.path()).expect("open");
+        let mut other = StateMachineStore::open(other_dir.path()).expect("open");
+        for s in [&mut store, &mut other] {
+            apply_at(s, 1, 1, Command::Configure(ClusterConfig::dev_defaults())).await;
+            submit_ids(s, 2, 1_000, "a", 3).await;
+        }
+        let at_two = store.digest_at();
+        assert_eq!(at_two.0, 2);
+        assert_eq!(other.digest_at(), at_two);
+        submit_ids(&mut store, 3, 2_000, "b", 1).await;
+        let at_three = store.digest_at();
+        assert_eq!(at_three.0, 3);
+        assert_ne!(at_three.1, at_two.1);
+        assert_eq!(store.digest(), at_three.1);
     }
 
     /// Applies `command` at log index `index` through the store, as openraft does.
