@@ -47,7 +47,7 @@ impl Default for ClusterOptions {
             tls: None,
             sign_joins: false,
             worker_cert_lifetime: None,
-            election_timeout_ms: (150, 300),
+            election_timeout_ms: (250, 500),
             extra_config: String::new(),
             watch_history: None,
             auth: None,

@@ -260,7 +260,7 @@ pub struct RaftSection {
     /// Between the leader's heartbeats to its followers (default 50ms).
     heartbeat_interval: Option<ConfigDuration>,
     /// A follower that heard no leader for a random time between these two campaigns, if a
-    /// majority grants it a pre-vote (default 150ms to 300ms). One that heard a leader within
+    /// majority grants it a pre-vote (default 250ms to 500ms). One that heard a leader within
     /// the minimum refuses pre-votes and votes.
     election_timeout_min: Option<ConfigDuration>,
     election_timeout_max: Option<ConfigDuration>,
