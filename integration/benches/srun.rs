@@ -6,8 +6,8 @@
 //! Run: `cargo build --release -p corral-cli && cargo bench -p corral-integration --bench srun`
 //! Knobs: `CORRAL_BENCH_SAMPLES` (timed `srun`s, default 20), `CORRAL_BIN` (the `corral` binary).
 
-use corral_integration::cluster::{free_port, Cluster, ClusterOptions};
-use corral_integration::worker::WorkerProc;
+use corral_integration::cluster::free_port;
+use corral_integration::worker::two_node_pool;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
@@ -30,20 +30,7 @@ fn stamp(path: &Path) -> u128 {
 
 fn main() {
     let samples: usize = env_or("CORRAL_BENCH_SAMPLES", 20);
-    let port = free_port();
-    let cluster = Cluster::start(1, ClusterOptions::default());
-    let init = cluster.corral_at(0, &["cluster", "init"]);
-    assert!(init.status.success(), "cluster init: {}", String::from_utf8_lossy(&init.stderr));
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    let mut workers = Vec::new();
-    for name in ["w1", "w2"] {
-        let mut w = WorkerProc::configure(dir.path(), name, &cluster.endpoints(), 2);
-        w.edit_config(|c| format!("rendezvous-ports = \"{port}-{port}\"\n{c}"));
-        w.start();
-        w.wait_registered(&cluster);
-        workers.push(w);
-    }
+    let (cluster, _workers, dir) = two_node_pool(free_port());
     let out = dir.path().join("out");
     std::fs::create_dir(&out).expect("mkdir");
     std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).expect("chmod");

@@ -1,6 +1,8 @@
 //! A real `corral worker` process with simulated GPUs, for node-loss tests.
 
+use crate::cluster::{Cluster, ClusterOptions};
 use crate::{corral_bin, unsafe_kill};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -153,4 +155,23 @@ impl Drop for WorkerProc {
             let _ = child.wait();
         }
     }
+}
+
+/// A one-coordinator cluster, initialised, and workers `w1` and `w2` (2 simulated GPUs each)
+/// offering only `port` to gangs, with a directory every job's user may write in.
+pub fn two_node_pool(port: u16) -> (Cluster, Vec<WorkerProc>, tempfile::TempDir) {
+    let cluster = Cluster::start(1, ClusterOptions::default());
+    let init = cluster.corral_at(0, &["cluster", "init"]);
+    assert!(init.status.success(), "cluster init: {}", String::from_utf8_lossy(&init.stderr));
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let mut workers = Vec::new();
+    for name in ["w1", "w2"] {
+        let mut w = WorkerProc::configure(dir.path(), name, &cluster.endpoints(), 2);
+        w.edit_config(|c| format!("rendezvous-ports = \"{port}-{port}\"\n{c}"));
+        w.start();
+        w.wait_registered(&cluster);
+        workers.push(w);
+    }
+    (cluster, workers, dir)
 }

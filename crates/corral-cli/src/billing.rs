@@ -18,6 +18,15 @@ pub fn money(micros: u64) -> String {
     format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000)
 }
 
+/// A ledger entry's amount: its cost, or a credit as `-0.890000`.
+pub fn entry_amount(g: &corral_types::Segment) -> String {
+    if g.is_credit() {
+        format!("-{}", money(g.cost_micros))
+    } else {
+        money(g.cost_micros)
+    }
+}
+
 #[derive(Default)]
 struct Row {
     segments: u64,
@@ -127,7 +136,7 @@ pub async fn report(global: &GlobalArgs, args: BillingArgs) -> anyhow::Result<Ex
                             money(g.price_micros_per_gpu_hour),
                             format!("x{}", corral_core::format_multiplier(g.multiplier_milli)),
                             g.policy_version.to_string(),
-                            if g.is_credit() { format!("-{}", money(g.cost_micros)) } else { money(g.cost_micros) },
+                            entry_amount(g),
                             g.cause.map_or("-", |c| c.as_str()).to_string(),
                         ]
                     })

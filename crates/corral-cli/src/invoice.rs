@@ -5,7 +5,7 @@
 //! history at once.
 
 use crate::args::{GlobalArgs, InvoiceArgs, OutputFormat, ReportFormat};
-use crate::billing::money;
+use crate::billing::{entry_amount as amount, money};
 use crate::connect::client;
 use crate::output::{format_utc, StreamTable};
 use crate::paging;
@@ -45,15 +45,6 @@ impl Totals {
     /// What is owed: the charges less the credits (a credit never exceeds what it credits).
     pub fn net_micros(&self) -> u64 {
         self.charged_micros.saturating_sub(self.credited_micros)
-    }
-}
-
-/// A signed amount: a credit as `-0.890000`.
-fn amount(g: &Segment) -> String {
-    if g.is_credit() {
-        format!("-{}", money(g.cost_micros))
-    } else {
-        money(g.cost_micros)
     }
 }
 

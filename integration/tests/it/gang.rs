@@ -5,7 +5,7 @@
 //! restarted as a whole under `max-restarts`, then fails.
 
 use corral_client::{Client, ClientConfig};
-use corral_integration::cluster::{free_port, Cluster, ClusterOptions};
+use corral_integration::cluster::{free_port, Cluster};
 use corral_integration::one_line_stderr;
 use corral_integration::worker::WorkerProc;
 use std::os::unix::fs::PermissionsExt;
@@ -13,20 +13,7 @@ use std::time::Duration;
 
 /// A coordinator and workers w1 and w2 (2 simulated GPUs each) offering only `port` to gangs.
 fn pool(port: u16) -> (Cluster, Vec<WorkerProc>, tempfile::TempDir) {
-    let cluster = Cluster::start(1, ClusterOptions::default());
-    let init = cluster.corral_at(0, &["cluster", "init"]);
-    assert!(init.status.success(), "{}", one_line_stderr(&init));
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    let mut workers = Vec::new();
-    for name in ["w1", "w2"] {
-        let mut w = WorkerProc::configure(dir.path(), name, &cluster.endpoints(), 2);
-        w.edit_config(|c| format!("rendezvous-ports = \"{port}-{port}\"\n{c}"));
-        w.start();
-        w.wait_registered(&cluster);
-        workers.push(w);
-    }
-    (cluster, workers, dir)
+    corral_integration::worker::two_node_pool(port)
 }
 
 fn logs(cluster: &Cluster, args: &[&str]) -> String {

@@ -5,7 +5,7 @@
 //! step runs kills its tasks on every node; a torchrun-style launcher finds its head node with
 //! `scontrol`; outside a job `srun` points at `corral run`.
 
-use corral_integration::cluster::{free_port, Cluster, ClusterOptions};
+use corral_integration::cluster::{free_port, Cluster};
 use corral_integration::one_line_stderr;
 use corral_integration::worker::WorkerProc;
 use std::os::unix::fs::PermissionsExt;
@@ -14,21 +14,7 @@ use std::time::{Duration, Instant};
 
 /// A coordinator and workers w1 and w2 (2 simulated GPUs each).
 fn pool() -> (Cluster, Vec<WorkerProc>, tempfile::TempDir) {
-    let port = free_port();
-    let cluster = Cluster::start(1, ClusterOptions::default());
-    let init = cluster.corral_at(0, &["cluster", "init"]);
-    assert!(init.status.success(), "{}", one_line_stderr(&init));
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    let mut workers = Vec::new();
-    for name in ["w1", "w2"] {
-        let mut w = WorkerProc::configure(dir.path(), name, &cluster.endpoints(), 2);
-        w.edit_config(|c| format!("rendezvous-ports = \"{port}-{port}\"\n{c}"));
-        w.start();
-        w.wait_registered(&cluster);
-        workers.push(w);
-    }
-    (cluster, workers, dir)
+    corral_integration::worker::two_node_pool(free_port())
 }
 
 fn submit(cluster: &Cluster, script: &Path) -> u64 {
