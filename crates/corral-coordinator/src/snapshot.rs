@@ -71,6 +71,19 @@ impl Snapshot {
         reply
     }
 
+    /// `job` as a watch sends it: [`Self::job_reply`] without the script and the environment,
+    /// the parts of a spec that may take megabytes (`GetJob` has them). A watch buffers a few
+    /// events, and a principal may hold `limits.max-watches-per-principal` watches: without them
+    /// an event is at most the command's cap plus a few KiB, whatever the jobs hold.
+    pub(crate) fn watch_reply(&self, job: &Job) -> pb::Job {
+        let mut reply = self.job_reply(job);
+        if let Some(spec) = reply.spec.as_mut() {
+            spec.script = None;
+            spec.env.clear();
+        }
+        reply
+    }
+
     /// Job `job_id` from the hot state, or else from the history of finished jobs.
     pub(crate) fn find_job(&self, job_id: JobId) -> Option<Job> {
         let hot = self.store.read().state.jobs.get(&job_id).cloned();

@@ -97,3 +97,44 @@ fn each_request_is_bounded_and_a_refusal_names_its_limit_and_creates_nothing() {
         refused(c.segments_page(&query, "", 0).await, "at most 10000");
     });
 }
+
+/// A watch buffers a few events per client, and a principal may hold many watches: its events
+/// carry each job without the script and environment (up to 1 MiB and 256 KiB), which `GetJob`
+/// still returns whole.
+#[test]
+fn watches_send_jobs_without_their_script_and_environment() {
+    let pool = DevPool::start(&["--gpus", "1"]);
+    let rt = runtime();
+    let c = client(&pool.addr);
+    rt.block_on(async {
+        let mut spec = trivial_job("big");
+        spec.sched.hold = true;
+        let script = format!("#!/bin/sh\n#{}\ntrue\n", "x".repeat(corral_types::MAX_SCRIPT_BYTES - 20));
+        spec.script = Some(script.clone().into());
+        spec.batch_step = true;
+        spec.command = Vec::new().into();
+        spec.env = std::sync::Arc::new([("BIG".to_string(), "y".repeat(200_000))].into());
+        let id = c.submit(&spec).await.expect("the largest script is legal").job_id;
+
+        let whole = c.get_job(id).await.expect("get");
+        assert_eq!(whole.spec.script.as_deref(), Some(script.as_str()), "GetJob returns the script");
+        assert_eq!(whole.spec.env.len(), 1, "GetJob returns the environment");
+
+        let request = pb::WatchJobsRequest { job_ids: vec![id], ..Default::default() };
+        let mut stream = c.watch_jobs(request).await.expect("watch");
+        let event = tokio::time::timeout(Duration::from_secs(30), stream.message()).await;
+        let job = event.expect("in time").expect("an event").expect("not ended").job.expect("the job");
+        let watched = job.spec.expect("its spec");
+        assert_eq!(watched.script, None, "no script in a watch event");
+        assert!(watched.env.is_empty(), "no environment in a watch event");
+        assert!(watched.batch_step, "still says it is a batch job");
+        assert_eq!(watched.name, "big");
+
+        let mut one = c.watch_job(id).await.expect("watch one");
+        let first = tokio::time::timeout(Duration::from_secs(30), one.message()).await;
+        let job = first.expect("in time").expect("a reply").expect("not ended");
+        let watched = job.spec.expect("its spec");
+        assert_eq!(watched.script, None, "no script from WatchJob");
+        assert!(watched.env.is_empty(), "no environment from WatchJob");
+    });
+}

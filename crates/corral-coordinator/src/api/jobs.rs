@@ -240,7 +240,7 @@ pub(super) fn list_jobs(
 /// `Corral.WatchJob` (`corral wait`, `corral logs -f`). Cost: one of the caller's
 /// `limits.max-watches-per-principal` watches while it lasts; the job is read and sent again
 /// at each applied change (or every `WATCH_REFRESH`), only when it changed, at most 4 replies
-/// buffered.
+/// buffered, each without the script and environment (`Snapshot::watch_reply`).
 pub(super) fn watch_job(
     coord: &Coordinator,
     watches: &Arc<Watches>,
@@ -276,7 +276,7 @@ fn watch_one(
             }
             let snapshot = coord.snapshot();
             let Some(job) = snapshot.find_job(job_id) else { return };
-            let (reply, terminal) = (snapshot.job_reply(&job), job.state.is_terminal());
+            let (reply, terminal) = (snapshot.watch_reply(&job), job.state.is_terminal());
             if last.as_ref() != Some(&reply) {
                 if tx.send(Ok(reply.clone())).await.is_err() || terminal {
                     return;
