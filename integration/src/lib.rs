@@ -1,6 +1,7 @@
 //! Test support for multi-process tests: finds the built `corral` binary, runs `corral dev`
 //! pools in temp dirs, and drives the CLI exactly as a user would.
 
+pub mod abuse;
 pub mod cluster;
 pub mod netns;
 pub mod registry;

@@ -7,7 +7,13 @@
 //! short deadline (its jobs are stopped and requeued) and price changes (running runs are billed
 //! in pieces). Finished jobs move to the on-disk history after 3 s. Every job appends what it sees to a file the test owns; after healing, the test
 //! checks the lifecycle invariants against those lines, the replicated state and the billing
-//! ledger.
+//! ledger (credits included: the policy credits lost nodes in full and drains by half).
+//!
+//! Beside the schedule, an abusive tenant (`corral_integration::abuse`) uses every per-request
+//! limit at once: the largest arrays and scripts, the longest index lists, listings of every job,
+//! and the most slow watches a principal may hold. Two more invariants hold under it: no healthy
+//! worker's lease lapses (a run ends `node-lost` only on a worker that was killed, frozen or cut
+//! off around then), and no coordinator's resident memory passes [`RSS_BOUND_MIB`].
 //!
 //! `CORRAL_SEED=N` replays a schedule (the seed is printed at the start and in every failure);
 //! `CORRAL_SOAK_SECS=N` runs the schedule for N seconds instead of the default 60.
@@ -31,6 +37,13 @@ const WORKER_FAULT_MAX: Duration = Duration::from_secs(6);
 
 /// How far the stamps of a new leader may run ahead of the clock (the ledger's allowance).
 const TSO_LEAD: Duration = Duration::from_secs(5);
+
+/// Most resident memory a coordinator may reach under the schedule and the abusive tenant (a
+/// debug build; its arrays' tasks and scripts included).
+const RSS_BOUND_MIB: u64 = 512;
+
+/// The credits the run's policy gives (appended to the dev policy).
+const CREDITS: &str = "\n[billing.credits]\nnode-lost = 1.0\ndrained = 0.5\n";
 
 /// xorshift64*: a small, seedable generator, so one seed always gives one schedule.
 struct Rng(u64);
@@ -104,6 +117,9 @@ struct Pool {
     /// Wall-clock windows (seconds) during which each worker was frozen.
     frozen: Vec<(String, f64, f64)>,
     frozen_since: BTreeMap<usize, f64>,
+    /// Wall-clock windows (seconds) during which each worker was killed, frozen or cut off.
+    faulted: Vec<(String, f64, f64)>,
+    faulted_since: BTreeMap<usize, f64>,
     dir: tempfile::TempDir,
 }
 
@@ -150,7 +166,19 @@ impl Pool {
         config.retry_for = Duration::from_secs(3);
         let client = Client::new(config).expect("client");
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-        Pool { cluster, workers, hosts, client, rt, lines, frozen: Vec::new(), frozen_since: BTreeMap::new(), dir }
+        Pool {
+            cluster,
+            workers,
+            hosts,
+            client,
+            rt,
+            lines,
+            frozen: Vec::new(),
+            frozen_since: BTreeMap::new(),
+            faulted: Vec::new(),
+            faulted_since: BTreeMap::new(),
+            dir,
+        }
     }
 
     /// Host (1-based) of a target.
@@ -162,6 +190,11 @@ impl Pool {
     }
 
     fn inject(&mut self, fault: Fault) {
+        if let Fault::Kill(Target::Worker(i)) | Fault::Stop(Target::Worker(i)) | Fault::Partition(Target::Worker(i)) =
+            fault
+        {
+            self.faulted_since.insert(i, wall_now());
+        }
         match fault {
             Fault::Kill(Target::Coordinator(i)) => self.cluster.kill(i),
             Fault::Kill(Target::Worker(i)) => self.workers[i].kill(),
@@ -175,6 +208,12 @@ impl Pool {
     }
 
     fn heal(&mut self, fault: Fault) {
+        if let Fault::Kill(Target::Worker(i)) | Fault::Stop(Target::Worker(i)) | Fault::Partition(Target::Worker(i)) =
+            fault
+        {
+            let since = self.faulted_since.remove(&i).unwrap_or_else(wall_now);
+            self.faulted.push((self.workers[i].name.clone(), since, wall_now()));
+        }
         match fault {
             Fault::Kill(Target::Coordinator(i)) => self.cluster.restart(i),
             Fault::Kill(Target::Worker(i)) => self.workers[i].start(),
@@ -377,7 +416,7 @@ fn check(
     // A run that spans a price change is billed in pieces: they must meet end to start, each
     // with a later policy version, and count as one segment of their summed length.
     let mut pieces: BTreeMap<(u64, u64), Vec<&corral_types::Segment>> = BTreeMap::new();
-    for s in segments {
+    for s in segments.iter().filter(|s| s.credit_for.is_none()) {
         pieces.entry((s.job_id, s.epoch)).or_default().push(s);
     }
     let mut whole_runs: BTreeMap<(u64, u64), corral_types::Segment> = BTreeMap::new();
@@ -456,6 +495,73 @@ fn check(
     bad
 }
 
+/// Credits: every billed piece has exactly one end cause; every credit names a piece of the same
+/// run, carries that piece's cause, is stamped when the run ended (at or after the piece's end), and never exceeds what the
+/// piece cost; a piece is credited at most once.
+fn check_credits(segments: &[corral_types::Segment]) -> Vec<String> {
+    let mut bad = Vec::new();
+    let pieces: BTreeMap<u64, &corral_types::Segment> =
+        segments.iter().filter(|s| s.credit_for.is_none()).map(|s| (s.id, s)).collect();
+    for s in pieces.values() {
+        if s.cause.is_none() {
+            bad.push(format!("job {} epoch {} was billed without an end cause: {s:?}", s.job_id, s.epoch));
+        }
+    }
+    let mut credited: BTreeMap<u64, u64> = BTreeMap::new();
+    for credit in segments.iter().filter(|s| s.credit_for.is_some()) {
+        let of = credit.credit_for.unwrap_or_default();
+        *credited.entry(of).or_default() += 1;
+        let Some(piece) = pieces.get(&of) else {
+            bad.push(format!("credit {} names no billed piece: {credit:?}", credit.id));
+            continue;
+        };
+        if (credit.job_id, credit.epoch) != (piece.job_id, piece.epoch)
+            || credit.cause != piece.cause
+            || credit.cost_micros > piece.cost_micros
+            || credit.start < piece.end
+        {
+            bad.push(format!("credit {credit:?} does not match the piece it credits: {piece:?}"));
+        }
+    }
+    for (piece, count) in credited {
+        if count > 1 {
+            bad.push(format!("billed piece {piece} was credited {count} times"));
+        }
+    }
+    bad
+}
+
+/// Lease lapses of healthy workers: a run that ended `node-lost` must have been billed to a moment
+/// its worker was killed, frozen or cut off, or within a TTL (and the TSO's lead) after it healed.
+/// Leader kills, freezes and partitions excuse nothing: a healthy worker finds the new leader
+/// before its lease ends.
+/// A gang's run is billed under its first node: a fault of any of the pool's workers excuses it.
+fn lapses(
+    faulted: &[(String, f64, f64)],
+    acked: &BTreeMap<u64, Kind>,
+    segments: &[corral_types::Segment],
+) -> Vec<String> {
+    let slack = 1.0;
+    let after = (TTL + TSO_LEAD).as_secs_f64();
+    segments
+        .iter()
+        .filter(|s| s.credit_for.is_none() && s.cause == Some(corral_types::EndCause::NodeLost))
+        .filter_map(|s| {
+            let billed_to = (s.start.physical_ms() + s.duration_ms) as f64 / 1000.0;
+            let excused = faulted
+                .iter()
+                .filter(|(node, _, _)| *node == s.node || matches!(acked.get(&s.job_id), Some(Kind::Gang | Kind::BatchGang)))
+                .any(|(_, from, to)| from - slack <= billed_to && billed_to <= to + after + slack);
+            (!excused).then(|| {
+                format!(
+                    "the lease of healthy worker {} lapsed: job {} epoch {} ended node-lost, billed to {billed_to:.3}, with no fault of {} around then",
+                    s.node, s.job_id, s.epoch, s.node
+                )
+            })
+        })
+        .collect()
+}
+
 /// How long `node` was frozen in a freeze that ended just before a run's first line at `first`:
 /// the worker spawned the job, then froze, and its clock counted the freeze.
 fn frozen_at_spawn(frozen: &[(String, f64, f64)], node: &str, first: f64) -> f64 {
@@ -513,7 +619,19 @@ fn lifecycle_invariants_hold_under_random_faults() {
     let dev_policy =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster-configs/dev-policy.toml"))
             .expect("dev policy");
+    let dev_policy = format!("{dev_policy}{CREDITS}");
+    {
+        let client = pool.client.clone();
+        let text = dev_policy.clone();
+        pool.rt
+            .block_on(async move { client.apply_policy("chaos.toml", &text, false, false).await })
+            .expect("the run's policy (credits) applies");
+    }
     let mut dearer = false;
+    let abuser =
+        corral_integration::abuse::Abuser::start(pool.cluster.endpoints().split(',').map(String::from).collect(), seed);
+    let mut rss_max_kib: BTreeMap<usize, u64> = BTreeMap::new();
+    let mut rss_shown = Instant::now();
     let mut faults = Vec::new();
     // When each fault ended (wall clock, like the jobs' lines): for the post-mortem.
     let mut healed = Vec::new();
@@ -523,6 +641,18 @@ fn lifecycle_invariants_hold_under_random_faults() {
     while Instant::now() < end {
         step += 1;
         std::thread::sleep(rng.millis(50, 500));
+        for i in 0..3 {
+            if let Some(kib) = pool.cluster.pid(i).and_then(corral_integration::abuse::rss_kib) {
+                let max = rss_max_kib.entry(i).or_default();
+                *max = (*max).max(kib);
+            }
+        }
+        if rss_shown.elapsed() >= Duration::from_secs(60) {
+            rss_shown = Instant::now();
+            let now: Vec<u64> =
+                (0..3).filter_map(|i| pool.cluster.pid(i).and_then(corral_integration::abuse::rss_kib)).collect();
+            eprintln!("chaos seed {seed}: step {step}: coordinators' RSS now (KiB) {now:?}, largest {rss_max_kib:?}");
+        }
         for slot in [&mut coordinator_fault, &mut worker_fault] {
             if let Some((at, fault)) = *slot {
                 if Instant::now() >= at {
@@ -636,6 +766,9 @@ fn lifecycle_invariants_hold_under_random_faults() {
             }
         }
     }
+    let abuse = abuser.stop();
+    eprintln!("chaos seed {seed}: abusive tenant: {abuse:?}");
+    eprintln!("chaos seed {seed}: coordinators' largest RSS (KiB): {rss_max_kib:?}");
     // Every worker takes jobs again (retried through any leader change).
     let resume_by = Instant::now() + Duration::from_secs(60);
     while let Some((_, worker)) = drain {
@@ -680,6 +813,13 @@ fn lifecycle_invariants_hold_under_random_faults() {
     let segments = pool.rt.block_on(async move { client.segments(None, None, None, None).await }).expect("segments");
     let runs = runs(&read_lines(&pool.lines));
     let mut bad = check(&pool.frozen, &jobs, &acked, &runs, &segments, &tso);
+    bad.extend(check_credits(&segments));
+    bad.extend(lapses(&pool.faulted, &acked, &segments));
+    for (i, kib) in &rss_max_kib {
+        if *kib > RSS_BOUND_MIB * 1024 {
+            bad.push(format!("coordinator {} reached {} MiB resident (bound {RSS_BOUND_MIB} MiB)", i + 1, kib / 1024));
+        }
+    }
 
     // No ended job still holds a GPU: a gang over all four GPUs runs.
     let mut last = pool.spec(0, Kind::Gang, "normal", 1);
