@@ -255,6 +255,8 @@ pub(crate) fn launch_spec(
         binds,
         mounts,
         files,
+        // Set by the runtime, which holds the lease.
+        not_after: None,
     })
 }
 

@@ -95,6 +95,11 @@ pub struct LaunchSpec {
     /// Working directory, batch script and output files of a Slurm-style job (bare processes
     /// only; container executors take only `cwd`, a directory inside the container).
     pub files: JobFiles,
+    /// When the worker's lease runs out: a job not yet exec'd by then is not started (checked
+    /// again in the child, just before exec), so a worker frozen in the middle of a launch
+    /// never starts, once thawed, a run the leader may have given to another node meanwhile.
+    /// `None`: no such check.
+    pub not_after: Option<std::time::Instant>,
 }
 
 /// A host path bound into a container.
@@ -144,9 +149,16 @@ impl JobExit {
     }
 }
 
+/// What a launch refused because the worker's lease ran out says (the runtime reports such a
+/// run as never started, and the leader places it again).
+pub const LEASE_ENDED: &str = "this worker's lease ran out before the job could start";
+
 /// Errors of the executor.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
+    /// The worker's lease ran out before the job was exec'd: it did not start.
+    #[error("{}", LEASE_ENDED)]
+    LeaseEnded,
     #[error("invalid launch spec: {0}")]
     InvalidSpec(String),
     #[error("invalid cgroup root {0:?}: use a relative path of plain names such as \"corral\"")]

@@ -329,6 +329,7 @@ pub(crate) fn spawn(plan: SpawnPlan<'_>) -> Result<JobProcess, ExecError> {
         open_files: spec.limits.open_files,
         uid: spec.uid,
         gid: spec.gid,
+        not_after: spec.not_after,
     };
     let dir = spec.files.cwd.as_deref().unwrap_or(&spec.work_dir);
     spawn::spawn(&plan.program, &spec.argv, &plan.env, dir, &plan.stdout, &plan.stderr, &confinement).map_err(
@@ -336,7 +337,9 @@ pub(crate) fn spawn(plan: SpawnPlan<'_>) -> Result<JobProcess, ExecError> {
             let program = plan.program.display().to_string();
             // The child reports exec's errno in the message ("cannot exec the program: ...").
             let errno = |code: i32| source.to_string().ends_with(&io::Error::from_raw_os_error(code).to_string());
-            if errno(libc::ENOEXEC) && !starts_like_a_program(&plan.program) {
+            if source.kind() == io::ErrorKind::TimedOut {
+                ExecError::LeaseEnded
+            } else if errno(libc::ENOEXEC) && !starts_like_a_program(&plan.program) {
                 ExecError::NoShebang { program }
             } else if errno(libc::EACCES) {
                 ExecError::NotExecutable { program, path: plan.program.clone() }

@@ -253,6 +253,12 @@ impl Executor for RuncExecutor {
             .stderr(Stdio::from(stderr))
             // Its own process group: a ^C to the worker must not reach the container.
             .process_group(0);
+        // The bundle took a while: a worker stopped meanwhile may have lost its lease.
+        if spec.not_after.is_some_and(|end| Instant::now() >= end) {
+            cgroup.remove_quietly();
+            container.delete();
+            return Err(ExecError::LeaseEnded);
+        }
         let child = match command.spawn() {
             Ok(child) => child,
             Err(source) => {
@@ -719,6 +725,7 @@ mod tests {
                 read_only: true,
             }],
             files: Default::default(),
+            not_after: None,
         };
         spec.limits.memory_bytes = Some(1 << 30);
         spec.limits.cpu_millis = Some(1500);

@@ -32,6 +32,9 @@ pub(crate) struct Confinement<'a> {
     pub(crate) open_files: Option<u64>,
     pub(crate) uid: Option<u32>,
     pub(crate) gid: Option<u32>,
+    /// The child does not exec at or after this moment (the worker's lease end): the spawn then
+    /// fails with `io::ErrorKind::TimedOut`.
+    pub(crate) not_after: Option<std::time::Instant>,
 }
 
 /// The steps of the child, named in the error when one fails.
@@ -50,6 +53,7 @@ enum Step {
     Gid,
     Uid,
     Exec,
+    Lease,
 }
 
 impl Step {
@@ -67,6 +71,7 @@ impl Step {
             Step::Gid,
             Step::Uid,
             Step::Exec,
+            Step::Lease,
         ]
         .get(usize::try_from(raw).unwrap_or(0))
         .copied()
@@ -87,6 +92,7 @@ impl Step {
             Step::Gid => "switch to the job's gid",
             Step::Uid => "switch to the job's uid",
             Step::Exec => "exec the program",
+            Step::Lease => "start the job before this worker's lease ran out",
         }
     }
 }
@@ -109,6 +115,9 @@ struct ChildArgs {
     has_uid: bool,
     gid: libc::gid_t,
     has_gid: bool,
+    /// CLOCK_MONOTONIC time at which the child must not exec any more.
+    deadline: libc::timespec,
+    has_deadline: bool,
     failed_step: i32,
     errno: i32,
 }
@@ -154,6 +163,8 @@ pub(crate) fn spawn(
         has_uid: confinement.uid.is_some(),
         gid: confinement.gid.unwrap_or(0),
         has_gid: confinement.gid.is_some(),
+        deadline: confinement.not_after.map(monotonic_at).unwrap_or(libc::timespec { tv_sec: 0, tv_nsec: 0 }),
+        has_deadline: confinement.not_after.is_some(),
         failed_step: Step::None as i32,
         errno: 0,
     };
@@ -190,9 +201,24 @@ pub(crate) fn spawn(
         reap_blocking(pid);
         let step = Step::from_raw(failed_step);
         let source = io::Error::from_raw_os_error(errno);
-        return Err(io::Error::new(source.kind(), format!("cannot {}: {source}", step.describe())));
+        let kind = if step == Step::Lease { io::ErrorKind::TimedOut } else { source.kind() };
+        return Err(io::Error::new(kind, format!("cannot {}: {source}", step.describe())));
     }
     Ok(JobProcess::new(pid))
+}
+
+/// `at` on the CLOCK_MONOTONIC clock (the one `Instant` reads on Linux, which runs on while a
+/// process is stopped), for the child to compare without touching `Instant`.
+fn monotonic_at(at: std::time::Instant) -> libc::timespec {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let left = at.saturating_duration_since(std::time::Instant::now());
+    let nanos = now.tv_nsec as u64 + u64::from(left.subsec_nanos());
+    libc::timespec {
+        tv_sec: now.tv_sec + left.as_secs() as libc::time_t + (nanos / 1_000_000_000) as libc::time_t,
+        tv_nsec: (nanos % 1_000_000_000) as libc::c_long,
+    }
 }
 
 fn c_string(s: &OsStr) -> io::Result<CString> {
@@ -341,6 +367,16 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             }
             if libc::syscall(libc::SYS_setuid, args.uid as libc::c_long) != 0 {
                 return fail(args, Step::Uid);
+            }
+        }
+        // Last, right before exec: a worker stopped since it decided to launch (SIGSTOP, a stall)
+        // may have lost its lease, and its job been given to another node meanwhile.
+        if args.has_deadline {
+            let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now);
+            if (now.tv_sec, now.tv_nsec) >= (args.deadline.tv_sec, args.deadline.tv_nsec) {
+                *libc::__errno_location() = libc::ETIME;
+                return fail(args, Step::Lease);
             }
         }
         libc::execve(args.program, args.argv, args.envp);

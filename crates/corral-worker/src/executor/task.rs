@@ -83,6 +83,8 @@ impl JobHandle {
             open_files: spec.open_files,
             uid: spec.uid,
             gid: spec.gid,
+            // A step's tasks join a run that is already running (and fenced with it).
+            not_after: None,
         };
         let process = spawn::spawn(&program, &spec.argv, &spec.env, &spec.cwd, &output, &output, &confinement)
             .map_err(|source| ExecError::Spawn { program: program.display().to_string(), source })?;

@@ -84,6 +84,7 @@ impl<E: TestExecutor> Fixture<E> {
             binds: Vec::new(),
             mounts: Vec::new(),
             files: Default::default(),
+            not_after: None,
         }
     }
 

@@ -550,3 +550,29 @@ async fn a_working_directory_the_user_cannot_enter_fails_the_launch() {
         )
     );
 }
+
+/// A worker stopped between deciding to launch and the exec (a SIGSTOP, a stall) may have lost
+/// its lease, and the leader given the run to another node: the child checks the lease's end
+/// right before exec, and a launch past it starts nothing (and leaves no cgroup behind).
+#[tokio::test]
+async fn a_launch_past_the_leases_end_starts_nothing() {
+    let fx = Fixture::new();
+    let marker = fx.dir.path().join("ran");
+    let script = format!("touch {}", marker.display());
+    let mut spec = fx.spec(&["sh", "-c", &script]);
+    spec.not_after = Some(Instant::now());
+    let err = fx.executor.launch(&spec).expect_err("the lease ended before the exec");
+    assert!(matches!(err, ExecError::LeaseEnded), "{err:?}");
+    assert_eq!(err.to_string(), LEASE_ENDED);
+    assert!(!marker.exists(), "the job ran");
+    let cgroup = JobCgroup::load_for_tests(fx.executor.cgroup_version(), &fx.executor.job_cgroup_name(7, 0));
+    assert!(!cgroup.exists(), "the job's cgroup is left behind: {:?}", cgroup.dirs());
+
+    // Within the lease, the same launch runs.
+    spec.attempt = 1;
+    spec.not_after = Some(Instant::now() + Duration::from_secs(60));
+    let mut job = fx.executor.launch(&spec).expect("launch within the lease");
+    let exit = fx.wait_bounded(&mut job, DEADLINE).await;
+    assert!(exit.success(), "{exit:?}");
+    assert!(marker.exists(), "the job ran");
+}

@@ -13,7 +13,7 @@ mod tasks;
 
 use crate::config::WorkerConfig;
 use crate::devices::Devices;
-use crate::executor::{Executor, LaunchSpec, RunningJob, DEFAULT_PATH};
+use crate::executor::{Executor, LaunchSpec, RunningJob, DEFAULT_PATH, LEASE_ENDED};
 use crate::fence::FenceGuard;
 use crate::jobs::{JobTable, RunInfo, StartedRun};
 use crate::launch::{launch_spec, pick_mig_instance, MigPick, Prepared};
@@ -300,6 +300,7 @@ impl Runtime {
     /// Mints the run's in-job secret into its environment (with where the in-job service
     /// listens) and records what its step tasks inherit. The secret is never logged.
     fn with_run_secret(&self, mut spec: LaunchSpec) -> LaunchSpec {
+        spec.not_after = Some(self.state.launch_deadline());
         let secret = crate::in_job::mint_secret();
         spec.env.insert(crate::in_job::SECRET_ENV.into(), secret.clone());
         spec.env.insert(crate::in_job::SOCKET_ENV.into(), self.config.in_job_socket().display().to_string());
@@ -472,6 +473,14 @@ impl Runtime {
         let job_id = job.id;
         let (running, mig) = match launched {
             Ok(launched) => launched,
+            Err(error) if error == LEASE_ENDED => {
+                // Stopped (frozen, stalled) between deciding to launch and the exec: the leader
+                // may have given the run to another node meanwhile. It never started here.
+                self.owners.jobs.launch_failed(job_id, epoch);
+                tracing::warn!(job_id, epoch, "not started: this worker's lease ran out before the exec");
+                self.state.not_started(job_id, epoch);
+                return;
+            }
             Err(error) => {
                 self.owners.jobs.launch_failed(job_id, epoch);
                 tracing::warn!(job_id, epoch, error = %error, "launch failed");

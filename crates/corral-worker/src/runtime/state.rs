@@ -159,6 +159,12 @@ impl RuntimeState {
         self.lease.until.filter(|_| self.leased())
     }
 
+    /// The moment after which no job may start here: the lease's end, or now when there is no
+    /// lease (a launch then starts nothing).
+    pub(crate) fn launch_deadline(&self) -> Instant {
+        self.lease_deadline().unwrap_or_else(Instant::now)
+    }
+
     /// Fences the worker when no leader answered within the fence time, as of `now`.
     pub(crate) fn check_lease(&mut self, now: Instant) {
         if self.lease_deadline().is_some_and(|until| now >= until) {
