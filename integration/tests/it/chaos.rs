@@ -628,6 +628,26 @@ fn lifecycle_invariants_hold_under_random_faults() {
             .expect("the run's policy (credits) applies");
     }
     let mut dearer = false;
+    // The test process's own stalls (a thread that should wake every 50 ms): when every daemon
+    // of the run goes quiet at once, this tells a stall of the machine from one of corral's.
+    let stalls: Arc<std::sync::Mutex<Vec<(f64, f64)>>> = Arc::default();
+    let stall_watch = {
+        let stalls = stalls.clone();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = done.clone();
+        let thread = std::thread::spawn(move || {
+            let mut last = wall_now();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+                let now = wall_now();
+                if now - last > 1.0 {
+                    stalls.lock().expect("stalls").push((last, now));
+                }
+                last = now;
+            }
+        });
+        (done, thread)
+    };
     let abuser =
         corral_integration::abuse::Abuser::start(pool.cluster.endpoints().split(',').map(String::from).collect(), seed);
     let mut rss_max_kib: BTreeMap<usize, u64> = BTreeMap::new();
@@ -767,6 +787,13 @@ fn lifecycle_invariants_hold_under_random_faults() {
         }
     }
     let abuse = abuser.stop();
+    stall_watch.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = stall_watch.1.join();
+    let stalls = stalls.lock().expect("stalls").clone();
+    if !stalls.is_empty() {
+        let shown: Vec<String> = stalls.iter().map(|(from, to)| format!("{from:.3}+{:.1}s", to - from)).collect();
+        eprintln!("chaos seed {seed}: the test process itself stalled over 1 s: {}", shown.join(", "));
+    }
     eprintln!("chaos seed {seed}: abusive tenant: {abuse:?}");
     eprintln!("chaos seed {seed}: coordinators' largest RSS (KiB): {rss_max_kib:?}");
     // Every worker takes jobs again (retried through any leader change).
@@ -854,7 +881,12 @@ fn lifecycle_invariants_hold_under_random_faults() {
                 }
             }
         }
-        let _ = std::fs::write(kept.join("faults"), [faults.join("\n"), healed.join("\n")].join("\n"));
+        let stalled: Vec<String> = stalls
+            .iter()
+            .map(|(from, to)| format!("{from:.3} the test process stalled for {:.1}s", to - from))
+            .collect();
+        let _ =
+            std::fs::write(kept.join("faults"), [faults.join("\n"), healed.join("\n"), stalled.join("\n")].join("\n"));
         panic!(
             "chaos seed {seed} (replay with CORRAL_SEED={seed}) broke {} invariant(s) (logs kept in {}):\n{}\nfaults (wall-clock seconds at injection; heal times in {}/faults):\n{}",
             bad.len(),
