@@ -99,6 +99,8 @@ class Node:
     reason: str = ""
     running_jobs: int = 0
     heartbeat_age_ms: Optional[int] = None
+    # Every partition the node is in, in the worker's order (`labels` holds only one of them).
+    partitions: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -197,6 +199,7 @@ def node_from_pb(n):
         reason=n.reason,
         running_jobs=n.running_jobs,
         heartbeat_age_ms=_opt(n, "heartbeat_age_ms"),
+        partitions=list(n.partitions),
     )
 
 

@@ -44,7 +44,8 @@ def stop(proc):
 class Dev:
     """A `corral dev` process; `addr` is its endpoint."""
 
-    def __init__(self, gpus=2):
+    def __init__(self, gpus=2, extra=()):
+        self.extra = list(extra)
         self.dir = tempfile.mkdtemp(prefix="corral-py-")
         self.data = os.path.join(self.dir, "data")
         self.log = open(os.path.join(self.dir, "stderr.log"), "w+")
@@ -53,6 +54,7 @@ class Dev:
 
     def start(self):
         args = [corral_bin(), "dev", "--data-dir", self.data, "--listen", "127.0.0.1:0", "--gpus", str(self.gpus)]
+        args += self.extra
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True)
         lines = queue.Queue()
 

@@ -25,7 +25,7 @@ from corral_client.errors import DeadlineExceeded, error_for
 
 import grpc
 
-from conftest import Impostor, free_port
+from conftest import Dev, Impostor, free_port
 
 
 @pytest.fixture
@@ -189,6 +189,17 @@ def test_nodes_show_the_pools_gpus(client):
     node = nodes[0]
     assert node.state == "up" and len(node.gpus) == 2
     assert node.gpus[0].model == "RTX 5090" and node.gpus[0].memory_mib == 32 * 1024
+
+
+def test_nodes_name_every_partition_of_a_node():
+    pool = Dev(gpus=1, extra=["--node-labels", "partition=train,partition=debug,zone=a"])
+    try:
+        with Client(pool.addr) as c:
+            (node,) = c.nodes()
+            assert node.partitions == ["train", "debug"], node
+            assert node.labels.get("zone") == "a", node.labels
+    finally:
+        pool.close()
 
 
 def test_billing_has_a_segment_per_gpu_run(client):
