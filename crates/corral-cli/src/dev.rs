@@ -200,12 +200,12 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         let cgroup_root = worker_file.job_cgroup_root();
         workers.push((name.clone(), agent_addr.to_string(), cgroup_root, worker, agent_listener));
     }
-    // One listener exports both: the coordinator's series and the first worker's, which do not
-    // overlap (two workers' series would: same names in one document).
+    // One listener exports the coordinator's series and every worker's (one family each, the
+    // workers' series told apart by their `Hostname` label).
     let metrics = match metrics_addr {
         Some(addr) => {
             let mut sources = vec![MetricsSource::Coordinator(coordinator.clone())];
-            sources.extend(workers.first().map(|w| MetricsSource::Worker(w.3.metrics())));
+            sources.extend(workers.iter().map(|w| MetricsSource::Worker(w.3.metrics())));
             Some(crate::metrics_http::start(addr, sources, stop.clone().cancelled_owned()).await?)
         }
         None => None,

@@ -50,12 +50,15 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 /// Renders every source's series as one OpenMetrics document.
 pub async fn render(sources: &[MetricsSource]) -> String {
     let mut registry = Registry::default();
+    let mut workers = Vec::new();
     for source in sources {
         match source {
             MetricsSource::Coordinator(c) => c.collect_metrics(&mut registry).await,
-            MetricsSource::Worker(w) => w.collect(&mut registry),
+            MetricsSource::Worker(w) => workers.push(w.clone()),
         }
     }
+    // Several workers of one process share each family (their series differ by `Hostname`).
+    WorkerMetrics::collect_all(&workers, &mut registry);
     let mut text = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &registry) {
         tracing::warn!(error = %e, "cannot encode metrics");

@@ -40,8 +40,14 @@ fn clamp(v: u64) -> i64 {
 }
 
 /// Registers the series of `snapshot`.
+#[cfg(test)]
 pub(crate) fn register(snapshot: &Snapshot, registry: &mut Registry) {
-    let host = snapshot.hostname.as_str();
+    register_all(std::slice::from_ref(snapshot), registry);
+}
+
+/// Registers the series of several workers' snapshots, each family once (every series names
+/// its `Hostname`), so one document holds them all.
+pub(crate) fn register_all(snapshots: &[Snapshot], registry: &mut Registry) {
     let temp = IntGauges::default();
     let util = IntGauges::default();
     let fb_used = IntGauges::default();
@@ -50,6 +56,49 @@ pub(crate) fn register(snapshot: &Snapshot, registry: &mut Registry) {
     let xid = IntGauges::default();
     let dirty = IntGauges::default();
     let healthy = IntGauges::default();
+    let age = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+    let running = IntGauges::default();
+    let memory = IntGauges::default();
+    let cpu = Family::<Labels, Counter<f64, AtomicU64>>::default();
+    for snapshot in snapshots {
+        fill(snapshot, [&temp, &util, &fb_used, &fb_free, &xid, &dirty, &healthy], &power);
+        let host = snapshot.hostname.as_str();
+        age.get_or_create(&pairs(&[("Hostname", host)])).set(snapshot.heartbeat_age_secs);
+        running.get_or_create(&pairs(&[("Hostname", host)])).set(snapshot.jobs.len() as i64);
+        for job in &snapshot.jobs {
+            let id = job.job_id.to_string();
+            let labels = pairs(&[("job_id", &id), ("tenant", &job.tenant), ("Hostname", host)]);
+            if let Some(bytes) = job.usage.memory_bytes {
+                memory.get_or_create(&labels).set(clamp(bytes));
+            }
+            if let Some(seconds) = job.usage.cpu_seconds {
+                cpu.get_or_create(&labels).inc_by(seconds);
+            }
+        }
+    }
+    registry.register("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)", temp);
+    registry.register("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)", util);
+    registry.register("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)", fb_used);
+    registry.register("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)", fb_free);
+    registry.register("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)", power);
+    registry.register("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered (0: none)", xid);
+    registry.register("corral_gpu_dirty", "1 if post-job hygiene found the GPU left dirty", dirty);
+    registry.register("corral_gpu_healthy", "1 if the GPU passes the health policy", healthy);
+    registry.register(
+        "corral_worker_heartbeat_age_seconds",
+        "Seconds since the coordinator last accepted a heartbeat",
+        age,
+    );
+    registry.register("corral_worker_jobs_running", "Jobs whose processes run on this worker", running);
+    registry.register("corral_job_memory_bytes", "Memory used by the job's cgroup", memory);
+    registry.register("corral_job_cpu_seconds", "CPU time used by the job's cgroup", cpu);
+}
+
+/// The GPU series of one worker's snapshot: temperature, utilisation, memory used and free,
+/// XID, dirty and healthy (`ints`, in that order) and power.
+fn fill(snapshot: &Snapshot, ints: [&IntGauges; 7], power: &FloatGauges) {
+    let [temp, util, fb_used, fb_free, xid, dirty, healthy] = ints;
+    let host = snapshot.hostname.as_str();
     for gpu in &snapshot.gpus {
         let r = &gpu.reading;
         let index = r.index.to_string();
@@ -74,40 +123,6 @@ pub(crate) fn register(snapshot: &Snapshot, registry: &mut Registry) {
         dirty.get_or_create(&short).set(i64::from(gpu.dirty));
         healthy.get_or_create(&short).set(i64::from(gpu.healthy));
     }
-    registry.register("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)", temp);
-    registry.register("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)", util);
-    registry.register("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)", fb_used);
-    registry.register("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)", fb_free);
-    registry.register("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)", power);
-    registry.register("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered (0: none)", xid);
-    registry.register("corral_gpu_dirty", "1 if post-job hygiene found the GPU left dirty", dirty);
-    registry.register("corral_gpu_healthy", "1 if the GPU passes the health policy", healthy);
-
-    let age = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-    age.get_or_create(&pairs(&[("Hostname", host)])).set(snapshot.heartbeat_age_secs);
-    registry.register(
-        "corral_worker_heartbeat_age_seconds",
-        "Seconds since the coordinator last accepted a heartbeat",
-        age,
-    );
-    let running = IntGauges::default();
-    running.get_or_create(&pairs(&[("Hostname", host)])).set(snapshot.jobs.len() as i64);
-    registry.register("corral_worker_jobs_running", "Jobs whose processes run on this worker", running);
-
-    let memory = IntGauges::default();
-    let cpu = Family::<Labels, Counter<f64, AtomicU64>>::default();
-    for job in &snapshot.jobs {
-        let id = job.job_id.to_string();
-        let labels = pairs(&[("job_id", &id), ("tenant", &job.tenant), ("Hostname", host)]);
-        if let Some(bytes) = job.usage.memory_bytes {
-            memory.get_or_create(&labels).set(clamp(bytes));
-        }
-        if let Some(seconds) = job.usage.cpu_seconds {
-            cpu.get_or_create(&labels).inc_by(seconds);
-        }
-    }
-    registry.register("corral_job_memory_bytes", "Memory used by the job's cgroup", memory);
-    registry.register("corral_job_cpu_seconds", "CPU time used by the job's cgroup", cpu);
 }
 
 /// The metrics of one worker, to register at every scrape (see `Worker::metrics`).
@@ -142,10 +157,18 @@ impl WorkerMetrics {
         }
     }
 
+    /// Registers the series of `workers` into `registry` (a fresh one per scrape), each family
+    /// once, so several workers of one process (`corral dev --nodes N`) share one document.
+    /// Reads the running jobs' cgroup files.
+    pub fn collect_all(workers: &[WorkerMetrics], registry: &mut Registry) {
+        let snapshots: Vec<Snapshot> = workers.iter().map(WorkerMetrics::snapshot).collect();
+        register_all(&snapshots, registry);
+    }
+
     /// Registers this worker's series into `registry` (a fresh one per scrape). Reads the
     /// running jobs' cgroup files.
     pub fn collect(&self, registry: &mut Registry) {
-        register(&self.snapshot(), registry);
+        register_all(std::slice::from_ref(&self.snapshot()), registry);
     }
 }
 

@@ -234,3 +234,23 @@ fn prometheus_fires_gpu_overheat_from_the_alert_rules() {
     pool.write_faults("[[gpu]]\nindex = 0\ntemperature-c = 95\n");
     poll_api(&prom, &web, alerts, Duration::from_secs(60), "GPUOverheat firing", firing);
 }
+
+/// `corral dev --nodes 2 --metrics-addr`: one document with every worker's series, each family
+/// once (a second `# TYPE` line of a family is refused by Prometheus's parser).
+#[test]
+fn a_dev_pool_of_two_nodes_exports_both_workers_series() {
+    let pool = DevPool::start_with_metrics(&["--gpus", "1", "--nodes", "2"]);
+    let text = scrape_until(&pool, "both workers' GPUs", |t| {
+        ["dev-node", "dev-node-2"]
+            .iter()
+            .all(|host| metric_value(t, "DCGM_FI_DEV_GPU_TEMP", &[("gpu", "0"), ("Hostname", host)]).is_some())
+    });
+    for host in ["dev-node", "dev-node-2"] {
+        assert_eq!(value(&text, "corral_gpu_healthy", &[("gpu", "0"), ("Hostname", host)]), 1.0);
+        assert!(metric_value(&text, "corral_worker_heartbeat_age_seconds", &[("Hostname", host)]).is_some(), "{text}");
+    }
+    for family in ["DCGM_FI_DEV_GPU_TEMP", "corral_gpu_healthy", "corral_worker_jobs_running"] {
+        let types = text.lines().filter(|l| l.starts_with(&format!("# TYPE {family} "))).count();
+        assert_eq!(types, 1, "{family} is declared {types} times:\n{text}");
+    }
+}

@@ -362,6 +362,7 @@ impl From<&Job> for pb::Job {
             restarts: j.restarts,
             signals: j.signals.clone(),
             steps: super::step::steps_to_pb(&j.steps),
+            spec_from_array: false,
         }
     }
 }

@@ -201,8 +201,10 @@ pub fn snapshot_without_request_ids_to_bytes(s: &State, jobs: &mut JobEncodings)
 /// `Weak` is held, a change to the job moves it into a new `Arc` (`Arc::make_mut`, see
 /// `corral_core::Jobs`) and its old allocation is not reused: a job at the same address is
 /// unchanged and its bytes are reused. A `Weak` keeps no job's contents alive.
+/// Each encoding also says whether it left out the spec the job shares with its array, which
+/// depends on the array being there too.
 #[derive(Default)]
-pub struct JobEncodings(std::collections::HashMap<corral_types::JobId, (std::sync::Weak<Job>, Vec<u8>)>);
+pub struct JobEncodings(std::collections::HashMap<corral_types::JobId, (std::sync::Weak<Job>, bool, Vec<u8>)>);
 
 impl JobEncodings {
     /// Jobs held.
@@ -224,14 +226,30 @@ fn encode_snapshot(s: &State, with_request_ids: bool, cache: &mut JobEncodings) 
     let mut buf = pb::StateSnapshot { format_version: SNAPSHOT_FORMAT_VERSION, ..Default::default() }.encode_to_vec();
     let mut encoded = std::collections::HashMap::with_capacity(s.jobs.len());
     for (id, job) in s.jobs.shared() {
+        let shared = spec_shared_with_array(s, job);
         let bytes = match cache.0.remove(id) {
-            Some((held, bytes)) if std::ptr::eq(held.as_ptr(), std::sync::Arc::as_ptr(job)) => bytes,
-            _ => pb::Job::from(&**job).encode_to_vec(),
+            Some((held, was_shared, bytes))
+                if std::ptr::eq(held.as_ptr(), std::sync::Arc::as_ptr(job)) && was_shared == shared =>
+            {
+                bytes
+            }
+            _ => {
+                let mut record = pb::Job::from(&**job);
+                if shared {
+                    if let Some(spec) = record.spec.as_mut() {
+                        spec.command.clear();
+                        spec.env.clear();
+                        spec.script = None;
+                    }
+                    record.spec_from_array = true;
+                }
+                record.encode_to_vec()
+            }
         };
         encode_key(2, WireType::LengthDelimited, &mut buf);
         encode_varint(bytes.len() as u64, &mut buf);
         buf.extend_from_slice(&bytes);
-        encoded.insert(*id, (std::sync::Arc::downgrade(job), bytes));
+        encoded.insert(*id, (std::sync::Arc::downgrade(job), shared, bytes));
     }
     cache.0 = encoded;
     pb::StateSnapshot { nodes: s.nodes.values().map(node_status_to_pb).collect(), ..Default::default() }
@@ -265,6 +283,23 @@ fn encode_snapshot(s: &State, with_request_ids: bool, cache: &mut JobEncodings) 
     .encode(&mut buf)
     .expect("a Vec grows as needed");
     buf
+}
+
+/// Whether `job` is an array task holding its array's own command, environment and script (the
+/// same allocations, as apply creates tasks), with the array in the state: a snapshot then
+/// writes them once, with the array.
+fn spec_shared_with_array(s: &State, job: &Job) -> bool {
+    let Some(task) = job.array_task else { return false };
+    let Some(array) = s.jobs.get(&task.array) else { return false };
+    let (mine, theirs) = (&job.spec, &array.spec);
+    let same_script = match (&mine.script, &theirs.script) {
+        (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    };
+    same_script
+        && std::sync::Arc::ptr_eq(&mine.command, &theirs.command)
+        && std::sync::Arc::ptr_eq(&mine.env, &theirs.env)
 }
 
 /// Field `request_id_table` of `StateSnapshot`: one fixed-size entry per request id, in key
@@ -313,8 +348,28 @@ pub fn snapshot_from_bytes(bytes: &[u8]) -> Result<State, CodecError> {
 /// The state of a snapshot message whose segments and archived jobs were set aside.
 fn state_from_snapshot_pb(s: pb::StateSnapshot) -> Result<State, CodecError> {
     check_version(s.format_version)?;
-    let jobs =
-        s.jobs.into_iter().map(|j| Job::try_from(j).map(|j| (j.id, j))).collect::<Result<BTreeMap<_, _>, _>>()?;
+    let mut from_array = Vec::new();
+    let mut jobs = BTreeMap::new();
+    for record in s.jobs {
+        let shares = record.spec_from_array;
+        let job = Job::try_from(record)?;
+        if shares {
+            from_array.push(job.id);
+        }
+        jobs.insert(job.id, job);
+    }
+    // Tasks written without their array's spec get the array's, shared as apply shares it.
+    for id in from_array {
+        let array_id = jobs[&id].array_task.map(|t| t.array);
+        let array = array_id.and_then(|a| jobs.get(&a)).map(|a| a.spec.clone()).ok_or_else(|| CodecError::Invalid {
+            field: "job.spec_from_array",
+            value: format!("task {id} shares the spec of array {array_id:?}, which the snapshot does not hold"),
+        })?;
+        let spec = &mut jobs.get_mut(&id).expect("decoded above").spec;
+        spec.command = array.command;
+        spec.env = array.env;
+        spec.script = array.script;
+    }
     let nodes = s
         .nodes
         .into_iter()
@@ -434,5 +489,56 @@ mod tests {
         assert_ne!(two, held(&cache, 2), "a changed job moved to a new Arc");
         let back = snapshot_from_bytes(&second).unwrap();
         assert_eq!(back.jobs, state.jobs);
+    }
+
+    /// An array's tasks share its command, environment and script (the same allocations): a
+    /// snapshot writes them once, with the array, and a decoded snapshot shares them again,
+    /// so a 1 MiB script costs 1 MiB whatever the number of tasks.
+    #[test]
+    fn array_tasks_are_written_without_the_spec_they_share_with_their_array() {
+        use corral_types::{ArrayRange, ArraySpec};
+        let mut state = State::default();
+        state.apply(&Request { ts: Timestamp(1), command: Command::Configure(ClusterConfig::dev_defaults()) }).unwrap();
+        let script: String = format!("#!/bin/sh\n#{}\nexit 0\n", "x".repeat((1 << 20) - 32));
+        let spec = JobSpec {
+            tenant: "default".into(),
+            script: Some(script.clone().into()),
+            batch_step: true,
+            env: std::sync::Arc::new([("BIG".to_string(), "y".repeat(100_000))].into()),
+            array: Some(ArraySpec { ranges: vec![ArrayRange { first: 0, last: 15, step: 1 }], max_running: Some(16) }),
+            ..Default::default()
+        };
+        let jobs = vec![("array".to_string(), spec)];
+        state.apply(&Request { ts: Timestamp(2), command: Command::SubmitJobs { jobs } }).unwrap();
+        let tasks = state.jobs.values().filter(|j| j.array_task.is_some()).count();
+        assert_eq!(tasks, 16, "every task is created");
+        let bytes = snapshot_to_bytes(&state);
+        assert!(bytes.len() < 2 * script.len(), "the script is written once, not per task: {} bytes", bytes.len());
+        let mut cache = JobEncodings::default();
+        let fresh = snapshot_without_request_ids_to_bytes(&state, &mut JobEncodings::default());
+        assert_eq!(snapshot_without_request_ids_to_bytes(&state, &mut cache), fresh);
+        assert_eq!(snapshot_without_request_ids_to_bytes(&state, &mut cache), fresh, "from the cache, the same bytes");
+        let back = snapshot_from_bytes(&bytes).unwrap();
+        assert_eq!(back.jobs, state.jobs, "the tasks get their array's spec back");
+        let array = &back.jobs[&1].spec;
+        for task in back.jobs.values().filter(|j| j.array_task.is_some()) {
+            assert!(
+                std::sync::Arc::ptr_eq(task.spec.script.as_ref().unwrap(), array.script.as_ref().unwrap()),
+                "shared"
+            );
+            assert!(std::sync::Arc::ptr_eq(&task.spec.env, &array.env));
+        }
+        // A task that no longer shares (its spec changed on its own) is written whole.
+        let mut changed = back.jobs[&2].clone();
+        changed.spec.env = std::sync::Arc::new(Default::default());
+        let mut other = back.clone();
+        other.jobs.insert(2, changed);
+        let again = snapshot_from_bytes(&snapshot_to_bytes(&other)).unwrap();
+        assert!(again.jobs[&2].spec.env.is_empty() && again.jobs[&2].spec.script.is_some());
+        // A snapshot naming an array it does not hold is refused, not read with an empty spec.
+        let mut torn = pb::StateSnapshot::decode(bytes.as_slice()).unwrap();
+        torn.jobs.retain(|j| j.id != 1);
+        let err = snapshot_from_bytes(&torn.encode_to_vec()).expect_err("the array is missing");
+        assert!(err.to_string().contains("spec_from_array"), "{err}");
     }
 }
