@@ -462,7 +462,35 @@ where
         };
         raw.into_iter().map(|(log_id, payload)| Self::decode_entry(&log_id, payload)).collect::<Result<Vec<_>, _>>()
     }
+
+    /// Entries from `from` until `to`, ending once they hold `budget` bytes of payload (always
+    /// at least one entry of a range that is not empty): the entries after it are not read.
+    fn read_entries_within(&self, from: u64, to: u64, budget: u64) -> Result<Vec<Entry<C>>, io::Error> {
+        if from >= to {
+            return Ok(Vec::new());
+        }
+        let raw = {
+            let log = self.lock()?;
+            let mut taken = Vec::new();
+            let mut bytes = 0u64;
+            for item in log.read(from, to) {
+                let (log_id, payload) = item?;
+                bytes += payload.size();
+                taken.push((log_id, payload));
+                if bytes >= budget {
+                    break;
+                }
+            }
+            taken
+        };
+        raw.into_iter().map(|(log_id, payload)| Self::decode_entry(&log_id, payload)).collect::<Result<Vec<_>, _>>()
+    }
 }
+
+/// Most bytes of entries replication reads for one AppendEntries request (plus one entry): openraft
+/// asks for up to `max_payload_entries` entries whatever their size, which for entries of a
+/// megabyte (the largest scripts) was hundreds of megabytes per follower and request.
+pub(crate) const APPEND_BUDGET: usize = 4 << 20;
 
 impl<C> RaftLogReader<C> for LogStore<C>
 where
@@ -475,6 +503,11 @@ where
     ) -> Result<Vec<C::Entry>, StorageError<u64>> {
         let (from, to) = to_half_open(&range);
         self.read_entries(from, to).map_err(read_logs_err)
+    }
+
+    /// What replication sends next: at most about [`APPEND_BUDGET`] bytes of entries.
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<C::Entry>, StorageError<u64>> {
+        self.read_entries_within(start, end, APPEND_BUDGET as u64).map_err(read_logs_err)
     }
 }
 

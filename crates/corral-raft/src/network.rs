@@ -58,8 +58,9 @@ impl GrpcNetworkFactory {
     }
 }
 
-/// Most bytes (encoded) of entries one AppendEntries request carries.
-const APPEND_BUDGET: usize = 4 << 20;
+/// Most bytes (encoded) of entries one AppendEntries request carries: what the log store gives
+/// replication to send (`LogStore::limited_get_log_entries`), checked again here.
+use crate::log_store::APPEND_BUDGET;
 
 type AppendResult = Result<AppendEntriesResponse<NodeId>, RpcErr>;
 

@@ -259,6 +259,29 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 // Reopen / purge / truncate persistence
 // ---------------------------------------------------------------------------------------------
 
+/// Replication reads a bounded number of bytes per request (`limited_get_log_entries`): entries
+/// of a megabyte each come a few at a time, small entries all at once, and never none.
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_reads_about_four_megabytes_of_entries_at_a_time() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut store = Store::open(dir.path())?;
+    let big = "x".repeat(1 << 20);
+    let entries: Vec<_> = (1..=20).map(|i| normal(1, 1, i, &big)).collect();
+    store.append_and_wait(entries.clone()).await?;
+    let mut reader = store.get_log_reader().await;
+    let first = reader.limited_get_log_entries(1, 21).await?;
+    assert_eq!(first, entries[..4].to_vec(), "four entries of 1 MiB make the 4 MiB budget");
+    let next = reader.limited_get_log_entries(5, 21).await?;
+    assert_eq!(next, entries[4..8].to_vec());
+    assert_eq!(reader.limited_get_log_entries(20, 21).await?, entries[19..].to_vec(), "the last one alone");
+
+    let small: Vec<_> = (21..=120).map(|i| normal(1, 1, i, "small")).collect();
+    store.append_and_wait(small.clone()).await?;
+    assert_eq!(reader.limited_get_log_entries(21, 121).await?, small, "small entries come all at once");
+    assert!(reader.limited_get_log_entries(121, 121).await?.is_empty());
+    Ok(())
+}
+
 /// Vote, entries of every payload kind and the committed log id survive a reopen.
 #[tokio::test(flavor = "multi_thread")]
 async fn reopen_keeps_vote_entries_and_committed() -> TestResult {
