@@ -80,9 +80,25 @@ pub(crate) fn pick_mig_instance(
 /// (`corral-cli`'s `in_job.rs`): the worker links each, in its `in_job_bin_dir`, to itself.
 pub const IN_JOB_COMMANDS: [&str; 4] = ["scontrol", "squeue", "scancel", "srun"];
 
-/// Links Slurm's in-job commands in `dir` to the running corral binary, replacing old links. A
-/// worker running inside another program (a test harness) has no corral binary to link: it
-/// links nothing, and jobs find no such command.
+/// The file, next to the in-job commands, that a bare job's `BASH_ENV` names when the job sets
+/// none. bash reads it after a login shell's profile (`#!/bin/bash -l`) has reset `PATH` to the
+/// system's, and it puts the in-job commands first again: Slurm's own are installed on the
+/// system's `PATH`, so a login shell reaches them too.
+pub const BASH_ENV_FILE: &str = "corral-bash-env.sh";
+
+/// The text of `BASH_ENV_FILE` in `dir`: `dir` first on `PATH` unless it is on it already.
+pub(crate) fn bash_env_text(dir: &Path) -> String {
+    let quoted = dir.display().to_string().replace('\'', "'\\''");
+    format!(
+        "# Written by the corral worker: Slurm's in-job commands on PATH again after a login\n\
+         # shell's profile has reset it.\n\
+         case \":$PATH:\" in *':{quoted}:'*) ;; *) PATH='{quoted}':\"$PATH\"; export PATH ;; esac\n"
+    )
+}
+
+/// Links Slurm's in-job commands in `dir` to the running corral binary, replacing old links,
+/// and writes `BASH_ENV_FILE` there. A worker running inside another program (a test harness)
+/// has no corral binary to link: it links nothing, and jobs find no such command.
 pub(crate) fn install_in_job_commands(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let exe = std::env::current_exe()?;
@@ -100,6 +116,9 @@ pub(crate) fn install_in_job_commands(dir: &Path) -> std::io::Result<()> {
         }
         std::os::unix::fs::symlink(&exe, &link)?;
     }
+    let file = dir.join(BASH_ENV_FILE);
+    std::fs::write(&file, bash_env_text(dir))?;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644))?;
     Ok(())
 }
 
@@ -191,6 +210,11 @@ pub(crate) fn launch_spec(
         let path = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
         let path = format!("{}:{path}", config.in_job_bin_dir().display());
         env.insert("PATH".into(), path);
+        // A login shell's profile resets PATH; bash then reads BASH_ENV, which restores it.
+        if !env.contains_key("BASH_ENV") {
+            let file = config.in_job_bin_dir().join(BASH_ENV_FILE);
+            env.insert("BASH_ENV".into(), file.display().to_string());
+        }
     }
     // The job's own private directory (its logs, its script), wherever it runs.
     env.insert("CORRAL_JOB_DIR".into(), work_dir.display().to_string());
@@ -376,6 +400,36 @@ pub(crate) fn job_files(job: &Job, work_dir: &Path, node: &str) -> (Vec<String>,
 mod tests {
     use super::*;
     use corral_types::{Allocation, ArrayTask, JobSpec, JobState, NodeGpus, Timestamp};
+
+    /// A login shell (`#!/bin/bash -l`) resets PATH in its profile; the BASH_ENV file puts the
+    /// in-job commands first again, once, whatever the directory's name.
+    #[test]
+    fn a_login_shell_finds_the_in_job_commands_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin = dir.path().join("it's slurm-bin");
+        std::fs::create_dir(&bin).expect("mkdir");
+        let file = bin.join(BASH_ENV_FILE);
+        std::fs::write(&file, bash_env_text(&bin)).expect("write");
+        let script = dir.path().join("job.sh");
+        std::fs::write(&script, "#!/bin/bash -l\necho \"$PATH\"\nbash -c 'echo \"$PATH\"'\n").expect("write");
+        let out = std::process::Command::new("bash")
+            .args(["-l"])
+            .arg(&script)
+            .env_clear()
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .env("HOME", dir.path())
+            .env("BASH_ENV", &file)
+            .output()
+            .expect("bash");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text:?} {}", String::from_utf8_lossy(&out.stderr));
+        for line in lines {
+            let first = line.split(':').next();
+            assert_eq!(first, Some(bin.to_str().expect("utf-8")), "{line:?}");
+            assert_eq!(line.matches("slurm-bin").count(), 1, "once: {line:?}");
+        }
+    }
 
     fn job() -> Job {
         Job {

@@ -3,7 +3,8 @@
 //! ranks and GPUs; every task's output reaches the job's output file through `srun`,
 //! which exits with Slurm's rule; `--kill-on-bad-exit` stops the other tasks; a cancel while a
 //! step runs kills its tasks on every node; a torchrun-style launcher finds its head node with
-//! `scontrol`; outside a job `srun` points at `corral run`.
+//! `scontrol`; a login-shell script reaches Slurm's commands; outside a job `srun` points at
+//! `corral run`.
 
 use corral_integration::cluster::{free_port, Cluster};
 use corral_integration::one_line_stderr;
@@ -326,4 +327,40 @@ fn srun_outside_a_job_points_at_corral_run() {
     let err = String::from_utf8_lossy(&output.stderr);
     assert_eq!(err.lines().count(), 1, "{err:?}");
     assert!(err.contains("not inside a corral job") && err.contains("corral run"), "{err:?}");
+}
+
+/// A login-shell script (`#!/bin/bash -l`: its profile resets `PATH` to the system's) still
+/// reaches Slurm's commands, in the batch step and in each task, as on a Slurm host where they
+/// are on the system's `PATH`.
+#[test]
+fn a_login_shell_script_reaches_slurms_commands() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let script = out.join("login.sbatch");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash -l\n\
+             #SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=1\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             head=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n\
+             echo \"head=$head\"\n\
+             srun bash -l -c 'echo \"task $SLURM_PROCID $(command -v scontrol)\"'\n\
+             echo \"srun-exit $?\"\n",
+            out = out.display()
+        ),
+    )
+    .expect("write");
+    let job = submit(&cluster, &script);
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("slurm-{job}.out")));
+    let head = output.lines().find_map(|l| l.strip_prefix("head=")).unwrap_or_default();
+    assert!(head.starts_with('w'), "scontrol ran in the login shell: {output:?}");
+    assert!(output.lines().any(|l| l == "srun-exit 0"), "{output:?}");
+    for rank in 0..2 {
+        let line = output.lines().find(|l| l.starts_with(&format!("task {rank} "))).unwrap_or_default();
+        assert!(line.ends_with("/slurm-bin/scontrol"), "task {rank} reaches scontrol: {output:?}");
+    }
 }

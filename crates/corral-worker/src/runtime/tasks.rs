@@ -56,6 +56,13 @@ pub(crate) fn task_env(
         let path = format!("{bin}:{path}");
         env.insert("PATH".to_owned(), path);
     }
+    // The batch node's BASH_ENV file (srun exports it) is this node's own here.
+    let ours = Path::new(env.get("BASH_ENV").map_or("", String::as_str)).file_name()
+        == Some(std::ffi::OsStr::new(crate::launch::BASH_ENV_FILE));
+    if ours {
+        let file = in_job_bin.join(crate::launch::BASH_ENV_FILE);
+        env.insert("BASH_ENV".to_owned(), file.display().to_string());
+    }
     let here = step.on_node(node);
     let first = here.map_or(0, |n| n.first_task);
     let node_id = job.allocation.as_ref().and_then(|a| a.parts().position(|(n, _)| n == node)).unwrap_or(0);
@@ -231,6 +238,7 @@ mod tests {
         };
         step.spec.env.insert("PATH".into(), "/elsewhere/slurm-bin:/usr/bin".into());
         step.spec.env.insert("MY_VAR".into(), "x".into());
+        step.spec.env.insert("BASH_ENV".into(), "/elsewhere/slurm-bin/corral-bash-env.sh".into());
         let run_env = BTreeMap::from([("CORRAL_JOB_DIR".to_owned(), "/data/jobs/7/3".to_owned())]);
         let bin = Path::new("/data/slurm-bin");
         let env = task_env(&run_env, &job, &step, "n2", 1, bin);
@@ -244,6 +252,11 @@ mod tests {
         assert_eq!(get("MY_VAR"), Some("x"));
         assert_eq!(get("CORRAL_JOB_DIR"), Some("/data/jobs/7/3"), "the node's own run directory");
         assert_eq!(get("PATH"), Some("/data/slurm-bin:/elsewhere/slurm-bin:/usr/bin"));
+        assert_eq!(get("BASH_ENV"), Some("/data/slurm-bin/corral-bash-env.sh"), "this node's file");
+        let mut own = step.clone();
+        own.spec.env.insert("BASH_ENV".into(), "/home/ana/env.sh".into());
+        let env = task_env(&run_env, &job, &own, "n2", 1, bin);
+        assert_eq!(env.get("BASH_ENV").map(String::as_str), Some("/home/ana/env.sh"), "a user's own is kept");
         let first = task_env(&run_env, &job, &step, "n1", 0, bin);
         assert_eq!(first.get("CUDA_VISIBLE_DEVICES"), None, "without --gpus-per-task: the job's GPUs");
         assert_eq!(first.get("SLURM_PROCID").map(String::as_str), Some("0"));
