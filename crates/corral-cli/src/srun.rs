@@ -51,7 +51,11 @@ pub struct Flags {
 /// binding, memory and accounting options (each task sees the job's GPUs and memory of its
 /// node), `--mpi` (there is no PMI: an MPI program sees no launcher), and `-o` (the tasks'
 /// output goes to srun's).
-const IGNORED: [(&str, bool); 40] = [
+const IGNORED: [(&str, bool); 44] = [
+    ("--gres-flags", true),
+    ("--exact", false),
+    ("-e", true),
+    ("--error", true),
     ("-X", false),
     ("--disable-status", false),
     ("-Q", false),
@@ -132,8 +136,8 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
         // --name=value, --name value, -n4, -n 4
         let (name, inline): (String, Option<String>) = if let Some(long) = arg.strip_prefix("--") {
             match long.split_once('=') {
-                Some((n, v)) => (format!("--{n}"), Some(v.to_owned())),
-                None => (arg.clone(), None),
+                Some((n, v)) => (format!("--{}", long_option(n)), Some(v.to_owned())),
+                None => (format!("--{}", long_option(long)), None),
             }
         } else if arg.len() > 2 {
             (arg[..2].to_owned(), Some(arg[2..].to_owned()))
@@ -197,6 +201,13 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
             "--overlap" => flags.spec.overlap = true,
             "--export" => flags.export = Some(value),
             "-D" | "--chdir" => flags.spec.cwd = Some(value),
+            // A step of this job (scripts name it with `--jobid $SLURM_JOB_ID`) is what srun makes.
+            "--jobid" => {
+                let own = env.get("SLURM_JOB_ID").or_else(|| env.get("SLURM_JOBID"));
+                if own != Some(&value) {
+                    return Err(format!("--jobid {value}: corral's srun runs steps of its own job only"));
+                }
+            }
             _ if ignored.is_some() => flags.ignored.push(name),
             "--pty" => return Err("--pty is not served inside a job yet: run the command without it".into()),
             other => return Err(format!("option {other} is not served by corral's srun")),
@@ -246,6 +257,136 @@ fn exported(export: Option<&str>, env: &BTreeMap<String, String>) -> Result<BTre
         }
     }
     Ok(out)
+}
+
+/// Slurm's `srun` long options (22.05), for `long_option`: Slurm reads them through
+/// `getopt_long`, which takes any unambiguous abbreviation.
+const SRUN_LONG: &[&str] = &[
+    "account",
+    "acctg-freq",
+    "bb",
+    "bbf",
+    "bcast",
+    "bcast-exclude",
+    "begin",
+    "chdir",
+    "cluster-constraint",
+    "clusters",
+    "comment",
+    "compress",
+    "constraint",
+    "container",
+    "contiguous",
+    "core-spec",
+    "cores-per-socket",
+    "cpu-bind",
+    "cpu-freq",
+    "cpus-per-gpu",
+    "cpus-per-task",
+    "deadline",
+    "delay-boot",
+    "dependency",
+    "disable-status",
+    "distribution",
+    "epilog",
+    "error",
+    "exact",
+    "exclude",
+    "exclusive",
+    "export",
+    "extra-node-info",
+    "gpu-bind",
+    "gpu-freq",
+    "gpus",
+    "gpus-per-node",
+    "gpus-per-socket",
+    "gpus-per-task",
+    "gres",
+    "gres-flags",
+    "help",
+    "het-group",
+    "hint",
+    "hold",
+    "immediate",
+    "input",
+    "job-name",
+    "jobid",
+    "kill-on-bad-exit",
+    "label",
+    "licenses",
+    "mail-type",
+    "mail-user",
+    "mcs-label",
+    "mem",
+    "mem-bind",
+    "mem-per-cpu",
+    "mem-per-gpu",
+    "mincpus",
+    "mpi",
+    "multi-prog",
+    "nice",
+    "no-allocate",
+    "no-kill",
+    "nodelist",
+    "nodes",
+    "ntasks",
+    "ntasks-per-core",
+    "ntasks-per-gpu",
+    "ntasks-per-node",
+    "ntasks-per-socket",
+    "output",
+    "overcommit",
+    "overlap",
+    "oversubscribe",
+    "partition",
+    "power",
+    "preserve-env",
+    "priority",
+    "profile",
+    "prolog",
+    "propagate",
+    "pty",
+    "qos",
+    "quiet",
+    "quit-on-interrupt",
+    "reboot",
+    "relative",
+    "reservation",
+    "resv-ports",
+    "send-libs",
+    "signal",
+    "slurmd-debug",
+    "sockets-per-node",
+    "spread-job",
+    "switches",
+    "task-epilog",
+    "task-prolog",
+    "thread-spec",
+    "threads",
+    "threads-per-core",
+    "time",
+    "time-min",
+    "tmp",
+    "unbuffered",
+    "usage",
+    "use-min-nodes",
+    "verbose",
+    "version",
+    "wait",
+    "wckey",
+];
+
+/// The long option `name` (without `--`) stands for: itself, or the one Slurm option an
+/// abbreviation begins (`--ntasks-per-n`); else `name`, refused later as not served.
+fn long_option(name: &str) -> String {
+    if name.is_empty() || SRUN_LONG.contains(&name) {
+        return name.to_owned();
+    }
+    let mut matching = SRUN_LONG.iter().filter(|o| o.starts_with(name));
+    match (matching.next(), matching.next()) {
+        (Some(one), None) => (*one).to_owned(),
+        _ => name.to_owned(),
+    }
 }
 
 /// `srun ARGS`.
@@ -628,6 +769,24 @@ mod tests {
         assert!(!off.spec.kill_on_bad_exit);
         let on = parse(&args("--kill-on-bad-exit true"), &env).unwrap();
         assert!(on.spec.kill_on_bad_exit && on.spec.command == ["true"], "no value taken from the command");
+        let mila = parse(&args("--gres-flags=allow-task-sharing --exact uv run python main.py"), &env).unwrap();
+        assert_eq!(mila.ignored, ["--gres-flags", "--exact"]);
+        assert_eq!(mila.spec.command, args("uv run python main.py"));
+    }
+
+    /// getopt_long's abbreviations as Slurm reads them; `--jobid` of the job itself is a step
+    /// of it, another job's is refused.
+    #[test]
+    fn abbreviations_and_the_own_jobid() {
+        let env = BTreeMap::from([("SLURM_JOB_ID".to_owned(), "14".to_owned())]);
+        let f = parse(&args("--ntasks-per-n=2 --kill-on=1 --jobid 14 --lab true"), &env).unwrap();
+        assert_eq!(f.spec.ntasks_per_node, Some(2));
+        assert!(f.spec.kill_on_bad_exit && f.label);
+        assert!(f.ignored.is_empty(), "{:?}", f.ignored);
+        let other = parse(&args("--jobid=15 true"), &env).unwrap_err();
+        assert!(other.contains("own job"), "{other}");
+        let ambiguous = parse(&args("--ntasks-per=2 true"), &env).unwrap_err();
+        assert!(ambiguous.contains("--ntasks-per is not served"), "{ambiguous}");
     }
 
     /// Each failed task a line, as Slurm's srun writes them; a node that could not start its
