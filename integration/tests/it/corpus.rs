@@ -37,7 +37,8 @@ const STAND_INS: [&str; 14] = [
     "trl",
 ];
 /// The variables each stand-in records.
-const RECORDED: [&str; 21] = [
+const RECORDED: [&str; 22] = [
+    "SLURM_JOB_GPUS",
     "SLURM_JOB_ID",
     "SLURM_STEP_ID",
     "SLURM_PROCID",
@@ -606,6 +607,10 @@ fn run_case(cluster: &Cluster, case: &Case, env: &Env, workers: &[WorkerProc]) -
     if let (Some(gpus), Some(first)) = (case.batch_gpus, batch.first()) {
         check(first.gpus() == gpus, || format!("the batch part sees {} GPUs, want {gpus}: {first:?}", first.gpus()))
             .map_err(ctx)?;
+        check(first.var("SLURM_JOB_GPUS") == first.var("CUDA_VISIBLE_DEVICES").filter(|_| gpus > 0), || {
+            format!("SLURM_JOB_GPUS names the batch node's GPUs: {first:?}")
+        })
+        .map_err(ctx)?;
     }
     for line in case.once {
         let n = run.output.lines().filter(|l| l.starts_with(line)).count();
