@@ -4,7 +4,8 @@
 //! relays its tasks' output (this node's from each task's file in the run's directory, other
 //! nodes' through the worker, which reads them through the leader's proxy; `--label` prefixing
 //! `N: `), forwards SIGINT/SIGTERM to the step, and exits with the step's code (the highest task
-//! status; a signal N counts as 128 + N).
+//! status; a signal N counts as 128 + N). A step whose GPUs other live steps hold is retried
+//! until they are free, as Slurm's srun waits.
 
 use corral_types::{JobStep, StepSpec};
 use corral_worker::in_job::{Call, Reply, Request, MAX_REQUEST_BYTES, SECRET_ENV, SOCKET_ENV};
@@ -22,6 +23,10 @@ const OUTPUT_POLL: Duration = Duration::from_millis(20);
 const MAX_REMOTE_STREAMS: usize = 64;
 /// Longest piece of a task's line held back waiting for its end.
 const MAX_LINE: usize = 64 * 1024;
+/// The coordinator's refusal of a step whose GPUs other live steps hold (`plan_tasks`): srun
+/// retries it every `STEP_RETRY` until they are free, as Slurm's srun waits.
+const STEP_BUSY: &str = "held by other steps";
+const STEP_RETRY: Duration = Duration::from_millis(250);
 /// How long the last of other nodes' output may take to arrive once the step has ended.
 const REMOTE_DRAIN: Duration = Duration::from_secs(10);
 
@@ -124,6 +129,8 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
     let mut flags = Flags::default();
     let mut i = 0;
     let mut explicit_layout = false;
+    // `--gpus`/`-G`/`--gres=gpu:N`: the step's GPUs (name and count).
+    let mut step_gpus: Option<(String, u32)> = None;
     while i < args.len() {
         let arg = &args[i];
         if !arg.starts_with('-') || arg == "-" {
@@ -208,6 +215,10 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
                     return Err(format!("--jobid {value}: corral's srun runs steps of its own job only"));
                 }
             }
+            "--gpus" | "-G" | "--gres" => match step_gpu_count(&name, &value) {
+                Some(n) => step_gpus = Some((name, n)),
+                None => flags.ignored.push(name),
+            },
             _ if ignored.is_some() => flags.ignored.push(name),
             "--pty" => return Err("--pty is not served inside a job yet: run the command without it".into()),
             other => return Err(format!("option {other} is not served by corral's srun")),
@@ -227,8 +238,27 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
     if flags.spec.cpus_per_task.is_none() {
         flags.spec.cpus_per_task = env.get("SLURM_CPUS_PER_TASK").and_then(|v| v.parse().ok());
     }
+    if let Some((name, gpus)) = step_gpus {
+        // A one-task step's GPUs are its task's: bound as --gpus-per-task binds them (steps
+        // running side by side get distinct GPUs). Over several tasks Slurm shares the step's
+        // GPUs among them, which corral does not do: accepted without effect.
+        if flags.spec.ntasks == Some(1) && flags.spec.gpus_per_task.is_none() && gpus > 0 {
+            flags.spec.gpus_per_task = Some(gpus);
+        } else {
+            flags.ignored.push(name);
+        }
+    }
     flags.spec.env = exported(flags.export.as_deref(), env)?;
     Ok(flags)
+}
+
+/// The GPU count of srun's `--gpus`/`-G` (`N`, `TYPE:N`) or `--gres` (`gpu:N`, `gpu:TYPE:N`).
+fn step_gpu_count(name: &str, value: &str) -> Option<u32> {
+    let value = if name == "--gres" { value.strip_prefix("gpu")?.trim_start_matches(':') } else { value };
+    if value.is_empty() {
+        return (name == "--gres").then_some(1);
+    }
+    value.rsplit(':').next()?.parse().ok()
 }
 
 /// The variables `--export` carries to the tasks (node-specific ones never travel).
@@ -472,11 +502,30 @@ async fn run(
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(|e| e.to_string())?;
     let mut sigterm =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let create = Call::CreateStep { request_id: request_id(), spec: flags.spec };
-    let step = match call(&socket, &secret, create).await? {
-        Reply::Step(step) => *step,
-        other => return Err(format!("unexpected answer: {other:?}")),
+    // As Slurm's srun, a step whose GPUs other steps hold waits for them.
+    let mut said_waiting = false;
+    let step = loop {
+        let create = Call::CreateStep { request_id: request_id(), spec: flags.spec.clone() };
+        match call(&socket, &secret, create).await {
+            Ok(Reply::Step(step)) => break *step,
+            Ok(other) => return Err(format!("unexpected answer: {other:?}")),
+            Err(e) if e.contains(STEP_BUSY) => {
+                if !said_waiting {
+                    say!("srun: step creation temporarily disabled, retrying ({e})");
+                    said_waiting = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(STEP_RETRY) => {}
+                    _ = sigint.recv() => return Ok(128 + libc::SIGINT),
+                    _ = sigterm.recv() => return Ok(128 + libc::SIGTERM),
+                }
+            }
+            Err(e) => return Err(e),
+        }
     };
+    if said_waiting {
+        say!("srun: step created");
+    }
     let mut relay = Relay::new(&step, &node, job_dir.as_deref(), flags.label, flags.unbuffered);
     // Other nodes' tasks: one reader each, bounded, feeding this loop.
     let (chunks, mut received) = tokio::sync::mpsc::channel::<(u32, Option<Vec<u8>>)>(64);
@@ -772,6 +821,24 @@ mod tests {
         let mila = parse(&args("--gres-flags=allow-task-sharing --exact uv run python main.py"), &env).unwrap();
         assert_eq!(mila.ignored, ["--gres-flags", "--exact"]);
         assert_eq!(mila.spec.command, args("uv run python main.py"));
+    }
+
+    /// A one-task step's `--gpus`/`--gres` bind its GPUs as `--gpus-per-task` does; over
+    /// several tasks they are accepted without effect.
+    #[test]
+    fn a_one_task_steps_gpus_are_its_own() {
+        let env = BTreeMap::from([("SLURM_NTASKS".to_owned(), "4".to_owned())]);
+        for flag in ["--gpus=1", "-G 1", "--gpus=a100:1", "--gres=gpu:1", "--gres=gpu:a100:1", "--gres=gpu"] {
+            let f = parse(&args(&format!("--exclusive -n1 {flag} python x.py")), &env).unwrap();
+            assert_eq!(f.spec.gpus_per_task, Some(1), "{flag}");
+            assert_eq!(f.ignored, ["--exclusive"], "{flag}");
+        }
+        let two = parse(&args("-n1 --gpus=2 true"), &env).unwrap();
+        assert_eq!(two.spec.gpus_per_task, Some(2));
+        let many = parse(&args("--gpus=4 python x.py"), &env).unwrap();
+        assert_eq!((many.spec.gpus_per_task, many.ignored.as_slice()), (None, &["--gpus".to_owned()][..]));
+        let nvme = parse(&args("-n1 --gres=nvme:1 true"), &env).unwrap();
+        assert_eq!((nvme.spec.gpus_per_task, nvme.ignored.as_slice()), (None, &["--gres".to_owned()][..]));
     }
 
     /// getopt_long's abbreviations as Slurm reads them; `--jobid` of the job itself is a step

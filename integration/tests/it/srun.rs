@@ -3,8 +3,8 @@
 //! ranks and GPUs; every task's output reaches the job's output file through `srun`,
 //! which exits with Slurm's rule; `--kill-on-bad-exit` stops the other tasks; a cancel while a
 //! step runs kills its tasks on every node; a torchrun-style launcher finds its head node with
-//! `scontrol`; a login-shell script reaches Slurm's commands; outside a job `srun` points at
-//! `corral run`.
+//! `scontrol`; a login-shell script reaches Slurm's commands; one-GPU steps side by side get
+//! GPUs of their own and wait for one; outside a job `srun` points at `corral run`.
 
 use corral_integration::cluster::{free_port, Cluster};
 use corral_integration::one_line_stderr;
@@ -362,5 +362,49 @@ fn a_login_shell_script_reaches_slurms_commands() {
     for rank in 0..2 {
         let line = output.lines().find(|l| l.starts_with(&format!("task {rank} "))).unwrap_or_default();
         assert!(line.ends_with("/slurm-bin/scontrol"), "task {rank} reaches scontrol: {output:?}");
+    }
+}
+
+/// Many one-task steps side by side, each with `--gpus=1` (the "one run a GPU" pattern): each
+/// task sees a GPU of its own, and a step whose GPUs are all held waits for one, as Slurm's
+/// `srun` does, instead of failing.
+#[test]
+fn side_by_side_one_gpu_steps_get_their_own_gpu_and_wait_for_one() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "sweep.sbatch",
+        &format!(
+            "#SBATCH --gres=gpu:2\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             for i in 0 1 2; do\n\
+               srun --exclusive -n1 --gpus=1 sh -c \"echo \\$CUDA_VISIBLE_DEVICES \\$(date +%s%N) > {out}/run-$i; sleep 2; date +%s%N >> {out}/run-$i\" &\n\
+             done\n\
+             wait\n\
+             echo all-done\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("slurm-{job}.out")));
+    assert!(output.lines().any(|l| l == "all-done"), "{output:?}");
+    assert!(output.contains("srun: step creation temporarily disabled"), "the third step waited: {output:?}");
+    // (gpu, start, end) of each run.
+    let runs: Vec<(String, u128, u128)> = (0..3)
+        .map(|i| {
+            let text = read(&out.join(format!("run-{i}")));
+            let f: Vec<&str> = text.split_whitespace().collect();
+            assert_eq!(f.len(), 3, "one GPU, a start and an end: {text:?}");
+            (f[0].to_owned(), f[1].parse().expect("start"), f[2].parse().expect("end"))
+        })
+        .collect();
+    for (a, ra) in runs.iter().enumerate() {
+        for rb in runs.iter().skip(a + 1) {
+            let overlap = ra.1 < rb.2 && rb.1 < ra.2;
+            assert!(!overlap || ra.0 != rb.0, "two runs at once on GPU {}: {runs:?}", ra.0);
+        }
     }
 }
