@@ -421,7 +421,9 @@ fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<V
             "gpus-per-task" => typed("--gpus-per-task", gpu_count(&value)?),
             "nodes" => match value.split_once('-') {
                 Some((a, b)) if a == b => flag("--nodes", a.to_string()),
-                Some(_) => unsupported.push(format!("--nodes={value} (a range of node counts)")),
+                // Slurm may start such a job on its minimum (a range's largest count only when
+                // the nodes are free): corral always does.
+                Some((a, _)) => flag("--nodes", a.to_string()),
                 None => flag("--nodes", value),
             },
             "time" => {
@@ -705,6 +707,14 @@ python train.py
             assert_eq!((got.0.as_deref(), got.1.as_str()), expected, "{gres}");
         }
         assert!(gres_gpus("gpu:a:b:2", &mut Vec::new()).is_err());
+    }
+
+    /// `--nodes=MIN-MAX`: the job gets MIN nodes, a start Slurm may give it too.
+    #[test]
+    fn a_range_of_nodes_is_its_minimum() {
+        let d = parse_directives("s", "#SBATCH --nodes=2-4\n", false).unwrap();
+        assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+        assert_eq!(d.flags.nodes, Some(2));
     }
 
     /// Slurm reads options with getopt_long: an unambiguous abbreviation and Slurm's aliases

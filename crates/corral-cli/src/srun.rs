@@ -238,6 +238,10 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
     if flags.spec.cpus_per_task.is_none() {
         flags.spec.cpus_per_task = env.get("SLURM_CPUS_PER_TASK").and_then(|v| v.parse().ok());
     }
+    if flags.spec.gpus_per_task.is_none() && step_gpus.is_none() {
+        // As Slurm's srun: the job's --gpus-per-task, from the batch environment.
+        flags.spec.gpus_per_task = env.get("SLURM_GPUS_PER_TASK").and_then(|v| v.rsplit(':').next()?.parse().ok());
+    }
     if let Some((name, gpus)) = step_gpus {
         // A one-task step's GPUs are its task's: bound as --gpus-per-task binds them (steps
         // running side by side get distinct GPUs). Over several tasks Slurm shares the step's
@@ -796,6 +800,11 @@ mod tests {
         assert!(!f.spec.env.contains_key("CUDA_VISIBLE_DEVICES"), "a node's own variables never travel");
         let d = parse(&args("hostname"), &env).unwrap();
         assert_eq!(d.spec.ntasks, Some(4), "no layout flags: the batch environment's counts");
+        assert_eq!(d.spec.gpus_per_task, None);
+        let mut bound = env.clone();
+        bound.insert("SLURM_GPUS_PER_TASK".to_owned(), "1".to_owned());
+        let b = parse(&args("hostname"), &bound).unwrap();
+        assert_eq!(b.spec.gpus_per_task, Some(1), "the job's --gpus-per-task binds its steps' tasks");
         let n = parse(&args("-N 1 hostname"), &env).unwrap();
         assert_eq!((n.spec.nodes, n.spec.ntasks), (Some(1), None));
         let none = parse(&args("--export=NONE,A=1 true"), &env).unwrap();

@@ -133,6 +133,30 @@ fn srun_gpus_per_task_binds_a_distinct_gpu_to_each_task_of_a_node() {
         assert_eq!(na, nb, "{a:?} {b:?}");
         assert!(ga != gb && ga.len() == 1 && gb.len() == 1, "distinct single GPUs: {a:?} {b:?}");
     }
+    // The job's own --gpus-per-task binds a plain srun's tasks too, as Slurm's srun reads
+    // SLURM_GPUS_PER_TASK.
+    let job = sbatch(
+        &cluster,
+        &out,
+        "job-gpus.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=2\n\
+             #SBATCH --gpus-per-task=1\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             srun sh -c 'echo \"$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\" > {out}/job-gpu-$SLURM_PROCID'\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    for pair in [[0, 1], [2, 3]] {
+        let [a, b] = pair.map(|r| read(&out.join(format!("job-gpu-{r}"))));
+        let (na, ga) = a.trim().split_once(' ').expect("node gpu");
+        let (nb, gb) = b.trim().split_once(' ').expect("node gpu");
+        assert_eq!(na, nb, "{a:?} {b:?}");
+        assert!(ga != gb && ga.len() == 1 && gb.len() == 1, "the job's --gpus-per-task: {a:?} {b:?}");
+    }
 }
 
 #[test]
