@@ -6,7 +6,8 @@
 //! launcher reads. Every script is checked for what Slurm would do: the job ends as it would,
 //! the batch part ran once on the allocation's first node, each `srun` launched the right
 //! number of tasks with distinct ranks on the right nodes with the GPUs the directives give
-//! them, and the output went where `--output` says.
+//! them, and the output went where `--output` says. The node lists they read through
+//! `scontrol` are checked against Slurm's own `scontrol` where slurm-wlm is installed.
 
 use corral_integration::cluster::{free_port, Cluster, ClusterOptions};
 use corral_integration::worker::WorkerProc;
@@ -726,4 +727,54 @@ fn published_batch_scripts_run_as_slurm_runs_them() {
     }
     eprintln!("corpus: {ran} of {} scripts ran as Slurm runs them", CASES.len());
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Node lists as the corpus scripts read them, side by side with Slurm's own `scontrol` (from
+/// slurm-wlm, with a minimal slurm.conf: these subcommands need no controller): corral's
+/// `scontrol show hostnames|hostlist` answers exactly as Slurm's does. Without Slurm's
+/// `scontrol` the test skips loudly (fails under `CI=true`).
+#[test]
+fn scontrol_node_lists_match_slurms() {
+    let Some(slurm) = ["/usr/bin/scontrol", "/usr/local/bin/scontrol"].into_iter().map(Path::new).find(|p| p.exists())
+    else {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "Slurm's scontrol is missing (install slurm-wlm)");
+        eprintln!("SKIPPED scontrol_node_lists_match_slurms: Slurm's scontrol is not installed (slurm-wlm)");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("slurm.conf");
+    std::fs::write(
+        &conf,
+        "ClusterName=c\nSlurmctldHost=localhost\nNodeName=w[1-4] CPUs=1\nPartitionName=p Nodes=ALL\n",
+    )
+    .expect("write");
+    let ours = dir.path().join("scontrol");
+    std::os::unix::fs::symlink(corral_bin(), &ours).expect("symlink");
+    let run = |program: &Path, what: &str, list: &str| {
+        let out = Command::new(program)
+            .args(["show", what, list])
+            .env("SLURM_CONF", &conf)
+            .env_remove("CORRAL_RUN_SECRET")
+            .output()
+            .expect("scontrol");
+        assert!(out.status.success(), "{} show {what} {list}: {}", program.display(), one_line_stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let lists = [
+        "w[1-4]",
+        "gpu-[01-04,07],cpu1",
+        "n[001-010]",
+        "node[9-11]",
+        "x1,x2,x10,x3",
+        "a[1-2]-b[1-2]",
+        "h[08-11]",
+        "w4,w3,w1",
+        "rack1-n[1-2],rack2-n[1-2]",
+        "dev-node,dev-node-2",
+    ];
+    for list in lists {
+        assert_eq!(run(&ours, "hostnames", list), run(slurm, "hostnames", list), "show hostnames {list}");
+        let names = run(slurm, "hostnames", list).lines().collect::<Vec<_>>().join(",");
+        assert_eq!(run(&ours, "hostlist", &names), run(slurm, "hostlist", &names), "show hostlist {names}");
+    }
 }
