@@ -210,6 +210,10 @@ pub(crate) fn launch_spec(
         let path = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
         let path = format!("{}:{path}", config.in_job_bin_dir().display());
         env.insert("PATH".into(), path);
+        // Slurm's commands inside the job reach the cluster this worker reaches.
+        if !env.contains_key("CORRAL_ENDPOINT") && !config.coordinator_endpoints.is_empty() {
+            env.insert("CORRAL_ENDPOINT".into(), config.coordinator_endpoints.join(","));
+        }
         // A login shell's profile resets PATH; bash then reads BASH_ENV, which restores it.
         if !env.contains_key("BASH_ENV") {
             let file = config.in_job_bin_dir().join(BASH_ENV_FILE);

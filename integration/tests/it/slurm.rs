@@ -1,7 +1,8 @@
 //! Slurm users' path on a `corral dev` node: `corral sbatch` with `#SBATCH` directives, jobs in
 //! the submit directory with the submit environment, output files, `corral run` passing the
 //! exit code through, `--strict`, a signal before the time limit, Slurm's variables, output
-//! patterns and default file, bare dependencies, `--parsable`, `logs ID_TASK`, `cancel ID ID`.
+//! patterns and default file, bare dependencies, `--parsable`, `logs ID_TASK`, `cancel ID ID`,
+//! Slurm's commands inside a job reaching the cluster.
 
 use corral_integration::{corral_bin, one_line_stderr, DevPool};
 use std::os::unix::fs::PermissionsExt;
@@ -339,4 +340,28 @@ fn accounts_and_qos_map_through_the_policy() {
     let changes: Vec<&str> = diff["changes"].as_array().expect("changes").iter().filter_map(|c| c.as_str()).collect();
     assert!(changes.contains(&"slurm.accounts: \"proj_x\" unset (was team-a)"), "{diff}");
     assert!(changes.contains(&"slurm: default-account unset (was proj_y)"), "{diff}");
+}
+
+/// Inside a job `scontrol show job` and `squeue` reach the cluster without the script naming
+/// it: a bare job's `CORRAL_ENDPOINT` is the coordinators its worker talks to.
+#[test]
+fn slurm_commands_inside_a_job_find_the_cluster_themselves() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = "#!/bin/sh\n\
+                  #SBATCH -J unaided\n\
+                  #SBATCH --output=unaided.out\n\
+                  scontrol show job $SLURM_JOB_ID > show.txt || echo show failed\n\
+                  squeue --me > queue.txt || echo squeue failed\n\
+                  echo \"endpoint=$CORRAL_ENDPOINT\"\n";
+    std::fs::write(dir.path().join("job.sh"), script).expect("write");
+    let job = submitted_id(&corral_in(&pool, dir.path(), &[("USER", "ana")], &["sbatch", "--parsable", "job.sh"]));
+    assert_eq!(ended(&pool, job)["state"], "succeeded");
+    let output = std::fs::read_to_string(dir.path().join("unaided.out")).expect("the output file");
+    assert!(!output.contains("failed"), "{output}");
+    assert!(output.contains(&format!("endpoint={}", pool.addr)), "the worker's coordinators: {output}");
+    let shown = std::fs::read_to_string(dir.path().join("show.txt")).expect("scontrol show job's output");
+    assert!(shown.contains("unaided") && shown.contains(&job.to_string()), "the job's own record: {shown}");
+    let queue = std::fs::read_to_string(dir.path().join("queue.txt")).expect("squeue's output");
+    assert!(queue.contains(&job.to_string()), "squeue --me lists the running job: {queue}");
 }
