@@ -369,7 +369,9 @@ fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<V
             return Err(format!("'{word}' is not an option (expected e.g. --gpus=2)"));
         };
         if SWITCHES.iter().any(|(_, long)| *long == name) {
-            if inline.is_some() {
+            // Slurm's optional values: `--exclusive[=user|mcs|topo]` (corral's whole nodes are
+            // exclusive to the job, which satisfies each), `--get-user-env[=TIMEOUT]`.
+            if inline.is_some() && !matches!(name.as_str(), "exclusive" | "get-user-env") {
                 return Err(format!("--{name} takes no value"));
             }
             match name.as_str() {
@@ -707,6 +709,14 @@ python train.py
             assert_eq!((got.0.as_deref(), got.1.as_str()), expected, "{gres}");
         }
         assert!(gres_gpus("gpu:a:b:2", &mut Vec::new()).is_err());
+    }
+
+    /// Slurm's `--exclusive=user` (and mcs, topo) is met by whole nodes.
+    #[test]
+    fn exclusive_takes_slurms_optional_value() {
+        let d = parse_directives("s", "#SBATCH --exclusive=user\n", false).unwrap();
+        assert!(d.flags.exclusive && d.warnings.is_empty(), "{:?}", d.warnings);
+        assert!(parse_directives("s", "#SBATCH --hold=1\n", false).is_err());
     }
 
     /// `--nodes=MIN-MAX`: the job gets MIN nodes, a start Slurm may give it too.
