@@ -78,7 +78,7 @@ pub(crate) fn pick_mig_instance(
 
 /// Slurm's commands the corral binary serves inside a job when called by their name
 /// (`corral-cli`'s `in_job.rs`): the worker links each, in its `in_job_bin_dir`, to itself.
-pub const IN_JOB_COMMANDS: [&str; 4] = ["scontrol", "squeue", "scancel", "srun"];
+pub const IN_JOB_COMMANDS: [&str; 5] = ["scontrol", "squeue", "scancel", "srun", "sbatch"];
 
 /// The file, next to the in-job commands, that a bare job's `BASH_ENV` names when the job sets
 /// none. bash reads it after a login shell's profile (`#!/bin/bash -l`) has reset `PATH` to the
@@ -215,7 +215,9 @@ pub(crate) fn launch_spec(
             env.insert("CORRAL_ENDPOINT".into(), config.coordinator_endpoints.join(","));
         }
         // A login shell's profile resets PATH; bash then reads BASH_ENV, which restores it.
-        if !env.contains_key("BASH_ENV") {
+        // (A job submitted from a job may carry that job's: this node's takes its place.)
+        let ours = env.get("BASH_ENV").is_some_and(|v| Path::new(v).file_name() == Some(BASH_ENV_FILE.as_ref()));
+        if !env.contains_key("BASH_ENV") || ours {
             let file = config.in_job_bin_dir().join(BASH_ENV_FILE);
             env.insert("BASH_ENV".into(), file.display().to_string());
         }

@@ -2,7 +2,7 @@
 //! the submit directory with the submit environment, output files, `corral run` passing the
 //! exit code through, `--strict`, a signal before the time limit, Slurm's variables, output
 //! patterns and default file, bare dependencies, `--parsable`, `logs ID_TASK`, `cancel ID ID`,
-//! Slurm's commands inside a job reaching the cluster.
+//! Slurm's commands inside a job reaching the cluster, `sbatch` inside a job.
 
 use corral_integration::{corral_bin, one_line_stderr, DevPool};
 use std::os::unix::fs::PermissionsExt;
@@ -364,4 +364,38 @@ fn slurm_commands_inside_a_job_find_the_cluster_themselves() {
     assert!(shown.contains("unaided") && shown.contains(&job.to_string()), "the job's own record: {shown}");
     let queue = std::fs::read_to_string(dir.path().join("queue.txt")).expect("squeue's output");
     assert!(queue.contains(&job.to_string()), "squeue --me lists the running job: {queue}");
+}
+
+/// `sbatch` inside a job submits the next job of a chain (`--dependency=afterok:$SLURM_JOB_ID`):
+/// it runs after its parent, with its own allocation's variables and no secret of the parent's.
+#[test]
+fn sbatch_inside_a_job_chains_the_next_one() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = "#!/bin/bash\n\
+                 #SBATCH -J first\n\
+                 #SBATCH --gpus-per-task=1\n\
+                 #SBATCH --output=first.out\n\
+                 next=$(sbatch --parsable --dependency=afterok:$SLURM_JOB_ID next.sh) || echo sbatch failed\n\
+                 echo \"next=$next\"\n";
+    let next = "#!/bin/bash\n\
+                #SBATCH -J next\n\
+                #SBATCH --output=next.out\n\
+                echo \"job=$SLURM_JOB_ID name=$SLURM_JOB_NAME gpt=${SLURM_GPUS_PER_TASK-unset}\"\n";
+    std::fs::write(dir.path().join("first.sh"), first).expect("write");
+    std::fs::write(dir.path().join("next.sh"), next).expect("write");
+    let job = submitted_id(&corral_in(&pool, dir.path(), &[], &["sbatch", "--parsable", "first.sh"]));
+    assert_eq!(ended(&pool, job)["state"], "succeeded");
+    let output = std::fs::read_to_string(dir.path().join("first.out")).expect("first's output");
+    let next: u64 = output
+        .lines()
+        .find_map(|l| l.strip_prefix("next="))
+        .and_then(|id| id.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the next job's id: {output:?}"));
+    let doc = ended(&pool, next);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    let shown = pool.ok(&["show", &next.to_string()]);
+    assert!(!shown.contains("CORRAL_RUN_SECRET"), "no run secret in the next job: {shown}");
+    let out = std::fs::read_to_string(dir.path().join("next.out")).expect("next's output");
+    assert_eq!(out, format!("job={next} name=next gpt=unset\n"), "its own variables, none of the parent's");
 }
