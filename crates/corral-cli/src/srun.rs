@@ -281,7 +281,11 @@ fn exported(export: Option<&str>, env: &BTreeMap<String, String>) -> Result<BTre
                     carry(&mut out, k);
                 }
             }
-            "NONE" => {}
+            // Slurm's NONE: the tasks get only the SLURM_* variables (and their node's own),
+            // marked for the worker, which builds their environment.
+            "NONE" => {
+                out.insert(corral_worker::in_job::EXPORT_NONE.to_owned(), "1".to_owned());
+            }
             other => match other.split_once('=') {
                 Some((k, v)) => {
                     out.insert(k.to_owned(), v.to_owned());
@@ -808,7 +812,11 @@ mod tests {
         let n = parse(&args("-N 1 hostname"), &env).unwrap();
         assert_eq!((n.spec.nodes, n.spec.ntasks), (Some(1), None));
         let none = parse(&args("--export=NONE,A=1 true"), &env).unwrap();
-        assert_eq!(none.spec.env, BTreeMap::from([("A".to_owned(), "1".to_owned())]));
+        let marked = BTreeMap::from([
+            ("A".to_owned(), "1".to_owned()),
+            (corral_worker::in_job::EXPORT_NONE.to_owned(), "1".to_owned()),
+        ]);
+        assert_eq!(none.spec.env, marked, "what was named, and NONE for the worker");
         let w = parse(&args("-w n[1-2] true"), &env).unwrap();
         assert_eq!(w.spec.nodelist, ["n1", "n2"]);
     }

@@ -4,7 +4,8 @@
 //! which exits with Slurm's rule; `--kill-on-bad-exit` stops the other tasks; a cancel while a
 //! step runs kills its tasks on every node; a torchrun-style launcher finds its head node with
 //! `scontrol`; a login-shell script reaches Slurm's commands; one-GPU steps side by side get
-//! GPUs of their own and wait for one; outside a job `srun` points at `corral run`.
+//! GPUs of their own and wait for one; `--export=NONE` leaves the script's variables out;
+//! outside a job `srun` points at `corral run`.
 
 use corral_integration::cluster::{free_port, Cluster};
 use corral_integration::one_line_stderr;
@@ -429,6 +430,39 @@ fn side_by_side_one_gpu_steps_get_their_own_gpu_and_wait_for_one() {
         for rb in runs.iter().skip(a + 1) {
             let overlap = ra.1 < rb.2 && rb.1 < ra.2;
             assert!(!overlap || ra.0 != rb.0, "two runs at once on GPU {}: {runs:?}", ra.0);
+        }
+    }
+}
+
+/// `srun --export=NONE`: as Slurm's, the tasks get the job's `SLURM_*` variables and their
+/// own, none of the batch script's others; named ones travel.
+#[test]
+fn srun_export_none_leaves_the_scripts_variables_out() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "none.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=1\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             export MY_VAR=x\n\
+             srun --export=NONE sh -c 'echo \"none $SLURM_PROCID my=${{MY_VAR-unset}} job=$SLURM_JOB_ID\"'\n\
+             srun --export=NONE,MY_VAR sh -c 'echo \"named $SLURM_PROCID my=$MY_VAR\"'\n\
+             srun sh -c 'echo \"all $SLURM_PROCID my=$MY_VAR\"'\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("slurm-{job}.out")));
+    for rank in 0..2 {
+        for line in
+            [format!("none {rank} my=unset job={job}"), format!("named {rank} my=x"), format!("all {rank} my=x")]
+        {
+            assert!(output.lines().any(|l| l == line), "{line:?} in {output:?}");
         }
     }
 }
