@@ -352,6 +352,8 @@ pub(crate) fn job_environment(job: &Job, epoch: u64, node: &str) -> BTreeMap<Str
     if !job.allocation.as_ref().is_some_and(|a| a.is_gang()) {
         // A gang's ranks (SLURM_PROCID, NODE_RANK, ...) are set by the gang launch.
         set("SLURM_PROCID", "0".to_owned());
+        // Slurm's batch step is task 0 of its node too (Lightning reads SLURM_LOCALID).
+        set("SLURM_LOCALID", "0".to_owned());
     }
     // The allocation's SLURM_* variables: ids, node list and counts, tasks, CPUs, GPUs,
     // memory, submit directory and host, account, partition.
@@ -484,6 +486,7 @@ mod tests {
         assert_eq!(get(&env, "SLURM_CPUS_PER_TASK").as_deref(), Some("3"));
         assert_eq!(get(&env, "SLURM_NNODES").as_deref(), Some("1"));
         assert_eq!(get(&env, "SLURM_PROCID").as_deref(), Some("0"));
+        assert_eq!(get(&env, "SLURM_LOCALID").as_deref(), Some("0"));
         assert_eq!(get(&env, "CORRAL_ARRAY_TASK_ID"), None);
         j.array_task = Some(ArrayTask { array: 40, index: 3 });
         let env = job_environment(&j, 7, "gpu-01");
