@@ -544,8 +544,9 @@ pub struct JobFlags {
     /// Which variables of this shell the job gets: ALL (the default; without the credentials
     /// CORRAL_TOKEN, CORRAL_CA, CORRAL_CERT, CORRAL_KEY, CORRAL_ENDPOINT, SSH_AUTH_SOCK,
     /// SSH_AGENT_PID, GPG_AGENT_INFO, KRB5CCNAME, XAUTHORITY, DBUS_SESSION_BUS_ADDRESS,
-    /// VAULT_TOKEN), NONE, or a list VAR[,VAR=value...] (ALL,VAR=value adds to ALL). Jobs with
-    /// --image get NONE unless given.
+    /// VAULT_TOKEN, CORRAL_RUN_SECRET, CORRAL_IN_JOB_SOCKET; submitted from inside a job, without
+    /// that job's own CORRAL_*, SLURM_* and SLURMD_* variables), NONE, or a list
+    /// VAR[,VAR=value...] (ALL,VAR=value adds to ALL). Jobs with --image get NONE unless given.
     #[arg(long, value_name = "ALL|NONE|VARS")]
     pub export: Option<String>,
     /// Also write the job's stdout to this file on the worker (relative to the working

@@ -8,7 +8,8 @@
 //! form), answered without the coordinator; and, as the corral commands they translate to,
 //! `scontrol show job [ID]` (`corral show`, `ID` defaulting to `SLURM_JOB_ID`), `squeue`
 //! (`corral queue`, with `--me`, `-u/--user`, `-n/--name`, `-t/--states`) and `scancel ID...`
-//! (`corral cancel`). Those reach the coordinator as `corral` does: `CORRAL_ENDPOINT`,
+//! (`corral cancel`), and `sbatch` (`corral sbatch`: a job submitted from a job, e.g. the next
+//! of a chain with `--dependency=afterok:$SLURM_JOB_ID`). Those reach the coordinator as `corral` does: `CORRAL_ENDPOINT`,
 //! `CORRAL_TOKEN` and `CORRAL_CA`/`CORRAL_CERT`/`CORRAL_KEY` from the job's environment.
 //! Anything else is a one-line error naming what is served.
 
@@ -36,6 +37,8 @@ pub fn dispatch(name: &str, args: &[String]) -> InJob {
         "scontrol" => scontrol(args, std::env::var("SLURM_JOB_NODELIST").ok().as_deref()).map(Answer::Print),
         "squeue" => squeue(args).map(corral),
         "scancel" => scancel(args).map(corral),
+        // `corral sbatch`: the new job gets its own allocation's variables (see `--export`).
+        "sbatch" => Ok(corral(std::iter::once("sbatch".to_string()).chain(args.iter().cloned()).collect())),
         _ => return InJob::Cli,
     };
     match result {

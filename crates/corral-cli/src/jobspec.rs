@@ -27,7 +27,17 @@ pub const EXPORT_DENY: &[&str] = &[
     "XAUTHORITY",
     "DBUS_SESSION_BUS_ADDRESS",
     "VAULT_TOKEN",
+    // A run's secret and its worker's socket: what acts for that run, never another job's.
+    "CORRAL_RUN_SECRET",
+    "CORRAL_IN_JOB_SOCKET",
 ];
+
+/// Whether `key` is one of the variables a running job gets from its worker (its allocation's
+/// `SLURM_*`, its node's `SLURMD_*`, corral's own): a job submitted from inside another one
+/// (`sbatch` in a batch script) gets its own, not these.
+fn a_jobs_own(key: &str) -> bool {
+    ["CORRAL_", "SLURM_", "SLURMD_"].iter().any(|p| key.starts_with(p))
+}
 
 /// What a job is made of besides its flags.
 pub struct JobInput<'a> {
@@ -414,8 +424,12 @@ pub fn exported_environment(
     let mut bytes: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
     let mut dropped = Vec::new();
     if all {
+        let inside_a_job = shell.contains_key("CORRAL_RUN_SECRET");
         for (key, value) in shell {
             if env.contains_key(&key) || EXPORT_DENY.contains(&key.as_str()) || !valid_name(&key) {
+                continue;
+            }
+            if inside_a_job && a_jobs_own(&key) {
                 continue;
             }
             let size = key.len() + value.len();
@@ -500,6 +514,27 @@ mod tests {
         let (env, warnings) = exported_environment("ALL", big, BTreeMap::new()).unwrap();
         assert_eq!(env.keys().collect::<Vec<_>>(), ["SMALL"]);
         assert!(warnings[0].contains("BIG"));
+    }
+
+    /// A submit from inside a job (its run secret in the shell) carries none of that job's
+    /// own variables, and never a run secret.
+    #[test]
+    fn a_submit_from_inside_a_job_leaves_that_jobs_variables() {
+        let shell = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let inside = shell(&[
+            ("CORRAL_RUN_SECRET", "s3cr3t"),
+            ("CORRAL_IN_JOB_SOCKET", "/var/lib/corral/in-job.sock"),
+            ("CORRAL_JOB_ID", "12"),
+            ("SLURM_JOB_ID", "12"),
+            ("SLURM_GPUS_PER_TASK", "1"),
+            ("SLURMD_NODENAME", "gpu-01"),
+            ("MY_VAR", "x"),
+        ]);
+        let (env, _) = exported_environment("ALL", inside, BTreeMap::new()).unwrap();
+        assert_eq!(env.keys().collect::<Vec<_>>(), ["MY_VAR"]);
+        let (env, _) =
+            exported_environment("ALL", shell(&[("SLURM_CONF", "/etc/slurm.conf")]), BTreeMap::new()).unwrap();
+        assert_eq!(env.keys().collect::<Vec<_>>(), ["SLURM_CONF"], "outside a job a shell's SLURM_* are its own");
     }
 
     #[test]

@@ -201,6 +201,138 @@ const SWITCHES: &[(Option<char>, &str)] = &[
     (None, "get-user-env"),
 ];
 
+/// Slurm's `sbatch` long options (22.05, with its aliases) and corral's own, for
+/// `long_option`: Slurm reads an option through `getopt_long`, which takes any unambiguous
+/// abbreviation (`--err=` for `--error=`).
+const SLURM_LONG: &[&str] = &[
+    "account",
+    "acctg-freq",
+    "array",
+    "batch",
+    "bb",
+    "bbf",
+    "begin",
+    "chdir",
+    "cluster",
+    "cluster-constraint",
+    "clusters",
+    "comment",
+    "constraint",
+    "container",
+    "container-env",
+    "container-image",
+    "container-mounts",
+    "container-workdir",
+    "contiguous",
+    "core-spec",
+    "cores-per-socket",
+    "cpu-freq",
+    "cpus-per-gpu",
+    "cpus-per-task",
+    "deadline",
+    "delay-boot",
+    "dependency",
+    "distribution",
+    "error",
+    "exclude",
+    "exclusive",
+    "export",
+    "export-file",
+    "extra-node-info",
+    "get-user-env",
+    "gid",
+    "gpu-bind",
+    "gpu-freq",
+    "gpus",
+    "gpus-per-node",
+    "gpus-per-socket",
+    "gpus-per-task",
+    "gres",
+    "gres-flags",
+    "help",
+    "hint",
+    "hold",
+    "ignore-pbs",
+    "input",
+    "job-name",
+    "kill-on-invalid-dep",
+    "licenses",
+    "mail-type",
+    "mail-user",
+    "max-restarts",
+    "mcs-label",
+    "mem",
+    "mem-bind",
+    "mem-per-cpu",
+    "mem-per-gpu",
+    "mincpus",
+    "network",
+    "nice",
+    "no-kill",
+    "no-requeue",
+    "nodefile",
+    "nodelist",
+    "nodes",
+    "ntasks",
+    "ntasks-per-core",
+    "ntasks-per-gpu",
+    "ntasks-per-node",
+    "ntasks-per-socket",
+    "open-mode",
+    "output",
+    "overcommit",
+    "oversubscribe",
+    "parsable",
+    "partition",
+    "power",
+    "priority",
+    "profile",
+    "propagate",
+    "qos",
+    "quiet",
+    "reboot",
+    "requeue",
+    "reservation",
+    "signal",
+    "sockets-per-node",
+    "spread-job",
+    "switches",
+    "tasks-per-node",
+    "test-only",
+    "thread-spec",
+    "threads-per-core",
+    "time",
+    "time-min",
+    "tmp",
+    "tres-per-task",
+    "uid",
+    "usage",
+    "use-min-nodes",
+    "verbose",
+    "version",
+    "wait",
+    "wckey",
+    "wrap",
+];
+
+/// The long option `name` stands for, as Slurm reads it: itself when it is one, Slurm's alias
+/// resolved (`tasks-per-node`), or the one option an abbreviation begins; else `name`.
+fn long_option(name: &str) -> String {
+    let name = if SLURM_LONG.contains(&name) {
+        name.to_string()
+    } else {
+        let mut matching = SLURM_LONG.iter().filter(|o| o.starts_with(name));
+        match (matching.next(), matching.next()) {
+            (Some(one), None) if !name.is_empty() => one.to_string(),
+            _ => name.to_string(),
+        }
+    };
+    match name.as_str() {
+        "tasks-per-node" => "ntasks-per-node".to_string(),
+        _ => name,
+    }
+}
+
 /// `#SBATCH` words to corral flags; options corral does not support are named in `unsupported`.
 fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
@@ -211,8 +343,8 @@ fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<V
         // (long name, value)
         let (name, inline): (String, Option<String>) = if let Some(long) = word.strip_prefix("--") {
             match long.split_once('=') {
-                Some((n, v)) => (n.to_string(), Some(v.to_string())),
-                None => (long.to_string(), None),
+                Some((n, v)) => (long_option(n), Some(v.to_string())),
+                None => (long_option(long), None),
             }
         } else if let Some(short) = word.strip_prefix('-').filter(|s| !s.is_empty()) {
             let mut chars = short.chars();
@@ -237,7 +369,9 @@ fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<V
             return Err(format!("'{word}' is not an option (expected e.g. --gpus=2)"));
         };
         if SWITCHES.iter().any(|(_, long)| *long == name) {
-            if inline.is_some() {
+            // Slurm's optional values: `--exclusive[=user|mcs|topo]` (corral's whole nodes are
+            // exclusive to the job, which satisfies each), `--get-user-env[=TIMEOUT]`.
+            if inline.is_some() && !matches!(name.as_str(), "exclusive" | "get-user-env") {
                 return Err(format!("--{name} takes no value"));
             }
             match name.as_str() {
@@ -289,7 +423,9 @@ fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<V
             "gpus-per-task" => typed("--gpus-per-task", gpu_count(&value)?),
             "nodes" => match value.split_once('-') {
                 Some((a, b)) if a == b => flag("--nodes", a.to_string()),
-                Some(_) => unsupported.push(format!("--nodes={value} (a range of node counts)")),
+                // Slurm may start such a job on its minimum (a range's largest count only when
+                // the nodes are free): corral always does.
+                Some((a, _)) => flag("--nodes", a.to_string()),
                 None => flag("--nodes", value),
             },
             "time" => {
@@ -573,6 +709,37 @@ python train.py
             assert_eq!((got.0.as_deref(), got.1.as_str()), expected, "{gres}");
         }
         assert!(gres_gpus("gpu:a:b:2", &mut Vec::new()).is_err());
+    }
+
+    /// Slurm's `--exclusive=user` (and mcs, topo) is met by whole nodes.
+    #[test]
+    fn exclusive_takes_slurms_optional_value() {
+        let d = parse_directives("s", "#SBATCH --exclusive=user\n", false).unwrap();
+        assert!(d.flags.exclusive && d.warnings.is_empty(), "{:?}", d.warnings);
+        assert!(parse_directives("s", "#SBATCH --hold=1\n", false).is_err());
+    }
+
+    /// `--nodes=MIN-MAX`: the job gets MIN nodes, a start Slurm may give it too.
+    #[test]
+    fn a_range_of_nodes_is_its_minimum() {
+        let d = parse_directives("s", "#SBATCH --nodes=2-4\n", false).unwrap();
+        assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+        assert_eq!(d.flags.nodes, Some(2));
+    }
+
+    /// Slurm reads options with getopt_long: an unambiguous abbreviation and Slurm's aliases
+    /// are the options they stand for; an ambiguous one is named, not guessed.
+    #[test]
+    fn abbreviations_and_aliases_are_slurms() {
+        let d = parse_directives("s", "#SBATCH --err=e-%j --out=o-%j\n#SBATCH --tasks-per-node=2 --job=x\n", false)
+            .unwrap();
+        assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+        assert_eq!(d.flags.stderr.as_deref(), Some("e-%j"));
+        assert_eq!(d.flags.stdout.as_deref(), Some("o-%j"));
+        assert_eq!(d.flags.ntasks_per_node, Some(2));
+        assert_eq!(d.flags.name.as_deref(), Some("x"));
+        let d = parse_directives("s", "#SBATCH --ntasks-per=2\n", false).unwrap();
+        assert_eq!(d.warnings, ["s line 1: --ntasks-per is not supported by corral: ignored"]);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! relays its tasks' output (this node's from each task's file in the run's directory, other
 //! nodes' through the worker, which reads them through the leader's proxy; `--label` prefixing
 //! `N: `), forwards SIGINT/SIGTERM to the step, and exits with the step's code (the highest task
-//! status; a signal N counts as 128 + N).
+//! status; a signal N counts as 128 + N). A step whose GPUs other live steps hold is retried
+//! until they are free, as Slurm's srun waits.
 
 use corral_types::{JobStep, StepSpec};
 use corral_worker::in_job::{Call, Reply, Request, MAX_REQUEST_BYTES, SECRET_ENV, SOCKET_ENV};
@@ -22,6 +23,10 @@ const OUTPUT_POLL: Duration = Duration::from_millis(20);
 const MAX_REMOTE_STREAMS: usize = 64;
 /// Longest piece of a task's line held back waiting for its end.
 const MAX_LINE: usize = 64 * 1024;
+/// The coordinator's refusal of a step whose GPUs other live steps hold (`plan_tasks`): srun
+/// retries it every `STEP_RETRY` until they are free, as Slurm's srun waits.
+const STEP_BUSY: &str = "held by other steps";
+const STEP_RETRY: Duration = Duration::from_millis(250);
 /// How long the last of other nodes' output may take to arrive once the step has ended.
 const REMOTE_DRAIN: Duration = Duration::from_secs(10);
 
@@ -51,7 +56,11 @@ pub struct Flags {
 /// binding, memory and accounting options (each task sees the job's GPUs and memory of its
 /// node), `--mpi` (there is no PMI: an MPI program sees no launcher), and `-o` (the tasks'
 /// output goes to srun's).
-const IGNORED: [(&str, bool); 40] = [
+const IGNORED: [(&str, bool); 44] = [
+    ("--gres-flags", true),
+    ("--exact", false),
+    ("-e", true),
+    ("--error", true),
     ("-X", false),
     ("--disable-status", false),
     ("-Q", false),
@@ -120,6 +129,8 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
     let mut flags = Flags::default();
     let mut i = 0;
     let mut explicit_layout = false;
+    // `--gpus`/`-G`/`--gres=gpu:N`: the step's GPUs (name and count).
+    let mut step_gpus: Option<(String, u32)> = None;
     while i < args.len() {
         let arg = &args[i];
         if !arg.starts_with('-') || arg == "-" {
@@ -132,8 +143,8 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
         // --name=value, --name value, -n4, -n 4
         let (name, inline): (String, Option<String>) = if let Some(long) = arg.strip_prefix("--") {
             match long.split_once('=') {
-                Some((n, v)) => (format!("--{n}"), Some(v.to_owned())),
-                None => (arg.clone(), None),
+                Some((n, v)) => (format!("--{}", long_option(n)), Some(v.to_owned())),
+                None => (format!("--{}", long_option(long)), None),
             }
         } else if arg.len() > 2 {
             (arg[..2].to_owned(), Some(arg[2..].to_owned()))
@@ -197,6 +208,17 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
             "--overlap" => flags.spec.overlap = true,
             "--export" => flags.export = Some(value),
             "-D" | "--chdir" => flags.spec.cwd = Some(value),
+            // A step of this job (scripts name it with `--jobid $SLURM_JOB_ID`) is what srun makes.
+            "--jobid" => {
+                let own = env.get("SLURM_JOB_ID").or_else(|| env.get("SLURM_JOBID"));
+                if own != Some(&value) {
+                    return Err(format!("--jobid {value}: corral's srun runs steps of its own job only"));
+                }
+            }
+            "--gpus" | "-G" | "--gres" => match step_gpu_count(&name, &value) {
+                Some(n) => step_gpus = Some((name, n)),
+                None => flags.ignored.push(name),
+            },
             _ if ignored.is_some() => flags.ignored.push(name),
             "--pty" => return Err("--pty is not served inside a job yet: run the command without it".into()),
             other => return Err(format!("option {other} is not served by corral's srun")),
@@ -216,8 +238,31 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
     if flags.spec.cpus_per_task.is_none() {
         flags.spec.cpus_per_task = env.get("SLURM_CPUS_PER_TASK").and_then(|v| v.parse().ok());
     }
+    if flags.spec.gpus_per_task.is_none() && step_gpus.is_none() {
+        // As Slurm's srun: the job's --gpus-per-task, from the batch environment.
+        flags.spec.gpus_per_task = env.get("SLURM_GPUS_PER_TASK").and_then(|v| v.rsplit(':').next()?.parse().ok());
+    }
+    if let Some((name, gpus)) = step_gpus {
+        // A one-task step's GPUs are its task's: bound as --gpus-per-task binds them (steps
+        // running side by side get distinct GPUs). Over several tasks Slurm shares the step's
+        // GPUs among them, which corral does not do: accepted without effect.
+        if flags.spec.ntasks == Some(1) && flags.spec.gpus_per_task.is_none() && gpus > 0 {
+            flags.spec.gpus_per_task = Some(gpus);
+        } else {
+            flags.ignored.push(name);
+        }
+    }
     flags.spec.env = exported(flags.export.as_deref(), env)?;
     Ok(flags)
+}
+
+/// The GPU count of srun's `--gpus`/`-G` (`N`, `TYPE:N`) or `--gres` (`gpu:N`, `gpu:TYPE:N`).
+fn step_gpu_count(name: &str, value: &str) -> Option<u32> {
+    let value = if name == "--gres" { value.strip_prefix("gpu")?.trim_start_matches(':') } else { value };
+    if value.is_empty() {
+        return (name == "--gres").then_some(1);
+    }
+    value.rsplit(':').next()?.parse().ok()
 }
 
 /// The variables `--export` carries to the tasks (node-specific ones never travel).
@@ -236,7 +281,11 @@ fn exported(export: Option<&str>, env: &BTreeMap<String, String>) -> Result<BTre
                     carry(&mut out, k);
                 }
             }
-            "NONE" => {}
+            // Slurm's NONE: the tasks get only the SLURM_* variables (and their node's own),
+            // marked for the worker, which builds their environment.
+            "NONE" => {
+                out.insert(corral_worker::in_job::EXPORT_NONE.to_owned(), "1".to_owned());
+            }
             other => match other.split_once('=') {
                 Some((k, v)) => {
                     out.insert(k.to_owned(), v.to_owned());
@@ -246,6 +295,136 @@ fn exported(export: Option<&str>, env: &BTreeMap<String, String>) -> Result<BTre
         }
     }
     Ok(out)
+}
+
+/// Slurm's `srun` long options (22.05), for `long_option`: Slurm reads them through
+/// `getopt_long`, which takes any unambiguous abbreviation.
+const SRUN_LONG: &[&str] = &[
+    "account",
+    "acctg-freq",
+    "bb",
+    "bbf",
+    "bcast",
+    "bcast-exclude",
+    "begin",
+    "chdir",
+    "cluster-constraint",
+    "clusters",
+    "comment",
+    "compress",
+    "constraint",
+    "container",
+    "contiguous",
+    "core-spec",
+    "cores-per-socket",
+    "cpu-bind",
+    "cpu-freq",
+    "cpus-per-gpu",
+    "cpus-per-task",
+    "deadline",
+    "delay-boot",
+    "dependency",
+    "disable-status",
+    "distribution",
+    "epilog",
+    "error",
+    "exact",
+    "exclude",
+    "exclusive",
+    "export",
+    "extra-node-info",
+    "gpu-bind",
+    "gpu-freq",
+    "gpus",
+    "gpus-per-node",
+    "gpus-per-socket",
+    "gpus-per-task",
+    "gres",
+    "gres-flags",
+    "help",
+    "het-group",
+    "hint",
+    "hold",
+    "immediate",
+    "input",
+    "job-name",
+    "jobid",
+    "kill-on-bad-exit",
+    "label",
+    "licenses",
+    "mail-type",
+    "mail-user",
+    "mcs-label",
+    "mem",
+    "mem-bind",
+    "mem-per-cpu",
+    "mem-per-gpu",
+    "mincpus",
+    "mpi",
+    "multi-prog",
+    "nice",
+    "no-allocate",
+    "no-kill",
+    "nodelist",
+    "nodes",
+    "ntasks",
+    "ntasks-per-core",
+    "ntasks-per-gpu",
+    "ntasks-per-node",
+    "ntasks-per-socket",
+    "output",
+    "overcommit",
+    "overlap",
+    "oversubscribe",
+    "partition",
+    "power",
+    "preserve-env",
+    "priority",
+    "profile",
+    "prolog",
+    "propagate",
+    "pty",
+    "qos",
+    "quiet",
+    "quit-on-interrupt",
+    "reboot",
+    "relative",
+    "reservation",
+    "resv-ports",
+    "send-libs",
+    "signal",
+    "slurmd-debug",
+    "sockets-per-node",
+    "spread-job",
+    "switches",
+    "task-epilog",
+    "task-prolog",
+    "thread-spec",
+    "threads",
+    "threads-per-core",
+    "time",
+    "time-min",
+    "tmp",
+    "unbuffered",
+    "usage",
+    "use-min-nodes",
+    "verbose",
+    "version",
+    "wait",
+    "wckey",
+];
+
+/// The long option `name` (without `--`) stands for: itself, or the one Slurm option an
+/// abbreviation begins (`--ntasks-per-n`); else `name`, refused later as not served.
+fn long_option(name: &str) -> String {
+    if name.is_empty() || SRUN_LONG.contains(&name) {
+        return name.to_owned();
+    }
+    let mut matching = SRUN_LONG.iter().filter(|o| o.starts_with(name));
+    match (matching.next(), matching.next()) {
+        (Some(one), None) => (*one).to_owned(),
+        _ => name.to_owned(),
+    }
 }
 
 /// `srun ARGS`.
@@ -331,11 +510,30 @@ async fn run(
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(|e| e.to_string())?;
     let mut sigterm =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let create = Call::CreateStep { request_id: request_id(), spec: flags.spec };
-    let step = match call(&socket, &secret, create).await? {
-        Reply::Step(step) => *step,
-        other => return Err(format!("unexpected answer: {other:?}")),
+    // As Slurm's srun, a step whose GPUs other steps hold waits for them.
+    let mut said_waiting = false;
+    let step = loop {
+        let create = Call::CreateStep { request_id: request_id(), spec: flags.spec.clone() };
+        match call(&socket, &secret, create).await {
+            Ok(Reply::Step(step)) => break *step,
+            Ok(other) => return Err(format!("unexpected answer: {other:?}")),
+            Err(e) if e.contains(STEP_BUSY) => {
+                if !said_waiting {
+                    say!("srun: step creation temporarily disabled, retrying ({e})");
+                    said_waiting = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(STEP_RETRY) => {}
+                    _ = sigint.recv() => return Ok(128 + libc::SIGINT),
+                    _ = sigterm.recv() => return Ok(128 + libc::SIGTERM),
+                }
+            }
+            Err(e) => return Err(e),
+        }
     };
+    if said_waiting {
+        say!("srun: step created");
+    }
     let mut relay = Relay::new(&step, &node, job_dir.as_deref(), flags.label, flags.unbuffered);
     // Other nodes' tasks: one reader each, bounded, feeding this loop.
     let (chunks, mut received) = tokio::sync::mpsc::channel::<(u32, Option<Vec<u8>>)>(64);
@@ -606,10 +804,19 @@ mod tests {
         assert!(!f.spec.env.contains_key("CUDA_VISIBLE_DEVICES"), "a node's own variables never travel");
         let d = parse(&args("hostname"), &env).unwrap();
         assert_eq!(d.spec.ntasks, Some(4), "no layout flags: the batch environment's counts");
+        assert_eq!(d.spec.gpus_per_task, None);
+        let mut bound = env.clone();
+        bound.insert("SLURM_GPUS_PER_TASK".to_owned(), "1".to_owned());
+        let b = parse(&args("hostname"), &bound).unwrap();
+        assert_eq!(b.spec.gpus_per_task, Some(1), "the job's --gpus-per-task binds its steps' tasks");
         let n = parse(&args("-N 1 hostname"), &env).unwrap();
         assert_eq!((n.spec.nodes, n.spec.ntasks), (Some(1), None));
         let none = parse(&args("--export=NONE,A=1 true"), &env).unwrap();
-        assert_eq!(none.spec.env, BTreeMap::from([("A".to_owned(), "1".to_owned())]));
+        let marked = BTreeMap::from([
+            ("A".to_owned(), "1".to_owned()),
+            (corral_worker::in_job::EXPORT_NONE.to_owned(), "1".to_owned()),
+        ]);
+        assert_eq!(none.spec.env, marked, "what was named, and NONE for the worker");
         let w = parse(&args("-w n[1-2] true"), &env).unwrap();
         assert_eq!(w.spec.nodelist, ["n1", "n2"]);
     }
@@ -628,6 +835,42 @@ mod tests {
         assert!(!off.spec.kill_on_bad_exit);
         let on = parse(&args("--kill-on-bad-exit true"), &env).unwrap();
         assert!(on.spec.kill_on_bad_exit && on.spec.command == ["true"], "no value taken from the command");
+        let mila = parse(&args("--gres-flags=allow-task-sharing --exact uv run python main.py"), &env).unwrap();
+        assert_eq!(mila.ignored, ["--gres-flags", "--exact"]);
+        assert_eq!(mila.spec.command, args("uv run python main.py"));
+    }
+
+    /// A one-task step's `--gpus`/`--gres` bind its GPUs as `--gpus-per-task` does; over
+    /// several tasks they are accepted without effect.
+    #[test]
+    fn a_one_task_steps_gpus_are_its_own() {
+        let env = BTreeMap::from([("SLURM_NTASKS".to_owned(), "4".to_owned())]);
+        for flag in ["--gpus=1", "-G 1", "--gpus=a100:1", "--gres=gpu:1", "--gres=gpu:a100:1", "--gres=gpu"] {
+            let f = parse(&args(&format!("--exclusive -n1 {flag} python x.py")), &env).unwrap();
+            assert_eq!(f.spec.gpus_per_task, Some(1), "{flag}");
+            assert_eq!(f.ignored, ["--exclusive"], "{flag}");
+        }
+        let two = parse(&args("-n1 --gpus=2 true"), &env).unwrap();
+        assert_eq!(two.spec.gpus_per_task, Some(2));
+        let many = parse(&args("--gpus=4 python x.py"), &env).unwrap();
+        assert_eq!((many.spec.gpus_per_task, many.ignored.as_slice()), (None, &["--gpus".to_owned()][..]));
+        let nvme = parse(&args("-n1 --gres=nvme:1 true"), &env).unwrap();
+        assert_eq!((nvme.spec.gpus_per_task, nvme.ignored.as_slice()), (None, &["--gres".to_owned()][..]));
+    }
+
+    /// getopt_long's abbreviations as Slurm reads them; `--jobid` of the job itself is a step
+    /// of it, another job's is refused.
+    #[test]
+    fn abbreviations_and_the_own_jobid() {
+        let env = BTreeMap::from([("SLURM_JOB_ID".to_owned(), "14".to_owned())]);
+        let f = parse(&args("--ntasks-per-n=2 --kill-on=1 --jobid 14 --lab true"), &env).unwrap();
+        assert_eq!(f.spec.ntasks_per_node, Some(2));
+        assert!(f.spec.kill_on_bad_exit && f.label);
+        assert!(f.ignored.is_empty(), "{:?}", f.ignored);
+        let other = parse(&args("--jobid=15 true"), &env).unwrap_err();
+        assert!(other.contains("own job"), "{other}");
+        let ambiguous = parse(&args("--ntasks-per=2 true"), &env).unwrap_err();
+        assert!(ambiguous.contains("--ntasks-per is not served"), "{ambiguous}");
     }
 
     /// Each failed task a line, as Slurm's srun writes them; a node that could not start its

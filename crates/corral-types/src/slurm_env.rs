@@ -57,9 +57,12 @@ pub fn slurm_allocation_env(job: &Job, nodes: &[&str], node: &str, cluster: &str
     if spec.cpu_millis > 0 {
         set(&["SLURM_CPUS_ON_NODE", "SLURM_JOB_CPUS_PER_NODE"], spec.cpu_millis.div_ceil(1000).to_string());
     }
-    let gpus_here = job.allocation.as_ref().and_then(|a| a.gpus_on(node)).map_or(0, <[u32]>::len);
+    let gpu_ids = job.allocation.as_ref().and_then(|a| a.gpus_on(node)).unwrap_or_default();
+    let gpus_here = gpu_ids.len();
     if spec.gpu_slice.is_none() && spec.gpus > 0 {
         set(&["SLURM_GPUS_ON_NODE"], gpus_here.to_string());
+        // The node's GPU indices, as Slurm's gres plugin writes them.
+        set(&["SLURM_JOB_GPUS"], gpu_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
         set(&["SLURM_GPUS_PER_NODE"], spec.gpus_per_part().to_string());
         set(&["SLURM_GPUS"], spec.gpus.to_string());
     }
@@ -154,6 +157,7 @@ mod tests {
         assert_eq!((get("SLURM_NODEID"), get("SLURMD_NODENAME")), (Some("1"), Some("gpu-02")));
         assert_eq!((get("SLURM_CPUS_PER_TASK"), get("SLURM_CPUS_ON_NODE")), (Some("6"), Some("12")));
         assert_eq!((get("SLURM_GPUS_ON_NODE"), get("SLURM_GPUS_PER_NODE")), (Some("2"), Some("2")));
+        assert_eq!(get("SLURM_JOB_GPUS"), Some("2,3"), "this node's GPU indices");
         assert_eq!(get("SLURM_MEM_PER_NODE"), Some("49152"));
         assert_eq!(get("SLURM_SUBMIT_DIR"), Some("/home/ana/exp"), "the submit directory, not the working one");
         assert_eq!((get("SLURM_SUBMIT_HOST"), get("SLURM_JOB_USER")), (Some("login1"), Some("ana")));

@@ -49,6 +49,8 @@ pub(crate) fn gang_env(
     // SLURM_NTASKS counts tasks, not nodes: the allocation's variables set it.
     set(&["NNODES", "PET_NNODES", "SLURM_NNODES"], nnodes.to_string());
     set(&["NODE_RANK", "PET_NODE_RANK", "SLURM_NODEID", "SLURM_PROCID"], node_rank.to_string());
+    // One process a part (a batch step, a gang's command): the first of its node.
+    set(&["SLURM_LOCALID"], "0".to_string());
     if local > 0 {
         set(&["LOCAL_WORLD_SIZE", "PET_NPROC_PER_NODE"], local.to_string());
     }
@@ -167,6 +169,7 @@ mod tests {
                 "PET_NNODES",
                 "PET_NODE_RANK",
                 "PET_NPROC_PER_NODE",
+                "SLURM_LOCALID",
                 "SLURM_NNODES",
                 "SLURM_NODEID",
                 "SLURM_PROCID"

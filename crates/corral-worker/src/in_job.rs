@@ -28,6 +28,9 @@ pub const SECRET_ENV: &str = "CORRAL_RUN_SECRET";
 pub const SOCKET_ENV: &str = "CORRAL_IN_JOB_SOCKET";
 /// Longest request line.
 pub const MAX_REQUEST_BYTES: u64 = 512 * 1024;
+/// Set in a step's environment by `srun --export=NONE`: its tasks get only the run's `SLURM_*`
+/// variables and their node's own (`runtime::tasks::task_env`), not the job's environment.
+pub const EXPORT_NONE: &str = "CORRAL_EXPORT_NONE";
 /// The answer to a secret that names no run.
 const NO_RUN: &str = "no running job of this node holds this run secret: srun works inside a running job";
 /// Connections served at once.

@@ -78,11 +78,27 @@ pub(crate) fn pick_mig_instance(
 
 /// Slurm's commands the corral binary serves inside a job when called by their name
 /// (`corral-cli`'s `in_job.rs`): the worker links each, in its `in_job_bin_dir`, to itself.
-pub const IN_JOB_COMMANDS: [&str; 4] = ["scontrol", "squeue", "scancel", "srun"];
+pub const IN_JOB_COMMANDS: [&str; 5] = ["scontrol", "squeue", "scancel", "srun", "sbatch"];
 
-/// Links Slurm's in-job commands in `dir` to the running corral binary, replacing old links. A
-/// worker running inside another program (a test harness) has no corral binary to link: it
-/// links nothing, and jobs find no such command.
+/// The file, next to the in-job commands, that a bare job's `BASH_ENV` names when the job sets
+/// none. bash reads it after a login shell's profile (`#!/bin/bash -l`) has reset `PATH` to the
+/// system's, and it puts the in-job commands first again: Slurm's own are installed on the
+/// system's `PATH`, so a login shell reaches them too.
+pub const BASH_ENV_FILE: &str = "corral-bash-env.sh";
+
+/// The text of `BASH_ENV_FILE` in `dir`: `dir` first on `PATH` unless it is on it already.
+pub(crate) fn bash_env_text(dir: &Path) -> String {
+    let quoted = dir.display().to_string().replace('\'', "'\\''");
+    format!(
+        "# Written by the corral worker: Slurm's in-job commands on PATH again after a login\n\
+         # shell's profile has reset it.\n\
+         case \":$PATH:\" in *':{quoted}:'*) ;; *) PATH='{quoted}':\"$PATH\"; export PATH ;; esac\n"
+    )
+}
+
+/// Links Slurm's in-job commands in `dir` to the running corral binary, replacing old links,
+/// and writes `BASH_ENV_FILE` there. A worker running inside another program (a test harness)
+/// has no corral binary to link: it links nothing, and jobs find no such command.
 pub(crate) fn install_in_job_commands(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let exe = std::env::current_exe()?;
@@ -100,6 +116,9 @@ pub(crate) fn install_in_job_commands(dir: &Path) -> std::io::Result<()> {
         }
         std::os::unix::fs::symlink(&exe, &link)?;
     }
+    let file = dir.join(BASH_ENV_FILE);
+    std::fs::write(&file, bash_env_text(dir))?;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644))?;
     Ok(())
 }
 
@@ -191,6 +210,17 @@ pub(crate) fn launch_spec(
         let path = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
         let path = format!("{}:{path}", config.in_job_bin_dir().display());
         env.insert("PATH".into(), path);
+        // Slurm's commands inside the job reach the cluster this worker reaches.
+        if !env.contains_key("CORRAL_ENDPOINT") && !config.coordinator_endpoints.is_empty() {
+            env.insert("CORRAL_ENDPOINT".into(), config.coordinator_endpoints.join(","));
+        }
+        // A login shell's profile resets PATH; bash then reads BASH_ENV, which restores it.
+        // (A job submitted from a job may carry that job's: this node's takes its place.)
+        let ours = env.get("BASH_ENV").is_some_and(|v| Path::new(v).file_name() == Some(BASH_ENV_FILE.as_ref()));
+        if !env.contains_key("BASH_ENV") || ours {
+            let file = config.in_job_bin_dir().join(BASH_ENV_FILE);
+            env.insert("BASH_ENV".into(), file.display().to_string());
+        }
     }
     // The job's own private directory (its logs, its script), wherever it runs.
     env.insert("CORRAL_JOB_DIR".into(), work_dir.display().to_string());
@@ -324,6 +354,8 @@ pub(crate) fn job_environment(job: &Job, epoch: u64, node: &str) -> BTreeMap<Str
     if !job.allocation.as_ref().is_some_and(|a| a.is_gang()) {
         // A gang's ranks (SLURM_PROCID, NODE_RANK, ...) are set by the gang launch.
         set("SLURM_PROCID", "0".to_owned());
+        // Slurm's batch step is task 0 of its node too (Lightning reads SLURM_LOCALID).
+        set("SLURM_LOCALID", "0".to_owned());
     }
     // The allocation's SLURM_* variables: ids, node list and counts, tasks, CPUs, GPUs,
     // memory, submit directory and host, account, partition.
@@ -379,6 +411,36 @@ mod tests {
     use super::*;
     use corral_types::{Allocation, ArrayTask, JobSpec, JobState, NodeGpus, Timestamp};
 
+    /// A login shell (`#!/bin/bash -l`) resets PATH in its profile; the BASH_ENV file puts the
+    /// in-job commands first again, once, whatever the directory's name.
+    #[test]
+    fn a_login_shell_finds_the_in_job_commands_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin = dir.path().join("it's slurm-bin");
+        std::fs::create_dir(&bin).expect("mkdir");
+        let file = bin.join(BASH_ENV_FILE);
+        std::fs::write(&file, bash_env_text(&bin)).expect("write");
+        let script = dir.path().join("job.sh");
+        std::fs::write(&script, "#!/bin/bash -l\necho \"$PATH\"\nbash -c 'echo \"$PATH\"'\n").expect("write");
+        let out = std::process::Command::new("bash")
+            .args(["-l"])
+            .arg(&script)
+            .env_clear()
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .env("HOME", dir.path())
+            .env("BASH_ENV", &file)
+            .output()
+            .expect("bash");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text:?} {}", String::from_utf8_lossy(&out.stderr));
+        for line in lines {
+            let first = line.split(':').next();
+            assert_eq!(first, Some(bin.to_str().expect("utf-8")), "{line:?}");
+            assert_eq!(line.matches("slurm-bin").count(), 1, "once: {line:?}");
+        }
+    }
+
     fn job() -> Job {
         Job {
             id: 42,
@@ -426,6 +488,7 @@ mod tests {
         assert_eq!(get(&env, "SLURM_CPUS_PER_TASK").as_deref(), Some("3"));
         assert_eq!(get(&env, "SLURM_NNODES").as_deref(), Some("1"));
         assert_eq!(get(&env, "SLURM_PROCID").as_deref(), Some("0"));
+        assert_eq!(get(&env, "SLURM_LOCALID").as_deref(), Some("0"));
         assert_eq!(get(&env, "CORRAL_ARRAY_TASK_ID"), None);
         j.array_task = Some(ArrayTask { array: 40, index: 3 });
         let env = job_environment(&j, 7, "gpu-01");

@@ -10,6 +10,7 @@ mod bounds;
 mod chaos;
 mod cluster;
 mod cluster_control;
+mod corpus;
 mod dev_cleanup;
 mod dev_nodes;
 mod failures_say_why;

@@ -1,7 +1,8 @@
 //! Slurm users' path on a `corral dev` node: `corral sbatch` with `#SBATCH` directives, jobs in
 //! the submit directory with the submit environment, output files, `corral run` passing the
 //! exit code through, `--strict`, a signal before the time limit, Slurm's variables, output
-//! patterns and default file, bare dependencies, `--parsable`, `logs ID_TASK`, `cancel ID ID`.
+//! patterns and default file, bare dependencies, `--parsable`, `logs ID_TASK`, `cancel ID ID`,
+//! Slurm's commands inside a job reaching the cluster, `sbatch` inside a job.
 
 use corral_integration::{corral_bin, one_line_stderr, DevPool};
 use std::os::unix::fs::PermissionsExt;
@@ -339,4 +340,62 @@ fn accounts_and_qos_map_through_the_policy() {
     let changes: Vec<&str> = diff["changes"].as_array().expect("changes").iter().filter_map(|c| c.as_str()).collect();
     assert!(changes.contains(&"slurm.accounts: \"proj_x\" unset (was team-a)"), "{diff}");
     assert!(changes.contains(&"slurm: default-account unset (was proj_y)"), "{diff}");
+}
+
+/// Inside a job `scontrol show job` and `squeue` reach the cluster without the script naming
+/// it: a bare job's `CORRAL_ENDPOINT` is the coordinators its worker talks to.
+#[test]
+fn slurm_commands_inside_a_job_find_the_cluster_themselves() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = "#!/bin/sh\n\
+                  #SBATCH -J unaided\n\
+                  #SBATCH --output=unaided.out\n\
+                  scontrol show job $SLURM_JOB_ID > show.txt || echo show failed\n\
+                  squeue --me > queue.txt || echo squeue failed\n\
+                  echo \"endpoint=$CORRAL_ENDPOINT\"\n";
+    std::fs::write(dir.path().join("job.sh"), script).expect("write");
+    let job = submitted_id(&corral_in(&pool, dir.path(), &[("USER", "ana")], &["sbatch", "--parsable", "job.sh"]));
+    assert_eq!(ended(&pool, job)["state"], "succeeded");
+    let output = std::fs::read_to_string(dir.path().join("unaided.out")).expect("the output file");
+    assert!(!output.contains("failed"), "{output}");
+    assert!(output.contains(&format!("endpoint={}", pool.addr)), "the worker's coordinators: {output}");
+    let shown = std::fs::read_to_string(dir.path().join("show.txt")).expect("scontrol show job's output");
+    assert!(shown.contains("unaided") && shown.contains(&job.to_string()), "the job's own record: {shown}");
+    let queue = std::fs::read_to_string(dir.path().join("queue.txt")).expect("squeue's output");
+    assert!(queue.contains(&job.to_string()), "squeue --me lists the running job: {queue}");
+}
+
+/// `sbatch` inside a job submits the next job of a chain (`--dependency=afterok:$SLURM_JOB_ID`):
+/// it runs after its parent, with its own allocation's variables and no secret of the parent's.
+#[test]
+fn sbatch_inside_a_job_chains_the_next_one() {
+    let pool = DevPool::start(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = "#!/bin/bash\n\
+                 #SBATCH -J first\n\
+                 #SBATCH --gpus-per-task=1\n\
+                 #SBATCH --output=first.out\n\
+                 next=$(sbatch --parsable --dependency=afterok:$SLURM_JOB_ID next.sh) || echo sbatch failed\n\
+                 echo \"next=$next\"\n";
+    let next = "#!/bin/bash\n\
+                #SBATCH -J next\n\
+                #SBATCH --output=next.out\n\
+                echo \"job=$SLURM_JOB_ID name=$SLURM_JOB_NAME gpt=${SLURM_GPUS_PER_TASK-unset}\"\n";
+    std::fs::write(dir.path().join("first.sh"), first).expect("write");
+    std::fs::write(dir.path().join("next.sh"), next).expect("write");
+    let job = submitted_id(&corral_in(&pool, dir.path(), &[], &["sbatch", "--parsable", "first.sh"]));
+    assert_eq!(ended(&pool, job)["state"], "succeeded");
+    let output = std::fs::read_to_string(dir.path().join("first.out")).expect("first's output");
+    let next: u64 = output
+        .lines()
+        .find_map(|l| l.strip_prefix("next="))
+        .and_then(|id| id.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the next job's id: {output:?}"));
+    let doc = ended(&pool, next);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    let shown = pool.ok(&["show", &next.to_string()]);
+    assert!(!shown.contains("CORRAL_RUN_SECRET"), "no run secret in the next job: {shown}");
+    let out = std::fs::read_to_string(dir.path().join("next.out")).expect("next's output");
+    assert_eq!(out, format!("job={next} name=next gpt=unset\n"), "its own variables, none of the parent's");
 }

@@ -3,7 +3,9 @@
 //! ranks and GPUs; every task's output reaches the job's output file through `srun`,
 //! which exits with Slurm's rule; `--kill-on-bad-exit` stops the other tasks; a cancel while a
 //! step runs kills its tasks on every node; a torchrun-style launcher finds its head node with
-//! `scontrol`; outside a job `srun` points at `corral run`.
+//! `scontrol`; a login-shell script reaches Slurm's commands; one-GPU steps side by side get
+//! GPUs of their own and wait for one; `--export=NONE` leaves the script's variables out;
+//! outside a job `srun` points at `corral run`.
 
 use corral_integration::cluster::{free_port, Cluster};
 use corral_integration::one_line_stderr;
@@ -131,6 +133,30 @@ fn srun_gpus_per_task_binds_a_distinct_gpu_to_each_task_of_a_node() {
         let (nb, gb) = b.trim().split_once(' ').expect("node gpu");
         assert_eq!(na, nb, "{a:?} {b:?}");
         assert!(ga != gb && ga.len() == 1 && gb.len() == 1, "distinct single GPUs: {a:?} {b:?}");
+    }
+    // The job's own --gpus-per-task binds a plain srun's tasks too, as Slurm's srun reads
+    // SLURM_GPUS_PER_TASK.
+    let job = sbatch(
+        &cluster,
+        &out,
+        "job-gpus.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=2\n\
+             #SBATCH --gpus-per-task=1\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             srun sh -c 'echo \"$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\" > {out}/job-gpu-$SLURM_PROCID'\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    for pair in [[0, 1], [2, 3]] {
+        let [a, b] = pair.map(|r| read(&out.join(format!("job-gpu-{r}"))));
+        let (na, ga) = a.trim().split_once(' ').expect("node gpu");
+        let (nb, gb) = b.trim().split_once(' ').expect("node gpu");
+        assert_eq!(na, nb, "{a:?} {b:?}");
+        assert!(ga != gb && ga.len() == 1 && gb.len() == 1, "the job's --gpus-per-task: {a:?} {b:?}");
     }
 }
 
@@ -326,4 +352,117 @@ fn srun_outside_a_job_points_at_corral_run() {
     let err = String::from_utf8_lossy(&output.stderr);
     assert_eq!(err.lines().count(), 1, "{err:?}");
     assert!(err.contains("not inside a corral job") && err.contains("corral run"), "{err:?}");
+}
+
+/// A login-shell script (`#!/bin/bash -l`: its profile resets `PATH` to the system's) still
+/// reaches Slurm's commands, in the batch step and in each task, as on a Slurm host where they
+/// are on the system's `PATH`.
+#[test]
+fn a_login_shell_script_reaches_slurms_commands() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let script = out.join("login.sbatch");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash -l\n\
+             #SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=1\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             head=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n\
+             echo \"head=$head\"\n\
+             srun bash -l -c 'echo \"task $SLURM_PROCID $(command -v scontrol)\"'\n\
+             echo \"srun-exit $?\"\n",
+            out = out.display()
+        ),
+    )
+    .expect("write");
+    let job = submit(&cluster, &script);
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("slurm-{job}.out")));
+    let head = output.lines().find_map(|l| l.strip_prefix("head=")).unwrap_or_default();
+    assert!(head.starts_with('w'), "scontrol ran in the login shell: {output:?}");
+    assert!(output.lines().any(|l| l == "srun-exit 0"), "{output:?}");
+    for rank in 0..2 {
+        let line = output.lines().find(|l| l.starts_with(&format!("task {rank} "))).unwrap_or_default();
+        assert!(line.ends_with("/slurm-bin/scontrol"), "task {rank} reaches scontrol: {output:?}");
+    }
+}
+
+/// Many one-task steps side by side, each with `--gpus=1` (the "one run a GPU" pattern): each
+/// task sees a GPU of its own, and a step whose GPUs are all held waits for one, as Slurm's
+/// `srun` does, instead of failing.
+#[test]
+fn side_by_side_one_gpu_steps_get_their_own_gpu_and_wait_for_one() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "sweep.sbatch",
+        &format!(
+            "#SBATCH --gres=gpu:2\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             for i in 0 1 2; do\n\
+               srun --exclusive -n1 --gpus=1 sh -c \"echo \\$CUDA_VISIBLE_DEVICES \\$(date +%s%N) > {out}/run-$i; sleep 2; date +%s%N >> {out}/run-$i\" &\n\
+             done\n\
+             wait\n\
+             echo all-done\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("slurm-{job}.out")));
+    assert!(output.lines().any(|l| l == "all-done"), "{output:?}");
+    assert!(output.contains("srun: step creation temporarily disabled"), "the third step waited: {output:?}");
+    // (gpu, start, end) of each run.
+    let runs: Vec<(String, u128, u128)> = (0..3)
+        .map(|i| {
+            let text = read(&out.join(format!("run-{i}")));
+            let f: Vec<&str> = text.split_whitespace().collect();
+            assert_eq!(f.len(), 3, "one GPU, a start and an end: {text:?}");
+            (f[0].to_owned(), f[1].parse().expect("start"), f[2].parse().expect("end"))
+        })
+        .collect();
+    for (a, ra) in runs.iter().enumerate() {
+        for rb in runs.iter().skip(a + 1) {
+            let overlap = ra.1 < rb.2 && rb.1 < ra.2;
+            assert!(!overlap || ra.0 != rb.0, "two runs at once on GPU {}: {runs:?}", ra.0);
+        }
+    }
+}
+
+/// `srun --export=NONE`: as Slurm's, the tasks get the job's `SLURM_*` variables and their
+/// own, none of the batch script's others; named ones travel.
+#[test]
+fn srun_export_none_leaves_the_scripts_variables_out() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "none.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=1\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             export MY_VAR=x\n\
+             srun --export=NONE sh -c 'echo \"none $SLURM_PROCID my=${{MY_VAR-unset}} job=$SLURM_JOB_ID\"'\n\
+             srun --export=NONE,MY_VAR sh -c 'echo \"named $SLURM_PROCID my=$MY_VAR\"'\n\
+             srun sh -c 'echo \"all $SLURM_PROCID my=$MY_VAR\"'\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("slurm-{job}.out")));
+    for rank in 0..2 {
+        for line in
+            [format!("none {rank} my=unset job={job}"), format!("named {rank} my=x"), format!("all {rank} my=x")]
+        {
+            assert!(output.lines().any(|l| l == line), "{line:?} in {output:?}");
+        }
+    }
 }

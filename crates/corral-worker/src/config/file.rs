@@ -461,6 +461,7 @@ impl WorkerFile {
     /// The library settings (the file must have been validated).
     pub fn worker_config(&self) -> Result<WorkerConfig, String> {
         let mut c = WorkerConfig::for_host(self.node_name(), self.data_dir.clone());
+        c.coordinator_endpoints = self.coordinators.clone();
         c.heartbeat_interval = self.heartbeat_interval.get();
         c.kill_grace = self.kill_grace.get();
         if let Some(cpus) = self.resources.cpus {

@@ -106,6 +106,10 @@ pub struct WorkerConfig {
     /// The `[images]` table: jobs whose image is a registry reference are pulled into this
     /// store. `None`: this worker runs no registry images (rootfs directories still run).
     pub images: Option<corral_image::ImagesSettings>,
+    /// The coordinators this worker talks to (`coordinators` of its file): a bare job's
+    /// `CORRAL_ENDPOINT` unless it sets its own, so that `squeue`, `scancel` and `scontrol show
+    /// job` inside it reach the cluster as Slurm's do. Empty: none given.
+    pub coordinator_endpoints: Vec<String>,
 }
 
 impl WorkerConfig {
@@ -134,6 +138,7 @@ impl WorkerConfig {
             cert_renewal: None,
             fence_guard: None,
             images: None,
+            coordinator_endpoints: Vec::new(),
         }
     }
 

@@ -48,13 +48,27 @@ pub(crate) fn task_env(
     local: u32,
     in_job_bin: &Path,
 ) -> BTreeMap<String, String> {
-    let mut env = run_env.clone();
+    let export_none = step.spec.env.contains_key(crate::in_job::EXPORT_NONE);
+    // `srun --export=NONE`: as Slurm's, only SLURM_* of the job's environment, with what the
+    // node gives every task (corral's own, the GPUs'); the job's other variables stay out.
+    let kept =
+        |k: &str| !export_none || ["SLURM_", "SLURMD_", "CORRAL_", "CUDA_", "NVIDIA_"].iter().any(|p| k.starts_with(p));
+    let mut env: BTreeMap<String, String> =
+        run_env.iter().filter(|(k, _)| kept(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
     env.extend(step.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env.remove(crate::in_job::EXPORT_NONE);
     let bin = in_job_bin.display().to_string();
     let path = env.get("PATH").map_or(crate::executor::DEFAULT_PATH, String::as_str);
     if path.split(':').next() != Some(bin.as_str()) {
         let path = format!("{bin}:{path}");
         env.insert("PATH".to_owned(), path);
+    }
+    // The batch node's BASH_ENV file (srun exports it) is this node's own here.
+    let ours = Path::new(env.get("BASH_ENV").map_or("", String::as_str)).file_name()
+        == Some(std::ffi::OsStr::new(crate::launch::BASH_ENV_FILE));
+    if ours {
+        let file = in_job_bin.join(crate::launch::BASH_ENV_FILE);
+        env.insert("BASH_ENV".to_owned(), file.display().to_string());
     }
     let here = step.on_node(node);
     let first = here.map_or(0, |n| n.first_task);
@@ -231,6 +245,7 @@ mod tests {
         };
         step.spec.env.insert("PATH".into(), "/elsewhere/slurm-bin:/usr/bin".into());
         step.spec.env.insert("MY_VAR".into(), "x".into());
+        step.spec.env.insert("BASH_ENV".into(), "/elsewhere/slurm-bin/corral-bash-env.sh".into());
         let run_env = BTreeMap::from([("CORRAL_JOB_DIR".to_owned(), "/data/jobs/7/3".to_owned())]);
         let bin = Path::new("/data/slurm-bin");
         let env = task_env(&run_env, &job, &step, "n2", 1, bin);
@@ -244,10 +259,34 @@ mod tests {
         assert_eq!(get("MY_VAR"), Some("x"));
         assert_eq!(get("CORRAL_JOB_DIR"), Some("/data/jobs/7/3"), "the node's own run directory");
         assert_eq!(get("PATH"), Some("/data/slurm-bin:/elsewhere/slurm-bin:/usr/bin"));
+        assert_eq!(get("BASH_ENV"), Some("/data/slurm-bin/corral-bash-env.sh"), "this node's file");
+        let mut own = step.clone();
+        own.spec.env.insert("BASH_ENV".into(), "/home/ana/env.sh".into());
+        let env = task_env(&run_env, &job, &own, "n2", 1, bin);
+        assert_eq!(env.get("BASH_ENV").map(String::as_str), Some("/home/ana/env.sh"), "a user's own is kept");
         let first = task_env(&run_env, &job, &step, "n1", 0, bin);
         assert_eq!(first.get("CUDA_VISIBLE_DEVICES"), None, "without --gpus-per-task: the job's GPUs");
         assert_eq!(first.get("SLURM_PROCID").map(String::as_str), Some("0"));
         let again = task_env(&first, &job, &JobStep { nodes: step.nodes.clone(), ..Default::default() }, "n1", 0, bin);
         assert_eq!(again.get("PATH"), first.get("PATH"), "not added twice");
+        // --export=NONE,A=1: the run's SLURM_* and corral's own, what was named, no other.
+        let run_env = BTreeMap::from([
+            ("CORRAL_JOB_DIR".to_owned(), "/data/jobs/7/3".to_owned()),
+            ("SLURM_JOB_ID".to_owned(), "7".to_owned()),
+            ("HOME".to_owned(), "/home/ana".to_owned()),
+            ("MY_VAR".to_owned(), "x".to_owned()),
+        ]);
+        let mut none = step.clone();
+        none.spec.env = BTreeMap::from([("A".into(), "1".into()), (crate::in_job::EXPORT_NONE.into(), "1".into())]);
+        let env = task_env(&run_env, &job, &none, "n2", 1, bin);
+        for (k, want) in [("A", Some("1")), ("SLURM_JOB_ID", Some("7")), ("HOME", None), ("MY_VAR", None)] {
+            assert_eq!(env.get(k).map(String::as_str), want, "{k}");
+        }
+        assert_eq!(env.get(crate::in_job::EXPORT_NONE), None, "the mark is the worker's");
+        assert_eq!(
+            env.get("PATH").map(String::as_str),
+            Some(format!("/data/slurm-bin:{}", crate::executor::DEFAULT_PATH).as_str())
+        );
+        assert_eq!(env.get("SLURM_PROCID").map(String::as_str), Some("3"), "the task's own");
     }
 }
