@@ -4,10 +4,11 @@
 //! gpu-high-priority), cancels (some right after the submit), SIGKILL and SIGSTOP of the
 //! leader, a follower and a worker, partitions, small job arrays, `corral requeue` of running
 //! jobs, and operators' actions: drains of a worker with a
-//! short deadline (its jobs are stopped and requeued) and price changes (running runs are billed
-//! in pieces). Finished jobs move to the on-disk history after 3 s. Every job appends what it sees to a file the test owns; after healing, the test
+//! short deadline (its jobs are stopped and requeued), price changes (running runs are billed
+//! in pieces) and card faults (an XID 79 on a worker's GPU: its runs are requeued and credited,
+//! the GPU comes back after the workers' 2 s `recover-after`). Finished jobs move to the on-disk history after 3 s. Every job appends what it sees to a file the test owns; after healing, the test
 //! checks the lifecycle invariants against those lines, the replicated state and the billing
-//! ledger.
+//! ledger (every segment has one end cause; a credit never exceeds the run it credits).
 //!
 //! `CORRAL_SEED=N` replays a schedule (the seed is printed at the start and in every failure);
 //! `CORRAL_SOAK_SECS=N` runs the schedule for N seconds instead of the default 60.
@@ -92,6 +93,12 @@ enum Fault {
     Kill(Target),
     Stop(Target),
     Partition(Target),
+    /// A card fault (one more XID 79) on a worker's GPU; the GPU comes back by itself after
+    /// the workers' `recover-after`.
+    Gpu {
+        worker: usize,
+        gpu: u32,
+    },
 }
 
 struct Pool {
@@ -104,6 +111,8 @@ struct Pool {
     /// Wall-clock windows (seconds) during which each worker was frozen.
     frozen: Vec<(String, f64, f64)>,
     frozen_since: BTreeMap<usize, f64>,
+    /// XID 79s injected so far per (worker, GPU): the faults file lists them all.
+    xids: BTreeMap<(usize, u32), usize>,
     dir: tempfile::TempDir,
 }
 
@@ -139,6 +148,7 @@ impl Pool {
             let host = 4 + i;
             let mut worker = WorkerProc::configure(dir.path(), name, &cluster.endpoints(), 2);
             worker.in_namespace(hosts.namespace(host), &hosts.addr(host));
+            worker.append_config("\n[health]\nrecover-after = \"2s\"\n");
             worker.start();
             worker.wait_registered(&cluster);
             workers.push(worker);
@@ -150,7 +160,18 @@ impl Pool {
         config.retry_for = Duration::from_secs(3);
         let client = Client::new(config).expect("client");
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-        Pool { cluster, workers, hosts, client, rt, lines, frozen: Vec::new(), frozen_since: BTreeMap::new(), dir }
+        Pool {
+            cluster,
+            workers,
+            hosts,
+            client,
+            rt,
+            lines,
+            frozen: Vec::new(),
+            frozen_since: BTreeMap::new(),
+            xids: BTreeMap::new(),
+            dir,
+        }
     }
 
     /// Host (1-based) of a target.
@@ -171,6 +192,16 @@ impl Pool {
                 self.workers[i].signal(libc::SIGSTOP);
             }
             Fault::Partition(target) => self.hosts.isolate(Self::host(target)),
+            Fault::Gpu { worker, gpu } => {
+                *self.xids.entry((worker, gpu)).or_default() += 1;
+                let mut text = String::new();
+                for (&(_, index), &count) in self.xids.range((worker, 0)..=(worker, u32::MAX)) {
+                    text.push_str(&format!("[[gpu]]\nindex = {index}\nxid = {:?}\n", vec![79; count]));
+                }
+                let dir = &self.workers[worker].data_dir;
+                std::fs::write(dir.join("faults.toml.tmp"), text).expect("write faults");
+                std::fs::rename(dir.join("faults.toml.tmp"), dir.join("faults.toml")).expect("rename faults");
+            }
         }
     }
 
@@ -185,6 +216,8 @@ impl Pool {
                 self.frozen.push((self.workers[i].name.clone(), since, wall_now()));
             }
             Fault::Partition(target) => self.hosts.heal(Self::host(target)),
+            // The card checks clean for `recover-after` and comes back by itself.
+            Fault::Gpu { .. } => {}
         }
     }
 
@@ -376,6 +409,21 @@ fn check(
     // and one TSO window below (the stamps of a new leader may run that far ahead of the clock).
     // A run that spans a price change is billed in pieces: they must meet end to start, each
     // with a later policy version, and count as one segment of their summed length.
+    // Every segment says why its run ended, exactly once; a credit names a segment of the
+    // ledger, for that segment's cause, and never exceeds what it credits.
+    let (credits, segments): (Vec<&corral_types::Segment>, Vec<&corral_types::Segment>) =
+        segments.iter().partition(|s| s.is_credit());
+    for s in &segments {
+        if s.cause.is_none() {
+            bad.push(format!("segment {} of job {} epoch {} has no end cause", s.id, s.job_id, s.epoch));
+        }
+    }
+    for c in &credits {
+        match segments.iter().find(|s| Some(s.id) == c.credit_for) {
+            Some(s) if c.cost_micros <= s.cost_micros && c.cause == s.cause && c.job_id == s.job_id => {}
+            credited => bad.push(format!("credit {c:?} does not fit the segment it credits: {credited:?}")),
+        }
+    }
     let mut pieces: BTreeMap<(u64, u64), Vec<&corral_types::Segment>> = BTreeMap::new();
     for s in segments {
         pieces.entry((s.job_id, s.epoch)).or_default().push(s);
@@ -513,6 +561,10 @@ fn lifecycle_invariants_hold_under_random_faults() {
     let dev_policy =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster-configs/dev-policy.toml"))
             .expect("dev policy");
+    // Runs ended by a card fault or a lost node are credited: the billing check covers credits.
+    let dev_policy = format!("{dev_policy}\n[billing.credits]\ngpu-fault = 1.0\nnode-lost = 1.0\n");
+    let (client, text) = (pool.client.clone(), dev_policy.clone());
+    pool.rt.block_on(async move { client.apply_policy("chaos.toml", &text, false, false).await }).expect("credits");
     let mut dearer = false;
     let mut faults = Vec::new();
     // When each fault ended (wall clock, like the jobs' lines): for the post-mortem.
@@ -597,11 +649,13 @@ fn lifecycle_invariants_hold_under_random_faults() {
             }
         } else if roll < 92 {
             if worker_fault.is_none() {
-                let target = Target::Worker(rng.below(2) as usize);
-                let (fault, lasts) = match rng.below(3) {
+                let worker = rng.below(2) as usize;
+                let target = Target::Worker(worker);
+                let (fault, lasts) = match rng.below(4) {
                     0 => (Fault::Kill(target), rng.millis(500, WORKER_FAULT_MAX.as_millis() as u64)),
                     1 => (Fault::Stop(target), rng.millis(500, WORKER_FAULT_MAX.as_millis() as u64)),
-                    _ => (Fault::Partition(target), rng.millis(1_000, WORKER_FAULT_MAX.as_millis() as u64)),
+                    2 => (Fault::Partition(target), rng.millis(1_000, WORKER_FAULT_MAX.as_millis() as u64)),
+                    _ => (Fault::Gpu { worker, gpu: rng.below(2) as u32 }, rng.millis(500, 2_000)),
                 };
                 faults.push(format!("{:.3} {fault:?} for {lasts:?}", wall_now()));
                 pool.inject(fault);
