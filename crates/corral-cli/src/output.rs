@@ -606,10 +606,21 @@ pub fn node_json(n: &pb::NodeView) -> Value {
             "problems": g.problems,
             "dirty_reason": (!g.dirty_reason.is_empty()).then(|| g.dirty_reason.clone()),
             "dirty_job_id": g.dirty_job_id,
+            "out_reason": gpu_out_reason(g),
             "mig_capable": g.mig_capable,
             "slices": g.slices.iter().map(|s| json!({"job_id": s.job_id, "slice": s.slice})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
+}
+
+/// Why a GPU is out of placement (`dirty: ...`, `unhealthy: ...`); `None` when it is not.
+pub fn gpu_out_reason(g: &pb::GpuView) -> Option<String> {
+    match g.state.as_str() {
+        "dirty" if g.dirty_reason.is_empty() => Some("dirty".into()),
+        "dirty" => Some(format!("dirty: {}", g.dirty_reason)),
+        "unhealthy" => Some(format!("unhealthy: {}", g.problems.join("; "))),
+        _ => None,
+    }
 }
 
 pub fn nodes_table(nodes: &[pb::NodeView]) -> String {
@@ -627,9 +638,12 @@ pub fn nodes_table(nodes: &[pb::NodeView]) -> String {
             models.into_iter().collect::<Vec<_>>().join(","),
             match (dirty, unhealthy) {
                 (0, 0) => "ok".to_string(),
-                (d, 0) => format!("{d} dirty"),
-                (0, u) => format!("{u} unhealthy"),
-                (d, u) => format!("{d} dirty, {u} unhealthy"),
+                _ => n
+                    .gpus
+                    .iter()
+                    .filter_map(|g| Some(format!("gpu{} {}", g.index, gpu_out_reason(g)?)))
+                    .collect::<Vec<_>>()
+                    .join("; "),
             },
             temps,
             n.heartbeat_age_ms.map(|ms| format!("{:.1}s", ms as f64 / 1000.0)).unwrap_or_else(|| "-".into()),

@@ -12,7 +12,7 @@ use crate::{CoordError, Coordinator};
 use corral_core::{ApplyError, Command, Outcome};
 use corral_proto::v1::worker_gateway_server::{WorkerGateway, WorkerGatewayServer};
 use corral_proto::v1::{self as pb};
-use corral_types::{GpuHealth, NodeState};
+use corral_types::{GpuFaultMark, GpuHealth, NodeState, NodeStatus};
 use std::pin::Pin;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
@@ -25,6 +25,25 @@ pub(crate) fn server(coord: Coordinator) -> WorkerGatewayServer<Gateway> {
 
 pub(crate) struct Gateway {
     coord: Coordinator,
+}
+
+/// The fault marks a heartbeat of worker process `node_epoch` changes: a card fault it shows
+/// that no mark records yet, and a marked GPU it shows schedulable after the marked fault.
+pub(crate) fn gpu_fault_changes(node: &NodeStatus, node_epoch: u64, gpus: &[GpuHealth]) -> Vec<Command> {
+    let mut changes = Vec::new();
+    for gpu in gpus.iter().filter(|g| node.spec.gpus.iter().any(|d| d.index == g.index)) {
+        let mark = node.gpu_faults.iter().find(|m| m.gpu == gpu.index);
+        let seen =
+            GpuFaultMark { gpu: gpu.index, reason: gpu.card_fault.clone(), node_epoch, seq: gpu.fault_seq, job_id: 0 };
+        if !gpu.card_fault.is_empty() {
+            if mark.is_none_or(|m| (node_epoch, gpu.fault_seq) > (m.node_epoch, m.seq)) {
+                changes.push(Command::SetGpuFault { node: node.spec.name.clone(), mark: seen, clear: false });
+            }
+        } else if mark.is_some_and(|m| gpu.schedulable() && m.cleared_by(node_epoch, gpu.fault_seq)) {
+            changes.push(Command::SetGpuFault { node: node.spec.name.clone(), mark: seen, clear: true });
+        }
+    }
+    changes
 }
 
 type DesiredStream = Pin<Box<dyn Stream<Item = Result<pb::DesiredState, Status>> + Send>>;
@@ -137,12 +156,22 @@ impl WorkerGateway for Gateway {
                 return Err(e.into());
             }
         };
+        let (current, fault_changes) = {
+            let data = self.coord.store().read();
+            match data.state.nodes.get(&hb.node).filter(|n| n.epoch == hb.node_epoch && n.state == NodeState::Up) {
+                Some(node) => (true, gpu_fault_changes(node, hb.node_epoch, &gpus)),
+                None => (false, Vec::new()),
+            }
+        };
         self.coord.liveness().heartbeat(term, &hb.node, gpus);
         self.coord.pulls().report(&hb.node, hb.pulls);
-        let current = {
-            let data = self.coord.store().read();
-            data.state.nodes.get(&hb.node).is_some_and(|n| n.epoch == hb.node_epoch && n.state == NodeState::Up)
-        };
+        // A card fault the heartbeat shows first (no run ended with it) leaves placement for
+        // good, whatever leader comes next; a GPU clean after its fault comes back.
+        for command in fault_changes {
+            if let Err(e) = self.coord.propose(command).await {
+                tracing::warn!(node = %hb.node, error = %e, "cannot record a gpu's card fault or recovery; the next heartbeat retries");
+            }
+        }
         // Unknown, down, or registered again since: the worker stops its jobs and registers again.
         Ok(Response::new(pb::HeartbeatResponse { reregister: !current, lease: Some(self.coord.worker_lease()), term }))
     }
@@ -219,5 +248,58 @@ impl WorkerGateway for Gateway {
         request: Request<pb::ReadStepOutputRequest>,
     ) -> Result<Response<steps::OutputStream>, Status> {
         self.read_step_output_call(request).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_types::{GpuDevice, NodeMode, NodeSpec};
+
+    fn node(marks: Vec<GpuFaultMark>) -> NodeStatus {
+        let gpus = (0..2).map(|index| GpuDevice { index, ..Default::default() }).collect();
+        NodeStatus {
+            spec: NodeSpec {
+                name: "w1".into(),
+                address: String::new(),
+                gpus,
+                cpu_millis: 0,
+                memory_bytes: 0,
+                labels: Vec::new(),
+                rendezvous_ports: None,
+            },
+            state: NodeState::Up,
+            epoch: 5,
+            mode: NodeMode::Active,
+            mode_reason: String::new(),
+            drain_deadline: None,
+            gpu_faults: marks,
+        }
+    }
+
+    fn mark(seq: u64) -> GpuFaultMark {
+        GpuFaultMark { gpu: 1, reason: "XID 79".into(), node_epoch: 5, seq, job_id: 3 }
+    }
+
+    /// A heartbeat marks a card fault it shows first, never one already marked; it clears a mark
+    /// only when it was read after the fault and the GPU is schedulable.
+    #[test]
+    fn heartbeats_mark_new_card_faults_and_clear_only_after_them() {
+        let faulty = GpuHealth { index: 1, card_fault: "XID 79".into(), fault_seq: 1, ..Default::default() };
+        let set = gpu_fault_changes(&node(vec![]), 5, std::slice::from_ref(&faulty));
+        assert!(matches!(&set[..], [Command::SetGpuFault { clear: false, mark, .. }] if mark.seq == 1), "{set:?}");
+        assert!(gpu_fault_changes(&node(vec![mark(1)]), 5, &[faulty]).is_empty(), "already marked");
+
+        let clean_before = GpuHealth { index: 1, fault_seq: 0, ..Default::default() };
+        assert!(gpu_fault_changes(&node(vec![mark(1)]), 5, &[clean_before]).is_empty(), "read before the fault");
+        let dirty_after = GpuHealth { index: 1, fault_seq: 1, dirty: true, ..Default::default() };
+        assert!(gpu_fault_changes(&node(vec![mark(1)]), 5, &[dirty_after]).is_empty(), "not schedulable");
+        let clean_after = GpuHealth { index: 1, fault_seq: 1, ..Default::default() };
+        let clear = gpu_fault_changes(&node(vec![mark(1)]), 5, &[clean_after]);
+        assert!(matches!(&clear[..], [Command::SetGpuFault { clear: true, .. }]), "{clear:?}");
+        let restarted = GpuHealth { index: 1, ..Default::default() };
+        assert_eq!(gpu_fault_changes(&node(vec![mark(1)]), 6, &[restarted]).len(), 1, "a new worker process");
+        let unknown = GpuHealth { index: 9, card_fault: "XID 79".into(), fault_seq: 1, ..Default::default() };
+        assert!(gpu_fault_changes(&node(vec![]), 5, &[unknown]).is_empty(), "no such gpu");
     }
 }

@@ -59,9 +59,22 @@ pub(crate) fn node_view(state: &State, n: &NodeStatus, live: Option<&NodeLive>, 
                     Some(pb::GpuSliceView { job_id: j.id, slice: slice.to_string() })
                 })
                 .collect();
+            // The replicated card fault mark holds the GPU out whatever the heartbeat says.
+            let mark = n.gpu_faults.iter().find(|m| m.gpu == g.index);
+            let mut problems = health.map(|h| h.problems.clone()).unwrap_or_default();
+            if let Some(mark) = mark {
+                let after = match state.jobs.get(&mark.job_id) {
+                    Some(j) if mark.job_id != 0 && who.may_access(&j.spec.tenant) => format!(" (ended job {})", j.id),
+                    _ => String::new(),
+                };
+                let line = format!("card fault: {}{after}; out until the worker checks it clean", mark.reason);
+                if !problems.iter().any(|p| p.contains(&mark.reason)) {
+                    problems.insert(0, line);
+                }
+            }
             let gpu_state = if health.is_some_and(|h| h.dirty) {
                 "dirty"
-            } else if health.is_some_and(|h| !h.problems.is_empty()) {
+            } else if !problems.is_empty() {
                 "unhealthy"
             } else if busy {
                 "allocated"
@@ -80,7 +93,7 @@ pub(crate) fn node_view(state: &State, n: &NodeStatus, live: Option<&NodeLive>, 
                 utilization_percent: health.map(|h| h.utilization_percent).unwrap_or(0),
                 memory_used_mib: health.map(|h| h.memory_used_mib).unwrap_or(0),
                 job_ids,
-                problems: health.map(|h| h.problems.clone()).unwrap_or_default(),
+                problems,
                 dirty_reason: health.map(|h| h.dirty_reason.clone()).unwrap_or_default(),
                 dirty_job_id: health
                     .and_then(|h| h.dirty_job_id)

@@ -16,8 +16,8 @@ use crate::{
     ScheduleOutcome, State,
 };
 use corral_types::{
-    format_size, Allocation, EndCause, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobState, NodeMode, NodeSpec,
-    NodeState, NodeStatus, PartEnd, PreemptionNotice, Segment, SliceAssignment, Timestamp, DRAIN_PREEMPTOR,
+    format_size, Allocation, EndCause, GpuFaultMark, GpuSlice, Job, JobExitReport, JobId, JobSpec, JobState, NodeMode,
+    NodeSpec, NodeState, NodeStatus, PartEnd, PreemptionNotice, Segment, SliceAssignment, Timestamp, DRAIN_PREEMPTOR,
 };
 use std::collections::BTreeSet;
 
@@ -108,6 +108,7 @@ impl State {
             | Command::RevokeToken { .. }
             | Command::CreateJoinToken { .. }
             | Command::ConsumeJoinToken { .. }
+            | Command::SetGpuFault { .. }
             | Command::Compact(_) => {}
             Command::ApplyPolicy { .. } => {
                 // Running runs may get a price break, stranded jobs are cancelled.
@@ -197,6 +198,7 @@ impl State {
                 Ok(self.register_node(ts, spec, Some(*stale_jobs_stopped_ms_ago)))
             }
             Command::SetNodeState { node, state, reason } => self.set_node_state(ts, node, *state, reason),
+            Command::SetGpuFault { node, mark, clear } => self.set_gpu_fault(node, mark, *clear),
             Command::Configure(config) => self.configure(config),
             Command::Noop => Ok(Outcome::Done),
             Command::AddCoordinator { node_id, addr } => self.add_coordinator(*node_id, addr),
@@ -431,6 +433,9 @@ impl State {
             if unique.len() != gpus.len() || !gpus.iter().all(|g| node.spec.gpus.iter().any(|d| d.index == *g)) {
                 return Err("unknown or repeated gpu index".into());
             }
+            if let Some(mark) = node.gpu_faults.iter().find(|m| gpus.contains(&m.gpu)) {
+                return Err(format!("gpu {} of node {name} is out for a card fault: {}", mark.gpu, mark.reason));
+            }
             let load = self.index.nodes.get(name);
             let (used_cpu, used_mem) = load.map(|l| (l.cpu_millis, l.memory_bytes)).unwrap_or((0, 0));
             if used_cpu + u64::from(spec.cpu_millis) > node.spec.cpu_millis
@@ -655,11 +660,35 @@ impl State {
         };
         let batch_once = job.runs_batch_once();
         let Some(alloc) = job.allocation.as_mut() else { return Ok(Outcome::Stale) };
+        // The card faults of the run's GPUs leave placement in this same command, before the
+        // run is requeued: no later pass can put it back on them.
+        let part_node = if node.is_empty() { alloc.node.clone() } else { node.to_string() };
+        let held = alloc.gpus_on(&part_node).unwrap_or(&[]);
+        let faults: Vec<GpuFaultMark> = report
+            .gpu_faults
+            .iter()
+            .filter(|m| held.contains(&m.gpu))
+            .map(|m| GpuFaultMark { job_id, ..m.clone() })
+            .collect();
+        // Only faults of the GPUs the run held count.
+        let owned;
+        let report = if faults.len() == report.gpu_faults.len() {
+            report
+        } else {
+            owned = JobExitReport { gpu_faults: faults.clone(), ..report.clone() };
+            &owned
+        };
         if alloc.is_gang() && !node.is_empty() {
             if alloc.gpus_on(node).is_none() || alloc.part_ended(node) {
                 return Ok(Outcome::Stale);
             }
             alloc.ended.push(PartEnd { node: node.to_string(), report: Some(report.clone()) });
+            if let Some(status) = self.nodes.get_mut(&part_node) {
+                mark_gpu_faults(status, &faults);
+            }
+            let Some(alloc) = self.jobs.get_mut(&job_id).and_then(|j| j.allocation.as_mut()) else {
+                return Ok(Outcome::Stale);
+            };
             // A batch job ends with its batch step, on the first node, as in Slurm: the other
             // parts only held the allocation, and leave with it.
             let batch_step_ended = batch_once && alloc.part_ended(&alloc.node);
@@ -668,7 +697,10 @@ impl State {
             }
             return self.finish_gang(ts, job_id);
         }
-        let node = if node.is_empty() { alloc.node.clone() } else { node.to_string() };
+        if let Some(status) = self.nodes.get_mut(&part_node) {
+            mark_gpu_faults(status, &faults);
+        }
+        let node = part_node;
         let length = (!report.never_started).then_some(RunLength::Reported { worker_ms: report.run_time_ms });
         self.finish_reported(ts, job_id, &node, report, length)
     }
@@ -739,6 +771,8 @@ impl State {
             } else {
                 EndCause::Preempted
             }
+        } else if !report.gpu_faults.is_empty() {
+            EndCause::GpuFault
         } else if report.fenced || length == Some(RunLength::Lost) {
             EndCause::NodeLost
         } else if report.timed_out {
@@ -764,6 +798,9 @@ impl State {
             // However the process ended after the notice (a checkpointing job often exits 0),
             // the work is not done.
             (!no_requeue).then(|| preempted_reason(by, node))
+        } else if let Some(fault) = report.gpu_faults.first() {
+            // The card's fault, not the job's: no restart is counted.
+            Some(format!("requeued: gpu {} of node {node} faulted: {}", fault.gpu, fault.reason))
         } else if report.fenced {
             Some(format!("requeued: node {node} lost contact with the coordinators and stopped the job"))
         } else if report.never_started {
@@ -862,7 +899,17 @@ impl State {
         // A cordon or drain outlives the worker's restart.
         let (mode, mode_reason, drain_deadline) =
             self.nodes.get(&spec.name).map(|n| (n.mode, n.mode_reason.clone(), n.drain_deadline)).unwrap_or_default();
-        let status = NodeStatus { spec: spec.clone(), state: NodeState::Up, epoch, mode, mode_reason, drain_deadline };
+        // So do GPU fault marks: the new process clears them once it reads the GPUs clean.
+        let gpu_faults = self.nodes.get(&spec.name).map(|n| n.gpu_faults.clone()).unwrap_or_default();
+        let status = NodeStatus {
+            spec: spec.clone(),
+            state: NodeState::Up,
+            epoch,
+            mode,
+            mode_reason,
+            drain_deadline,
+            gpu_faults,
+        };
         let new = self.nodes.insert(spec.name.clone(), status);
         self.index.caps.registered(&self.nodes, &spec.name, new.is_none());
         Outcome::NodeRegistered { epoch }
@@ -879,6 +926,34 @@ impl State {
             self.requeue_jobs_on(ts, node, &format!("requeued: {why}"), RunLength::Lost);
         }
         Ok(Outcome::Done)
+    }
+
+    /// Sets or clears a GPU's fault mark (see `Command::SetGpuFault`). A mark is only replaced by
+    /// a later one (a newer worker process, or more faults counted by the same one), so a
+    /// retried or reordered command changes nothing.
+    fn set_gpu_fault(&mut self, node: &str, mark: &GpuFaultMark, clear: bool) -> Response {
+        let status = self.nodes.get_mut(node).ok_or_else(|| ApplyError::NoSuchNode(node.to_string()))?;
+        if !status.spec.gpus.iter().any(|g| g.index == mark.gpu) {
+            return Err(ApplyError::NoSuchGpu { node: node.to_string(), gpu: mark.gpu });
+        }
+        let pos = status.gpu_faults.iter().position(|m| m.gpu == mark.gpu);
+        match (pos, clear) {
+            (Some(i), true) if status.gpu_faults[i].cleared_by(mark.node_epoch, mark.seq) => {
+                status.gpu_faults.remove(i);
+                Ok(Outcome::Done)
+            }
+            (None, false) => {
+                mark_gpu_faults(status, std::slice::from_ref(mark));
+                Ok(Outcome::Done)
+            }
+            (Some(i), false)
+                if (mark.node_epoch, mark.seq) > (status.gpu_faults[i].node_epoch, status.gpu_faults[i].seq) =>
+            {
+                status.gpu_faults[i] = mark.clone();
+                Ok(Outcome::Done)
+            }
+            _ => Ok(Outcome::Stale),
+        }
     }
 
     /// Ends the run of every job with a part on `node`: back in the queue, except cancel requests
@@ -963,6 +1038,29 @@ impl State {
         config.validate().map_err(ApplyError::InvalidConfig)?;
         self.config = config.clone();
         Ok(Outcome::Done)
+    }
+}
+
+/// Marks `marks` on the node's GPUs (one mark per GPU, in index order): a mark replaces an
+/// earlier one of its GPU, never a later one (`GpuFaultMark::cleared_by`).
+fn mark_gpu_faults(status: &mut NodeStatus, marks: &[GpuFaultMark]) {
+    for mark in marks {
+        if !status.spec.gpus.iter().any(|g| g.index == mark.gpu) {
+            continue;
+        }
+        match status.gpu_faults.binary_search_by_key(&mark.gpu, |m| m.gpu) {
+            Ok(i) if (mark.node_epoch, mark.seq) > (status.gpu_faults[i].node_epoch, status.gpu_faults[i].seq) => {
+                status.gpu_faults[i] = mark.clone();
+            }
+            Ok(i) => {
+                // The same fault, first marked from a heartbeat: the run it ended is known now.
+                let same = &mut status.gpu_faults[i];
+                if (same.node_epoch, same.seq, same.job_id) == (mark.node_epoch, mark.seq, 0) {
+                    same.job_id = mark.job_id;
+                }
+            }
+            Err(i) => status.gpu_faults.insert(i, mark.clone()),
+        }
     }
 }
 
@@ -1315,6 +1413,94 @@ pub(crate) mod tests {
             let finish = Command::JobFinished { job_id: 1, epoch, node: String::new(), report: killed };
             s.apply(&Request { ts: Timestamp::compose(61_001, 0), command: finish }).unwrap();
             assert_eq!(s.ledger[&1].cause, Some(want), "{by:?}");
+        }
+    }
+
+    fn card_fault(gpu: u32, node_epoch: u64, seq: u64) -> GpuFaultMark {
+        GpuFaultMark { gpu, reason: "XID 79 (GPU has fallen off the bus)".into(), node_epoch, seq, job_id: 0 }
+    }
+
+    /// A card fault ends the run with cause gpu-fault (credited per policy), requeues it without
+    /// counting a restart and takes the GPU out of placement in the same command; a retried
+    /// report changes nothing; only a reading made after the fault brings the GPU back.
+    #[test]
+    fn a_card_fault_requeues_the_run_uncounted_credits_it_and_keeps_its_gpu_out() {
+        let mut s = cluster();
+        s.config.credits = [(EndCause::GpuFault, 1000)].into();
+        submit(&mut s, Timestamp::compose(1_000, 0).0, "a", spec(1)).unwrap();
+        schedule(&mut s, Timestamp::compose(1_000, 1).0);
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        let gpu = s.jobs[&1].allocation.as_ref().unwrap().gpus[0];
+        let node_epoch = s.nodes["n1"].epoch;
+        s.apply(&Request { ts: Timestamp::compose(1_000, 2), command: Command::JobStarted { job_id: 1, epoch } })
+            .unwrap();
+        let faulted = JobExitReport {
+            signal: Some(9),
+            run_time_ms: 60_000,
+            gpu_faults: vec![card_fault(gpu, node_epoch, 1), card_fault(7 - gpu.min(6), node_epoch, 1)],
+            ..Default::default()
+        };
+        let finish = Command::JobFinished { job_id: 1, epoch, node: String::new(), report: faulted };
+        let at = Timestamp::compose(61_001, 0);
+        s.apply(&Request { ts: at, command: finish.clone() }).unwrap();
+        let job = &s.jobs[&1];
+        assert_eq!((job.state, job.restarts), (JobState::Pending, 0), "requeued, no restart counted");
+        assert!(
+            job.reason.as_deref().unwrap_or_default().contains(&format!("gpu {gpu} of node n1 faulted")),
+            "{job:?}"
+        );
+        assert_eq!(s.ledger[&1].cause, Some(EndCause::GpuFault));
+        assert_eq!((s.ledger[&2].credit_for, s.ledger[&2].cost_micros), (Some(1), s.ledger[&1].cost_micros));
+        let marks = &s.nodes["n1"].gpu_faults;
+        assert_eq!(marks.len(), 1, "only the run's own GPUs are marked: {marks:?}");
+        assert_eq!((marks[0].gpu, marks[0].job_id), (gpu, 1));
+        // The report retried (a lost reply): nothing changes.
+        assert_eq!(s.apply(&Request { ts: Timestamp::compose(62_000, 0), command: finish }).unwrap(), Outcome::Stale);
+        assert_eq!(s.ledger.len(), 2);
+        // The requeued run goes to another GPU; a placement on the faulted one is refused.
+        let forced = Command::PlaceJob { job_id: 1, node: "n1".into(), gpus: vec![gpu] };
+        let refused = s.apply(&req(Timestamp::compose(63_000, 0).0, forced)).unwrap_err();
+        assert!(refused.to_string().contains("card fault"), "{refused}");
+        schedule(&mut s, Timestamp::compose(63_000, 1).0);
+        let again = s.jobs[&1].allocation.as_ref().expect("placed again");
+        assert!(!again.gpus.contains(&gpu), "{again:?}");
+        // A heartbeat read before the fault cannot clear it; one read after it can.
+        let stale = Command::SetGpuFault { node: "n1".into(), mark: card_fault(gpu, node_epoch, 0), clear: true };
+        assert_eq!(s.apply(&req(Timestamp::compose(64_000, 0).0, stale)).unwrap(), Outcome::Stale);
+        let clean = Command::SetGpuFault { node: "n1".into(), mark: card_fault(gpu, node_epoch, 1), clear: true };
+        assert_eq!(s.apply(&req(Timestamp::compose(65_000, 0).0, clean)).unwrap(), Outcome::Done);
+        assert!(s.nodes["n1"].gpu_faults.is_empty());
+        let unknown = Command::SetGpuFault { node: "n1".into(), mark: card_fault(99, node_epoch, 1), clear: false };
+        assert!(s.apply(&req(Timestamp::compose(66_000, 0).0, unknown)).is_err());
+    }
+
+    /// The job's own GPU error (XID 13) is its exit like any other: billed, not credited, its
+    /// GPU stays in the pool. A cancel that arrives with a card fault ends the run cancelled,
+    /// but the GPU still leaves placement.
+    #[test]
+    fn the_jobs_own_gpu_error_is_not_credited_and_a_cancel_wins_over_a_card_fault() {
+        for cancel in [false, true] {
+            let mut s = cluster();
+            s.config.credits = [(EndCause::GpuFault, 1000)].into();
+            submit(&mut s, Timestamp::compose(1_000, 0).0, "a", spec(1)).unwrap();
+            schedule(&mut s, Timestamp::compose(1_000, 1).0);
+            let alloc = s.jobs[&1].allocation.clone().unwrap();
+            let node_epoch = s.nodes["n1"].epoch;
+            let report = if cancel {
+                s.apply(&req(Timestamp::compose(2_000, 0).0, Command::CancelJob { job_id: 1, reason: String::new() }))
+                    .unwrap();
+                let gpu_faults = vec![card_fault(alloc.gpus[0], node_epoch, 1)];
+                JobExitReport { signal: Some(9), run_time_ms: 60_000, gpu_faults, ..Default::default() }
+            } else {
+                JobExitReport { exit_code: Some(1), run_time_ms: 60_000, ..Default::default() }
+            };
+            let finish = Command::JobFinished { job_id: 1, epoch: alloc.epoch, node: String::new(), report };
+            s.apply(&Request { ts: Timestamp::compose(61_001, 0), command: finish }).unwrap();
+            let want =
+                if cancel { (JobState::Cancelled, EndCause::Cancelled) } else { (JobState::Failed, EndCause::Exited) };
+            assert_eq!((s.jobs[&1].state, s.ledger[&1].cause.unwrap()), want);
+            assert_eq!(s.ledger.len(), 1, "no credit");
+            assert_eq!(s.nodes["n1"].gpu_faults.len(), usize::from(cancel));
         }
     }
 

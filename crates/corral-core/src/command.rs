@@ -240,6 +240,14 @@ pub enum Command {
         spec: NodeSpec,
         stale_jobs_stopped_ms_ago: u64,
     },
+    /// A heartbeat showed a card fault of a GPU (`clear: false`: the GPU leaves placement) or
+    /// showed it schedulable after the marked fault (`clear: true`: the mark goes if
+    /// `GpuFaultMark::cleared_by` says the reading came after it).
+    SetGpuFault {
+        node: String,
+        mark: corral_types::GpuFaultMark,
+        clear: bool,
+    },
 }
 
 /// What `corral update` changes in a pending job (`None`: unchanged).
@@ -376,6 +384,8 @@ pub enum ApplyError {
     InvalidDependency(String),
     #[error("{0}")]
     JobControl(String),
+    #[error("node '{node}' has no gpu {gpu}")]
+    NoSuchGpu { node: String, gpu: u32 },
 }
 
 /// The message of `ApplyError::TooManyPendingJobs`.

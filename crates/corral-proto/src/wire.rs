@@ -448,8 +448,35 @@ impl From<&JobExitReport> for pb::JobExitReport {
             timed_out: r.timed_out,
             never_started: r.never_started,
             fenced: r.fenced,
+            gpu_faults: r
+                .gpu_faults
+                .iter()
+                .map(|m| pb::GpuFault {
+                    gpu: m.gpu,
+                    reason: m.reason.clone(),
+                    node_epoch: m.node_epoch,
+                    seq: m.seq,
+                    job_id: m.job_id,
+                })
+                .collect(),
         }
     }
+}
+
+/// At most this many card faults of one report are read (a node has fewer GPUs), each reason
+/// cut to `MAX_GPU_FAULT_REASON` bytes: a report's cost is bounded whatever a worker sends.
+pub const MAX_GPU_FAULTS: usize = 64;
+pub const MAX_GPU_FAULT_REASON: usize = 256;
+
+fn bounded_reason(mut reason: String) -> String {
+    if reason.len() > MAX_GPU_FAULT_REASON {
+        let mut end = MAX_GPU_FAULT_REASON;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+    }
+    reason
 }
 
 impl From<pb::JobExitReport> for JobExitReport {
@@ -463,6 +490,18 @@ impl From<pb::JobExitReport> for JobExitReport {
             launch_error: r.launch_error,
             never_started: r.never_started,
             fenced: r.fenced,
+            gpu_faults: r
+                .gpu_faults
+                .into_iter()
+                .take(MAX_GPU_FAULTS)
+                .map(|m| corral_types::GpuFaultMark {
+                    gpu: m.gpu,
+                    reason: bounded_reason(m.reason),
+                    node_epoch: m.node_epoch,
+                    seq: m.seq,
+                    job_id: m.job_id,
+                })
+                .collect(),
         }
     }
 }
@@ -536,6 +575,8 @@ impl From<&GpuHealth> for pb::GpuHealth {
             problems: g.problems.clone(),
             dirty_reason: g.dirty_reason.clone(),
             dirty_job_id: g.dirty_job_id.unwrap_or(0),
+            fault_seq: g.fault_seq,
+            card_fault: g.card_fault.clone(),
         }
     }
 }
@@ -554,6 +595,8 @@ impl From<pb::GpuHealth> for GpuHealth {
             // 0 on the wire: no job left it dirty (found at worker start).
             dirty_job_id: (g.dirty_job_id != 0).then_some(g.dirty_job_id),
             problems: g.problems,
+            fault_seq: g.fault_seq,
+            card_fault: bounded_reason(g.card_fault),
         }
     }
 }
@@ -790,6 +833,19 @@ mod tests {
         assert_eq!(Segment::from(pb::Segment::from(&segment)), segment);
     }
 
+    /// A worker's card faults cross with their reasons cut to a bound, at most
+    /// `MAX_GPU_FAULTS` of them.
+    #[test]
+    fn card_faults_of_a_report_are_bounded() {
+        let fault = |gpu| pb::GpuFault { gpu, reason: "é".repeat(200), node_epoch: 1, seq: 1, job_id: 0 };
+        let report = pb::JobExitReport { gpu_faults: (0..100).map(fault).collect(), ..Default::default() };
+        let report = JobExitReport::from(report);
+        assert_eq!(report.gpu_faults.len(), MAX_GPU_FAULTS);
+        assert!(report.gpu_faults.iter().all(|m| m.reason.len() <= MAX_GPU_FAULT_REASON));
+        let back = JobExitReport::from(pb::JobExitReport::from(&report));
+        assert_eq!(back, report);
+    }
+
     #[test]
     fn gpu_health_crosses_the_wire_unchanged() {
         let dirty = GpuHealth {
@@ -803,6 +859,8 @@ mod tests {
             dirty_reason: "1 process left behind".into(),
             dirty_job_id: Some(42),
             problems: vec!["overheat: 95 C".into()],
+            fault_seq: 2,
+            card_fault: "XID 79 (GPU has fallen off the bus)".into(),
         };
         let found_at_start = GpuHealth { dirty: true, dirty_job_id: None, ..dirty.clone() };
         for health in [dirty, found_at_start, GpuHealth::default()] {

@@ -883,6 +883,11 @@ pub struct JobExitReport {
     /// time: the job did not end on its own and goes back to the queue.
     #[serde(default)]
     pub fenced: bool,
+    /// Card faults of the run's GPUs on the reporting node (hardware or driver, not the job's
+    /// doing): the worker stopped the run for them. Non-empty: the run ends with cause
+    /// `gpu-fault`, is requeued without counting a restart, and the GPUs leave placement.
+    #[serde(default)]
+    pub gpu_faults: Vec<crate::GpuFaultMark>,
 }
 
 impl JobExitReport {
@@ -895,6 +900,7 @@ impl JobExitReport {
             && self.launch_error.is_none()
             && !self.never_started
             && !self.fenced
+            && self.gpu_faults.is_empty()
     }
 }
 

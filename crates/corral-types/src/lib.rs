@@ -27,7 +27,9 @@ pub use job::{
 };
 pub use job_options::parse_dependencies;
 pub use layout::{gpu_type_matches, SlurmNames, TaskLayout, MAX_NODES_PER_JOB, MAX_TASKS_PER_JOB};
-pub use node::{GpuDevice, GpuHealth, NodeMode, NodeSpec, NodeState, NodeStatus, DEFAULT_RENDEZVOUS_PORTS};
+pub use node::{
+    GpuDevice, GpuFaultMark, GpuHealth, NodeMode, NodeSpec, NodeState, NodeStatus, DEFAULT_RENDEZVOUS_PORTS,
+};
 pub use output_pattern::{default_output_pattern, expand_output_pattern, OutputPlace, NO_ARRAY_INDEX};
 pub use parse::{
     describe_config_error, format_duration, format_size, parse_duration, parse_size, ConfigDuration, ConfigSize,

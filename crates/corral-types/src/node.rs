@@ -117,6 +117,35 @@ pub struct NodeStatus {
     /// When a draining node's running jobs are stopped and requeued (`None`: they run to the end).
     #[serde(default)]
     pub drain_deadline: Option<Timestamp>,
+    /// GPUs out of placement for a card fault, at most one mark per GPU, in index order: set
+    /// when the fault ended a run (in the same command that requeued it) or when a heartbeat
+    /// first shows it, cleared when a heartbeat shows the GPU clean after the fault.
+    #[serde(default)]
+    pub gpu_faults: Vec<GpuFaultMark>,
+}
+
+/// A card fault (hardware or driver, not the job's doing) the worker attributed to one GPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFaultMark {
+    pub gpu: u32,
+    /// One line: what the worker saw (`XID 79: GPU has fallen off the bus`).
+    pub reason: String,
+    /// The worker process that saw it (its node epoch) and its count of faults seen then: a
+    /// heartbeat clears the mark only if it was read after the fault (`GpuFaultMark::cleared_by`).
+    pub node_epoch: u64,
+    pub seq: u64,
+    /// The run it ended, if one ran on the GPU (job id, 0: none).
+    #[serde(default)]
+    pub job_id: u64,
+}
+
+impl GpuFaultMark {
+    /// Whether a heartbeat of worker process `node_epoch`, whose fault count for this GPU
+    /// was `seq`, showing the GPU schedulable, was read after this fault: a later process, or
+    /// the same one once it counted this fault.
+    pub fn cleared_by(&self, node_epoch: u64, seq: u64) -> bool {
+        node_epoch > self.node_epoch || (node_epoch == self.node_epoch && seq >= self.seq)
+    }
 }
 
 impl NodeStatus {
@@ -154,6 +183,14 @@ pub struct GpuHealth {
     pub dirty_job_id: Option<u64>,
     /// Health problems (overheat, fatal XID, uncorrected ECC, lost): not schedulable.
     pub problems: Vec<String>,
+    /// Card faults the worker process attributed to this GPU so far (a count that only grows):
+    /// what `GpuFaultMark::cleared_by` compares.
+    #[serde(default)]
+    pub fault_seq: u64,
+    /// The card fault the device is out for (empty: none): the leader marks it in the
+    /// replicated state, so placement keeps away from it whatever leader comes next.
+    #[serde(default)]
+    pub card_fault: String,
 }
 
 impl GpuHealth {

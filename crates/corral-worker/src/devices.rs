@@ -7,11 +7,11 @@
 
 use crate::config::WorkerConfig;
 use crate::gpu::{DeviceInfo, GpuBackend, GpuError, GpuReading, MigInstance, MigPlacement};
-use crate::health::HealthTracker;
+use crate::health::{GpuEvent, HealthTracker};
 use crate::hygiene::Hygiene;
 use crate::jobs::JobTable;
 use crate::mps::{Mps, MpsAttachment};
-use corral_types::{GpuDevice, GpuHealth};
+use corral_types::{GpuDevice, GpuHealth, JobId};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -113,8 +113,60 @@ impl Devices {
         self.hygiene.start(&readings);
         let mut state = self.state();
         state.info = info;
-        state.health.update(&readings);
+        for event in state.health.update(&readings) {
+            if let GpuEvent::Card { gpu, reason, .. } = event {
+                tracing::error!(gpu, %reason, "card fault at worker start: the gpu stays out of placement");
+            }
+        }
         state.last_readings = readings;
+    }
+
+    /// Acts on new GPU events: a card fault stops every run on its GPU (the run is reported
+    /// with the fault, requeued and credited); a job's own error is only logged.
+    async fn attribute(&self, jobs: &JobTable, events: Vec<GpuEvent>) {
+        for event in events {
+            match event {
+                GpuEvent::Card { gpu, reason, .. } => {
+                    let runs = jobs.running_on_gpu(gpu);
+                    if runs.is_empty() {
+                        tracing::error!(gpu, %reason, "card fault: the gpu leaves placement");
+                    }
+                    for (job_id, epoch, handle) in runs {
+                        tracing::error!(
+                            job_id,
+                            epoch,
+                            gpu,
+                            %reason,
+                            "card fault on a running job's gpu: stopping the run (requeued without counting a restart)"
+                        );
+                        let _ = tokio::task::spawn_blocking(move || {
+                            if let Err(e) = handle.kill_tree() {
+                                tracing::warn!(job_id, error = %e, "kill failed");
+                            }
+                        })
+                        .await;
+                    }
+                }
+                GpuEvent::Job { gpu, reason } => {
+                    let jobs: Vec<JobId> = jobs.running_on_gpu(gpu).into_iter().map(|(job, _, _)| job).collect();
+                    tracing::warn!(gpu, ?jobs, %reason, "the job's own gpu error: the gpu stays in the pool");
+                }
+            }
+        }
+    }
+
+    /// After a run's process is gone: reads its GPUs again and returns the card faults they
+    /// had since `since` (the run's start) as (gpu, reason, seq): the faults the run ended with.
+    pub(crate) async fn run_faults(&self, jobs: &JobTable, gpus: &[u32], since: Instant) -> Vec<(u32, String, u64)> {
+        let readings = self.read(jobs).await;
+        let events = self.state().health.update(&readings);
+        self.attribute(jobs, events).await;
+        let state = self.state();
+        let faults = gpus.iter().filter_map(|&gpu| {
+            let fault = state.health.card_fault(gpu).filter(|f| f.at >= since)?;
+            Some((gpu, fault.reason.clone(), fault.seq))
+        });
+        faults.collect()
     }
 
     /// Creates a MIG instance of `profile` on `gpu` (see `GpuBackend::create_mig_instance`)
@@ -194,8 +246,9 @@ impl Devices {
             self.hygiene.recheck(&readings);
         }
         let leaks = self.hygiene.leaks();
+        let events = self.state().health.update(&readings);
+        self.attribute(jobs, events).await;
         let mut state = self.state();
-        state.health.update(&readings);
         let gpus = readings
             .iter()
             .map(|r| {
@@ -204,6 +257,8 @@ impl Devices {
                     problems: state.health.problems(r.index).to_vec(),
                     dirty_reason: leak.map(|l| l.finding.reason.clone()).unwrap_or_default(),
                     dirty_job_id: leak.and_then(|l| l.job_id),
+                    fault_seq: state.health.fault_seq(r.index),
+                    card_fault: state.health.card_fault(r.index).map(|f| f.reason.clone()).unwrap_or_default(),
                     ..r.to_health(self.hygiene.is_dirty(r.index))
                 }
             })

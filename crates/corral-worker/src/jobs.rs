@@ -190,6 +190,13 @@ impl JobTable {
         processes.filter_map(|p| p.mig_uuid.clone()).collect()
     }
 
+    /// The runs whose processes run on `gpu`, with their handles.
+    pub(crate) fn running_on_gpu(&self, gpu: u32) -> Vec<(JobId, u64, JobHandle)> {
+        let state = self.state();
+        let on_gpu = state.runs.iter().filter_map(|(key, run)| Some((key, run.running()?)));
+        on_gpu.filter(|(_, p)| p.gpus.contains(&gpu)).map(|(&(job, epoch), p)| (job, epoch, p.handle.clone())).collect()
+    }
+
     /// GPU indices of runs whose processes still run.
     pub(crate) fn busy_gpus(&self) -> Vec<u32> {
         self.state().runs.values().filter_map(Run::running).flat_map(|p| p.gpus.iter().copied()).collect()

@@ -31,6 +31,7 @@ pub mod reconcile;
 mod renew;
 mod runtime;
 mod worker;
+pub mod xid;
 
 pub mod config;
 pub use build::BuildOptions;

@@ -208,7 +208,7 @@ impl Link {
     }
 
     /// Epoch of the current registration; 0 while (re-)registering.
-    fn node_epoch(&self) -> u64 {
+    pub(crate) fn node_epoch(&self) -> u64 {
         self.state().node_epoch
     }
 

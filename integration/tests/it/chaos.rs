@@ -4,10 +4,12 @@
 //! gpu-high-priority), cancels (some right after the submit), SIGKILL and SIGSTOP of the
 //! leader, a follower and a worker, partitions, small job arrays, `corral requeue` of running
 //! jobs, and operators' actions: drains of a worker with a
-//! short deadline (its jobs are stopped and requeued) and price changes (running runs are billed
-//! in pieces). Finished jobs move to the on-disk history after 3 s. Every job appends what it sees to a file the test owns; after healing, the test
+//! short deadline (its jobs are stopped and requeued), price changes (running runs are billed
+//! in pieces) and card faults (an XID 79 on a worker's GPU: its runs are requeued and credited,
+//! the GPU comes back after the workers' 2 s `recover-after`). Finished jobs move to the on-disk history after 3 s. Every job appends what it sees to a file the test owns; after healing, the test
 //! checks the lifecycle invariants against those lines, the replicated state and the billing
-//! ledger (credits included: the policy credits lost nodes in full and drains by half).
+//! ledger (every segment has one end cause; the policy credits card faults and lost nodes in
+//! full and drains by half, and a credit never exceeds the run it credits).
 //!
 //! Beside the schedule, an abusive tenant (`corral_integration::abuse`) uses every per-request
 //! limit at once: the largest arrays and scripts, the longest index lists, listings of every job,
@@ -43,7 +45,7 @@ const TSO_LEAD: Duration = Duration::from_secs(5);
 const RSS_BOUND_MIB: u64 = 512;
 
 /// The credits the run's policy gives (appended to the dev policy).
-const CREDITS: &str = "\n[billing.credits]\nnode-lost = 1.0\ndrained = 0.5\n";
+const CREDITS: &str = "\n[billing.credits]\ngpu-fault = 1.0\nnode-lost = 1.0\ndrained = 0.5\n";
 
 /// xorshift64*: a small, seedable generator, so one seed always gives one schedule.
 struct Rng(u64);
@@ -105,6 +107,12 @@ enum Fault {
     Kill(Target),
     Stop(Target),
     Partition(Target),
+    /// A card fault (one more XID 79) on a worker's GPU; the GPU comes back by itself after
+    /// the workers' `recover-after`.
+    Gpu {
+        worker: usize,
+        gpu: u32,
+    },
 }
 
 struct Pool {
@@ -120,6 +128,8 @@ struct Pool {
     /// Wall-clock windows (seconds) during which each worker was killed, frozen or cut off.
     faulted: Vec<(String, f64, f64)>,
     faulted_since: BTreeMap<usize, f64>,
+    /// XID 79s injected so far per (worker, GPU): the faults file lists them all.
+    xids: BTreeMap<(usize, u32), usize>,
     dir: tempfile::TempDir,
 }
 
@@ -155,6 +165,7 @@ impl Pool {
             let host = 4 + i;
             let mut worker = WorkerProc::configure(dir.path(), name, &cluster.endpoints(), 2);
             worker.in_namespace(hosts.namespace(host), &hosts.addr(host));
+            worker.append_config("\n[health]\nrecover-after = \"2s\"\n");
             worker.start();
             worker.wait_registered(&cluster);
             workers.push(worker);
@@ -177,6 +188,7 @@ impl Pool {
             frozen_since: BTreeMap::new(),
             faulted: Vec::new(),
             faulted_since: BTreeMap::new(),
+            xids: BTreeMap::new(),
             dir,
         }
     }
@@ -204,6 +216,16 @@ impl Pool {
                 self.workers[i].signal(libc::SIGSTOP);
             }
             Fault::Partition(target) => self.hosts.isolate(Self::host(target)),
+            Fault::Gpu { worker, gpu } => {
+                *self.xids.entry((worker, gpu)).or_default() += 1;
+                let mut text = String::new();
+                for (&(_, index), &count) in self.xids.range((worker, 0)..=(worker, u32::MAX)) {
+                    text.push_str(&format!("[[gpu]]\nindex = {index}\nxid = {:?}\n", vec![79; count]));
+                }
+                let dir = &self.workers[worker].data_dir;
+                std::fs::write(dir.join("faults.toml.tmp"), text).expect("write faults");
+                std::fs::rename(dir.join("faults.toml.tmp"), dir.join("faults.toml")).expect("rename faults");
+            }
         }
     }
 
@@ -224,6 +246,8 @@ impl Pool {
                 self.frozen.push((self.workers[i].name.clone(), since, wall_now()));
             }
             Fault::Partition(target) => self.hosts.heal(Self::host(target)),
+            // The card checks clean for `recover-after` and comes back by itself.
+            Fault::Gpu { .. } => {}
         }
     }
 
@@ -415,6 +439,7 @@ fn check(
     // and one TSO window below (the stamps of a new leader may run that far ahead of the clock).
     // A run that spans a price change is billed in pieces: they must meet end to start, each
     // with a later policy version, and count as one segment of their summed length.
+    // Causes and credits: see `check_credits`.
     let mut pieces: BTreeMap<(u64, u64), Vec<&corral_types::Segment>> = BTreeMap::new();
     for s in segments.iter().filter(|s| s.credit_for.is_none()) {
         pieces.entry((s.job_id, s.epoch)).or_default().push(s);
@@ -747,11 +772,13 @@ fn lifecycle_invariants_hold_under_random_faults() {
             }
         } else if roll < 92 {
             if worker_fault.is_none() {
-                let target = Target::Worker(rng.below(2) as usize);
-                let (fault, lasts) = match rng.below(3) {
+                let worker = rng.below(2) as usize;
+                let target = Target::Worker(worker);
+                let (fault, lasts) = match rng.below(4) {
                     0 => (Fault::Kill(target), rng.millis(500, WORKER_FAULT_MAX.as_millis() as u64)),
                     1 => (Fault::Stop(target), rng.millis(500, WORKER_FAULT_MAX.as_millis() as u64)),
-                    _ => (Fault::Partition(target), rng.millis(1_000, WORKER_FAULT_MAX.as_millis() as u64)),
+                    2 => (Fault::Partition(target), rng.millis(1_000, WORKER_FAULT_MAX.as_millis() as u64)),
+                    _ => (Fault::Gpu { worker, gpu: rng.below(2) as u32 }, rng.millis(500, 2_000)),
                 };
                 faults.push(format!("{:.3} {fault:?} for {lasts:?}", wall_now()));
                 pool.inject(fault);

@@ -15,6 +15,7 @@ mod dev_cleanup;
 mod dev_nodes;
 mod failures_say_why;
 mod gang;
+mod gpu_faults;
 mod grpc_services;
 mod history;
 mod images;

@@ -200,6 +200,10 @@ impl<'s> Cluster<'s> {
         for (node, gpu) in unschedulable {
             blocked.entry(node.as_str()).or_default().insert(*gpu);
         }
+        // GPUs out for a card fault (replicated), whatever the last heartbeat said.
+        for (name, status) in state.nodes.iter().filter(|(_, s)| !s.gpu_faults.is_empty()) {
+            blocked.entry(name.as_str()).or_default().extend(status.gpu_faults.iter().map(|m| m.gpu));
+        }
         let mut cluster = Cluster {
             nodes: Vec::with_capacity(state.nodes.len()),
             by_name: BTreeMap::new(),

@@ -151,6 +151,11 @@ fn command_to_pb(r: &Request) -> pb::Command {
                 stale_jobs_stopped_ms_ago: *stale_jobs_stopped_ms_ago,
             })
         }
+        Command::SetGpuFault { node, mark, clear } => Kind::SetGpuFault(pb::SetGpuFault {
+            node: node.clone(),
+            mark: Some(super::node::gpu_fault_to_pb(mark)),
+            clear: *clear,
+        }),
         Command::Compact(c) => Kind::Compact(pb::Compact {
             archive_before: c.archive_before.0,
             request_ids_before: c.request_ids_before.0,
@@ -256,6 +261,11 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
         Kind::RegisterRestartedNode(r) => Command::RegisterRestartedNode {
             spec: r.spec.ok_or(CodecError::Missing("register_restarted_node.spec"))?.into(),
             stale_jobs_stopped_ms_ago: r.stale_jobs_stopped_ms_ago,
+        },
+        Kind::SetGpuFault(c) => Command::SetGpuFault {
+            node: c.node,
+            mark: super::node::gpu_fault_from_pb(c.mark.ok_or(CodecError::Missing("set_gpu_fault.mark"))?),
+            clear: c.clear,
         },
         Kind::Compact(c) => Command::Compact(CompactCutoffs {
             archive_before: Timestamp(c.archive_before),

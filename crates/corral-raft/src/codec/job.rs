@@ -446,6 +446,7 @@ impl From<&JobExitReport> for pb::JobExitReport {
             timed_out: r.timed_out,
             never_started: r.never_started,
             fenced: r.fenced,
+            gpu_faults: r.gpu_faults.iter().map(super::node::gpu_fault_to_pb).collect(),
         }
     }
 }
@@ -461,6 +462,7 @@ impl From<pb::JobExitReport> for JobExitReport {
             launch_error: r.launch_error,
             never_started: r.never_started,
             fenced: r.fenced,
+            gpu_faults: r.gpu_faults.into_iter().map(super::node::gpu_fault_from_pb).collect(),
         }
     }
 }

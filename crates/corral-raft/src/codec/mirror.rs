@@ -163,6 +163,12 @@ fn container_options() -> impl Strategy<Value = corral_types::ContainerOptions> 
     ]
 }
 
+fn gpu_fault_mark() -> impl Strategy<Value = corral_types::GpuFaultMark> {
+    (any::<u32>(), text(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+        |(gpu, reason, node_epoch, seq, job_id)| corral_types::GpuFaultMark { gpu, reason, node_epoch, seq, job_id },
+    )
+}
+
 fn exit_report() -> impl Strategy<Value = JobExitReport> {
     (
         of(any::<i32>()),
@@ -173,9 +179,20 @@ fn exit_report() -> impl Strategy<Value = JobExitReport> {
         of(text()),
         any::<bool>(),
         any::<bool>(),
+        vec(gpu_fault_mark(), 0..2),
     )
         .prop_map(
-            |(exit_code, signal, oom_killed, run_time_ms, timed_out, launch_error, never_started, fenced)| {
+            |(
+                exit_code,
+                signal,
+                oom_killed,
+                run_time_ms,
+                timed_out,
+                launch_error,
+                never_started,
+                fenced,
+                gpu_faults,
+            )| {
                 JobExitReport {
                     exit_code,
                     signal,
@@ -185,6 +202,7 @@ fn exit_report() -> impl Strategy<Value = JobExitReport> {
                     launch_error,
                     never_started,
                     fenced,
+                    gpu_faults,
                 }
             },
         )

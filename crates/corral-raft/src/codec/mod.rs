@@ -171,6 +171,17 @@ mod tests {
                 },
             },
             Command::SignalStep { job_id: 4, step: 2, signal: 2 },
+            Command::SetGpuFault {
+                node: "n1".into(),
+                mark: corral_types::GpuFaultMark {
+                    gpu: 3,
+                    reason: "XID 79: the GPU has fallen off the bus".into(),
+                    node_epoch: 7,
+                    seq: 2,
+                    job_id: 12,
+                },
+                clear: false,
+            },
             Command::Compact(CompactCutoffs {
                 archive_before: Timestamp(3),
                 request_ids_before: Timestamp(2),

@@ -2,7 +2,7 @@
 //! epoch.
 
 use super::{pb, CodecError};
-use corral_types::{GpuDevice, NodeMode, NodeSpec, NodeState, NodeStatus, Timestamp};
+use corral_types::{GpuDevice, GpuFaultMark, NodeMode, NodeSpec, NodeState, NodeStatus, Timestamp};
 use prost::Message;
 
 impl From<&NodeSpec> for pb::NodeSpec {
@@ -101,7 +101,16 @@ pub(super) fn node_status_to_pb(n: &NodeStatus) -> pb::NodeStatus {
         mode: node_mode_to_pb(n.mode),
         mode_reason: n.mode_reason.clone(),
         drain_deadline: n.drain_deadline.map(|t| t.0),
+        gpu_faults: n.gpu_faults.iter().map(gpu_fault_to_pb).collect(),
     }
+}
+
+pub(super) fn gpu_fault_to_pb(m: &GpuFaultMark) -> pb::GpuFaultMark {
+    pb::GpuFaultMark { gpu: m.gpu, reason: m.reason.clone(), node_epoch: m.node_epoch, seq: m.seq, job_id: m.job_id }
+}
+
+pub(super) fn gpu_fault_from_pb(m: pb::GpuFaultMark) -> GpuFaultMark {
+    GpuFaultMark { gpu: m.gpu, reason: m.reason, node_epoch: m.node_epoch, seq: m.seq, job_id: m.job_id }
 }
 
 pub(super) fn node_status_from_pb(n: pb::NodeStatus) -> Result<NodeStatus, CodecError> {
@@ -112,6 +121,7 @@ pub(super) fn node_status_from_pb(n: pb::NodeStatus) -> Result<NodeStatus, Codec
         mode: node_mode_from_i32(n.mode)?,
         mode_reason: n.mode_reason,
         drain_deadline: n.drain_deadline.map(Timestamp),
+        gpu_faults: n.gpu_faults.into_iter().map(gpu_fault_from_pb).collect(),
     })
 }
 

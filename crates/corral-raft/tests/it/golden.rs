@@ -113,6 +113,8 @@ fn full_report() -> JobExitReport {
         launch_error: Some("exec format error".into()),
         never_started: true,
         fenced: true,
+        // Pinned before card faults were reported: none, so the pinned bytes stand.
+        gpu_faults: Vec::new(),
     }
 }
 
@@ -287,6 +289,7 @@ fn down_node() -> NodeStatus {
         mode: NodeMode::Active,
         mode_reason: String::new(),
         drain_deadline: None,
+        gpu_faults: Vec::new(),
     }
 }
 

@@ -5,7 +5,7 @@
 use super::{infiniband_devices, JobUser, UserMapping, WorkerConfig, DEFAULT_PIDS_MAX};
 use crate::executor::ProcessExecutor;
 use crate::gpu::SimulatedDevice;
-use crate::health::{HealthPolicy, DEFAULT_FATAL_XIDS};
+use crate::health::HealthPolicy;
 use crate::hygiene::HygieneConfig;
 use crate::mps::MpsConfig;
 use anyhow::Context;
@@ -180,11 +180,19 @@ pub struct HealthSection {
     pub fatal_xids: Vec<u64>,
     /// Uncorrected ECC errors tolerated; -1 ignores ECC.
     pub max_ecc_uncorrected: i64,
+    /// A GPU out for a card fault comes back after this long of clean checks; absent: it
+    /// stays out until the worker restarts (after a GPU reset).
+    pub recover_after: Option<ConfigDuration>,
 }
 
 impl Default for HealthSection {
     fn default() -> Self {
-        HealthSection { max_temperature_c: 90, fatal_xids: DEFAULT_FATAL_XIDS.to_vec(), max_ecc_uncorrected: 0 }
+        HealthSection {
+            max_temperature_c: 90,
+            fatal_xids: crate::xid::card_codes(),
+            max_ecc_uncorrected: 0,
+            recover_after: None,
+        }
     }
 }
 
@@ -478,6 +486,7 @@ impl WorkerFile {
             max_temperature_c: (self.health.max_temperature_c > 0).then_some(self.health.max_temperature_c),
             fatal_xids: self.health.fatal_xids.iter().copied().collect(),
             max_ecc_uncorrected: u64::try_from(self.health.max_ecc_uncorrected).ok(),
+            recover_after: self.health.recover_after.map(|d| d.get()),
         };
         c.hygiene = HygieneConfig {
             memory_tolerance_mib: self.hygiene.memory_tolerance.bytes() >> 20,

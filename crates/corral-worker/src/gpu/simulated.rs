@@ -9,11 +9,13 @@
 //! [[gpu]]
 //! index = 0
 //! temperature-c = 97        # overheat: the reported temperature
-//! xid = [79]                # critical XID errors; append codes to inject more
+//! xid = [79]                # XID errors (see xid.rs: 13 the job's, 79 the card's); append
+//!                           # a code to inject one more (the last one is reported)
 //! leaked-memory-mib = 2048  # device memory that stays in use after jobs end
 //! stray-pids = [4242]       # compute processes the device reports
 //! ecc-uncorrected = 1       # uncorrected ECC errors
 //! lost = false              # true: the device fell off the bus
+//! utilization-pct = 0       # the utilisation reported (default: 100 busy, 0 idle)
 //! ```
 //!
 //! Removing an entry (or the file) heals the device, except the XID counter, which only grows.
@@ -100,6 +102,9 @@ pub struct GpuFault {
     pub ecc_uncorrected: u64,
     #[serde(default)]
     pub lost: bool,
+    /// The utilisation the device reports (default: 100 busy, 0 idle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_pct: Option<u32>,
 }
 
 impl Faults {
@@ -350,7 +355,7 @@ impl GpuBackend for SimulatedGpus {
                 GpuReading {
                     index,
                     temperature_c: fault.temperature_c.unwrap_or(if busy { 65 } else { 35 }),
-                    utilization_percent: if busy { 100 } else { 0 },
+                    utilization_percent: fault.utilization_pct.unwrap_or(if busy { 100 } else { 0 }).min(100),
                     memory_used_mib: (job_memory + fault.leaked_memory_mib).min(device.memory_mib),
                     power_mw: if busy { 450_000 } else { 30_000 },
                     xid_errors: *seen,
@@ -427,6 +432,14 @@ mod tests {
         assert_eq!(r.ecc_uncorrected, 3);
         assert_eq!(r.processes.iter().map(|p| p.pid).collect::<Vec<_>>(), [1]);
         assert_eq!(gpus.read(&[])[0].temperature_c, 35, "other devices unaffected");
+        std::fs::write(&file, "[[gpu]]\nindex = 0\nutilization-pct = 3\n").expect("write faults");
+        assert_eq!(gpus.read(&[0])[0].utilization_percent, 3, "a busy device as idle as told");
+        std::fs::write(
+            &file,
+            "[[gpu]]\nindex = 1\ntemperature-c = 97\nxid = [13, 79]\nleaked-memory-mib = 2048\nstray-pids = [1]\necc-uncorrected = 3\n",
+        )
+        .expect("write faults");
+        assert_eq!(gpus.read(&[])[1].temperature_c, 97);
 
         // A broken file keeps the previous faults.
         std::fs::write(&file, "[[gpu]]\nindex = 1\ntemprature-c = 1\n").expect("write");

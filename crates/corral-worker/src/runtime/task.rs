@@ -8,7 +8,7 @@ use crate::executor::{JobHandle, RunningJob};
 use crate::jobs::JobTable;
 use crate::launch::MigPick;
 use crate::link::Link;
-use corral_types::{Job, JobExitReport, JobId};
+use corral_types::{GpuFaultMark, Job, JobExitReport, JobId};
 use nix::sys::signal::Signal;
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,6 +112,20 @@ pub(crate) async fn run_job(owners: Owners, events: mpsc::UnboundedSender<Event>
         }
     };
     tracing::info!(job_id, epoch, code = ?exit.exit_code, signal = ?exit.signal, oom = exit.oom_killed, "job exited");
+    // A card fault of its GPUs during the run (or found as it ended) is the card's doing: the
+    // run cannot have produced correct results, unless it finished with success on its own.
+    let since = std::time::Instant::now().checked_sub(exit.run_time).unwrap_or_else(std::time::Instant::now);
+    let gpu_faults = if exit.exit_code == Some(0) && !timed_out {
+        Vec::new()
+    } else {
+        let node_epoch = owners.link.node_epoch();
+        let faults = owners.devices.run_faults(&owners.jobs, &gpus, since).await;
+        let marks = faults.into_iter().map(|(gpu, reason, seq)| GpuFaultMark { gpu, reason, node_epoch, seq, job_id });
+        marks.collect()
+    };
+    if !gpu_faults.is_empty() {
+        tracing::error!(job_id, epoch, faults = ?gpu_faults, "the run ended with a card fault of its gpus");
+    }
     if let Some(root) = root {
         super::pull::remove_root(root);
     }
@@ -133,6 +147,7 @@ pub(crate) async fn run_job(owners: Owners, events: mpsc::UnboundedSender<Event>
         oom_killed: exit.oom_killed,
         run_time_ms: exit.run_time.as_millis() as u64,
         timed_out,
+        gpu_faults,
         ..Default::default()
     };
     let _ = events.send(Event::Exited { job_id, epoch, report });
