@@ -25,7 +25,7 @@ use tracing::{info, warn};
 
 use crate::config::ImageConfig;
 use crate::digest::{Digest, Hasher};
-use crate::error::{ErrorKind, ImageError};
+use crate::error::{ErrorKind, ImageError, Needs};
 use crate::manifest::{layer_blobs, LayerBlob, MAX_CONFIG};
 use crate::reference::ImageRef;
 use crate::registry::{backoff, Registry};
@@ -174,6 +174,15 @@ impl Images {
         let lease = self.store.lease(&digests);
         let waits: Vec<LayerFuture> = blobs.iter().filter_map(|blob| self.layer(&pinned, blob, progress)).collect();
         futures::future::try_join_all(waits).await?;
+        let size: u64 = digests.iter().map(|d| self.store.layer_size(d).unwrap_or(0)).sum();
+        if size > self.store.max_size() {
+            // Every layer fits but not all of them: the image is not recorded, and its layers,
+            // named by no image once the lease goes, leave with the next collection.
+            drop(lease);
+            self.gc().await;
+            let needs = Needs { bytes: size, max_size: self.store.max_size(), more: false };
+            return Err(ImageError::too_large(format!("image {pinned}"), needs));
+        }
         let now = now_ms();
         let record = ImageRecord {
             id: resolved.digest,
@@ -292,7 +301,13 @@ impl LayerDownload {
             .await
             .unwrap_or_else(|e| Err(ImageError::new(ErrorKind::Io, format!("unpacking thread failed: {e}"))));
         downloaded?;
-        let unpacked = unpacked.map_err(|e| e.context(format!("layer {} of {}", self.blob.digest, self.image)))?;
+        let unpacked = unpacked.map_err(|e| match e.needs() {
+            // One layer alone is more than the store holds: say what the image needs.
+            Some(needs) => {
+                ImageError::too_large(format!("image {} (its layer {} alone)", self.image, self.blob.digest), needs)
+            }
+            None => e.context(format!("layer {} of {}", self.blob.digest, self.image)),
+        })?;
         let store = Arc::clone(&self.store);
         let digest = self.blob.digest.clone();
         tokio::task::spawn_blocking(move || store.commit_layer(tmp, &digest, &unpacked))

@@ -31,7 +31,7 @@ pub mod store;
 pub use auth::{Credential, Credentials};
 pub use config::{resolve_user, ExecConfig, ImageConfig, JobOverrides};
 pub use digest::Digest;
-pub use error::{ErrorKind, ImageError};
+pub use error::{ErrorKind, ImageError, Needs};
 pub use images::{Images, ProgressSnapshot, PullProgress, Transfer};
 pub use manifest::{LayerBlob, Platform};
 pub use reference::{ImageRef, ImageSpec};
