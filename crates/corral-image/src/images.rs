@@ -32,7 +32,7 @@ use crate::registry::{backoff, Registry};
 use crate::rootfs::{JobRoot, RootsDir};
 use crate::settings::ImagesSettings;
 use crate::store::unpack::unpack_layer;
-use crate::store::{now_ms, ImagePin, ImageRecord, ImageStore, LayerRef};
+use crate::store::{now_ms, ImagePin, ImageRecord, ImageStore, LayerRef, TmpDir};
 
 /// Bytes of a blob gathered before they are handed to the unpacking thread: the HTTP client
 /// hands over small chunks, and each hand-over may wake a thread.
@@ -260,10 +260,25 @@ impl Images {
             .unwrap_or_else(|e| Err(ImageError::new(ErrorKind::Io, format!("load failed: {e}"))))
     }
 
+    /// A fresh directory under the store's `tmp/` where an archive sent over the network is
+    /// written before [`Images::load`]; deleted with everything in it when dropped.
+    pub fn upload_dir(&self) -> Result<UploadDir, ImageError> {
+        Ok(UploadDir(self.store.tmp_dir()?))
+    }
+
     /// Garbage collection on a blocking thread (it deletes directories).
     pub async fn gc(&self) -> crate::store::GcReport {
         let store = Arc::clone(&self.store);
         tokio::task::spawn_blocking(move || store.gc()).await.unwrap_or_default()
+    }
+}
+
+/// See [`Images::upload_dir`].
+pub struct UploadDir(TmpDir);
+
+impl UploadDir {
+    pub fn path(&self) -> &Path {
+        self.0.path()
     }
 }
 

@@ -32,7 +32,7 @@ pub use auth::{Credential, Credentials};
 pub use config::{resolve_user, ExecConfig, ImageConfig, JobOverrides};
 pub use digest::Digest;
 pub use error::{ErrorKind, ImageError, Needs};
-pub use images::{Images, ProgressSnapshot, PullProgress, Transfer};
+pub use images::{Images, ProgressSnapshot, PullProgress, Transfer, UploadDir};
 pub use manifest::{LayerBlob, Platform};
 pub use reference::{ImageRef, ImageSpec};
 pub use registry::{Registry, RegistryConfig};

@@ -79,7 +79,8 @@ impl Worker {
         let (reflection, reflection_alpha) = crate::grpc_health::reflection()?;
         use tonic::service::interceptor::InterceptedService;
         let check = move |request| standard.check(request);
-        let agent_service = crate::agent::server(self.config.jobs_dir(), self.jobs.clone());
+        let agent_images = crate::agent_images::AgentImages::new(self.config.node_name.clone(), images.clone());
+        let agent_service = crate::agent::server(self.config.jobs_dir(), self.jobs.clone(), agent_images);
         let agent = tonic::transport::Server::builder()
             .add_service(InterceptedService::new(agent_service, move |request| guard.check(request)))
             .add_service(InterceptedService::new(health, check.clone()))
