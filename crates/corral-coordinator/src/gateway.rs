@@ -139,6 +139,9 @@ impl WorkerGateway for Gateway {
         };
         self.coord.liveness().heartbeat(term, &hb.node, gpus);
         self.coord.pulls().report(&hb.node, hb.pulls);
+        if hb.images_reported {
+            self.coord.held_images().report(&hb.node, hb.images);
+        }
         let current = {
             let data = self.coord.store().read();
             data.state.nodes.get(&hb.node).is_some_and(|n| n.epoch == hb.node_epoch && n.state == NodeState::Up)

@@ -68,6 +68,9 @@ impl Worker {
             ),
             None => None,
         };
+        if let Some(images) = &images {
+            self.link.report_images(images.clone());
+        }
         self.devices.inspect().await;
         let audit = Arc::new(corral_security::AuditLog::in_dir(&self.config.data_dir));
         let tls = self.config.agent_tls.clone();

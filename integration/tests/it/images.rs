@@ -478,3 +478,29 @@ fn corral_image_pulls_lists_refuses_to_remove_what_a_job_needs_and_loads_archive
     assert!(!bad.status.success());
     assert_eq!(pool.json(&["image", "ls"])["images"].as_array().map(Vec::len), Some(1), "the loaded image stays");
 }
+
+#[test]
+fn a_job_is_placed_on_the_node_that_holds_its_image() {
+    if !ready(&[TOOLS, &["runc"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = umoci_busybox(dir.path(), &[], "/", "placed");
+    push(&image, &registry, "placed:1", &[]);
+    let reference = format!("{}/placed:1", registry.addr);
+    let pool = DevPool::start(&["--nodes", "2", "--gpus", "1"]);
+
+    // Best fit alone would take the first node (both are idle and alike): the image is on the
+    // second one.
+    let out = pool.ok(&["image", "pull", &reference, "--node", "dev-node-2"]);
+    assert!(out.contains("node dev-node-2: pulled"), "{out}");
+    // Workers report their images every tenth heartbeat.
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    let job = pool.submit(&["--gpus", "1", "--image", &reference, "--", "cat", "/etc/marker"]);
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert_eq!(doc["node"], "dev-node-2", "{doc}");
+    let listed = pool.json(&["image", "ls", "--node", "dev-node"]);
+    assert_eq!(listed["images"].as_array().map(Vec::len), Some(0), "nothing was pulled on the other node: {listed}");
+}
