@@ -109,6 +109,9 @@ pub enum Command {
     /// Node lifecycle (admin): cordon, drain, resume, remove; join tokens for new workers.
     #[command(subcommand)]
     Node(NodeCommand),
+    /// Images in the workers' layer stores (admin): list, pre-pull, remove, load an archive.
+    #[command(subcommand)]
+    Image(ImageCommand),
     /// The fence guard a worker starts beside itself (internal): kills the worker's jobs when
     /// its lease runs out or the worker dies.
     #[command(hide = true)]
@@ -183,6 +186,47 @@ pub struct CertsInitArgs {
     /// before they expire with `corral certs renew`.
     #[arg(long, default_value_t = corral_security::DEFAULT_CERT_DAYS)]
     pub days: u32,
+}
+
+#[derive(Debug, Subcommand)]
+#[command(defer = true)]
+pub enum ImageCommand {
+    /// Each node's images: reference, digest, size, last use, whether a job uses it.
+    Ls {
+        /// Only this node's.
+        #[arg(long)]
+        node: Option<String>,
+    },
+    /// Pull an image into a node's store before jobs need it (progress as it goes, then one
+    /// line per node).
+    Pull {
+        /// [REGISTRY/]NAME[:TAG|@sha256:DIGEST]
+        reference: String,
+        /// The node to pull on.
+        #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+        node: Option<String>,
+        /// Every node that is up.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Remove an image from the stores (refused where a placed or running job needs it).
+    Rm {
+        /// A reference or digest, as `corral image ls` shows it.
+        reference: String,
+        /// Only from this node (default: every node that has it).
+        #[arg(long)]
+        node: Option<String>,
+    },
+    /// Load a `docker save` or OCI archive into the stores, for nodes without registry
+    /// access: sent through the coordinator to each node's worker, at most its store's
+    /// max-size.
+    Load {
+        /// The archive (a tar file).
+        file: std::path::PathBuf,
+        /// Only into this node's store (default: every node that is up).
+        #[arg(long)]
+        node: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

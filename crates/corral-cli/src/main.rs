@@ -9,6 +9,7 @@ mod connect;
 mod coordinator_cmd;
 mod daemon;
 mod dev;
+mod image_cmd;
 mod in_job;
 mod invoice;
 mod jobspec;
@@ -180,6 +181,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             worker_cmd::run(&args.config, args.join, global.token.clone()).await.map(|()| ExitCode::SUCCESS)
         }
         Command::Node(command) => node_cmd::run(&global, command).await,
+        Command::Image(command) => image_cmd::run(&global, command).await,
         Command::Cluster(command) => cluster_cmd::run(&global, command).await,
         Command::Submit(args) => commands::submit(&global, args).await,
         Command::Show(args) => commands::show(&global, args).await,

@@ -712,6 +712,77 @@ impl Client {
         Ok(reply.into_inner())
     }
 
+    /// The images in the workers' stores: one node's, or (empty `node`) every node's (admin).
+    pub async fn list_images(&self, node: &str) -> Result<pb::ListImagesResponse, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::ListImagesRequest { node: node.to_string() });
+                async move { Self::corral(ch).list_images(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// Pulls `reference` into one node's store, or (`all`) every node's that is up (admin):
+    /// progress events of each node, then one final event per node.
+    pub async fn pull_image(
+        &self,
+        reference: &str,
+        node: Option<&str>,
+        all: bool,
+    ) -> Result<tonic::Streaming<pb::ImagePullEvent>, ClientError> {
+        let request =
+            pb::PullImageRequest { reference: reference.to_string(), node: node.unwrap_or_default().to_string(), all };
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(request.clone());
+                async move { Self::corral(ch).pull_image(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// Removes `reference` from one node's store, or every node's that has it (admin); nodes
+    /// where a job needs it refuse.
+    pub async fn remove_image(
+        &self,
+        reference: &str,
+        node: Option<&str>,
+    ) -> Result<pb::RemoveImageResponse, ClientError> {
+        let request = pb::RemoveImageRequest {
+            reference: reference.to_string(),
+            node: node.unwrap_or_default().to_string(),
+            ..Default::default()
+        };
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(request.clone());
+                async move { Self::corral(ch).remove_image(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// Loads the archive at `path` (a `docker save` or OCI archive) into one node's store, or
+    /// every node's that is up (admin). The file is sent in chunks of `LOAD_CHUNK` bytes, read
+    /// as they are sent (a retry sends it again from its start: loading is idempotent).
+    pub async fn load_image(
+        &self,
+        path: &std::path::Path,
+        node: Option<&str>,
+    ) -> Result<pb::LoadImageResponse, ClientError> {
+        let total =
+            std::fs::metadata(path).map_err(|e| ClientError::Protocol(format!("{}: {e}", path.display())))?.len();
+        let node = node.unwrap_or_default().to_string();
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(file_chunks(path.to_path_buf(), node.clone(), total));
+                async move { Self::corral(ch).load_image(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
     pub async fn list_nodes(&self) -> Result<Vec<pb::NodeView>, ClientError> {
         let reply = self
             .with_retry(|ch| {
@@ -1160,6 +1231,51 @@ impl GatewayClient {
             .await?;
         Ok(reply.into_inner())
     }
+}
+
+/// Bytes of an archive per `LoadImage` chunk.
+pub const LOAD_CHUNK: usize = 1 << 20;
+
+/// The chunks of the file at `path`, read on a thread of their own as the call takes them (at
+/// most four chunks read ahead); the first names `node` and the file's `total` size. A read
+/// error ends the stream early (the worker then refuses the short archive).
+fn file_chunks(
+    path: std::path::PathBuf,
+    node: String,
+    total: u64,
+) -> tokio_stream::wrappers::ReceiverStream<pb::LoadImageChunk> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let Ok(mut file) = std::fs::File::open(&path) else { return };
+        let mut first = true;
+        loop {
+            let mut data = vec![0u8; LOAD_CHUNK];
+            let mut filled = 0;
+            while filled < data.len() {
+                match file.read(&mut data[filled..]) {
+                    Ok(0) => break,
+                    Ok(n) => filled += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => return,
+                }
+            }
+            if filled == 0 && !first {
+                return;
+            }
+            data.truncate(filled);
+            let chunk = pb::LoadImageChunk {
+                node: if first { node.clone() } else { String::new() },
+                total_bytes: if first { total } else { 0 },
+                data,
+            };
+            first = false;
+            if tx.blocking_send(chunk).is_err() || filled < LOAD_CHUNK {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use crate::client_work::ClientWork;
 use crate::group_commit::Submits;
 use crate::liveness::Liveness;
 use crate::metrics::SchedulerMetrics;
-use crate::pulls::PullBoard;
+use crate::pulls::{HeldImages, PullBoard};
 use crate::scheduler::LeaderView;
 use crate::snapshot::Snapshot;
 use crate::tso::{self, Allocation, Tso};
@@ -101,6 +101,8 @@ struct Inner {
     liveness: Liveness,
     /// The image pulls workers reported last (leader memory, shown in job replies).
     pulls: Arc<PullBoard>,
+    /// The images workers' stores hold (leader memory, for placement).
+    held_images: HeldImages,
     /// Scheduler counters and pass latency, exported while this node leads.
     scheduler_metrics: SchedulerMetrics,
     /// The runtime client requests are served on, apart from the control loop.
@@ -124,6 +126,7 @@ impl Coordinator {
                 tso: Tso::default(),
                 liveness: Liveness::default(),
                 pulls: Arc::default(),
+                held_images: HeldImages::default(),
                 scheduler_metrics: SchedulerMetrics::default(),
                 client_work: Arc::new(client_work),
                 registry: corral_image::Registry::new(config.registries.clone()),
@@ -164,6 +167,11 @@ impl Coordinator {
     /// The image pulls workers reported in their last heartbeats.
     pub(crate) fn pulls(&self) -> &PullBoard {
         &self.inner.pulls
+    }
+
+    /// The images workers' stores hold, as their heartbeats last said.
+    pub(crate) fn held_images(&self) -> &HeldImages {
+        &self.inner.held_images
     }
 
     /// The leader's memory of the workers: heartbeats and GPU health.

@@ -165,6 +165,9 @@ impl WorkerGateway for Gateway {
         };
         self.coord.liveness().heartbeat(term, &hb.node, gpus);
         self.coord.pulls().report(&hb.node, hb.pulls);
+        if hb.images_reported {
+            self.coord.held_images().report(&hb.node, hb.images);
+        }
         // A card fault the heartbeat shows first (no run ended with it) leaves placement for
         // good, whatever leader comes next; a GPU clean after its fault comes back.
         for command in fault_changes {

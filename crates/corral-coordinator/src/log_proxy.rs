@@ -1,6 +1,7 @@
 //! The coordinator's proxy to worker agents' log streams: `ReadLogs` of the user API and the
 //! web view's log tail both open a job part's output through [`open_worker_logs`]; `srun` on
-//! another node of the job reads a step's task output through [`open_worker_step_output`].
+//! another node of the job reads a step's task output through [`open_worker_step_output`];
+//! `corral image` reaches a node's agent through `Coordinator::node_agent`.
 
 use crate::Coordinator;
 use corral_proto::v1::worker_agent_client::WorkerAgentClient;
@@ -60,6 +61,29 @@ impl Coordinator {
             .map(|n| n.spec.address.clone())
             .ok_or_else(|| Status::not_found(format!("node {node} of job {} is not registered", job.id)))?;
         let unreachable = |e: &dyn std::fmt::Display| unreachable_agent(job, &format!("{node} at {address}"), e);
+        self.connect_agent(node, &address).await.map_err(|e| unreachable(&e))
+    }
+
+    /// A client of the worker agent of `node` (`corral image`); the error is one line for the
+    /// caller's list of nodes that failed.
+    pub(crate) async fn node_agent(&self, node: &str) -> Result<WorkerAgentClient<tonic::transport::Channel>, String> {
+        let address = self
+            .store()
+            .read()
+            .state
+            .nodes
+            .get(node)
+            .map(|n| n.spec.address.clone())
+            .ok_or_else(|| format!("node {node} is not registered"))?;
+        self.connect_agent(node, &address).await.map_err(|e| format!("its agent at {address} is unreachable: {e}"))
+    }
+
+    async fn connect_agent(
+        &self,
+        node: &str,
+        address: &str,
+    ) -> Result<WorkerAgentClient<tonic::transport::Channel>, String> {
+        let unreachable = |e: &dyn std::fmt::Display| e.to_string();
         // Over TLS the connector does the handshake: the agent must hold the node's worker
         // certificate, or the request is never sent.
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
@@ -67,7 +91,7 @@ impl Coordinator {
             .connect_timeout(CONNECT_TIMEOUT);
         let channel = match &self.security().client_tls {
             Some(tls) => tls
-                .connect(endpoint, &address, corral_security::ExpectedServer::Worker { node: node.to_string() })
+                .connect(endpoint, address, corral_security::ExpectedServer::Worker { node: node.to_string() })
                 .await
                 .map_err(|e| unreachable(&e))?,
             None => endpoint.connect().await.map_err(|e| unreachable(&e))?,

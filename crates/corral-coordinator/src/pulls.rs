@@ -3,11 +3,16 @@
 //! reason of a running job whose process has not started (`pulling image REF: 2/5 layers,
 //! 12.3/200.0 MB`). A new heartbeat of a node replaces everything the node said before; an
 //! entry whose epoch is no longer the job's allocation is ignored.
+//!
+//! [`HeldImages`]: the images each worker's store holds, as its heartbeats last said (every few
+//! of them carry the list), kept as the scheduler's `ImageHints` (rebuilt when a node's list
+//! changes, handed to each pass as one `Arc`), so placement prefers the nodes that hold most of
+//! a job's image. Never replicated either.
 
 use corral_proto::v1 as pb;
 use corral_types::{Job, JobId, JobState};
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Pulls a heartbeat may report; more are dropped (a node runs few jobs at once).
 pub(crate) const MAX_PULLS_PER_HEARTBEAT: usize = 64;
@@ -115,6 +120,63 @@ impl PullBoard {
     }
 }
 
+/// Images, and layers of each, kept per node report.
+const MAX_HELD_IMAGES: usize = 64;
+const MAX_HELD_LAYERS: usize = 256;
+
+/// The images the workers' stores hold, as the scheduler's hints.
+#[derive(Debug, Default)]
+pub(crate) struct HeldImages {
+    state: Mutex<Held>,
+}
+
+/// One image a node holds: the digests that name it, and its layers (digest, bytes).
+type HeldImage = (Vec<String>, Arc<Vec<(String, u64)>>);
+
+#[derive(Debug, Default)]
+struct Held {
+    /// Each node's last report.
+    by_node: BTreeMap<String, Vec<HeldImage>>,
+    hints: Arc<corral_core::ImageHints>,
+}
+
+impl HeldImages {
+    /// Replaces what `node` said it holds (at most `MAX_HELD_IMAGES` images of
+    /// `MAX_HELD_LAYERS` layers); the hints are rebuilt only when that changed.
+    pub(crate) fn report(&self, node: &str, images: Vec<pb::HeldImage>) {
+        let report: Vec<HeldImage> = images
+            .into_iter()
+            .take(MAX_HELD_IMAGES)
+            .map(|i| {
+                let names = [i.digest, i.index].into_iter().filter(|d| !d.is_empty()).collect();
+                let layers = i.layers.into_iter().take(MAX_HELD_LAYERS).map(|l| (l.digest, l.size)).collect();
+                (names, Arc::new(layers))
+            })
+            .collect();
+        let mut held = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if held.by_node.get(node) == Some(&report) {
+            return;
+        }
+        held.by_node.insert(node.to_string(), report);
+        let mut hints = corral_core::ImageHints::default();
+        for (node, images) in &held.by_node {
+            let layers = hints.nodes.entry(node.clone()).or_default();
+            for (names, image_layers) in images {
+                layers.extend(image_layers.iter().map(|(d, _)| d.clone()));
+                for name in names {
+                    hints.images.entry(name.clone()).or_insert_with(|| Arc::clone(image_layers));
+                }
+            }
+        }
+        held.hints = Arc::new(hints);
+    }
+
+    /// What the scheduler's next pass prefers by.
+    pub(crate) fn hints(&self) -> Arc<corral_core::ImageHints> {
+        Arc::clone(&self.state.lock().unwrap_or_else(|p| p.into_inner()).hints)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +217,29 @@ mod tests {
         assert_eq!(board.lock().jobs.len(), MAX_PULLS_PER_HEARTBEAT);
         board.forget("n1");
         assert!(board.lock().jobs.is_empty() && board.lock().by_node.is_empty());
+    }
+
+    #[test]
+    fn held_images_become_the_schedulers_hints() {
+        let held = HeldImages::default();
+        let layer = |d: &str, size| pb::HeldLayer { digest: d.into(), size };
+        let image = pb::HeldImage {
+            digest: "sha256:m".into(),
+            index: "sha256:i".into(),
+            layers: vec![layer("a", 900), layer("b", 100)],
+        };
+        held.report("n1", vec![image.clone()]);
+        let other = vec![pb::HeldImage { layers: vec![layer("a", 900)], digest: "sha256:o".into(), ..image }];
+        held.report("n2", other.clone());
+        let hints = held.hints();
+        assert_eq!(hints.missing("sha256:m", "n1"), Some(0));
+        assert_eq!(hints.missing("sha256:i", "n2"), Some(100), "by its index digest too");
+        assert_eq!(hints.missing("sha256:m", "n3"), Some(1000));
+        assert_eq!(hints.missing("sha256:x", "n1"), None);
+        let same = held.hints();
+        held.report("n2", other);
+        assert!(Arc::ptr_eq(&same, &held.hints()), "an unchanged report rebuilds nothing");
+        held.report("n1", Vec::new());
+        assert_eq!(held.hints().missing("sha256:m", "n1"), None, "no node holds it any more");
     }
 }

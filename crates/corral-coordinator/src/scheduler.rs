@@ -4,7 +4,7 @@
 
 use crate::liveness::NodeLive;
 use crate::Coordinator;
-use corral_core::{schedule, Command, Outcome, PendingJob};
+use corral_core::{schedule_with_images, Command, Outcome, PendingJob};
 use corral_types::{JobId, NodeState};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -158,13 +158,14 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> Duration {
         }
     };
     let started = std::time::Instant::now();
+    let images = coord.held_images().hints();
     let pass = {
         let data = coord.store().read();
         // Nothing can be placed without a node: skip the pass over a long queue.
         if !data.state.nodes.values().any(|n| n.state == NodeState::Up) {
             return Duration::ZERO;
         }
-        schedule(&data.state, now, &unschedulable)
+        schedule_with_images(&data.state, now, &unschedulable, &images)
     };
     let computed = started.elapsed();
     // Every waiting job's reason, for `corral queue`, and their order, for the web view's queue.

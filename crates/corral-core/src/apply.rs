@@ -701,7 +701,7 @@ impl State {
             mark_gpu_faults(status, &faults);
         }
         let node = part_node;
-        let length = (!report.never_started).then_some(RunLength::Reported { worker_ms: report.run_time_ms });
+        let length = ran(report).then_some(RunLength::Reported { worker_ms: report.run_time_ms });
         self.finish_reported(ts, job_id, &node, report, length)
     }
 
@@ -738,7 +738,7 @@ impl State {
         combined.never_started = reports.iter().all(|r| r.never_started);
         let length = if reports.len() < billed.len() {
             Some(RunLength::Lost)
-        } else if combined.never_started {
+        } else if !reports.iter().any(|r| ran(r)) {
             None
         } else {
             Some(RunLength::Reported { worker_ms: combined.run_time_ms })
@@ -1062,6 +1062,12 @@ fn mark_gpu_faults(status: &mut NodeStatus, marks: &[GpuFaultMark]) {
             Err(i) => status.gpu_faults.insert(i, mark.clone()),
         }
     }
+}
+
+/// Whether the run a report ends ran at all: a run stopped before its launch, or whose launch
+/// failed, never started (no start time, no segment, nothing billed or charged).
+fn ran(report: &JobExitReport) -> bool {
+    !report.never_started && report.launch_error.is_none()
 }
 
 #[cfg(test)]
@@ -1592,6 +1598,24 @@ pub(crate) mod tests {
         .unwrap();
         assert_eq!(s.ledger[&1].duration_ms(), 120_000);
         assert_eq!(s.ledger[&1].cost_micros, crate::cost_micros(120_000, 1000, 890_000, 1000));
+    }
+
+    /// A run whose launch failed (its image too large for the node, a missing program) never
+    /// started: the job fails with the launch error, without a start time or a bill.
+    #[test]
+    fn a_failed_launch_leaves_no_start_and_no_bill() {
+        let mut s = cluster();
+        submit(&mut s, 3, "a", spec(8)).unwrap();
+        schedule(&mut s, 4);
+        let epoch = s.jobs[&1].allocation.as_ref().unwrap().epoch;
+        let failed = JobExitReport { launch_error: Some("node n1: no such program".into()), ..Default::default() };
+        s.apply(&req(9_000, Command::JobFinished { job_id: 1, epoch, node: String::new(), report: failed })).unwrap();
+        let job = &s.jobs[&1];
+        assert_eq!(job.state, JobState::Failed);
+        assert_eq!(job.reason.as_deref(), Some("launch failed: node n1: no such program"));
+        assert_eq!(job.started_at, None, "it never started");
+        assert!(s.ledger.is_empty(), "nothing ran, nothing is billed");
+        assert!(s.allocated_gpus("n1").is_empty(), "the gpus are free again");
     }
 
     /// A job cancelled or preempted after its placement but before its worker launched it is

@@ -43,7 +43,9 @@ pub use policy::{format_multiplier, format_price, format_secs, PolicyPlan, Polic
 pub use quota::{format_gpus, QuotaBlock};
 pub use resources::{job_milli_gpus, MILLI_PER_GPU};
 pub use revocations::REVOCATION_RETENTION_S;
-pub use sched::{place, schedule, PassStats, PendingJob, PendingReason, SchedulingPass};
+pub use sched::{
+    place, schedule, schedule_with_images, ImageHints, PassStats, PendingJob, PendingReason, SchedulingPass,
+};
 pub use state::{BilledTotal, CoordinatorRecord, State};
 pub use steps::plan_tasks;
 pub use tokens::{TokenRecord, MAX_TOKENS};

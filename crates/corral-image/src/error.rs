@@ -34,6 +34,10 @@ pub enum ErrorKind {
     Io,
     /// The image is pinned by jobs on the node and cannot be removed now.
     InUse,
+    /// The image (or one of its layers alone) unpacks to more than the store's `max-size`
+    /// (permanent: the scheduler keeps no memory of the nodes that refused a job, so a requeue
+    /// would place it here again and again; the reason says how much it needs).
+    TooLarge,
 }
 
 impl ErrorKind {
@@ -47,6 +51,7 @@ impl ErrorKind {
                 | ErrorKind::InvalidReference
                 | ErrorKind::InvalidLayer
                 | ErrorKind::Unsupported
+                | ErrorKind::TooLarge
         )
     }
 
@@ -63,6 +68,7 @@ impl ErrorKind {
             ErrorKind::Unreachable => "registry unreachable",
             ErrorKind::Io => "image store error",
             ErrorKind::InUse => "image in use",
+            ErrorKind::TooLarge => "image too large for this node",
         }
     }
 }
@@ -73,12 +79,41 @@ impl fmt::Display for ErrorKind {
     }
 }
 
+/// What an image or layer needs in the store, of a [`ErrorKind::TooLarge`] error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Needs {
+    /// Bytes it unpacks to (or at least, see `more`).
+    pub bytes: u64,
+    /// The store's `max-size`.
+    pub max_size: u64,
+    /// Counting stopped early (a bounded count): it needs more than `bytes`.
+    pub more: bool,
+}
+
+impl Needs {
+    /// `"needs 312.4 MB, store max-size is 100.0 MB"`.
+    pub fn describe(&self) -> String {
+        format!(
+            "needs {}{} MB, store max-size is {} MB",
+            if self.more { "more than " } else { "" },
+            megabytes(self.bytes),
+            megabytes(self.max_size)
+        )
+    }
+}
+
+/// Bytes as decimal megabytes with one decimal, as pull progress shows them.
+fn megabytes(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / 1e6)
+}
+
 /// An image error: its [`ErrorKind`] and a one-line reason (`"not found: docker.io/library/x:1
 /// (manifest unknown)"`). Cloneable, so every job waiting on one shared download gets it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageError {
     kind: ErrorKind,
     reason: String,
+    needs: Option<Needs>,
 }
 
 impl ImageError {
@@ -90,7 +125,21 @@ impl ImageError {
         } else {
             reason
         };
-        ImageError { kind, reason }
+        ImageError { kind, reason, needs: None }
+    }
+
+    /// [`ErrorKind::TooLarge`]: `what` (`"image reg/x@sha256:…"`) needs more than the store
+    /// holds; the reason is `"<what> needs N MB, store max-size is M MB"`.
+    pub fn too_large(what: impl fmt::Display, needs: Needs) -> ImageError {
+        ImageError {
+            needs: Some(needs),
+            ..ImageError::new(ErrorKind::TooLarge, format!("{what} {}", needs.describe()))
+        }
+    }
+
+    /// What a [`ErrorKind::TooLarge`] error's image or layer needs.
+    pub fn needs(&self) -> Option<Needs> {
+        self.needs
     }
 
     pub fn kind(&self) -> ErrorKind {
@@ -109,7 +158,7 @@ impl ImageError {
 
     /// The same error with `context` in front of its reason (`"layer sha256:…: …"`).
     pub fn context(self, context: impl fmt::Display) -> ImageError {
-        ImageError { kind: self.kind, reason: format!("{context}: {}", self.reason) }
+        ImageError { reason: format!("{context}: {}", self.reason), ..self }
     }
 
     pub fn not_found(reason: impl Into<String>) -> ImageError {
@@ -226,6 +275,7 @@ mod tests {
             ErrorKind::InvalidReference,
             ErrorKind::InvalidLayer,
             ErrorKind::Unsupported,
+            ErrorKind::TooLarge,
         ] {
             assert!(kind.is_permanent(), "{kind}");
         }
@@ -246,5 +296,13 @@ mod tests {
         assert_eq!(full.kind(), ErrorKind::DiskFull);
         assert!(full.to_string().starts_with("disk full: unpack: "), "{full}");
         assert_eq!(ImageError::io("x", &io::Error::from_raw_os_error(libc::EIO)).kind(), ErrorKind::Io);
+        let needs = Needs { bytes: 312_400_000, max_size: 100 << 20, more: false };
+        let big = ImageError::too_large("image reg:5000/x@sha256:ab", needs);
+        assert_eq!(
+            big.to_string(),
+            "image too large for this node: image reg:5000/x@sha256:ab needs 312.4 MB, store max-size is 104.9 MB"
+        );
+        assert_eq!(big.needs(), Some(needs));
+        assert_eq!(big.context("pull").needs(), Some(needs), "the figures survive context");
     }
 }

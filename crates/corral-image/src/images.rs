@@ -25,14 +25,14 @@ use tracing::{info, warn};
 
 use crate::config::ImageConfig;
 use crate::digest::{Digest, Hasher};
-use crate::error::{ErrorKind, ImageError};
+use crate::error::{ErrorKind, ImageError, Needs};
 use crate::manifest::{layer_blobs, LayerBlob, MAX_CONFIG};
 use crate::reference::ImageRef;
 use crate::registry::{backoff, Registry};
 use crate::rootfs::{JobRoot, RootsDir};
 use crate::settings::ImagesSettings;
 use crate::store::unpack::unpack_layer;
-use crate::store::{now_ms, ImagePin, ImageRecord, ImageStore, LayerRef};
+use crate::store::{now_ms, ImagePin, ImageRecord, ImageStore, LayerRef, TmpDir};
 
 /// Bytes of a blob gathered before they are handed to the unpacking thread: the HTTP client
 /// hands over small chunks, and each hand-over may wake a thread.
@@ -174,6 +174,15 @@ impl Images {
         let lease = self.store.lease(&digests);
         let waits: Vec<LayerFuture> = blobs.iter().filter_map(|blob| self.layer(&pinned, blob, progress)).collect();
         futures::future::try_join_all(waits).await?;
+        let size: u64 = digests.iter().map(|d| self.store.layer_size(d).unwrap_or(0)).sum();
+        if size > self.store.max_size() {
+            // Every layer fits but not all of them: the image is not recorded, and its layers,
+            // named by no image once the lease goes, leave with the next collection.
+            drop(lease);
+            self.gc().await;
+            let needs = Needs { bytes: size, max_size: self.store.max_size(), more: false };
+            return Err(ImageError::too_large(format!("image {pinned}"), needs));
+        }
         let now = now_ms();
         let record = ImageRecord {
             id: resolved.digest,
@@ -251,10 +260,25 @@ impl Images {
             .unwrap_or_else(|e| Err(ImageError::new(ErrorKind::Io, format!("load failed: {e}"))))
     }
 
+    /// A fresh directory under the store's `tmp/` where an archive sent over the network is
+    /// written before [`Images::load`]; deleted with everything in it when dropped.
+    pub fn upload_dir(&self) -> Result<UploadDir, ImageError> {
+        Ok(UploadDir(self.store.tmp_dir()?))
+    }
+
     /// Garbage collection on a blocking thread (it deletes directories).
     pub async fn gc(&self) -> crate::store::GcReport {
         let store = Arc::clone(&self.store);
         tokio::task::spawn_blocking(move || store.gc()).await.unwrap_or_default()
+    }
+}
+
+/// See [`Images::upload_dir`].
+pub struct UploadDir(TmpDir);
+
+impl UploadDir {
+    pub fn path(&self) -> &Path {
+        self.0.path()
     }
 }
 
@@ -292,7 +316,13 @@ impl LayerDownload {
             .await
             .unwrap_or_else(|e| Err(ImageError::new(ErrorKind::Io, format!("unpacking thread failed: {e}"))));
         downloaded?;
-        let unpacked = unpacked.map_err(|e| e.context(format!("layer {} of {}", self.blob.digest, self.image)))?;
+        let unpacked = unpacked.map_err(|e| match e.needs() {
+            // One layer alone is more than the store holds: say what the image needs.
+            Some(needs) => {
+                ImageError::too_large(format!("image {} (its layer {} alone)", self.image, self.blob.digest), needs)
+            }
+            None => e.context(format!("layer {} of {}", self.blob.digest, self.image)),
+        })?;
         let store = Arc::clone(&self.store);
         let digest = self.blob.digest.clone();
         tokio::task::spawn_blocking(move || store.commit_layer(tmp, &digest, &unpacked))

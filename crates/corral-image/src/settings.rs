@@ -222,18 +222,44 @@ impl MountAllow {
     }
 
     /// The mount with its source resolved (symlinks followed on the host), if that lies in
-    /// (or is) an allowed directory; the error says why not.
+    /// (or is) an allowed directory; the error says why not. See [`MountAllow::check_with`].
     pub fn check(&self, mount: &ContainerMount) -> Result<ContainerMount, String> {
-        let source = mount
-            .source
-            .canonicalize()
-            .map_err(|e| format!("container mount source {}: {e}", mount.source.display()))?;
-        let allowed = self.dirs.iter().filter_map(|d| d.canonicalize().ok()).any(|dir| source.starts_with(dir));
-        if !allowed {
-            return Err(format!(
+        self.check_with(mount, |p| p.canonicalize())
+    }
+
+    /// [`MountAllow::check`] with the source resolved by `canonicalize` (the worker passes one
+    /// that runs as the job's user). A source not below an allowed directory as written is
+    /// refused before anything on the host is looked at, so the answer is the same whether it
+    /// exists or not; only a source inside the list is resolved, and refused with the same line
+    /// if a symlink leads it out.
+    pub fn check_with(
+        &self,
+        mount: &ContainerMount,
+        canonicalize: impl FnOnce(&Path) -> std::io::Result<PathBuf>,
+    ) -> Result<ContainerMount, String> {
+        let refused = || {
+            format!(
                 "container mount source {} is not below a directory this node allows (images.mount-allow)",
                 mount.source.display()
-            ));
+            )
+        };
+        // The allowed directories are the operator's: resolving them reveals nothing.
+        let allowed: Vec<PathBuf> =
+            self.dirs.iter().flat_map(|d| [d.clone()].into_iter().chain(d.canonicalize().ok())).collect();
+        if !allowed.iter().any(|dir| mount.source.starts_with(dir)) {
+            return Err(refused());
+        }
+        let source = canonicalize(&mount.source).map_err(|e| {
+            let reason = match e.kind() {
+                std::io::ErrorKind::NotFound => "does not exist".to_string(),
+                std::io::ErrorKind::PermissionDenied => "is not accessible to the job's user".to_string(),
+                _ => e.to_string(),
+            };
+            format!("container mount source {}: {reason}", mount.source.display())
+        })?;
+        let inside = self.dirs.iter().filter_map(|d| d.canonicalize().ok()).any(|dir| source.starts_with(dir));
+        if !inside {
+            return Err(refused());
         }
         Ok(ContainerMount { source, ..mount.clone() })
     }
@@ -318,8 +344,33 @@ mod tests {
         assert_eq!(ok.source, allowed.join("sub").canonicalize().expect("canonical"));
         let escape = ContainerMount::parse(&format!("{}:/in", allowed.join("escape").display())).expect("m");
         assert!(allow.check(&escape).expect_err("symlink out").contains("not below a directory this node allows"));
+        // Outside the list, an existing and a missing path get the same answer.
+        let outside_existing =
+            ContainerMount::parse(&format!("{}:/in", host.path().join("secret").display())).expect("m");
+        let outside_missing =
+            ContainerMount::parse(&format!("{}:/in", host.path().join("nothing").display())).expect("m");
+        let answer = |m: &ContainerMount| {
+            allow.check(m).expect_err("outside").replace(&m.source.display().to_string(), "SOURCE")
+        };
+        assert_eq!(answer(&outside_existing), answer(&outside_missing));
+        assert_eq!(
+            answer(&outside_missing),
+            "container mount source SOURCE is not below a directory this node allows (images.mount-allow)"
+        );
         let missing = ContainerMount::parse("/nonexistent/x:/in").expect("m");
-        assert!(allow.check(&missing).is_err());
+        assert!(allow.check(&missing).expect_err("missing").contains("is not below a directory"));
+        // Inside the list, the source is resolved by the caller's function only.
+        let inside_missing = ContainerMount::parse(&format!("{}:/in", allowed.join("gone").display())).expect("m");
+        assert!(allow.check(&inside_missing).expect_err("gone").ends_with("gone: does not exist"));
+        let mut asked = Vec::new();
+        let denied = allow.check_with(&inside_missing, |p| {
+            asked.push(p.to_path_buf());
+            Err(std::io::Error::from(std::io::ErrorKind::PermissionDenied))
+        });
+        assert!(denied.expect_err("denied").ends_with("gone: is not accessible to the job's user"));
+        assert_eq!(asked, [allowed.join("gone")]);
+        let never = allow.check_with(&outside_existing, |_| panic!("a source outside the list is never resolved"));
+        assert!(never.is_err());
         assert!(MountAllow::default()
             .check(&ContainerMount::parse(&allowed.display().to_string()).expect("m"))
             .is_err());

@@ -1,5 +1,6 @@
 //! The worker's `WorkerAgent` gRPC service: streams a job's log files, and the output files of
-//! its steps' tasks (`srun` on another node relays them), to the coordinator.
+//! its steps' tasks (`srun` on another node relays them), to the coordinator; its image calls
+//! (`corral image`, relayed by the coordinator) are `agent_images.rs`'s.
 //!
 //! Invariant: log paths are built from numbers only (`<data>/jobs/<id>/<epoch>/`, a task's
 //! `step-<step>.<task>.out` there); nothing else from the request becomes a path.
@@ -8,6 +9,7 @@
 //! time and keeps at most 16 chunks of `CHUNK` ready (a bounded channel: a slow reader holds
 //! the reading back); with `tail_bytes` it starts that far before each file's end.
 
+use crate::agent_images::{AgentImages, PullStream};
 use crate::executor::{STDERR_LOG, STDOUT_LOG};
 use crate::jobs::JobTable;
 use corral_proto::v1::worker_agent_server::{WorkerAgent, WorkerAgentServer};
@@ -28,8 +30,8 @@ const STEP_POLL: Duration = Duration::from_millis(20);
 const START_WAIT: Duration = Duration::from_secs(30);
 
 /// The service reading logs under `jobs_dir`, following them while `jobs` runs the job.
-pub(crate) fn server(jobs_dir: PathBuf, jobs: Arc<JobTable>) -> WorkerAgentServer<Agent> {
-    WorkerAgentServer::new(Agent { jobs_dir, jobs })
+pub(crate) fn server(jobs_dir: PathBuf, jobs: Arc<JobTable>, images: AgentImages) -> WorkerAgentServer<Agent> {
+    WorkerAgentServer::new(Agent { jobs_dir, jobs, images })
         .max_decoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
         .max_encoding_message_size(corral_proto::MAX_SMALL_MESSAGE_BYTES)
 }
@@ -43,6 +45,7 @@ pub(crate) fn guard(tls: bool, audit: Arc<corral_security::AuditLog>) -> corral_
 pub(crate) struct Agent {
     jobs_dir: PathBuf,
     jobs: Arc<JobTable>,
+    images: AgentImages,
 }
 
 /// The directory of the latest attempt of `job_id`, if any.
@@ -136,6 +139,32 @@ impl WorkerAgent for Agent {
     }
 
     type ReadStepOutputStream = ChunkStream;
+    type PullImageStream = PullStream;
+
+    async fn list_images(
+        &self,
+        _request: Request<pb::ListImagesRequest>,
+    ) -> Result<Response<pb::ListImagesResponse>, Status> {
+        self.images.list()
+    }
+
+    async fn pull_image(&self, request: Request<pb::PullImageRequest>) -> Result<Response<PullStream>, Status> {
+        self.images.pull(request)
+    }
+
+    async fn remove_image(
+        &self,
+        request: Request<pb::RemoveImageRequest>,
+    ) -> Result<Response<pb::RemoveImageResponse>, Status> {
+        self.images.remove(request)
+    }
+
+    async fn load_image(
+        &self,
+        request: Request<tonic::Streaming<pb::LoadImageChunk>>,
+    ) -> Result<Response<pb::LoadImageResponse>, Status> {
+        self.images.load(request).await
+    }
 
     /// One task's output file of a step, followed until this node's tasks of the step are gone
     /// (the runtime marks it: `step_done_marker`) or the job no longer runs here.

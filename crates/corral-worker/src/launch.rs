@@ -4,7 +4,7 @@
 
 use crate::config::WorkerConfig;
 use crate::devices::Devices;
-use crate::executor::DEFAULT_PATH;
+use crate::executor::{as_fs_user, DEFAULT_PATH};
 use crate::executor::{BindMount, JobFiles, LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR, SCRIPT_FILE};
 use crate::gang::{gang_env, PartAddrs, HOSTFILE};
 use crate::gpu::{DeviceInfo, MigPlacement, MigState};
@@ -302,9 +302,15 @@ fn container_script(job: &Job) -> (Vec<String>, JobFiles) {
 }
 
 /// The job's `--container-mounts`, each checked against the node's `[images] mount-allow`
-/// (sources resolved on the host); the first refused one fails the launch, named.
+/// (a source inside the list resolved on the host as the job's user, who must be able to reach
+/// it: the bind is made by root); the first refused one fails the launch, named.
 pub(crate) fn checked_mounts(config: &WorkerConfig, job: &Job) -> Result<Vec<BindMount>, String> {
     let allow = config.images.as_ref().map(|i| i.mount_allow.clone()).unwrap_or_default();
+    if job.spec.container.mounts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let user = config.users.resolve(&job.spec.tenant)?;
+    let (uid, gid) = (user.map(|u| u.uid), user.map(|u| u.gid));
     job.spec
         .container
         .mounts
@@ -315,7 +321,9 @@ pub(crate) fn checked_mounts(config: &WorkerConfig, job: &Job) -> Result<Vec<Bin
                 target: PathBuf::from(&m.target),
                 read_only: m.read_only,
             };
-            let checked = allow.check(&wanted).map_err(|e| format!("container mount {m} refused: {e}"))?;
+            let checked = allow
+                .check_with(&wanted, |source| as_fs_user(uid, gid, || source.canonicalize()))
+                .map_err(|e| format!("container mount {m} refused: {e}"))?;
             Ok(BindMount { source: checked.source, target: checked.target, read_only: checked.read_only })
         })
         .collect()
@@ -474,6 +482,56 @@ mod tests {
             signals: Vec::new(),
             steps: Default::default(),
         }
+    }
+
+    /// A mount source inside the allow-list is resolved as the job's user: a directory the user
+    /// cannot enter is refused as not accessible (root makes the bind, so the check is the
+    /// user's reach); one outside the list gets the same line whether it exists or not.
+    #[test]
+    fn container_mounts_are_resolved_as_the_jobs_user() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP container_mounts_are_resolved_as_the_jobs_user: needs root");
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "CI runs the worker tests as root");
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let host = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(host.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let allowed = host.path().join("data");
+        std::fs::create_dir_all(allowed.join("open")).expect("dirs");
+        std::fs::create_dir_all(allowed.join("private/inner")).expect("dirs");
+        std::fs::set_permissions(allowed.join("private"), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let mut config = WorkerConfig::for_host("gpu-01".into(), host.path().join("state"));
+        let mut images = corral_image::ImagesSection::default().settings(host.path()).expect("settings");
+        images.mount_allow = corral_image::MountAllow::new(vec![allowed.clone()]);
+        config.images = Some(images);
+        let nobody = crate::config::JobUser { uid: 65534, gid: 65534 };
+        config.users = crate::config::UserMapping::Tenants {
+            tenants: BTreeMap::from([("ana".to_string(), nobody)]),
+            default: None,
+            allow_root: false,
+        };
+        let mut j = job();
+        j.spec.tenant = "ana".into();
+        let mut with_mount = |source: &Path| {
+            j.spec.container.mounts = vec![corral_types::ContainerMount {
+                source: source.display().to_string(),
+                target: "/in".into(),
+                read_only: true,
+            }];
+            checked_mounts(&config, &j)
+        };
+        let open = with_mount(&allowed.join("open")).expect("the user reaches it");
+        assert_eq!(open[0].source, allowed.join("open").canonicalize().expect("canonical"));
+        let private = with_mount(&allowed.join("private/inner")).expect_err("not the user's");
+        assert!(private.ends_with("inner: is not accessible to the job's user"), "{private}");
+        let outside = |p: &Path, e: String| e.replace(&p.display().to_string(), "SRC");
+        let (there, missing) = (host.path().join("state"), host.path().join("missing"));
+        std::fs::create_dir_all(&there).expect("dir");
+        assert_eq!(
+            outside(&there, with_mount(&there).expect_err("outside")),
+            outside(&missing, with_mount(&missing).expect_err("outside"))
+        );
     }
 
     #[test]

@@ -109,7 +109,15 @@ pub(crate) struct Link {
     pulls: Mutex<BTreeMap<JobId, ShownPull>>,
     /// Tells one [`PullShown`] from another of the same job.
     pull_tokens: std::sync::atomic::AtomicU64,
+    /// The node's image store, whose images every `IMAGES_EVERY`th heartbeat reports.
+    images: Mutex<Option<corral_image::Images>>,
 }
+
+/// Every this many heartbeats (and the first) carry the images the store holds.
+const IMAGES_EVERY: u64 = 10;
+/// Images, and layers of each, a heartbeat reports at most (the most recently used first).
+const MAX_REPORTED_IMAGES: usize = 64;
+const MAX_REPORTED_LAYERS: usize = 256;
 
 /// A pull as heartbeats report it.
 struct ShownPull {
@@ -159,7 +167,39 @@ impl Link {
             stale_jobs_stopped: Mutex::new(None),
             pulls: Mutex::new(BTreeMap::new()),
             pull_tokens: std::sync::atomic::AtomicU64::new(0),
+            images: Mutex::new(None),
         }
+    }
+
+    /// The store whose images heartbeats report (for image-aware placement).
+    pub(crate) fn report_images(&self, images: corral_image::Images) {
+        *self.images.lock().unwrap_or_else(|p| p.into_inner()) = Some(images);
+    }
+
+    /// The images of the store, for heartbeat `id`; `None` when this one carries none.
+    fn image_reports(&self, id: u64) -> Option<Vec<pb::HeldImage>> {
+        if id % IMAGES_EVERY != 1 {
+            return None;
+        }
+        let images = self.images.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+        let mut held = images.store().images();
+        held.sort_by_key(|e| std::cmp::Reverse(e.record.last_used_ms));
+        let reports = held
+            .iter()
+            .take(MAX_REPORTED_IMAGES)
+            .map(|e| pb::HeldImage {
+                digest: e.record.id.to_string(),
+                index: e.record.index.as_ref().map(ToString::to_string).unwrap_or_default(),
+                layers: e
+                    .record
+                    .layers
+                    .iter()
+                    .take(MAX_REPORTED_LAYERS)
+                    .map(|l| pb::HeldLayer { digest: l.digest.to_string(), size: l.size })
+                    .collect(),
+            })
+            .collect();
+        Some(reports)
     }
 
     /// Reports allocation `epoch` of `job_id` pulling `image` with each heartbeat while the
@@ -316,7 +356,15 @@ pub(crate) async fn heartbeats<E: From<LinkEvent>>(
             let sent_at = Instant::now();
             let gpus = devices.heartbeat_health(&jobs).await.iter().map(pb::GpuHealth::from).collect();
             let pulls = link.pull_reports();
-            let request = pb::HeartbeatRequest { node: link.node.name.clone(), node_epoch, gpus, pulls };
+            let images = link.image_reports(id);
+            let request = pb::HeartbeatRequest {
+                node: link.node.name.clone(),
+                node_epoch,
+                gpus,
+                pulls,
+                images_reported: images.is_some(),
+                images: images.unwrap_or_default(),
+            };
             match link.gateway.heartbeat(request).await {
                 Ok(reply) => {
                     failures = 0;

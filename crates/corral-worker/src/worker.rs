@@ -68,6 +68,9 @@ impl Worker {
             ),
             None => None,
         };
+        if let Some(images) = &images {
+            self.link.report_images(images.clone());
+        }
         self.devices.inspect().await;
         let audit = Arc::new(corral_security::AuditLog::in_dir(&self.config.data_dir));
         let tls = self.config.agent_tls.clone();
@@ -79,7 +82,8 @@ impl Worker {
         let (reflection, reflection_alpha) = crate::grpc_health::reflection()?;
         use tonic::service::interceptor::InterceptedService;
         let check = move |request| standard.check(request);
-        let agent_service = crate::agent::server(self.config.jobs_dir(), self.jobs.clone());
+        let agent_images = crate::agent_images::AgentImages::new(self.config.node_name.clone(), images.clone());
+        let agent_service = crate::agent::server(self.config.jobs_dir(), self.jobs.clone(), agent_images);
         let agent = tonic::transport::Server::builder()
             .add_service(InterceptedService::new(agent_service, move |request| guard.check(request)))
             .add_service(InterceptedService::new(health, check.clone()))

@@ -10,9 +10,11 @@
 //! `#SBATCH --container-image` runs in it. While a run's image is pulled, `corral show` and
 //! `corral queue` say so with its progress (the worker's heartbeats carry it to the leader).
 //! Garbage collection under a small `max-size` never removes a running job's image.
+//! `corral image` pre-pulls onto the nodes, lists each node's images (in use or not), refuses
+//! to remove an image a running job needs (naming the job) and loads a `docker save` archive.
 
 use corral_integration::cluster::{free_port, Cluster, ClusterOptions};
-use corral_integration::registry::{auth_file, push, ready, umoci_busybox, SlowProxy, TestRegistry};
+use corral_integration::registry::{auth_file, push, ready, skopeo_copy, umoci_busybox, SlowProxy, TestRegistry};
 use corral_integration::{corral_bin, one_line_stderr, DevPool};
 use std::process::Command;
 
@@ -393,4 +395,112 @@ fn collection_under_a_small_max_size_never_removes_a_running_jobs_image() {
     let third = pool.submit(&["--image", &reference("three"), "--", "true"]);
     assert_eq!(ended(&pool, third)["state"], "succeeded");
     assert!(!stored(&pool, &one) && !stored(&pool, &two), "unpinned images over max-size are collected");
+}
+
+#[test]
+fn corral_image_pulls_lists_refuses_to_remove_what_a_job_needs_and_loads_archives() {
+    if !ready(&[TOOLS, &["runc"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = umoci_busybox(dir.path(), &[], "/", "tools");
+    push(&image, &registry, "tools:1", &[]);
+    let reference = format!("{}/tools:1", registry.addr);
+    let digest = digest_of(&reference, &[]);
+    let pool = DevPool::start(&["--gpus", "1"]);
+
+    // A pre-pull: one line per node at the end.
+    let out = pool.ok(&["image", "pull", &reference, "--all"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 1, "{out}");
+    assert!(lines[0].contains(&format!(": pulled {reference} ({digest}, ")), "{out}");
+    let listed = pool.json(&["image", "ls"]);
+    let images = listed["images"].as_array().expect("images");
+    assert_eq!(images.len(), 1, "{listed}");
+    assert_eq!(images[0]["digest"], digest.as_str(), "{listed}");
+    assert_eq!(images[0]["names"][0], reference.as_str(), "{listed}");
+    assert_eq!(images[0]["in_use"], false, "{listed}");
+    assert!(images[0]["size_bytes"].as_u64().unwrap_or(0) > 500_000, "{listed}");
+    let node = images[0]["node"].as_str().expect("node").to_string();
+    let table = pool.ok(&["image", "ls", "--node", &node]);
+    assert!(table.starts_with("NODE") && table.contains(&reference), "{table}");
+
+    // A running job needs it: rm is refused and names the job; the job still runs from it.
+    let wait_go = "echo started; while [ ! -e /work/go ]; do sleep 0.1; done; echo done";
+    let running = pool.submit(&["--image", &reference, "--", "sh", "-c", wait_go]);
+    pool.wait_for(running, "the job started", |d| !d["started_at"].is_null());
+    let listed = pool.json(&["image", "ls"]);
+    assert_eq!(listed["images"][0]["in_use"], true, "{listed}");
+    let refused = pool.corral(&["image", "rm", &reference]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains(&format!("needed by job {running} on node {node}")), "{stderr}");
+    assert_eq!(pool.json(&["image", "ls"])["images"].as_array().map(Vec::len), Some(1));
+    let jobs = pool.data_dir.join("worker/jobs").join(running.to_string());
+    let epoch_dir = std::fs::read_dir(&jobs).expect("job dir").next().expect("an epoch").expect("entry").path();
+    std::fs::write(epoch_dir.join("go"), "").expect("go");
+    assert_eq!(ended(&pool, running)["state"], "succeeded");
+
+    // Once the job is gone (its worker unmounts its root just after it ends), rm removes it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while pool.json(&["image", "ls"])["images"][0]["in_use"] == true {
+        assert!(std::time::Instant::now() < deadline, "the ended job's root still pins the image");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let removed = pool.json(&["image", "rm", &reference]);
+    assert_eq!(removed["removed"][0]["digest"], digest.as_str(), "{removed}");
+    assert_eq!(pool.json(&["image", "ls"])["images"].as_array().map(Vec::len), Some(0));
+    let again = pool.corral(&["image", "rm", &reference]);
+    assert!(!again.status.success(), "nothing left to remove");
+
+    // A `docker save` archive, sent through the coordinator to the node.
+    let archive = dir.path().join("tools.tar");
+    skopeo_copy(
+        &format!("oci:{}:latest", image.display()),
+        &format!("docker-archive:{}:lab/tools:2", archive.display()),
+        &[],
+    );
+    let loaded = pool.json(&["image", "load", archive.to_str().expect("utf8")]);
+    assert_eq!(loaded["failed"].as_array().map(Vec::len), Some(0), "{loaded}");
+    assert_eq!(loaded["loaded"][0]["node"], node.as_str(), "{loaded}");
+    let listed = pool.json(&["image", "ls"]);
+    let names = listed["images"][0]["names"].to_string();
+    assert!(names.contains("lab/tools:2"), "{listed}");
+
+    // Bad input: one line, nothing lost.
+    let missing = pool.corral(&["image", "load", dir.path().join("nothing.tar").to_str().expect("utf8")]);
+    assert!(!missing.status.success());
+    assert!(one_line_stderr(&missing).contains("nothing.tar"), "{}", one_line_stderr(&missing));
+    let junk = dir.path().join("junk.tar");
+    std::fs::write(&junk, b"not an archive").expect("junk");
+    let bad = pool.corral(&["image", "load", junk.to_str().expect("utf8")]);
+    assert!(!bad.status.success());
+    assert_eq!(pool.json(&["image", "ls"])["images"].as_array().map(Vec::len), Some(1), "the loaded image stays");
+}
+
+#[test]
+fn a_job_is_placed_on_the_node_that_holds_its_image() {
+    if !ready(&[TOOLS, &["runc"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = umoci_busybox(dir.path(), &[], "/", "placed");
+    push(&image, &registry, "placed:1", &[]);
+    let reference = format!("{}/placed:1", registry.addr);
+    let pool = DevPool::start(&["--nodes", "2", "--gpus", "1"]);
+
+    // Best fit alone would take the first node (both are idle and alike): the image is on the
+    // second one.
+    let out = pool.ok(&["image", "pull", &reference, "--node", "dev-node-2"]);
+    assert!(out.contains("node dev-node-2: pulled"), "{out}");
+    // Workers report their images every tenth heartbeat.
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    let job = pool.submit(&["--gpus", "1", "--image", &reference, "--", "cat", "/etc/marker"]);
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert_eq!(doc["node"], "dev-node-2", "{doc}");
+    let listed = pool.json(&["image", "ls", "--node", "dev-node"]);
+    assert_eq!(listed["images"].as_array().map(Vec::len), Some(0), "nothing was pulled on the other node: {listed}");
 }

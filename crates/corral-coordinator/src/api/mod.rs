@@ -1,6 +1,7 @@
 //! The user-facing `Corral` gRPC service. The service only dispatches: each call goes to its
 //! handler in `jobs.rs` (submit, show, list, watch, logs, billing, timestamps), `control.rs`
-//! (cancel, hold, release, requeue, signal, update) or `admin.rs` (tokens, policy, nodes).
+//! (cancel, hold, release, requeue, signal, update), `admin.rs` (tokens, policy, nodes) or
+//! `images.rs` (`corral image`, relayed to worker agents).
 //!
 //! A read (`GetJob`, `ListJobs`, `ListNodes`, ...) is linearizable: it waits until this
 //! leader applied everything committed before it, then its handler reads a [`Snapshot`]
@@ -10,6 +11,7 @@
 
 mod admin;
 mod control;
+mod images;
 mod jobs;
 
 use crate::auth::Principal;
@@ -227,5 +229,32 @@ impl Corral for Api {
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
         let snapshot = self.linearizable().await?;
         admin::list_nodes(&self.coord, &snapshot, request)
+    }
+
+    async fn list_images(
+        &self,
+        request: Request<pb::ListImagesRequest>,
+    ) -> Result<Response<pb::ListImagesResponse>, Status> {
+        images::list_images(&self.coord, request).await
+    }
+
+    type PullImageStream = images::PullStream;
+
+    async fn pull_image(&self, request: Request<pb::PullImageRequest>) -> Result<Response<images::PullStream>, Status> {
+        images::pull_image(&self.coord, request).await
+    }
+
+    async fn remove_image(
+        &self,
+        request: Request<pb::RemoveImageRequest>,
+    ) -> Result<Response<pb::RemoveImageResponse>, Status> {
+        images::remove_image(&self.coord, request).await
+    }
+
+    async fn load_image(
+        &self,
+        request: Request<tonic::Streaming<pb::LoadImageChunk>>,
+    ) -> Result<Response<pb::LoadImageResponse>, Status> {
+        images::load_image(&self.coord, request).await
     }
 }

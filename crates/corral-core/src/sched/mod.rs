@@ -86,7 +86,47 @@ impl SchedulingPass {
 /// `unschedulable`: (node, gpu index) pairs that must not get new work (dirty or unhealthy
 /// devices, known only to the leader's memory).
 pub fn schedule(state: &State, now: Timestamp, unschedulable: &BTreeSet<(String, u32)>) -> SchedulingPass {
-    Pass::new(state, now, unschedulable).run()
+    schedule_with_images(state, now, unschedulable, &ImageHints::default())
+}
+
+/// [`schedule`], preferring for each job with a registry image, among the nodes that fit, the
+/// ones with the fewest of its image's bytes missing from their layer stores (`images`, the
+/// leader's memory of what workers hold). Whole-GPU and CPU-only jobs; a GPU slice goes where
+/// the slice fits best.
+pub fn schedule_with_images(
+    state: &State,
+    now: Timestamp,
+    unschedulable: &BTreeSet<(String, u32)>,
+    images: &ImageHints,
+) -> SchedulingPass {
+    let mut pass = Pass::new(state, now, unschedulable);
+    pass.images = images;
+    pass.run()
+}
+
+/// Nodes of the best-fit order looked at beyond the ones a job needs, for the one holding most
+/// of its image: a bounded look, whatever the cluster's size.
+const IMAGE_PROBE: usize = 8;
+
+/// What the workers' layer stores hold, as the leader last heard (never replicated): the layers
+/// of each image some worker holds, and the layers each node holds. A job's image that no
+/// worker holds is missing everywhere alike (no preference).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageHints {
+    /// Layers (digest, unpacked bytes) of each image, by every digest that names it (its
+    /// manifest's, its index's).
+    pub images: BTreeMap<String, Arc<Vec<(String, u64)>>>,
+    /// The layer digests each node holds.
+    pub nodes: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl ImageHints {
+    /// Bytes of `image` that `node` lacks; `None` when no worker reported the image.
+    pub fn missing(&self, image: &str, node: &str) -> Option<u64> {
+        let layers = self.images.get(image)?;
+        let held = self.nodes.get(node);
+        Some(layers.iter().filter(|(d, _)| !held.is_some_and(|h| h.contains(d))).map(|(_, size)| size).sum())
+    }
 }
 
 /// Placements of one pass (compatibility wrapper over [`schedule`] at the last applied time).
@@ -406,8 +446,13 @@ struct Pass<'s> {
     ports_left: BTreeMap<u32, u32>,
     /// Set by `try_place` when the gang fits but none of its nodes has a rendezvous port free.
     port_blocked: Option<PendingReason>,
+    /// What the workers' layer stores hold.
+    images: &'s ImageHints,
     out: SchedulingPass,
 }
+
+/// No layer held anywhere: [`schedule`]'s hints.
+static NO_IMAGES: std::sync::LazyLock<ImageHints> = std::sync::LazyLock::new(ImageHints::default);
 
 impl<'s> Pass<'s> {
     fn new(state: &'s State, now: Timestamp, unschedulable: &BTreeSet<(String, u32)>) -> Pass<'s> {
@@ -423,6 +468,7 @@ impl<'s> Pass<'s> {
             reservations_left: config.backfill_reservations,
             searches_left: config.max_preemptors_per_pass,
             ports_left: BTreeMap::new(),
+            images: &NO_IMAGES,
             port_blocked: None,
             out: SchedulingPass { now, ..SchedulingPass::default() },
         }
@@ -515,11 +561,20 @@ impl<'s> Pass<'s> {
             let node = self.cluster.nodes[spot.node as usize].name.to_string();
             Placement { job_id, node, gpus: vec![gpu], more_nodes: Vec::new(), slice: Some(slice) }
         } else {
-            let mut nodes = self.cluster.find_nodes(d, d.parts as usize);
+            let image = self.state.jobs.get(&job_id).and_then(|j| j.spec.image_digest.as_deref());
+            let image = image.filter(|i| self.images.images.contains_key(*i));
+            let want = d.parts as usize + if image.is_some() { IMAGE_PROBE } else { 0 };
+            let mut nodes = self.cluster.find_nodes(d, want);
             if nodes.len() < d.parts as usize {
                 self.infeasible.record(d);
                 return Err(nodes);
             }
+            if let Some(image) = image {
+                // Fewest bytes missing first; best fit among equals (the sort is stable).
+                let cluster = &self.cluster;
+                nodes.sort_by_cached_key(|n| self.images.missing(image, cluster.nodes[*n as usize].name));
+            }
+            nodes.truncate(d.parts as usize);
             if d.parts > 1 && !self.first_with_port(&mut nodes) {
                 let names: Vec<&str> = nodes.iter().map(|n| self.cluster.nodes[*n as usize].name).collect();
                 self.port_blocked = Some(PendingReason::RendezvousPorts { nodes: names.join(", ").into() });

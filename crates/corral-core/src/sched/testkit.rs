@@ -9,7 +9,9 @@
 //! config [reservations=1] [preemptors=4] [half-life=3600]
 //! node n1 [gpus=8] [model=H100] [gpu-mem=81559] [cpu=64] [ram=512] [numa=0,0,1,1] [switch=a,a,b,b] [nic=x,-,-,-]
 //! time 600                     # the clock, in seconds
-//! submit team-a [gpus=2] [slice=mig:1g.10gb] [class=..] [time=1h] [per-node=8] [rdma] [no-requeue] [cpu=2] [ram=4]
+//! submit team-a [gpus=2] [slice=mig:1g.10gb] [class=..] [time=1h] [per-node=8] [rdma] [no-requeue] [cpu=2] [ram=4] [image=I]
+//! image I a:100,b:5            # image I's layers (digest:bytes), as some worker reported them
+//! holds n1 a,b                 # the layers node n1's store holds
 //! run team-a gpus=2 on=n1:0,1  # submit, place exactly there, start
 //! schedule | apply | step      # a pass (prints it) | apply its command | both
 //! start 3 | finish 3 [code=1] | exit 3 | cancel 3 | down n1 | block n1:3 | usage team-a 10 | show 3
@@ -18,7 +20,7 @@
 //! Output: `place J n1:0,1[+n2:0,1] [slice]`, `preempt V by J grace Ns`, `pending J <reason>`,
 //! `rejected J <reason>`, `job J <state> [where] [reason]`.
 
-use super::{schedule, SchedulingPass};
+use super::{schedule_with_images, ImageHints, SchedulingPass};
 use crate::config::TenantPolicy;
 use crate::{ClusterConfig, Command, Outcome, Placement, PriorityClass, Request, State};
 use corral_types::{
@@ -34,7 +36,14 @@ struct World {
     seq: u64,
     last: Option<SchedulingPass>,
     unschedulable: BTreeSet<(String, u32)>,
+    images: ImageHints,
     out: Vec<String>,
+}
+
+/// The digest a fixture's image name stands for: `sha256:` and the name's bytes in hex, padded.
+fn image_digest(name: &str) -> String {
+    let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex:0<64}")
 }
 
 fn gpus_milli(s: &str) -> u64 {
@@ -66,6 +75,7 @@ impl World {
             seq: 0,
             last: None,
             unschedulable: BTreeSet::new(),
+            images: ImageHints::default(),
             out: Vec::new(),
         };
         world.configure();
@@ -105,7 +115,8 @@ impl World {
             cpu_millis: named.get("cpu").map(|c| c.parse::<u32>().unwrap() * 1000).unwrap_or(1000),
             memory_bytes: named.get("ram").map(|r| r.parse::<u64>().unwrap() << 30).unwrap_or(1 << 30),
             time_limit_secs: named.get("time").map(|t| parse_duration(t).unwrap().as_secs()),
-            image: None,
+            image: named.get("image").map(|i| format!("reg.lab/{i}")),
+            image_digest: named.get("image").map(|i| image_digest(i)),
             command: vec!["true".into()].into(),
             env: Default::default(),
             sched: SchedOptions {
@@ -138,6 +149,20 @@ impl World {
         let Some((&cmd, rest)) = words.split_first() else { return };
         let (plain, named) = args(rest);
         match cmd {
+            "image" => {
+                let layers = plain[1]
+                    .split(',')
+                    .map(|l| {
+                        let (digest, size) = l.split_once(':').expect("digest:bytes");
+                        (digest.to_string(), size.parse().expect("bytes"))
+                    })
+                    .collect();
+                self.images.images.insert(image_digest(&plain[0]), std::sync::Arc::new(layers));
+            }
+            "holds" => {
+                let layers = plain[1].split(',').map(String::from).collect();
+                self.images.nodes.insert(plain[0].clone(), layers);
+            }
             "tenant" => {
                 let name = plain[0].clone();
                 if !self.config.tenants.contains(&name) {
@@ -325,7 +350,7 @@ impl World {
 
     fn schedule(&mut self) {
         let now = Timestamp::compose(self.secs * 1000, self.seq + 1);
-        let pass = schedule(&self.state, now, &self.unschedulable);
+        let pass = schedule_with_images(&self.state, now, &self.unschedulable, &self.images);
         for p in &pass.placements {
             let mut line = format!("place {} {}", p.job_id, render_parts(p.parts()));
             if let Some(s) = &p.slice {

@@ -371,6 +371,34 @@ mod placement {
         super::super::testkit::check(fixture, expected);
     }
 
+    /// Among the nodes that fit, a job goes where the fewest of its image's bytes are missing
+    /// (n2, which holds its base layer, over n1, equal for best fit); a node holding the whole
+    /// image that has no room (n3) is not chosen; an image no worker holds changes nothing (best
+    /// fit: the fullest node that fits).
+    #[test]
+    fn jobs_go_where_most_of_their_image_is_already() {
+        check(
+            "
+            node n1 gpus=8
+            node n2 gpus=8
+            node n3 gpus=2
+            image big base:900,app:100
+            holds n2 base
+            holds n3 base,app
+            run default gpus=2 on=n3:0,1
+            submit default gpus=2 image=big
+            submit default gpus=2 image=unknown
+            submit default gpus=2
+            schedule
+            ",
+            "
+            place 2 n2:0,1
+            place 3 n2:2,3
+            place 4 n2:4,5
+            ",
+        );
+    }
+
     #[test]
     fn best_fit_keeps_whole_nodes_for_big_jobs() {
         // First fit would split n1 and leave no node for the 8-gpu job.

@@ -27,7 +27,7 @@ use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 use tar::EntryType;
 
 use crate::digest::{clip, Digest, Hasher};
-use crate::error::ImageError;
+use crate::error::{ErrorKind, ImageError, Needs};
 
 /// The prefix of a whiteout entry's name.
 const WHITEOUT_PREFIX: &str = ".wh.";
@@ -35,6 +35,10 @@ const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE_MARKER: &str = ".wh..wh..opq";
 /// The attribute overlayfs reads to hide a lower directory's contents.
 const OPAQUE_XATTR: &str = "trusted.overlay.opaque";
+
+/// A layer over the store's `max-size` is still counted (not written) up to this many times
+/// `max-size`, so its error can say what it needs; past that it needs "more than" the count.
+const COUNT_PAST_LIMIT: u64 = 4;
 
 /// The buffer between the decompressor and the files.
 const COPY_BUFFER: usize = 256 * 1024;
@@ -72,7 +76,9 @@ impl Compression {
 /// end unless an entry is refused or the data is corrupt. `diff_id` asks for the digest of the
 /// uncompressed tar (a pull needs none: the blob's own digest identifies the layer). A layer
 /// that unpacks to more than `limit` bytes (file contents, and 512 bytes per entry) is refused
-/// as it goes: a small blob cannot fill the disk.
+/// as it goes, with [`ErrorKind::TooLarge`]: a small blob cannot fill the disk. The rest of
+/// such a layer is counted without being written, up to `COUNT_PAST_LIMIT` times `limit`, so
+/// the error says how much it needs.
 ///
 /// Decompression runs on a thread of its own, ahead of the thread that writes the files (as
 /// Docker and containerd hand gzip to `unpigz`): a large layer is unpacked at the pace of the
@@ -192,13 +198,51 @@ fn unpack_tar(input: PipeReader, dest: &Path, limit: u64) -> Result<u64, ImageEr
     let mut archive = tar::Archive::new(input);
     let mut unpacker =
         Unpacker { root: dest, dirs: BTreeMap::new(), size: 0, charged: 0, limit, buffer: vec![0; COPY_BUFFER] };
-    for entry in archive.entries().map_err(|e| corrupt(&e))? {
+    let mut entries = archive.entries().map_err(|e| corrupt(&e))?;
+    while let Some(entry) = entries.next() {
         let mut entry = entry.map_err(|e| corrupt(&e))?;
-        unpacker.entry(&mut entry)?;
+        let before = unpacker.charged;
+        match unpacker.entry(&mut entry) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::TooLarge => {
+                return Err(count_the_rest(before.saturating_add(counted(&mut entry)), entries, limit))
+            }
+            Err(e) => return Err(e),
+        }
     }
     unpacker.finish_dirs()?;
     io::copy(&mut archive.into_inner(), &mut io::sink()).map_err(|e| corrupt(&e))?;
     Ok(unpacker.size)
+}
+
+/// The error of a layer found larger than `limit`: what it needs, its entries after the one that
+/// passed the limit counted (their contents skipped, not written) up to `COUNT_PAST_LIMIT`
+/// times the limit. A corrupt rest ends the count where it is.
+fn count_the_rest<R: Read>(mut needs: u64, entries: tar::Entries<'_, R>, limit: u64) -> ImageError {
+    let cap = limit.saturating_mul(COUNT_PAST_LIMIT);
+    let mut more = needs > cap;
+    if !more {
+        for entry in entries {
+            let Ok(mut entry) = entry else { break };
+            needs = needs.saturating_add(counted(&mut entry));
+            if needs > cap {
+                more = true;
+                break;
+            }
+        }
+    }
+    ImageError::too_large("the layer", Needs { bytes: needs, max_size: limit, more })
+}
+
+/// What an entry costs the store, as `Unpacker::charge` counts it: a header's 512 bytes and its
+/// contents (a symlink: its target).
+fn counted<R: Read>(entry: &mut tar::Entry<'_, R>) -> u64 {
+    let contents = match entry.header().entry_type() {
+        EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => entry.size(),
+        EntryType::Symlink => entry.link_name_bytes().map_or(0, |t| t.len() as u64),
+        _ => 0,
+    };
+    512u64.saturating_add(contents)
 }
 
 fn corrupt(error: &io::Error) -> ImageError {
@@ -229,11 +273,10 @@ impl Unpacker<'_> {
     fn charge(&mut self, bytes: u64, rel: &Path) -> Result<(), ImageError> {
         self.charged = self.charged.saturating_add(bytes);
         if self.charged > self.limit {
-            return Err(ImageError::invalid_layer(format!(
-                "the layer unpacks to more than {} bytes (the store's max-size), at entry '{}'",
-                self.limit,
-                shown(rel)
-            )));
+            return Err(ImageError::new(
+                ErrorKind::TooLarge,
+                format!("the layer unpacks to more than the store's max-size, at entry '{}'", shown(rel)),
+            ));
         }
         Ok(())
     }
@@ -731,9 +774,17 @@ mod tests {
         let bomb = gzip(&tar(&[E::File("zeros", &vec![0u8; 4 << 20], 0o644)]));
         assert!(bomb.len() < 64 << 10);
         let dir = tempfile::tempdir().expect("tempdir");
-        let e = unpack_layer(&bomb[..], dir.path(), false, 1 << 20).expect_err("too big");
-        assert_eq!(e.kind(), ErrorKind::InvalidLayer, "{e}");
-        assert!(e.to_string().contains("more than 1048576 bytes (the store's max-size), at entry 'zeros'"), "{e}");
+        let e = unpack_layer(&bomb[..], dir.path(), false, 2 << 20).expect_err("too big");
+        assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
+        // The whole layer is counted: its 4 MiB file and its header.
+        assert_eq!(e.needs(), Some(Needs { bytes: (4 << 20) + 512, max_size: 2 << 20, more: false }), "{e}");
+        assert_eq!(e.reason(), "the layer needs 4.2 MB, store max-size is 2.1 MB");
+        // Past four times max-size the count stops: the cost of a bomb stays bounded.
+        let e = unpack_layer(&bomb[..], tempfile::tempdir().expect("tempdir").path(), false, 100 << 10)
+            .expect_err("too big");
+        let needs = e.needs().expect("needs");
+        assert!(needs.more && needs.bytes > 400 << 10, "{e}");
+        assert!(e.reason().starts_with("the layer needs more than "), "{e}");
         let many = tar(&(0..100)
             .map(|i| format!("f{i}"))
             .collect::<Vec<_>>()

@@ -402,6 +402,40 @@ async fn a_layer_escaping_its_directory_is_refused_and_named() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_larger_than_the_store_fails_with_what_it_needs() {
+    if !ready(&["docker-registry", "skopeo"]) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let work = tempfile::tempdir().expect("tempdir");
+    // One layer of 300 kB; and two of 100 kB each, which fit alone but not together.
+    push(&registry, work.path(), "big:1", one_layer(&[Entry::File("data", &noise(300_000, 7))]));
+    let two = ImageSpec {
+        layers: vec![
+            (tar(&[Entry::File("a", &noise(100_000, 8))]), Compress::Gzip),
+            (tar(&[Entry::File("b", &noise(100_000, 9))]), Compress::Gzip),
+        ],
+        ..ImageSpec::default()
+    };
+    push(&registry, work.path(), "two:1", two);
+    let node = node(120_000, registry_config(), 3);
+
+    let e = node.images.pull(&image(&registry, "big:1"), &PullProgress::new()).await.expect_err("too large");
+    assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
+    assert!(e.is_permanent(), "{e}");
+    let text = e.to_string();
+    assert!(text.contains("its layer sha256:") && text.ends_with("needs 0.3 MB, store max-size is 0.1 MB"), "{text}");
+    assert_eq!(e.needs().map(|n| (n.bytes > 300_000, n.max_size, n.more)), Some((true, 120_000, false)), "{e}");
+
+    let e = node.images.pull(&image(&registry, "two:1"), &PullProgress::new()).await.expect_err("too large");
+    assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
+    assert!(e.to_string().ends_with("needs 0.2 MB, store max-size is 0.1 MB"), "{e}");
+    assert_eq!(e.needs().map(|n| n.bytes), Some(200_000), "{e}");
+    let usage = node.images.store().usage();
+    assert!(usage.images == 0 && usage.bytes <= 120_000, "the image is not kept, the store within max-size: {usage:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_collection_never_removes_a_running_jobs_image() {
     if !ready(&["docker-registry", "skopeo"]) {
         return;

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 pub use cgroup::{CgroupUsage, CgroupVersion};
 pub use job::{JobHandle, RunningJob};
-pub(crate) use process::{find_program, DEFAULT_PATH};
+pub(crate) use process::{as_fs_user, find_program, DEFAULT_PATH};
 pub use process::{ProcessExecutor, SCRIPT_FILE, STDERR_LOG, STDOUT_LOG};
 pub use routing::RoutingExecutor;
 pub use runc::{find_runc, RuncConfig, RuncExecutor, CONTAINER_WORK_DIR};

@@ -240,6 +240,29 @@ fn as_job_user<T: Send>(
     })
 }
 
+/// Runs `f` on a thread of its own whose file-system identity is `uid`/`gid` (as
+/// [`as_job_user`]; a worker that is not root, or root's own ids, keep the worker's): what `f`
+/// finds on the host is what that user could find.
+pub(crate) fn as_fs_user<T: Send>(
+    uid: Option<u32>,
+    gid: Option<u32>,
+    f: impl FnOnce() -> io::Result<T> + Send,
+) -> io::Result<T> {
+    let switch = nix::unistd::geteuid().is_root() && (uid.is_some_and(|u| u != 0) || gid.is_some_and(|g| g != 0));
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                own_fs_context()?;
+                if switch {
+                    become_fs_user(uid, gid)?;
+                }
+                f()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the check as the job's user panicked")))
+    })
+}
+
 /// Gives the calling thread its own current directory and umask (see [`as_job_user`]).
 fn own_fs_context() -> io::Result<()> {
     // SAFETY: a system call that changes only the calling thread's fs context.
