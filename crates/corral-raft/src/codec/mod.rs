@@ -52,8 +52,14 @@ pub const FORMAT_VERSION: u32 = 2;
 /// Version of the snapshot encoding, written into every `StateSnapshot`: the newest version this
 /// build reads. 3: request ids as a packed table of keys (`request_id_table`); a build of
 /// version 2 would not see them, so it refuses such a snapshot instead. Version 2 snapshots
-/// (request ids as strings) are still read.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
+/// (request ids as strings) are still read. 4: array tasks may be written without the spec they
+/// share with their array (`Job.spec_from_array`); a build of version 3 would read them with no
+/// command and no script, so it refuses such a snapshot instead. A snapshot without such a task
+/// is written as version 3.
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 4;
+
+/// The version a snapshot with no task written without its array's spec is written as.
+const SNAPSHOT_FORMAT_VERSION_UNSHARED: u32 = 3;
 
 /// Generated code of package `corral.state.v1` (`proto/state.proto`).
 mod pb {

@@ -10,7 +10,7 @@ use super::policy::{policy_history_from_pb, policy_history_to_pb};
 use super::request_id::{request_id_entries_to_bytes, request_ids_from_pb, REQUEST_ID_ENTRY_BYTES};
 use super::segment::{billed_from_pb, billed_to_pb, segment_from_bytes};
 use super::tokens::{join_tokens_from_pb, join_tokens_to_pb, tokens_from_pb, tokens_to_pb};
-use super::{check_version, pb, CodecError, SNAPSHOT_FORMAT_VERSION};
+use super::{check_version, pb, CodecError, SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION_UNSHARED};
 use corral_core::State;
 use corral_types::{Job, Timestamp};
 use prost::Message;
@@ -223,7 +223,11 @@ fn encode_snapshot(s: &State, with_request_ids: bool, cache: &mut JobEncodings) 
     // one by one (an unchanged job's bytes come from `cache`), the nodes, the request-id table
     // written straight from the state (up to a day of ids: no message per id is built), then
     // the fields after it.
-    let mut buf = pb::StateSnapshot { format_version: SNAPSHOT_FORMAT_VERSION, ..Default::default() }.encode_to_vec();
+    // Version 4 only when some task leaves out its array's spec: an older build refuses exactly
+    // the snapshots it would misread.
+    let shares = s.jobs.shared().any(|(_, job)| spec_shared_with_array(s, job));
+    let format_version = if shares { SNAPSHOT_FORMAT_VERSION } else { SNAPSHOT_FORMAT_VERSION_UNSHARED };
+    let mut buf = pb::StateSnapshot { format_version, ..Default::default() }.encode_to_vec();
     let mut encoded = std::collections::HashMap::with_capacity(s.jobs.len());
     for (id, job) in s.jobs.shared() {
         let shared = spec_shared_with_array(s, job);
@@ -514,6 +518,8 @@ mod tests {
         assert_eq!(tasks, 16, "every task is created");
         let bytes = snapshot_to_bytes(&state);
         assert!(bytes.len() < 2 * script.len(), "the script is written once, not per task: {} bytes", bytes.len());
+        let version = |bytes: &[u8]| pb::StateSnapshot::decode(bytes).unwrap().format_version;
+        assert_eq!(version(&bytes), 4, "a build that reads version 3 refuses it");
         let mut cache = JobEncodings::default();
         let fresh = snapshot_without_request_ids_to_bytes(&state, &mut JobEncodings::default());
         assert_eq!(snapshot_without_request_ids_to_bytes(&state, &mut cache), fresh);
@@ -533,6 +539,13 @@ mod tests {
         changed.spec.env = std::sync::Arc::new(Default::default());
         let mut other = back.clone();
         other.jobs.insert(2, changed);
+        let mut alone = other.clone();
+        alone.jobs.insert(1, {
+            let mut a = other.jobs[&1].clone();
+            a.spec.script = Some("#!/bin/sh\n".into());
+            a
+        });
+        assert_eq!(version(&snapshot_to_bytes(&alone)), 3, "nothing shared: written as version 3");
         let again = snapshot_from_bytes(&snapshot_to_bytes(&other)).unwrap();
         assert!(again.jobs[&2].spec.env.is_empty() && again.jobs[&2].spec.script.is_some());
         // A snapshot naming an array it does not hold is refused, not read with an empty spec.
