@@ -15,7 +15,7 @@
 //! limit at once: the largest arrays and scripts, the longest index lists, listings of every job,
 //! and the most slow watches a principal may hold. Two more invariants hold under it: no healthy
 //! worker's lease lapses (a run ends `node-lost` only on a worker that was killed, frozen or cut
-//! off around then; checked in runs of their own, `CORRAL_SOAK_SECS` set, and only reported
+//! off around then, or while two coordinators were out at once; checked in runs of their own, `CORRAL_SOAK_SECS` set, and only reported
 //! inside the whole suite, whose other tests share the cores), and no coordinator's resident
 //! memory passes [`RSS_BOUND_MIB`].
 //!
@@ -38,6 +38,9 @@ const TTL: Duration = Duration::from_secs(4);
 
 /// The longest a worker stays killed, stopped or partitioned.
 const WORKER_FAULT_MAX: Duration = Duration::from_secs(6);
+
+/// How long a restarted or healed coordinator may take to catch up with the leader.
+const CATCH_UP: Duration = Duration::from_secs(5);
 
 /// How far the stamps of a new leader may run ahead of the clock (the ledger's allowance).
 const TSO_LEAD: Duration = Duration::from_secs(5);
@@ -130,6 +133,9 @@ struct Pool {
     /// Wall-clock windows (seconds) during which each worker was killed, frozen or cut off.
     faulted: Vec<(String, f64, f64)>,
     faulted_since: BTreeMap<usize, f64>,
+    /// The same for each coordinator (by index): killed, frozen or cut off.
+    coordinators_out: Vec<(usize, f64, f64)>,
+    coordinators_out_since: BTreeMap<usize, f64>,
     /// XID 79s injected so far per (worker, GPU): the faults file lists them all.
     xids: BTreeMap<(usize, u32), usize>,
     dir: tempfile::TempDir,
@@ -190,6 +196,8 @@ impl Pool {
             frozen_since: BTreeMap::new(),
             faulted: Vec::new(),
             faulted_since: BTreeMap::new(),
+            coordinators_out: Vec::new(),
+            coordinators_out_since: BTreeMap::new(),
             xids: BTreeMap::new(),
             dir,
         }
@@ -208,6 +216,12 @@ impl Pool {
             fault
         {
             self.faulted_since.insert(i, wall_now());
+        }
+        if let Fault::Kill(Target::Coordinator(i))
+        | Fault::Stop(Target::Coordinator(i))
+        | Fault::Partition(Target::Coordinator(i)) = fault
+        {
+            self.coordinators_out_since.insert(i, wall_now());
         }
         match fault {
             Fault::Kill(Target::Coordinator(i)) => self.cluster.kill(i),
@@ -237,6 +251,13 @@ impl Pool {
         {
             let since = self.faulted_since.remove(&i).unwrap_or_else(wall_now);
             self.faulted.push((self.workers[i].name.clone(), since, wall_now()));
+        }
+        if let Fault::Kill(Target::Coordinator(i))
+        | Fault::Stop(Target::Coordinator(i))
+        | Fault::Partition(Target::Coordinator(i)) = fault
+        {
+            let since = self.coordinators_out_since.remove(&i).unwrap_or_else(wall_now);
+            self.coordinators_out.push((i, since, wall_now()));
         }
         match fault {
             Fault::Kill(Target::Coordinator(i)) => self.cluster.restart(i),
@@ -560,16 +581,28 @@ fn check_credits(segments: &[corral_types::Segment]) -> Vec<String> {
 
 /// Lease lapses of healthy workers: a run that ended `node-lost` must have been billed to a moment
 /// its worker was killed, frozen or cut off, or within a TTL (and the TSO's lead) after it healed.
-/// Leader kills, freezes and partitions excuse nothing: a healthy worker finds the new leader
-/// before its lease ends.
+/// One coordinator's kill, freeze or partition, the leader's included, excuses nothing: a healthy
+/// worker finds the new leader before its lease ends. Two coordinators out within a TTL of the
+/// lapse (a restarted one counts as out for [`CATCH_UP`] after, while it replays and catches up)
+/// may have left no majority, and no leader to renew any lease.
 /// A gang's run is billed under its first node: a fault of any of the pool's workers excuses it.
 fn lapses(
     faulted: &[(String, f64, f64)],
+    coordinators_out: &[(usize, f64, f64)],
     acked: &BTreeMap<u64, Kind>,
     segments: &[corral_types::Segment],
 ) -> Vec<String> {
     let slack = 1.0;
     let after = (TTL + TSO_LEAD).as_secs_f64();
+    let no_majority = |at: f64| {
+        let window = (at - after - slack, at + slack);
+        let out: std::collections::BTreeSet<usize> = coordinators_out
+            .iter()
+            .filter(|(_, from, to)| *from <= window.1 && to + CATCH_UP.as_secs_f64() >= window.0)
+            .map(|(i, _, _)| *i)
+            .collect();
+        out.len() >= 2
+    };
     segments
         .iter()
         .filter(|s| s.credit_for.is_none() && s.cause == Some(corral_types::EndCause::NodeLost))
@@ -578,7 +611,8 @@ fn lapses(
             let excused = faulted
                 .iter()
                 .filter(|(node, _, _)| *node == s.node || matches!(acked.get(&s.job_id), Some(Kind::Gang | Kind::BatchGang)))
-                .any(|(_, from, to)| from - slack <= billed_to && billed_to <= to + after + slack);
+                .any(|(_, from, to)| from - slack <= billed_to && billed_to <= to + after + slack)
+                || no_majority(billed_to);
             (!excused).then(|| {
                 format!(
                     "the lease of healthy worker {} lapsed: job {} epoch {} ended node-lost, billed to {billed_to:.3}, with no fault of {} around then",
@@ -873,7 +907,7 @@ fn lifecycle_invariants_hold_under_random_faults() {
     // A lapse needs a healthy worker starved of its heartbeats; inside the whole test suite the
     // other tests share the machine's cores with this one, so there it is reported, and it fails
     // only a run of its own (`CORRAL_SOAK_SECS` set).
-    let lapsed = lapses(&pool.faulted, &acked, &segments);
+    let lapsed = lapses(&pool.faulted, &pool.coordinators_out, &acked, &segments);
     if std::env::var_os("CORRAL_SOAK_SECS").is_some() {
         bad.extend(lapsed);
     } else if !lapsed.is_empty() {
