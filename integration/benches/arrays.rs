@@ -12,6 +12,7 @@
 
 use corral_client::{Client, ClientConfig};
 use corral_integration::cluster::{Cluster, ClusterOptions};
+use corral_integration::rss_mib;
 use corral_types::JobRef;
 use std::path::Path;
 use std::process::Command;
@@ -19,18 +20,6 @@ use std::time::{Duration, Instant};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// Resident set of a process, MiB.
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
 }
 
 fn median<T: PartialOrd + Copy>(mut values: Vec<T>) -> T {

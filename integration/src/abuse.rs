@@ -232,12 +232,3 @@ async fn slow_watcher(client: Client, stop: Arc<AtomicBool>, events: Arc<std::sy
         }
     }
 }
-
-/// Resident memory of process `pid` in KiB (`VmRSS`), if it is alive.
-pub fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}

@@ -24,6 +24,17 @@ pub fn trivial_job(name: &str) -> corral_types::JobSpec {
     }
 }
 
+/// Resident memory of process `pid` in KiB (`VmRSS`), if it is alive.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// Resident memory of process `pid` in MiB (0 once it is gone).
+pub fn rss_mib(pid: u32) -> f64 {
+    rss_kib(pid).unwrap_or(0) as f64 / 1024.0
+}
+
 /// `--ca/--cert/--key` for the certificate `name` (e.g. "admin", "client-user") of a
 /// `corral certs init` directory.
 pub fn tls_args(certs: &Path, name: &str) -> Vec<String> {

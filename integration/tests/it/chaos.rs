@@ -723,7 +723,7 @@ fn lifecycle_invariants_hold_under_random_faults() {
         step += 1;
         std::thread::sleep(rng.millis(50, 500));
         for i in 0..3 {
-            if let Some(kib) = pool.cluster.pid(i).and_then(corral_integration::abuse::rss_kib) {
+            if let Some(kib) = pool.cluster.pid(i).and_then(corral_integration::rss_kib) {
                 let max = rss_max_kib.entry(i).or_default();
                 *max = (*max).max(kib);
             }
@@ -731,7 +731,7 @@ fn lifecycle_invariants_hold_under_random_faults() {
         if rss_shown.elapsed() >= Duration::from_secs(60) {
             rss_shown = Instant::now();
             let now: Vec<u64> =
-                (0..3).filter_map(|i| pool.cluster.pid(i).and_then(corral_integration::abuse::rss_kib)).collect();
+                (0..3).filter_map(|i| pool.cluster.pid(i).and_then(corral_integration::rss_kib)).collect();
             eprintln!("chaos seed {seed}: step {step}: coordinators' RSS now (KiB) {now:?}, largest {rss_max_kib:?}");
         }
         for slot in [&mut coordinator_fault, &mut worker_fault] {
