@@ -315,18 +315,23 @@ const SLURM_LONG: &[&str] = &[
     "wrap",
 ];
 
+/// The one option of `options` that `name` names, as getopt_long reads long options: itself
+/// when it is one, else the only option it begins (an abbreviation); else `name` as it is.
+pub(crate) fn unabbreviated(name: &str, options: &[&str]) -> String {
+    if name.is_empty() || options.contains(&name) {
+        return name.to_owned();
+    }
+    let mut matching = options.iter().filter(|o| o.starts_with(name));
+    match (matching.next(), matching.next()) {
+        (Some(one), None) => (*one).to_owned(),
+        _ => name.to_owned(),
+    }
+}
+
 /// The long option `name` stands for, as Slurm reads it: itself when it is one, Slurm's alias
 /// resolved (`tasks-per-node`), or the one option an abbreviation begins; else `name`.
 fn long_option(name: &str) -> String {
-    let name = if SLURM_LONG.contains(&name) {
-        name.to_string()
-    } else {
-        let mut matching = SLURM_LONG.iter().filter(|o| o.starts_with(name));
-        match (matching.next(), matching.next()) {
-            (Some(one), None) if !name.is_empty() => one.to_string(),
-            _ => name.to_string(),
-        }
-    };
+    let name = unabbreviated(name, SLURM_LONG);
     match name.as_str() {
         "tasks-per-node" => "ntasks-per-node".to_string(),
         _ => name,

@@ -417,14 +417,7 @@ const SRUN_LONG: &[&str] = &[
 /// The long option `name` (without `--`) stands for: itself, or the one Slurm option an
 /// abbreviation begins (`--ntasks-per-n`); else `name`, refused later as not served.
 fn long_option(name: &str) -> String {
-    if name.is_empty() || SRUN_LONG.contains(&name) {
-        return name.to_owned();
-    }
-    let mut matching = SRUN_LONG.iter().filter(|o| o.starts_with(name));
-    match (matching.next(), matching.next()) {
-        (Some(one), None) => (*one).to_owned(),
-        _ => name.to_owned(),
-    }
+    crate::sbatch::unabbreviated(name, SRUN_LONG)
 }
 
 /// `srun ARGS`.
