@@ -261,9 +261,12 @@ mod tests {
         fn call(&mut self, _: http::Request<Body>) -> Self::Future {
             let held = self.clone();
             Box::pin(async move {
+                // Waiting starts before the test can see this handler: a `notify_waiters`
+                // reaches a `Notified` from its creation, and only from it.
+                let released = held.release.notified();
                 let name = std::thread::current().name().unwrap_or_default().to_string();
                 held.threads.lock().expect("threads").push(name);
-                held.release.notified().await;
+                released.await;
                 Ok(http::Response::new(Body::new("page".to_string())))
             })
         }
