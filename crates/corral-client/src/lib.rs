@@ -1001,7 +1001,8 @@ impl Client {
     /// The view of the first configured endpoint; with `digest`, also the digest of its state
     /// machine (costly on a large state: it encodes all of it).
     pub async fn cluster_status_with(&self, digest: bool) -> Result<pb::ClusterStatus, ClientError> {
-        let only = self.single(0)?;
+        // A digest encodes the whole state, as a snapshot does: seconds for a large one.
+        let only = if digest { self.single(0)?.patient(SNAPSHOT_PATIENCE)? } else { self.single(0)? };
         let reply = only
             .with_retry(|ch| {
                 let req = self.authorize(pb::ClusterStatusRequest { digest });

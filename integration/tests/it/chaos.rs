@@ -283,8 +283,10 @@ impl Pool {
     }
 
     fn spec(&self, id_hint: u64, kind: Kind, priority: &str, ticks: u64) -> JobSpec {
+        // The last line is written just before the exit (no sleep after it), so the span the
+        // lines show ends where the run does, even when a loaded machine starves the job.
         let script = format!(
-            "i=0; while [ $i -lt {ticks} ]; do echo \"$CORRAL_JOB_ID $CORRAL_EPOCH $CORRAL_NODE $$ $CUDA_VISIBLE_DEVICES $(date +%s.%N)\" >> {}; i=$((i+1)); sleep 0.1; done",
+            "i=0; while :; do echo \"$CORRAL_JOB_ID $CORRAL_EPOCH $CORRAL_NODE $$ $CUDA_VISIBLE_DEVICES $(date +%s.%N)\" >> {}; i=$((i+1)); [ $i -lt {ticks} ] || break; sleep 0.1; done",
             self.lines.display()
         );
         let mut spec = JobSpec {
