@@ -22,7 +22,13 @@ pub struct HistoryConfig {
     pub segment_retention: Option<Duration>,
     /// How often the leader compacts.
     pub compact_every: Duration,
+    /// Finished jobs in the hot state past about this many bytes leave before `archive_after`,
+    /// the oldest first (`None`: no bound but the delay).
+    pub max_finished_bytes: Option<u64>,
 }
+
+/// Default of `history.max-finished-bytes`.
+pub const DEFAULT_MAX_FINISHED_BYTES: u64 = 128 << 20;
 
 impl Default for HistoryConfig {
     fn default() -> Self {
@@ -32,6 +38,7 @@ impl Default for HistoryConfig {
             job_retention: Some(Duration::from_secs(90 * 24 * 3600)),
             segment_retention: None,
             compact_every: Duration::from_secs(30),
+            max_finished_bytes: Some(DEFAULT_MAX_FINISHED_BYTES),
         }
     }
 }
@@ -48,6 +55,7 @@ impl HistoryConfig {
             request_ids_before: before(self.request_id_window),
             jobs_before: self.job_retention.map(before),
             segments_before: self.segment_retention.map(before),
+            max_finished_bytes: self.max_finished_bytes,
         }
     }
 }

@@ -6,7 +6,7 @@ use crate::{Coordinator, CoordinatorConfig, SecurityConfig};
 use anyhow::{bail, Context};
 use corral_raft::{RaftNode, RaftNodeConfig};
 use corral_security::TlsFiles;
-use corral_types::{describe_config_error, ArrayLimits, ConfigDuration, MAX_ARRAY_TASKS, MAX_ARRAY_WINDOW};
+use corral_types::{describe_config_error, ArrayLimits, ConfigDuration, ConfigSize, MAX_ARRAY_TASKS, MAX_ARRAY_WINDOW};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -152,6 +152,9 @@ pub struct HistorySection {
     pub segment_retention: Retention,
     /// How often the leader compacts, e.g. "30s".
     pub compact_every: ConfigDuration,
+    /// Finished jobs kept in memory weigh at most about this much, e.g. "128MiB": past it the
+    /// oldest finished move to the history before `archive-after` ("0": none are kept).
+    pub max_finished_bytes: ConfigSize,
 }
 
 impl Default for HistorySection {
@@ -164,6 +167,9 @@ impl Default for HistorySection {
             job_retention: Retention(d.job_retention.map(cd)),
             segment_retention: Retention(d.segment_retention.map(cd)),
             compact_every: cd(d.compact_every),
+            max_finished_bytes: ConfigSize(
+                d.max_finished_bytes.unwrap_or(crate::compaction::DEFAULT_MAX_FINISHED_BYTES),
+            ),
         }
     }
 }
@@ -187,6 +193,7 @@ impl HistorySection {
             job_retention: self.job_retention.0.map(ConfigDuration::get),
             segment_retention: self.segment_retention.0.map(ConfigDuration::get),
             compact_every,
+            max_finished_bytes: Some(self.max_finished_bytes.bytes()),
         };
         if config.job_retention.is_some_and(|r| r < config.archive_after) {
             return Err("history.job-retention: must be at least history.archive-after".into());

@@ -29,21 +29,6 @@ pub(crate) const SCAN_BUDGET: usize = 100_000;
 /// megabytes: command, environment, script).
 pub(crate) const PAGE_BYTES: usize = 8 << 20;
 
-/// About how many bytes `job` takes on the wire (its variable-size parts plus a margin).
-fn job_bytes(job: &Job) -> usize {
-    let spec = &job.spec;
-    let strings = [Some(spec.name.as_str()), spec.image.as_deref(), spec.workdir.as_deref(), spec.script.as_deref()]
-        .into_iter()
-        .chain([spec.stdout_path.as_deref(), spec.stderr_path.as_deref(), job.reason.as_deref()])
-        .flatten()
-        .map(str::len)
-        .sum::<usize>();
-    let command: usize = spec.command.iter().map(|c| c.len() + 2).sum();
-    let env: usize = spec.env.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
-    let selectors: usize = spec.sched.node_selector.iter().map(|s| s.len() + 2).sum();
-    512 + strings + command + env + selectors + 8 * (job.waiting_on.len() + job.signals.len())
-}
-
 /// About how many bytes `segment` takes on the wire.
 fn segment_bytes(segment: &Segment) -> usize {
     128 + segment.tenant.len() + segment.node.len() + segment.gpu_model.len() + segment.priority_class.len()
@@ -164,7 +149,7 @@ pub(crate) fn list_jobs<I: Iterator<Item = Job>>(
     let hot = jobs.range((start, Bound::Unbounded)).map(|(_, j)| j);
     let history = filter.wants_finished().then(|| archived(after.map_or(0, |a| a.saturating_add(1))));
     let merged = merge_by_id(hot, history.into_iter().flatten());
-    let (jobs, last) = page(merged, limit.max(1), |j| filter.matches(j), |j| job_bytes(j));
+    let (jobs, last) = page(merged, limit.max(1), |j| filter.matches(j), |j| j.approx_bytes());
     (jobs.into_iter().map(Cow::into_owned).collect(), last.map(|id| format!("{JOB_TOKEN}{id}")).unwrap_or_default())
 }
 

@@ -18,6 +18,19 @@ use crate::{Outcome, Response, State};
 /// bulk cancel of a million jobs) leaves over several commands, each one a bounded apply and
 /// store batch. Candidates go in id order, so every replica moves the same ones.
 pub const MAX_ARCHIVED_PER_COMPACTION: usize = 20_000;
+
+/// What an array task holds of its own, for `max_finished_bytes`: its command, environment and
+/// script are its array's, shared, and counted once with the array.
+const TASK_BYTES: u64 = 512;
+
+/// What `job` weighs against `max_finished_bytes`.
+fn finished_weight(job: &Job) -> u64 {
+    if job.array_task.is_some() {
+        TASK_BYTES + job.reason.as_deref().map_or(0, str::len) as u64
+    } else {
+        job.approx_bytes() as u64
+    }
+}
 use corral_types::{Job, JobId, Segment, Timestamp};
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +45,12 @@ pub struct CompactCutoffs {
     pub jobs_before: Option<Timestamp>,
     /// Billing segments that ended before this are deleted (`None`: kept).
     pub segments_before: Option<Timestamp>,
+    /// When the finished jobs still in the hot state weigh more than this (about, by
+    /// [`Job::approx_bytes`]), the oldest finished leave too, before `archive_before`, until
+    /// they weigh no more (`None`: only `archive_before` counts). What finished jobs hold in
+    /// memory is then bounded by configuration, not by how much and how fast tenants submit.
+    #[serde(default)]
+    pub max_finished_bytes: Option<u64>,
 }
 
 /// What a compaction did, for the state machine store and the caller.
@@ -97,13 +116,14 @@ impl State {
             request_ids_before: clamp(cutoffs.request_ids_before),
             jobs_before: cutoffs.jobs_before.map(clamp),
             segments_before: cutoffs.segments_before.map(clamp),
+            max_finished_bytes: cutoffs.max_finished_bytes,
         };
         let before = cutoffs.archive_before;
-        let ended_before = |job: &Job| job.state.is_terminal() && job.finished_at.unwrap_or(job.submitted_at) < before;
+        let finished = |job: &Job| job.finished_at.unwrap_or(job.submitted_at);
         // Tasks leave with their array; an array leaves once it ended and each of its tasks did.
         let candidates: Vec<JobId> = (self.index.ended.iter())
             .filter_map(|id| self.jobs.get(id))
-            .filter(|job| job.array_task.is_none() && ended_before(job))
+            .filter(|job| job.array_task.is_none() && job.state.is_terminal() && finished(job) < before)
             .map(|job| job.id)
             .collect();
         let mut moved = Vec::new();
@@ -111,19 +131,27 @@ impl State {
             if moved.len() >= MAX_ARCHIVED_PER_COMPACTION {
                 break;
             }
-            let tasks: Vec<JobId> = if self.jobs[&id].is_array() { self.array_tasks(id).collect() } else { Vec::new() };
-            if tasks.iter().any(|t| self.jobs.get(t).is_some_and(|task| !task.state.is_terminal())) {
-                continue;
-            }
-            for task in tasks {
-                if let Some(job) = self.jobs.remove(&task) {
-                    self.index.forget(&job);
-                    moved.push(job);
+            self.take_finished(id, &mut moved);
+        }
+        // Past the weight budget, the oldest finished leave too (by finish time, then id: the
+        // same order on every replica).
+        if let Some(budget) = cutoffs.max_finished_bytes {
+            let mut weight: u64 = self.index.ended.iter().filter_map(|id| self.jobs.get(id)).map(finished_weight).sum();
+            if weight > budget {
+                let mut oldest: Vec<(Timestamp, JobId)> = (self.index.ended.iter())
+                    .filter_map(|id| self.jobs.get(id))
+                    .filter(|job| job.array_task.is_none() && job.state.is_terminal())
+                    .map(|job| (finished(job), job.id))
+                    .collect();
+                oldest.sort_unstable();
+                for (_, id) in oldest {
+                    if weight <= budget || moved.len() >= MAX_ARCHIVED_PER_COMPACTION {
+                        break;
+                    }
+                    let from = moved.len();
+                    self.take_finished(id, &mut moved);
+                    weight = weight.saturating_sub(moved[from..].iter().map(finished_weight).sum());
                 }
-            }
-            if let Some(job) = self.jobs.remove(&id) {
-                self.index.forget(&job);
-                moved.push(job);
             }
         }
         moved.sort_unstable_by_key(|j| j.id);
@@ -153,6 +181,25 @@ impl State {
         self.archive = Archive { jobs: moved, segments, cutoffs: Some(cutoffs) };
         Ok(Outcome::Compacted(outcome))
     }
+
+    /// Moves finished job `id` (an array: with all its tasks, once each of them ended) out of
+    /// the hot state into `moved`; an array with a task not ended yet stays.
+    fn take_finished(&mut self, id: JobId, moved: &mut Vec<Job>) {
+        let tasks: Vec<JobId> = if self.jobs[&id].is_array() { self.array_tasks(id).collect() } else { Vec::new() };
+        if tasks.iter().any(|t| self.jobs.get(t).is_some_and(|task| !task.state.is_terminal())) {
+            return;
+        }
+        for task in tasks {
+            if let Some(job) = self.jobs.remove(&task) {
+                self.index.forget(&job);
+                moved.push(job);
+            }
+        }
+        if let Some(job) = self.jobs.remove(&id) {
+            self.index.forget(&job);
+            moved.push(job);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -175,6 +222,7 @@ mod tests {
             request_ids_before: at(archive_before_ms),
             jobs_before: None,
             segments_before: None,
+            max_finished_bytes: None,
         };
         let (response, touched) = apply(s, ms, Command::Compact(cutoffs));
         (response.expect("compact"), touched)
@@ -279,5 +327,44 @@ mod tests {
         let mut rebuilt = s.clone();
         rebuilt.rebuild_indexes();
         assert_eq!(s.index, rebuilt.index);
+    }
+
+    /// Finished jobs past the weight budget leave before their delay, the oldest finished
+    /// first, until what stays weighs no more than the budget; live jobs never leave.
+    #[test]
+    fn finished_jobs_past_the_weight_budget_leave_oldest_first() {
+        let mut s = cluster();
+        let big = || JobSpec { script: Some(format!("#!/bin/sh\n#{}\n", "x".repeat(100_000)).into()), ..spec(1) };
+        for i in 1..=5 {
+            apply(&mut s, 10 + i, Command::SubmitJob { request_id: format!("r{i}"), spec: big() }).0.expect("submit");
+        }
+        // Jobs 1-4 end in the order 3, 1, 4, 2; job 5 stays pending.
+        for (id, end) in [(3, 1_000), (1, 2_000), (4, 3_000), (2, 4_000)] {
+            run_to_end(&mut s, id, end - 500, end);
+        }
+        let weight = s.jobs[&1].approx_bytes() as u64;
+        let cutoffs = super::CompactCutoffs {
+            archive_before: at(0),
+            request_ids_before: at(0),
+            jobs_before: None,
+            segments_before: None,
+            max_finished_bytes: Some(2 * weight),
+        };
+        let (response, touched) = apply(&mut s, 5_000, Command::Compact(cutoffs));
+        let Ok(Outcome::Compacted(done)) = response else { panic!("{response:?}") };
+        assert_eq!(done.archived_jobs, 2);
+        assert_eq!(touched.archived.iter().map(|j| j.id).collect::<Vec<_>>(), vec![1, 3], "the two that ended first");
+        assert_eq!(s.jobs.keys().copied().collect::<Vec<_>>(), vec![2, 4, 5]);
+        // Within the budget, nothing more leaves.
+        let (response, touched) = apply(&mut s, 5_001, Command::Compact(cutoffs));
+        assert!(matches!(response, Ok(Outcome::Compacted(ref d)) if d.archived_jobs == 0), "{response:?}");
+        assert!(touched.archived.is_empty());
+        let mut rebuilt = s.clone();
+        rebuilt.rebuild_indexes();
+        assert_eq!(s.index, rebuilt.index);
+        // The pending job stays however small the budget.
+        let tiny = super::CompactCutoffs { max_finished_bytes: Some(0), ..cutoffs };
+        apply(&mut s, 5_002, Command::Compact(tiny)).0.expect("compact");
+        assert_eq!(s.jobs.keys().copied().collect::<Vec<_>>(), vec![5]);
     }
 }

@@ -691,6 +691,7 @@ mod tests {
                 request_ids_before: Timestamp::compose(30, 0),
                 jobs_before: None,
                 segments_before: None,
+                max_finished_bytes: None,
             };
             let (_, touched) = s.apply_tracked(&at(40, Command::Compact(cutoffs)));
             assert_eq!(touched.archived.iter().map(|j| j.id).collect::<Vec<_>>(), vec![1, 2, 3]);

@@ -82,6 +82,7 @@ fn main() {
                 request_ids_before: Timestamp::compose(ms, 0),
                 jobs_before: None,
                 segments_before: None,
+                max_finished_bytes: None,
             };
             while !a.store.read().state.jobs.is_empty() {
                 a.apply(ms + 1, Command::Compact(cutoffs)).await;

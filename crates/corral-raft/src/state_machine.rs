@@ -719,6 +719,7 @@ mod tests {
             request_ids_before: at(ms + 1),
             jobs_before: None,
             segments_before: None,
+            max_finished_bytes: None,
         };
         let (response, touched) =
             data.state.apply_tracked(&Request { ts: at(ms + 2), command: Command::Compact(cutoffs) });
@@ -744,6 +745,7 @@ mod tests {
             request_ids_before: Timestamp(1),
             jobs_before: Some(Timestamp(1)),
             segments_before: Some(Timestamp(1)),
+            max_finished_bytes: None,
         };
         let (response, touched) =
             data.state.apply_tracked(&Request { ts: Timestamp::compose(200, 0), command: Command::Compact(none_due) });
@@ -766,6 +768,7 @@ mod tests {
             request_ids_before: Timestamp::compose(301, 0),
             jobs_before: Some(Timestamp(3)),
             segments_before: None,
+            max_finished_bytes: None,
         };
         let (response, touched) =
             data.state.apply_tracked(&Request { ts: Timestamp::compose(302, 0), command: Command::Compact(cutoffs) });
@@ -848,6 +851,7 @@ mod tests {
                 request_ids_before: Timestamp::compose(200, 0),
                 jobs_before: Some(Timestamp(3)),
                 segments_before: Some(Timestamp(3)),
+                max_finished_bytes: None,
             };
             let request = Request { ts: Timestamp::compose(300, 0), command: Command::Compact(cutoffs) };
             let (response, touched) = data.state.apply_tracked(&request);
@@ -942,6 +946,7 @@ mod tests {
             request_ids_before: at(0),
             jobs_before: None,
             segments_before: None,
+            max_finished_bytes: None,
         };
         let (response, compacted) =
             data.state.apply_tracked(&Request { ts: at(10_000), command: Command::Compact(cutoffs) });
@@ -1044,6 +1049,7 @@ mod tests {
             request_ids_before: Timestamp::compose(1_500, 0),
             jobs_before: None,
             segments_before: None,
+            max_finished_bytes: None,
         };
         apply_at(&mut store, 5, 4_000, Command::Compact(cutoffs)).await;
         store.clone().build_snapshot().await.expect("build");

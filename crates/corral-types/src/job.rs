@@ -952,6 +952,25 @@ pub struct Job {
 }
 
 impl Job {
+    /// About how many bytes `self` takes, in memory or on the wire: its variable-size parts
+    /// (name, image, working directory, script, output paths, reason, command, environment,
+    /// node selector, dependencies, signals) plus a margin for the rest. An estimate for
+    /// budgets (a listing page, the finished jobs kept in memory), never an exact size.
+    pub fn approx_bytes(&self) -> usize {
+        let spec = &self.spec;
+        let strings =
+            [Some(spec.name.as_str()), spec.image.as_deref(), spec.workdir.as_deref(), spec.script.as_deref()]
+                .into_iter()
+                .chain([spec.stdout_path.as_deref(), spec.stderr_path.as_deref(), self.reason.as_deref()])
+                .flatten()
+                .map(str::len)
+                .sum::<usize>();
+        let command: usize = spec.command.iter().map(|c| c.len() + 2).sum();
+        let env: usize = spec.env.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+        let selectors: usize = spec.sched.node_selector.iter().map(|s| s.len() + 2).sum();
+        512 + strings + command + env + selectors + 8 * (self.waiting_on.len() + self.signals.len())
+    }
+
     /// True for a batch job (`corral sbatch`): its script is Slurm's batch step, which runs
     /// once, on the allocation's first node, and the job ends when it ends; the allocation's
     /// other nodes hold their part (cgroup, GPUs) for the steps `srun` starts there. Other

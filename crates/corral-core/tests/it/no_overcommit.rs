@@ -366,6 +366,7 @@ impl Sim {
                     request_ids_before: at(back_secs * 2),
                     jobs_before: None,
                     segments_before: None,
+                    max_finished_bytes: None,
                 };
                 self.apply(Command::Compact(cutoffs));
             }

@@ -224,6 +224,7 @@ impl Sim {
                     request_ids_before: at,
                     jobs_before: None,
                     segments_before: None,
+                    max_finished_bytes: None,
                 };
                 self.apply(Command::Compact(cutoffs));
             }

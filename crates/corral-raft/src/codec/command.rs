@@ -161,6 +161,7 @@ fn command_to_pb(r: &Request) -> pb::Command {
             request_ids_before: c.request_ids_before.0,
             jobs_before: c.jobs_before.map(|t| t.0),
             segments_before: c.segments_before.map(|t| t.0),
+            max_finished_bytes: c.max_finished_bytes,
         }),
     };
     pb::Command { format_version: FORMAT_VERSION, ts: r.ts.0, kind: Some(kind) }
@@ -272,6 +273,7 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
             request_ids_before: Timestamp(c.request_ids_before),
             jobs_before: c.jobs_before.map(Timestamp),
             segments_before: c.segments_before.map(Timestamp),
+            max_finished_bytes: c.max_finished_bytes,
         }),
     };
     Ok(Request { ts: Timestamp(c.ts), command })

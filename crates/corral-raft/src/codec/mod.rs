@@ -193,6 +193,7 @@ mod tests {
                 request_ids_before: Timestamp(2),
                 jobs_before: Some(Timestamp(1)),
                 segments_before: None,
+                max_finished_bytes: Some(64 << 20),
             }),
         ];
         let mut state = State::default();
