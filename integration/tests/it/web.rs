@@ -364,6 +364,13 @@ fn web_view_with_tokens_needs_a_login_and_shows_tenants_their_own_jobs() {
     assert_eq!(http(&web, "GET", &format!("/jobs/{job_a}"), &a, None).status, 200);
     let tenants = http(&web, "GET", "/tenants", &a, None).body;
     assert!(tenants.contains("id=\"tenant-team-a\"") && !tenants.contains("team-b"), "{tenants}");
+    // Its own invoice, not another tenant's (refused, and the refusal names neither's bill).
+    let own = http(&web, "GET", "/tenants/team-a", &a, None);
+    assert_eq!(own.status, 200, "{}", own.body);
+    assert!(own.body.contains("Invoice of tenant team-a") && own.body.contains("id=\"entries\""), "{}", own.body);
+    let other = http(&web, "GET", "/tenants/team-b", &a, None);
+    assert_eq!(other.status, 403, "{}", other.body);
+    assert!(other.body.contains("cannot see the invoice of tenant team-b"), "{}", other.body);
 
     // A browser logs in with the form (posted from a page of this listener: its origin) and
     // gets an HttpOnly, SameSite=Strict cookie.

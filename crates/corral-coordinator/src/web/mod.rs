@@ -1,5 +1,6 @@
 //! The web view: read-only HTML pages of the pool (`/`), the queue (`/queue`), one job
-//! (`/jobs/ID`, with the tail of its output) and the tenants (`/tenants`), served on the
+//! (`/jobs/ID`, with the tail of its output), the tenants (`/tenants`) and one tenant's
+//! invoice (`/tenants/NAME`), served on the
 //! listener that serves `/metrics` (the binary hands every other path to [`Coordinator::web`]).
 //!
 //! Auth is the user API's: with TLS or `auth.require-tokens` every page needs a token, given as
@@ -85,6 +86,8 @@ enum Route {
     Pool,
     Queue,
     Tenants,
+    /// `/tenants/NAME`: one tenant's invoice.
+    Invoice(String),
     Job(JobRef),
 }
 
@@ -95,6 +98,24 @@ struct JobRef {
     task: Option<u32>,
 }
 
+/// A path segment with its `%XX` escapes decoded; `None` when it is not valid UTF-8.
+fn percent_decoded(segment: &str) -> Option<String> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = segment.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// The page of a path, or the error response for it.
 fn route(path: &str) -> Result<Route, WebResponse> {
     match path {
@@ -102,6 +123,11 @@ fn route(path: &str) -> Result<Route, WebResponse> {
         "/queue" => return Ok(Route::Queue),
         "/tenants" | "/usage" => return Ok(Route::Tenants),
         _ => {}
+    }
+    if let Some(name) = path.strip_prefix("/tenants/").filter(|n| !n.is_empty() && !n.contains('/')) {
+        return percent_decoded(name).map(Route::Invoice).ok_or_else(|| {
+            error_page(400, "Bad tenant name", "a tenant name is letters, digits and dashes, e.g. /tenants/team-a")
+        });
     }
     let Some(id) = path.strip_prefix("/jobs/").filter(|id| !id.is_empty() && !id.contains('/')) else {
         return Err(error_page(
@@ -298,6 +324,37 @@ impl Coordinator {
             Route::Pool => ("Pool", pages::pool(&snapshot.read().state, leader, &viewer)),
             Route::Queue => ("Queue", pages::queue(&snapshot.read().state, leader, &viewer, now_ms)),
             Route::Tenants => ("Tenants", pages::tenants(&snapshot.read().state, &viewer)),
+            Route::Invoice(tenant) => {
+                if !viewer.may_access(&tenant) {
+                    let message = format!(
+                        "permission denied: tenant {} cannot see the invoice of tenant {tenant}",
+                        viewer.tenant().unwrap_or_default(),
+                    );
+                    self.security().audit.record(corral_security::AuditEvent::denied(
+                        "web view",
+                        format!("web {}", request.peer),
+                        viewer.describe(),
+                        message.as_str(),
+                    ));
+                    return error_page(403, "Permission denied", &message);
+                }
+                let body = {
+                    let data = snapshot.read();
+                    let state = &data.state;
+                    let known =
+                        state.config.tenants.contains(&tenant) || state.billed_by_tenant().contains_key(&tenant);
+                    if !known {
+                        return error_page(
+                            404,
+                            "No such tenant",
+                            &format!("there is no tenant {tenant}: see the tenants page for those there are"),
+                        );
+                    }
+                    pages::invoice(state, &tenant)
+                };
+                let title = format!("Invoice of {tenant}");
+                return response(200, html::page(&frame(&title, Some(REFRESH_SECS)), &body));
+            }
             Route::Job(job_ref) => {
                 let job = match web_job(&snapshot, job_ref) {
                     Ok(job) => job,
@@ -483,6 +540,10 @@ mod tests {
         assert_eq!(route("/usage"), Ok(Route::Tenants));
         assert_eq!(route("/jobs/12"), Ok(Route::Job(JobRef { id: 12, task: None })));
         assert_eq!(route("/jobs/12_7"), Ok(Route::Job(JobRef { id: 12, task: Some(7) })));
+        assert_eq!(route("/tenants/team-a"), Ok(Route::Invoice("team-a".into())));
+        assert_eq!(route("/tenants/team%2Da"), Ok(Route::Invoice("team-a".into())));
+        assert_eq!(route("/tenants/%ff").map_err(|r| r.status), Err(400));
+        assert_eq!(route("/tenants/a/b").map_err(|r| r.status), Err(404));
         for (path, status) in
             [("/nope", 404), ("/jobs/", 404), ("/jobs/1/x", 404), ("/jobs/abc", 400), ("/jobs/1_x", 400)]
         {

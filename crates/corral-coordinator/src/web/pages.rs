@@ -438,7 +438,8 @@ pub(crate) fn tenants(state: &State, viewer: &Principal) -> String {
     names.extend(billed.keys().map(String::as_str));
     let mut body = String::from(
         "<h1>Tenants</h1><table id=\"tenants\"><tr><th>Tenant</th><th>Running jobs</th><th>Pending jobs</th>\
-         <th>GPUs held</th><th>Quota (GPUs)</th><th>Cohort</th><th>GPU-hours billed</th><th>Cost</th></tr>",
+         <th>GPUs held</th><th>Quota (GPUs)</th><th>Cohort</th><th>GPU-hours billed</th><th>Charged</th>\
+         <th>Credited</th><th>Net</th><th></th></tr>",
     );
     for name in names.into_iter().filter(|t| viewer.may_access(t)) {
         let policy = state.config.tenant_policies.get(name);
@@ -450,7 +451,8 @@ pub(crate) fn tenants(state: &State, viewer: &Principal) -> String {
             body,
             "<tr class=\"tenant\" id=\"tenant-{0}\"><td>{0}</td><td class=\"num\">{1}</td><td class=\"num\">{2}</td>\
              <td class=\"num\">{3}</td><td class=\"num\">{4}</td><td>{5}</td><td class=\"num\">{6:.3}</td>\
-             <td class=\"num\">{7}</td></tr>",
+             <td class=\"num\">{7}</td><td class=\"num\">{8}</td><td class=\"num\">{9}</td>\
+             <td><a href=\"/tenants/{10}\">invoice</a></td></tr>",
             escape(name),
             state.running_count_of(name),
             state.pending_count_of(name),
@@ -459,9 +461,105 @@ pub(crate) fn tenants(state: &State, viewer: &Principal) -> String {
             escape(&cohort),
             gpu_hours,
             money(total.map_or(0, |t| t.cost_micros)),
+            credited(total.map_or(0, |t| t.credited_micros)),
+            money(total.map_or(0, |t| t.cost_micros.saturating_sub(t.credited_micros))),
+            url_segment(name),
         );
     }
     body.push_str("</table>");
+    body
+}
+
+/// A credit as an amount: negative, or a plain zero.
+fn credited(micros: u64) -> String {
+    if micros == 0 {
+        money(0)
+    } else {
+        format!("-{}", money(micros))
+    }
+}
+
+/// `name` as one path segment of a link (tenant names are `[a-z0-9-]`, but a link never
+/// trusts that).
+fn url_segment(name: &str) -> String {
+    name.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => char::from(b).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// One tenant's invoice, as `corral billing invoice --tenant T` prints it: the totals of every
+/// run billed to it (archived ones included) less the credits, then its latest ledger entries
+/// still in memory, newest first — each billed run (job, GPUs, model, class, start, end, billed
+/// length, price, amount, why it ended) and each credit (a negative amount naming the entry it
+/// credits and the cause). At most [`MAX_ROWS`] entries, looking at most [`SCAN_ROWS`].
+pub(crate) fn invoice(state: &State, tenant: &str) -> String {
+    let billed = state.billed_by_tenant();
+    let total = billed.get(tenant).copied().unwrap_or_default();
+    let gpu_hours = total.gpu_milli_ms as f64 / MILLI_PER_GPU as f64 / 3_600_000.0;
+    let mut body = format!(
+        "<h1>Invoice of tenant {0}</h1><table id=\"totals\"><tr><th>GPU-hours billed</th><th>Charged</th>\
+         <th>Credited</th><th>Net</th></tr><tr><td class=\"num\">{1:.3}</td><td class=\"num\">{2}</td>\
+         <td class=\"num\">{3}</td><td class=\"num\">{4}</td></tr></table>\
+         <h2>Latest entries</h2><table id=\"entries\"><tr><th>Entry</th><th>Job</th><th>GPUs</th><th>Model</th>\
+         <th>Class</th><th>Start</th><th>End</th><th>Billed</th><th>Price/h</th><th>Amount</th><th>Cause</th></tr>",
+        escape(tenant),
+        gpu_hours,
+        money(total.cost_micros),
+        credited(total.credited_micros),
+        money(total.cost_micros.saturating_sub(total.credited_micros)),
+    );
+    let mut shown = 0;
+    for segment in state.ledger.values().rev().take(SCAN_ROWS).filter(|g| g.tenant == tenant) {
+        if shown == MAX_ROWS {
+            break;
+        }
+        shown += 1;
+        let cause = segment.cause.map_or("-", |c| c.as_str());
+        let job = format!("<a href=\"/jobs/{0}\">{0}</a>", segment.job_id);
+        if segment.is_credit() {
+            let of = segment.credit_for.map(|id| format!(", entry {id}")).unwrap_or_default();
+            let _ = write!(
+                body,
+                "<tr class=\"credit\"><td>{}</td><td>{job}</td><td></td><td></td><td></td><td>{}</td><td></td>\
+                 <td></td><td></td><td class=\"num\">{}</td><td>credit: {}{}</td></tr>",
+                segment.id,
+                format_utc(segment.start),
+                credited(segment.cost_micros),
+                escape(cause),
+                of,
+            );
+        } else {
+            let _ = write!(
+                body,
+                "<tr class=\"charge\"><td>{}</td><td>{job}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td>\
+                 <td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+                 <td>{}</td></tr>",
+                segment.id,
+                corral_core::format_multiplier(segment.gpu_milli),
+                escape(&segment.gpu_model),
+                escape(&segment.priority_class),
+                format_utc(segment.start),
+                format_utc(segment.end),
+                format_duration(Duration::from_millis(segment.duration_ms())),
+                money(segment.price_micros_per_gpu_hour),
+                money(segment.cost_micros),
+                escape(cause),
+            );
+        }
+    }
+    body.push_str("</table>");
+    if shown == 0 {
+        body.push_str("<p>No entries in memory: older ones are in the history.</p>");
+    }
+    let _ = write!(
+        body,
+        "<p>Entries archived to the history, and the whole bill as a file: <code>corral billing invoice \
+         --tenant {} [--since] [--until] [--format csv]</code>.</p>",
+        escape(tenant)
+    );
     body
 }
 
@@ -659,5 +757,66 @@ mod tests {
         );
         let own = tenants(&state, &tenant("team-b"));
         assert!(own.contains("id=\"tenant-team-b\"") && !own.contains("team-a") && !own.contains("default"), "{own}");
+        assert!(own.contains("<a href=\"/tenants/team-b\">invoice</a>"), "{own}");
+    }
+
+    fn segment(id: u64, tenant: &str, cost_micros: u64, credit_for: Option<u64>) -> corral_types::Segment {
+        corral_types::Segment {
+            id,
+            job_id: 7,
+            epoch: 3,
+            tenant: tenant.into(),
+            node: "n1".into(),
+            gpu_model: "RTX 5090".into(),
+            gpus: 1,
+            gpu_milli: 1000,
+            priority_class: "normal".into(),
+            multiplier_milli: 1000,
+            price_micros_per_gpu_hour: 890_000,
+            start: Timestamp::compose(1_000, 0),
+            end: Timestamp::compose(3_601_000, 0),
+            duration_ms: 3_600_000,
+            lost: false,
+            end_state: "requeued".into(),
+            cost_micros,
+            policy_version: 1,
+            cause: Some(corral_types::EndCause::GpuFault),
+            credit_for,
+        }
+    }
+
+    /// A tenant's invoice: the totals net of credits, the run and its credit (negative, naming
+    /// the entry it credits), and nothing of another tenant.
+    #[test]
+    fn an_invoice_lists_runs_and_credits_and_totals_net_of_credits() {
+        let mut state = pool_state();
+        state.ledger.insert(1, segment(1, "team-a", 890_000, None));
+        state.ledger.insert(2, segment(2, "team-a", 890_000, Some(1)));
+        state.ledger.insert(3, segment(3, "team-b", 1_780_000, None));
+        let html = invoice(&state, "team-a");
+        assert!(html.contains("<h1>Invoice of tenant team-a</h1>"), "{html}");
+        assert!(
+            html.contains(
+                "<td class=\"num\">1.000</td><td class=\"num\">0.890000</td><td class=\"num\">-0.890000</td>\
+                 <td class=\"num\">0.000000</td>"
+            ),
+            "GPU-hours, charged, credited and net: {html}"
+        );
+        let credit = html.find("class=\"credit\"").expect("the credit's row");
+        let charge = html.find("class=\"charge\"").expect("the run's row");
+        assert!(credit < charge, "newest first: {html}");
+        assert!(html.contains("<td class=\"num\">-0.890000</td><td>credit: gpu-fault, entry 1</td>"), "{html}");
+        assert!(html.contains("<td>RTX 5090</td><td>normal</td>") && html.contains("1h"), "{html}");
+        assert!(html.contains("<a href=\"/jobs/7\">7</a>"), "{html}");
+        assert!(!html.contains("1.780000"), "another tenant's entry: {html}");
+        let tenants_page = tenants(&state, &admin());
+        assert!(
+            tenants_page.contains(
+                "<td class=\"num\">0.890000</td><td class=\"num\">-0.890000</td><td class=\"num\">0.000000</td>"
+            ),
+            "{tenants_page}"
+        );
+        let none = invoice(&state, "default");
+        assert!(none.contains("No entries in memory"), "{none}");
     }
 }
