@@ -215,13 +215,8 @@ impl StateMachineStore {
         // Everything applied up to the clone reaches the disk before the snapshot names it.
         self.shared.history.sync()?;
         let flushed = started.elapsed();
-        let bytes = {
-            let mut jobs = self.shared.job_encodings.lock().unwrap_or_else(|p| p.into_inner());
-            codec::snapshot_without_request_ids_to_bytes(&state, &mut jobs)
-        };
         let to_write = ids.plan(&state, |f| request_ids::read_file(&self.shared.snapshots, f));
-        drop(state);
-        let encoded = started.elapsed();
+        let planned = started.elapsed();
         let snapshot_id = match last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id.term, l.leader_id.node_id, l.index),
             None => "empty".to_string(),
@@ -229,13 +224,18 @@ impl StateMachineStore {
         let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
         let snapshots = &self.shared.snapshots;
         let (tmp, ids_tmp) = (snapshots.temp_path("build"), snapshots.temp_path("ids"));
+        let mut bytes = 0;
         let written = (|| {
             let id_files = to_write.write(&ids_tmp)?;
+            // Encoded straight into the file, a job at a time: never a second copy of the state.
             let mut out = SyncedWriter::create(&tmp)?;
-            out.write_all(&bytes)?;
+            let mut jobs = self.shared.job_encodings.lock().unwrap_or_else(|p| p.into_inner());
+            bytes = codec::write_snapshot_without_request_ids(&state, &mut jobs, &mut out)?;
+            drop(jobs);
             out.finish()?;
             snapshots.publish(&meta, &tmp, true, id_files)
         })();
+        drop(state);
         if !matches!(written, Ok(Some(_))) {
             let _ = std::fs::remove_file(&tmp);
             let _ = std::fs::remove_file(&ids_tmp);
@@ -247,13 +247,13 @@ impl StateMachineStore {
         let ms = |d: std::time::Duration| d.as_millis() as u64;
         tracing::info!(
             snapshot = %meta.snapshot_id,
-            bytes = bytes.len(),
+            bytes,
             request_id_bytes = to_write.new.as_ref().map_or(0, |n| n.bytes.len()),
             request_id_files = written.as_ref().ok().and_then(Option::as_ref).map_or(0, |c| c.request_ids.len()),
             clone_ms = ms(cloned),
             flush_ms = ms(flushed - cloned),
-            encode_ms = ms(encoded - flushed),
-            write_ms = ms(started.elapsed() - encoded),
+            plan_ms = ms(planned - flushed),
+            encode_and_write_ms = ms(started.elapsed() - planned),
             "snapshot of the hot state written"
         );
         Ok((meta, written?.is_some()))

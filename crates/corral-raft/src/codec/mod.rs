@@ -41,7 +41,8 @@ pub use request_id::{request_id_entries_from_bytes, request_id_entries_to_bytes,
 pub use segment::{segment_from_bytes, segment_to_bytes};
 pub use snapshot::{
     read_snapshot, request_id_table_key, snapshot_from_bytes, snapshot_to_bytes, snapshot_without_request_ids_to_bytes,
-    write_snapshot_record, HistoryRecord, HotBounds, JobEncodings, SnapshotReadError,
+    write_snapshot_record, write_snapshot_without_request_ids, HistoryRecord, HotBounds, JobEncodings,
+    SnapshotReadError,
 };
 
 /// Version of the persisted command encoding, written into every `Command` (and the store's

@@ -187,15 +187,54 @@ fn read_varint(reader: &mut impl std::io::Read) -> Result<Option<u64>, SnapshotR
 
 /// Encodes the hot state for a snapshot (the history is appended by the store).
 pub fn snapshot_to_bytes(s: &State) -> Vec<u8> {
-    encode_snapshot(s, true, &mut JobEncodings::default())
+    let mut buf = Vec::new();
+    encode_snapshot(s, true, &mut JobEncodings::default(), &mut buf).expect("a Vec grows as needed");
+    buf
 }
 
 /// Encodes the hot state without its request ids, which a store keeps in files of their own
 /// (see [`request_id_entries_to_bytes`]), reusing the encodings of jobs that did not change
 /// since the last call with `jobs`.
 pub fn snapshot_without_request_ids_to_bytes(s: &State, jobs: &mut JobEncodings) -> Vec<u8> {
-    encode_snapshot(s, false, jobs)
+    let mut buf = Vec::new();
+    encode_snapshot(s, false, jobs, &mut buf).expect("a Vec grows as needed");
+    buf
 }
+
+/// [`snapshot_without_request_ids_to_bytes`] written to `out` as it is encoded, one job at a
+/// time: no copy of the whole state is held. Returns the bytes written.
+pub fn write_snapshot_without_request_ids(
+    s: &State,
+    jobs: &mut JobEncodings,
+    out: &mut impl std::io::Write,
+) -> std::io::Result<u64> {
+    let mut counted = Counted { out, bytes: 0 };
+    encode_snapshot(s, false, jobs, &mut counted)?;
+    Ok(counted.bytes)
+}
+
+/// A writer that counts what passes through it.
+struct Counted<'a, W> {
+    out: &'a mut W,
+    bytes: u64,
+}
+
+impl<W: std::io::Write> std::io::Write for Counted<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// Jobs whose encoding is longer than this are encoded again at every build rather than kept
+/// between builds: the cache is for the many small jobs of a large queue, and a job with a
+/// script of a megabyte would otherwise be held twice, once as a job and once as its bytes.
+const MAX_CACHED_JOB_BYTES: usize = 16 << 10;
 
 /// The encoded jobs of the last snapshot built, with a `Weak` of the job each encodes. While a
 /// `Weak` is held, a change to the job moves it into a new `Arc` (`Arc::make_mut`, see
@@ -217,7 +256,12 @@ impl JobEncodings {
     }
 }
 
-fn encode_snapshot(s: &State, with_request_ids: bool, cache: &mut JobEncodings) -> Vec<u8> {
+fn encode_snapshot(
+    s: &State,
+    with_request_ids: bool,
+    cache: &mut JobEncodings,
+    out: &mut impl std::io::Write,
+) -> std::io::Result<()> {
     use prost::encoding::{encode_key, encode_varint, WireType};
     // In field order, which is how prost would write the whole message: the version, the jobs
     // one by one (an unchanged job's bytes come from `cache`), the nodes, the request-id table
@@ -227,8 +271,9 @@ fn encode_snapshot(s: &State, with_request_ids: bool, cache: &mut JobEncodings) 
     // the snapshots it would misread.
     let shares = s.jobs.shared().any(|(_, job)| spec_shared_with_array(s, job));
     let format_version = if shares { SNAPSHOT_FORMAT_VERSION } else { SNAPSHOT_FORMAT_VERSION_UNSHARED };
-    let mut buf = pb::StateSnapshot { format_version, ..Default::default() }.encode_to_vec();
+    out.write_all(&pb::StateSnapshot { format_version, ..Default::default() }.encode_to_vec())?;
     let mut encoded = std::collections::HashMap::with_capacity(s.jobs.len());
+    let mut head = Vec::with_capacity(16);
     for (id, job) in s.jobs.shared() {
         let shared = spec_shared_with_array(s, job);
         let bytes = match cache.0.remove(id) {
@@ -250,19 +295,26 @@ fn encode_snapshot(s: &State, with_request_ids: bool, cache: &mut JobEncodings) 
                 record.encode_to_vec()
             }
         };
-        encode_key(2, WireType::LengthDelimited, &mut buf);
-        encode_varint(bytes.len() as u64, &mut buf);
-        buf.extend_from_slice(&bytes);
-        encoded.insert(*id, (std::sync::Arc::downgrade(job), shared, bytes));
+        head.clear();
+        encode_key(2, WireType::LengthDelimited, &mut head);
+        encode_varint(bytes.len() as u64, &mut head);
+        out.write_all(&head)?;
+        out.write_all(&bytes)?;
+        if bytes.len() <= MAX_CACHED_JOB_BYTES {
+            encoded.insert(*id, (std::sync::Arc::downgrade(job), shared, bytes));
+        }
     }
     cache.0 = encoded;
-    pb::StateSnapshot { nodes: s.nodes.values().map(node_status_to_pb).collect(), ..Default::default() }
-        .encode(&mut buf)
-        .expect("a Vec grows as needed");
+    out.write_all(
+        &pb::StateSnapshot { nodes: s.nodes.values().map(node_status_to_pb).collect(), ..Default::default() }
+            .encode_to_vec(),
+    )?;
     if with_request_ids {
+        let mut buf = Vec::new();
         encode_request_ids(s, &mut buf);
+        out.write_all(&buf)?;
     }
-    pb::StateSnapshot {
+    let rest = pb::StateSnapshot {
         next_job_id: s.next_job_id,
         request_ids_expired_before: s.request_ids_expired_before.0,
         next_epoch: s.next_epoch,
@@ -283,10 +335,8 @@ fn encode_snapshot(s: &State, with_request_ids: bool, cache: &mut JobEncodings) 
         segments_archived_below: s.segments_archived_below,
         archived_billed: billed_to_pb(&s.archived_billed),
         ..Default::default()
-    }
-    .encode(&mut buf)
-    .expect("a Vec grows as needed");
-    buf
+    };
+    out.write_all(&rest.encode_to_vec())
 }
 
 /// Whether `job` is an array task holding its array's own command, environment and script (the
