@@ -452,6 +452,17 @@ mod tests {
     }
 
     #[test]
+    fn the_lease_guard_is_a_scheduler_key_with_a_default_of_an_hour() {
+        let dev = include_str!("../../../cluster-configs/dev-policy.toml");
+        assert_eq!(dev_policy().scheduler.lease_guard_secs, 3600);
+        let config = parse_policy("p", &format!("{dev}\n[scheduler]\nlease-guard = \"30m\"\n")).unwrap();
+        assert_eq!(config.scheduler.lease_guard_secs, 1800);
+        let text = render_policy(&config, 2);
+        assert!(text.contains("lease-guard"), "{text}");
+        assert_eq!(parse_policy("shown", &text).unwrap(), config, "{text}");
+    }
+
+    #[test]
     fn the_issue_s_example_reads_as_written() {
         let text = r#"
 [tenants.team-a]
