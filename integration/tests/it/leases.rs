@@ -2,6 +2,7 @@
 //! would outlast the lease pending with the reason, while jobs that fit run; at the lease end
 //! minus the class's grace running jobs get their checkpoint signal and are requeued with cause
 //! `lease-ended` (credited on the invoice, no restart counted); at the lease end the node drains.
+//! A leader killed just before the lease end minus grace neither loses the requeue nor repeats it.
 
 use corral_integration::cluster::{Cluster, ClusterOptions};
 use corral_integration::one_line_stderr;
@@ -18,9 +19,13 @@ fn now_ms() -> u64 {
 /// One coordinator whose default class has a 2 s grace, a one-minute lease guard, and
 /// `lease-ended` credited in full.
 fn setup() -> (Cluster, tempfile::TempDir) {
-    let cluster = Cluster::start(1, ClusterOptions::default());
-    let init = cluster.corral_at(0, &["cluster", "init"]);
-    assert!(init.status.success(), "{}", one_line_stderr(&init));
+    setup_with(1)
+}
+
+/// [`setup`] with `coordinators` coordinators.
+fn setup_with(coordinators: u64) -> (Cluster, tempfile::TempDir) {
+    let cluster = Cluster::start(coordinators, ClusterOptions::default());
+    cluster.init_and_join_all();
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
     let dev = include_str!("../../../cluster-configs/dev-policy.toml").replace("grace = \"1m\"", "grace = \"2s\"");
@@ -175,4 +180,49 @@ fn the_lease_end_checkpoints_requeues_and_credits_running_jobs_then_drains_the_n
     }
     cluster.corral_at(0, &["cancel", &quick.to_string()]);
     cluster.corral_at(0, &["cancel", &stubborn.to_string()]);
+}
+
+#[test]
+fn a_leader_killed_as_the_lease_ends_neither_loses_the_requeue_nor_repeats_it() {
+    let (mut cluster, dir) = setup_with(3);
+    let mut w1 = WorkerProc::configure(dir.path(), "w1", &cluster.endpoints(), 1);
+    w1.start();
+    w1.wait_registered(&cluster);
+    let marks = dir.path().join("checkpoints");
+    let script = format!("trap 'echo $CORRAL_JOB_ID >> {}; exit 0' USR1; sleep 120 & wait", marks.display());
+    let job = submit(&cluster, &["--signal", "USR1", "--", "sh", "-c", &script]);
+    cluster.wait_for(job, Duration::from_secs(30), "running", |d| d["state"] == "running");
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Stopped 4 s from now (lease end in 6 s, grace 2 s); the leader dies 100 ms before that.
+    let set = cluster.json(&["node", "lease", "w1", "--until", "6s"]);
+    assert!(set["lease_end"].is_string(), "{set}");
+    std::thread::sleep(Duration::from_millis(3_900));
+    let leader = cluster.leader();
+    cluster.kill(leader);
+    let requeued = cluster.wait_for(job, Duration::from_secs(30), "requeued by the next leader", |d| {
+        d["state"] == "pending" && d["attempts"] == 1
+    });
+    assert_eq!(requeued["restarts"], 0, "{requeued}");
+    cluster.restart(leader);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while node(&cluster, "w1")["state"] != "drained" {
+        assert!(Instant::now() < deadline, "w1 never drained: {}", node(&cluster, "w1"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut w2 = WorkerProc::configure(dir.path(), "w2", &cluster.endpoints(), 1);
+    w2.start();
+    w2.wait_registered(&cluster);
+    let moved = cluster.wait_for(job, Duration::from_secs(30), "running on w2", |d| d["state"] == "running");
+    assert_eq!((moved["node"].as_str(), moved["attempts"].as_u64()), (Some("w2"), Some(2)), "{moved}");
+    let checkpoints = std::fs::read_to_string(&marks).unwrap_or_default();
+    assert_eq!(checkpoints.trim(), job.to_string(), "one checkpoint signal, once");
+    let invoice = cluster.json(&["billing", "invoice", "--tenant", "default"]);
+    let entries = invoice["entries"].as_array().cloned().unwrap_or_default();
+    let ended: Vec<&Value> = entries.iter().filter(|e| e["kind"] == "charge" && e["cause"] == "lease-ended").collect();
+    assert_eq!(ended.len(), 1, "one lease-ended run: {entries:?}");
+    let credits = entries.iter().filter(|e| e["kind"] == "credit").count();
+    assert_eq!(credits, 1, "credited once: {entries:?}");
+    cluster.wait_converged();
+    cluster.corral_at(0, &["cancel", &job.to_string()]);
 }
