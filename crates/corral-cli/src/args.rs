@@ -380,6 +380,23 @@ pub enum NodeCommand {
         #[arg(long, value_parser = parse_duration, default_value = "1h")]
         ttl: std::time::Duration,
     },
+    /// Set when NODE's lease ends (the host goes back to its owner), or clear it (admin). No job
+    /// whose time limit plus its class's grace would run past it is placed there (nor one without
+    /// a limit within the policy's lease-guard of it); at the lease end minus their grace,
+    /// running jobs get their checkpoint signal and are requeued (cause lease-ended); at the lease
+    /// end the node drains. The lease end set here wins over the worker's `lease-end` until
+    /// --clear, which goes back to the worker's (if any).
+    #[command(group(clap::ArgGroup::new("lease").required(true).args(["until", "clear"])))]
+    Lease {
+        node: String,
+        /// When the lease ends: UTC (2026-12-31T18:00:00Z), a duration from now (8h), or a TSO
+        /// timestamp.
+        #[arg(long)]
+        until: Option<String>,
+        /// Remove the lease end set here.
+        #[arg(long)]
+        clear: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

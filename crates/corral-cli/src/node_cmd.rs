@@ -1,4 +1,4 @@
-//! `corral node ...`: the node lifecycle (`drain`, `cordon`, `resume`, `remove`) and
+//! `corral node ...`: the node lifecycle (`drain`, `cordon`, `resume`, `remove`, `lease`) and
 //! `join-token`, which issues a single-use token that a new worker joins the cluster with
 //! (`corral worker --config FILE --join ADDR --token T`).
 
@@ -64,6 +64,13 @@ async fn lifecycle(global: &GlobalArgs, command: NodeCommand) -> anyhow::Result<
         }
         NodeCommand::Cordon { node, reason } => client.set_node_mode(&node, "cordoned", &reason, None).await?,
         NodeCommand::Resume { node } => client.set_node_mode(&node, "active", "", None).await?,
+        NodeCommand::Lease { node, until, clear } => {
+            let until = match (until, clear) {
+                (Some(t), false) => Some(crate::times::parse_future_time(&t)?.physical_ms()),
+                _ => None,
+            };
+            client.set_node_lease(&node, until).await?
+        }
         NodeCommand::JoinToken { ttl } => return join_token(global, ttl).await,
     };
     if json {
@@ -73,6 +80,7 @@ async fn lifecycle(global: &GlobalArgs, command: NodeCommand) -> anyhow::Result<
             "reason": reply.reason,
             "drain_deadline": reply.drain_deadline.map(|t| format_utc(Timestamp(t))),
             "running_jobs": reply.running_jobs,
+            "lease_end": reply.lease_end.map(|t| format_utc(Timestamp(t))),
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(ExitCode::SUCCESS);
@@ -87,6 +95,10 @@ async fn lifecycle(global: &GlobalArgs, command: NodeCommand) -> anyhow::Result<
         ("draining", None) => "; they run to their end (add --deadline to requeue them)".to_string(),
         _ => String::new(),
     };
-    println!("node {} is {}: {jobs}{when}", reply.node, reply.state);
+    let lease = match reply.lease_end {
+        Some(t) => format!("; its lease ends at {}", format_utc(Timestamp(t))),
+        None => String::new(),
+    };
+    println!("node {} is {}: {jobs}{when}{lease}", reply.node, reply.state);
     Ok(ExitCode::SUCCESS)
 }

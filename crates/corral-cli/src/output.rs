@@ -590,6 +590,7 @@ pub fn node_json(n: &pb::NodeView) -> Value {
         "labels": node_labels(n).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
         "partitions": n.partitions,
         "drain_deadline": n.drain_deadline.map(|t| format_utc(Timestamp(t))),
+        "lease_end": n.lease_end.map(|t| format_utc(Timestamp(t))),
         "running_jobs": n.running_jobs,
         "gpus": n.gpus.iter().map(|g| json!({
             "index": g.index,
@@ -655,10 +656,22 @@ pub fn nodes_table(nodes: &[pb::NodeView]) -> String {
                     text
                 }
             },
+            n.lease_end.map(|t| lease_text(Timestamp(t))).unwrap_or_else(|| "-".into()),
             if n.reason.is_empty() { "-".to_string() } else { n.reason.clone() },
         ]);
     }
-    table(&["NODE", "STATE", "FREE/GPUS", "MODEL", "HEALTH", "TEMPS(C)", "HEARTBEAT", "LABELS", "REASON"], &rows)
+    let header =
+        ["NODE", "STATE", "FREE/GPUS", "MODEL", "HEALTH", "TEMPS(C)", "HEARTBEAT", "LABELS", "LEASE-END", "REASON"];
+    table(&header, &rows)
+}
+
+/// A lease end to the second (`2026-12-31T18:00:00Z`).
+fn lease_text(t: Timestamp) -> String {
+    let full = format_utc(t);
+    match full.split_once('.') {
+        Some((seconds, _)) => format!("{seconds}Z"),
+        None => full,
+    }
 }
 
 #[cfg(test)]

@@ -4,16 +4,6 @@ use anyhow::bail;
 use corral_types::{parse_duration, Timestamp};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Days from 1970-01-01 to the proleptic Gregorian date `y-m-d` (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 /// Bare numbers at least this large are TSO timestamps (smaller ones are ages in minutes);
 /// every TSO timestamp since 1970-01-01T00:00:04Z is.
 const MIN_BARE_TSO: u64 = 1_000_000_000;
@@ -34,19 +24,21 @@ pub fn parse_time(input: &str) -> anyhow::Result<Timestamp> {
             "invalid time '{input}': expected a date such as 2026-12-01 or 2026-12-01T08:00:00Z, an age such as 24h, or a TSO timestamp"
         )
     };
-    let s = s.trim_end_matches('Z');
-    let (date, time) = s.split_once('T').unwrap_or((s, "00:00:00"));
-    let d: Vec<i64> = date.split('-').map(|p| p.parse().map_err(|_| invalid())).collect::<Result<_, _>>()?;
-    let t: Vec<i64> = time.split(':').map(|p| p.parse().map_err(|_| invalid())).collect::<Result<_, _>>()?;
-    let valid = d.len() == 3 && (1..=12).contains(&d[1]) && (1..=31).contains(&d[2]) && (2..=3).contains(&t.len());
-    if !valid || t[0] > 23 || t[1] > 59 || t.get(2).is_some_and(|s| *s > 59) {
-        return Err(invalid());
+    corral_types::parse_utc(s).ok_or_else(invalid)
+}
+
+/// A time to come (`corral node lease --until`): a date as [`parse_time`] reads it, a TSO
+/// timestamp, or a duration such as `2h` (that long from now).
+pub fn parse_future_time(input: &str) -> anyhow::Result<Timestamp> {
+    if let Ok(ahead) = parse_duration(input.trim()) {
+        let then = SystemTime::now().duration_since(UNIX_EPOCH)?.saturating_add(ahead);
+        return Ok(Timestamp::compose(then.as_millis() as u64, 0));
     }
-    let secs = days_from_civil(d[0], d[1], d[2]) * 86_400 + t[0] * 3600 + t[1] * 60 + t.get(2).copied().unwrap_or(0);
-    if secs < 0 {
-        return Err(invalid());
-    }
-    Ok(Timestamp::compose(secs as u64 * 1000, 0))
+    parse_time(input).map_err(|_| {
+        anyhow::anyhow!(
+            "invalid time '{input}': expected a date such as 2026-12-31T18:00:00Z, a duration from now such as 2h, or a TSO timestamp"
+        )
+    })
 }
 
 /// `--since` and `--until`, parsed and checked.
@@ -76,6 +68,10 @@ mod tests {
             assert!(parse_time(bad).is_err(), "{bad}");
         }
         // A TSO timestamp as `corral ts` prints it; a small bare number stays an age in minutes.
+        let ahead = parse_future_time("1h").unwrap().physical_ms();
+        assert!(ahead - now >= 3_590_000 && ahead - now < 3_660_000, "a duration is from now");
+        assert_eq!(parse_future_time("2026-12-31T18:00:00Z").unwrap().physical_ms(), 1_798_740_000_000);
+        assert!(parse_future_time("soon").is_err());
         let tso = Timestamp::compose(1_796_299_512_000, 7);
         assert_eq!(parse_time(&tso.0.to_string()).unwrap(), tso);
         let ten_minutes_ago = parse_time("10").unwrap().physical_ms();

@@ -954,6 +954,21 @@ impl Client {
         Ok(reply.into_inner())
     }
 
+    /// Sets (`Some`: unix ms) or clears (`None`) the operator's lease end of a node (admin).
+    pub async fn set_node_lease(
+        &self,
+        node: &str,
+        lease_end_ms: Option<u64>,
+    ) -> Result<pb::NodeModeResponse, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::SetNodeLeaseRequest { node: node.to_string(), lease_end_ms });
+                async move { Self::corral(ch).set_node_lease(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
     /// Forgets an empty node that is down, cordoned or drained (admin).
     pub async fn remove_node(&self, node: &str) -> Result<pb::RemoveNodeResponse, ClientError> {
         let reply = self

@@ -208,6 +208,7 @@ mod tests {
             memory_bytes: 32 << 30,
             labels: vec![],
             rendezvous_ports: None,
+            lease_end: None,
         }
     }
 

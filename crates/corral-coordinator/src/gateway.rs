@@ -270,6 +270,7 @@ mod tests {
                 memory_bytes: 0,
                 labels: Vec::new(),
                 rendezvous_ports: None,
+                lease_end: None,
             },
             state: NodeState::Up,
             epoch: 5,
@@ -277,6 +278,7 @@ mod tests {
             mode_reason: String::new(),
             drain_deadline: None,
             gpu_faults: marks,
+            lease_end_set: None,
         }
     }
 

@@ -133,6 +133,9 @@ struct SchedulerEntry {
     backfill_reservations: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_preemptors_per_pass: Option<u32>,
+    /// No job without a time limit is placed on a leased node this close to its lease end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_guard: Option<ConfigDuration>,
 }
 
 /// The file as written.
@@ -305,6 +308,7 @@ impl PolicyFile {
             },
             backfill_reservations: self.scheduler.backfill_reservations.unwrap_or(defaults.backfill_reservations),
             max_preemptors_per_pass: self.scheduler.max_preemptors_per_pass.unwrap_or(defaults.max_preemptors_per_pass),
+            lease_guard_secs: self.scheduler.lease_guard.map_or(defaults.lease_guard_secs, |d| d.get().as_secs()),
         };
         for (name, share) in self.billing.credits {
             let cause = EndCause::parse(&name).map_err(|e| format!("billing.credits: {e}"))?;
@@ -381,6 +385,8 @@ impl PolicyFile {
                 .filter(|_| s.backfill_reservations != defaults.backfill_reservations),
             max_preemptors_per_pass: Some(s.max_preemptors_per_pass)
                 .filter(|_| s.max_preemptors_per_pass != defaults.max_preemptors_per_pass),
+            lease_guard: Some(ConfigDuration::from_secs(s.lease_guard_secs))
+                .filter(|_| s.lease_guard_secs != defaults.lease_guard_secs),
         };
         file.slurm = SlurmEntry {
             accounts: config.slurm.accounts.clone(),
@@ -443,6 +449,17 @@ mod tests {
             let text = render_policy(&config, 3);
             assert_eq!(parse_policy("shown", &text).unwrap(), config, "{text}");
         }
+    }
+
+    #[test]
+    fn the_lease_guard_is_a_scheduler_key_with_a_default_of_an_hour() {
+        let dev = include_str!("../../../cluster-configs/dev-policy.toml");
+        assert_eq!(dev_policy().scheduler.lease_guard_secs, 3600);
+        let config = parse_policy("p", &format!("{dev}\n[scheduler]\nlease-guard = \"30m\"\n")).unwrap();
+        assert_eq!(config.scheduler.lease_guard_secs, 1800);
+        let text = render_policy(&config, 2);
+        assert!(text.contains("lease-guard"), "{text}");
+        assert_eq!(parse_policy("shown", &text).unwrap(), config, "{text}");
     }
 
     #[test]

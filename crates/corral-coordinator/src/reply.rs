@@ -119,6 +119,7 @@ pub(crate) fn node_view(state: &State, n: &NodeStatus, live: Option<&NodeLive>, 
         drain_deadline: n.drain_deadline.map(|t| t.0),
         running_jobs: jobs.len() as u32,
         partitions: n.spec.labels.iter().filter(|(k, _)| k == "partition").map(|(_, v)| v.clone()).collect(),
+        lease_end: n.lease_end().map(|t| t.0),
     }
 }
 

@@ -84,6 +84,7 @@ pub(crate) async fn run(coord: Coordinator) {
         let Some(term) = coord.leading_term() else { continue };
         mark_silent_nodes_down(&coord, term).await;
         evict_at_drain_deadlines(&coord).await;
+        end_leases(&coord).await;
         let computed = schedule_once(&coord).await;
         // Coalesce: under a stream of submits, one pass covers every change applied meanwhile
         // instead of one pass per applied entry. The pause follows the pass's own cost, so a
@@ -140,6 +141,34 @@ async fn evict_at_drain_deadlines(coord: &Coordinator) {
         tracing::info!(node = %node, "drain deadline passed: stopping the node's jobs for requeue");
         if let Err(e) = coord.propose(Command::EvictDrainedJobs { node }).await {
             tracing::warn!(error = %e, "could not stop the jobs of a drained node");
+        }
+    }
+}
+
+/// Stops the runs of leased nodes that their lease end reaches (at the lease end minus each
+/// job's class grace: checkpoint signal, grace, requeue as `lease-ended`) and drains nodes whose
+/// lease ended. Judged here with a fresh oracle timestamp, as time limits and drain deadlines
+/// are; apply judges again with the command's own timestamp and stops only runs not yet told to,
+/// so a proposal repeated by this leader or the next changes nothing more.
+async fn end_leases(coord: &Coordinator) {
+    let any_lease = coord.store().read().state.nodes.values().any(|n| n.lease_end().is_some());
+    if !any_lease {
+        return;
+    }
+    let Ok(now) = coord.timestamps(1).await else { return };
+    let due: Vec<String> = {
+        let data = coord.store().read();
+        data.state
+            .nodes
+            .values()
+            .filter(|n| data.state.lease_due(&n.spec.name, now))
+            .map(|n| n.spec.name.clone())
+            .collect()
+    };
+    for node in due {
+        tracing::info!(node = %node, "lease ends: stopping the node's jobs for requeue, draining it at the end");
+        if let Err(e) = coord.propose(Command::EndLease { node }).await {
+            tracing::warn!(error = %e, "could not act on a lease end");
         }
     }
 }

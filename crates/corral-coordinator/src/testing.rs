@@ -29,6 +29,7 @@ pub(crate) fn dev_state_with_node() -> State {
         memory_bytes: 1 << 34,
         labels: Vec::new(),
         rendezvous_ports: None,
+        lease_end: None,
     };
     apply(&mut state, 1_000, Command::RegisterNode { spec: node });
     state

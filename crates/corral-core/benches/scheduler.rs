@@ -80,6 +80,7 @@ fn node(i: usize) -> NodeSpec {
         memory_bytes: 1 << 40,
         labels: vec![],
         rendezvous_ports: None,
+        lease_end: None,
     }
 }
 

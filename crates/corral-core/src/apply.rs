@@ -27,6 +27,8 @@ fn preempted_reason(by: JobId, node: &str) -> String {
         format!("requeued: node {node} was drained")
     } else if by == corral_types::REQUEUE_PREEMPTOR {
         "requeued: by request (corral requeue)".to_string()
+    } else if by == corral_types::LEASE_PREEMPTOR {
+        format!("requeued: the lease of node {node} ended")
     } else {
         format!("requeued: preempted by job {by}")
     }
@@ -94,6 +96,7 @@ impl State {
             | Command::SetNodeState { node: name, .. }
             | Command::SetNodeMode { node: name, .. }
             | Command::EvictDrainedJobs { node: name }
+            | Command::EndLease { node: name }
             | Command::RemoveNode { node: name, .. } => {
                 touched.jobs.extend(self.jobs_on_node(name).map(|j| j.id));
             }
@@ -109,6 +112,7 @@ impl State {
             | Command::CreateJoinToken { .. }
             | Command::ConsumeJoinToken { .. }
             | Command::SetGpuFault { .. }
+            | Command::SetNodeLease { .. }
             | Command::Compact(_) => {}
             Command::ApplyPolicy { .. } => {
                 // Running runs may get a price break, stranded jobs are cancelled.
@@ -224,6 +228,8 @@ impl State {
                 self.set_node_mode(ts, node, *mode, reason, *drain_deadline)
             }
             Command::EvictDrainedJobs { node } => self.evict_drained_jobs(ts, node),
+            Command::SetNodeLease { node, lease_end } => self.set_node_lease(node, *lease_end),
+            Command::EndLease { node } => self.end_lease(ts, node),
             Command::RemoveNode { node, revoke_certificates } => {
                 let removed = self.remove_node(node)?;
                 if *revoke_certificates {
@@ -490,6 +496,9 @@ impl State {
         }
         let slice =
             self.validate_placement(job, p).map_err(|reason| ApplyError::PlacementRejected { job_id, reason })?;
+        if let Some(reason) = p.parts().find_map(|(node, _)| self.lease_refusal(&job.spec, node, ts)) {
+            return Err(ApplyError::PlacementRejected { job_id, reason });
+        }
         // A gang's parts meet on a port of its first node: apply chooses it, so there is no
         // proposal to trust.
         let master_port = match p.more_nodes.is_empty() {
@@ -768,6 +777,8 @@ impl State {
         } else if let Some(by) = preempted_by {
             if by == DRAIN_PREEMPTOR {
                 EndCause::Drained
+            } else if by == corral_types::LEASE_PREEMPTOR {
+                EndCause::LeaseEnded
             } else {
                 EndCause::Preempted
             }
@@ -901,6 +912,8 @@ impl State {
             self.nodes.get(&spec.name).map(|n| (n.mode, n.mode_reason.clone(), n.drain_deadline)).unwrap_or_default();
         // So do GPU fault marks: the new process clears them once it reads the GPUs clean.
         let gpu_faults = self.nodes.get(&spec.name).map(|n| n.gpu_faults.clone()).unwrap_or_default();
+        // And an operator's lease end (it wins over the worker's until cleared).
+        let lease_end_set = self.nodes.get(&spec.name).and_then(|n| n.lease_end_set);
         let status = NodeStatus {
             spec: spec.clone(),
             state: NodeState::Up,
@@ -909,6 +922,7 @@ impl State {
             mode_reason,
             drain_deadline,
             gpu_faults,
+            lease_end_set,
         };
         let new = self.nodes.insert(spec.name.clone(), status);
         self.index.caps.registered(&self.nodes, &spec.name, new.is_none());
@@ -990,6 +1004,9 @@ impl State {
             Some(j) if j.cancel_requested => ("cancelled", EndCause::Cancelled),
             Some(j) if j.preemption.as_ref().is_some_and(|p| p.by == DRAIN_PREEMPTOR) => {
                 ("preempted", EndCause::Drained)
+            }
+            Some(j) if j.preemption.as_ref().is_some_and(|p| p.by == corral_types::LEASE_PREEMPTOR) => {
+                ("preempted", EndCause::LeaseEnded)
             }
             Some(j) if j.preemption.is_some() => ("preempted", EndCause::Preempted),
             _ => ("requeued", EndCause::NodeLost),
@@ -1097,6 +1114,7 @@ pub(crate) mod tests {
             memory_bytes: 64 << 30,
             labels: vec![],
             rendezvous_ports: None,
+            lease_end: None,
         }
     }
 

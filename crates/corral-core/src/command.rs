@@ -248,6 +248,18 @@ pub enum Command {
         mark: corral_types::GpuFaultMark,
         clear: bool,
     },
+    /// `corral node lease NODE --until TIME` (`Some`) or `--clear` (`None`): the operator's lease
+    /// end of a node, which wins over its worker's `lease-end` while set (`leases.rs`).
+    SetNodeLease {
+        node: String,
+        lease_end: Option<Timestamp>,
+    },
+    /// The lease of `node` nears its end: running jobs its class's grace reaches get their
+    /// checkpoint signal and are requeued (`lease-ended`); at the lease end the node drains.
+    /// Proposed by the leader; apply judges against the request's timestamp.
+    EndLease {
+        node: String,
+    },
 }
 
 /// What `corral update` changes in a pending job (`None`: unchanged).

@@ -97,6 +97,14 @@ pub struct SchedulerConfig {
     /// How many pending jobs may look for preemption victims in one pass.
     #[serde(default = "default_preemptors")]
     pub max_preemptors_per_pass: u32,
+    /// A job without a time limit is not placed on a leased node within this many seconds of
+    /// the lease end (policy `lease-guard`).
+    #[serde(default = "default_lease_guard")]
+    pub lease_guard_secs: u64,
+}
+
+fn default_lease_guard() -> u64 {
+    3600
 }
 
 fn default_half_life() -> u64 {
@@ -117,6 +125,7 @@ impl Default for SchedulerConfig {
             usage_half_life_secs: default_half_life(),
             backfill_reservations: default_reservations(),
             max_preemptors_per_pass: default_preemptors(),
+            lease_guard_secs: default_lease_guard(),
         }
     }
 }

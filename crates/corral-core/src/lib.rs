@@ -17,6 +17,7 @@ mod history;
 mod jobctl;
 mod jobs;
 mod join_tokens;
+mod leases;
 mod ledger;
 mod nodes;
 mod policy;
@@ -38,6 +39,7 @@ pub use jobs::Jobs;
 pub use join_tokens::{
     valid_node_name, JoinTokenRecord, JoinTokenUse, JOIN_TOKEN_RETENTION_MS, MAX_JOIN_TOKENS, MAX_JOIN_TOKEN_TTL_MS,
 };
+pub use leases::lease_need_ms;
 pub use ledger::{cost_micros, TSO_LEAD_ALLOWANCE_MS};
 pub use policy::{format_multiplier, format_price, format_secs, PolicyPlan, PolicyRecord, MAX_POLICY_HISTORY};
 pub use quota::{format_gpus, QuotaBlock};

@@ -151,6 +151,7 @@ fn scheduler_fields(out: &mut Vec<String>, old: &SchedulerConfig, new: &Schedule
     field(out, p, "usage-half-life", Some(secs(old.usage_half_life_secs)), Some(secs(new.usage_half_life_secs)));
     field(out, p, "backfill-reservations", Some(old.backfill_reservations), Some(new.backfill_reservations));
     field(out, p, "max-preemptors-per-pass", Some(old.max_preemptors_per_pass), Some(new.max_preemptors_per_pass));
+    field(out, p, "lease-guard", Some(secs(old.lease_guard_secs)), Some(secs(new.lease_guard_secs)));
 }
 
 impl ClusterConfig {

@@ -531,6 +531,7 @@ impl From<&NodeSpec> for pb::NodeSpec {
             memory_bytes: n.memory_bytes,
             labels: n.labels.iter().map(|(k, v)| pb::Label { key: k.clone(), value: v.clone() }).collect(),
             rendezvous_ports: n.rendezvous_ports.map(|(first, last)| pb::PortRange { first, last }),
+            lease_end: n.lease_end.map(|t| t.0),
         }
     }
 }
@@ -558,6 +559,7 @@ impl From<pb::NodeSpec> for NodeSpec {
             memory_bytes: n.memory_bytes,
             labels: n.labels.into_iter().map(|l| (l.key, l.value)).collect(),
             rendezvous_ports: n.rendezvous_ports.map(|r| (r.first, r.last)),
+            lease_end: n.lease_end.map(Timestamp),
         }
     }
 }
@@ -806,6 +808,7 @@ mod tests {
             memory_bytes: 1 << 34,
             labels: vec![("rack".into(), "r1".into())],
             rendezvous_ports: None,
+            lease_end: None,
         };
         assert_eq!(NodeSpec::from(pb::NodeSpec::from(&node)), node);
         let segment = Segment {

@@ -39,6 +39,7 @@ pub fn seed_state() -> State {
         memory_bytes: 64 << 30,
         labels: vec![],
         rendezvous_ports: None,
+        lease_end: None,
     };
     let commands = [
         Command::Configure(ClusterConfig::dev_defaults()),

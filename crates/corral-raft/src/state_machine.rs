@@ -917,6 +917,7 @@ mod tests {
             memory_bytes: 64 << 30,
             labels: vec![],
             rendezvous_ports: None,
+            lease_end: None,
         };
         let spec =
             JobSpec { tenant: "default".into(), command: vec!["true".into()].into(), gpus: 1, ..Default::default() };

@@ -16,6 +16,10 @@ pub const DRAIN_PREEMPTOR: JobId = 0;
 /// The "preemptor" of a job stopped by `corral requeue`.
 pub const REQUEUE_PREEMPTOR: JobId = JobId::MAX;
 
+/// The "preemptor" of a job stopped because its node's lease ends (`corral node lease`, the
+/// worker's `lease-end`): its run ends with cause `lease-ended`.
+pub const LEASE_PREEMPTOR: JobId = JobId::MAX - 1;
+
 /// Upper bound on whole GPUs one job may ask for.
 pub const MAX_GPUS_PER_JOB: u32 = 1024;
 

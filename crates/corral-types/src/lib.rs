@@ -21,9 +21,9 @@ pub use container::{ContainerMount, ContainerOptions, MAX_CONTAINER_ENV, MAX_CON
 pub use job::{
     Allocation, ArrayLimits, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuSlice,
     Job, JobExitReport, JobId, JobRef, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd, PreemptionNotice,
-    PriceBreak, SchedOptions, SliceAssignment, DEFAULT_ARRAY_WINDOW, DRAIN_PREEMPTOR, MAX_ARGS, MAX_ARRAY_RANGES,
-    MAX_ARRAY_TASKS, MAX_ARRAY_WINDOW, MAX_COMMAND_BYTES, MAX_ENV_BYTES, MAX_ENV_VARS, MAX_GPUS_PER_JOB,
-    MAX_SCRIPT_BYTES, REQUEUE_PREEMPTOR,
+    PriceBreak, SchedOptions, SliceAssignment, DEFAULT_ARRAY_WINDOW, DRAIN_PREEMPTOR, LEASE_PREEMPTOR, MAX_ARGS,
+    MAX_ARRAY_RANGES, MAX_ARRAY_TASKS, MAX_ARRAY_WINDOW, MAX_COMMAND_BYTES, MAX_ENV_BYTES, MAX_ENV_VARS,
+    MAX_GPUS_PER_JOB, MAX_SCRIPT_BYTES, REQUEUE_PREEMPTOR,
 };
 pub use job_options::parse_dependencies;
 pub use layout::{gpu_type_matches, SlurmNames, TaskLayout, MAX_NODES_PER_JOB, MAX_TASKS_PER_JOB};
@@ -40,4 +40,4 @@ pub use step::{
     JobStep, JobSteps, StepId, StepNode, StepNodeEnd, StepRef, StepSpec, StepState, TaskExit, MAX_KEPT_STEPS,
     MAX_LIVE_STEPS, MAX_STEP_NODELIST, MAX_STEP_SIGNALS, MAX_STEP_SPEC_BYTES, MAX_STEP_TASKS,
 };
-pub use timestamp::{format_utc, Timestamp};
+pub use timestamp::{format_utc, parse_utc, Timestamp};

@@ -52,6 +52,9 @@ pub struct NodeSpec {
     /// (MASTER_PORT); `None`: [`DEFAULT_RENDEZVOUS_PORTS`].
     #[serde(default)]
     pub rendezvous_ports: Option<(u32, u32)>,
+    /// When the host goes back to its owner (the worker's `lease-end`); `None`: no lease.
+    #[serde(default)]
+    pub lease_end: Option<Timestamp>,
 }
 
 /// Rendezvous ports of a node that does not say (torchrun's default port and the 499 above it).
@@ -122,6 +125,10 @@ pub struct NodeStatus {
     /// first shows it, cleared when a heartbeat shows the GPU clean after the fault.
     #[serde(default)]
     pub gpu_faults: Vec<GpuFaultMark>,
+    /// The lease end an operator set (`corral node lease NODE --until`): it wins over the
+    /// worker's `lease-end` until `--clear` removes it.
+    #[serde(default)]
+    pub lease_end_set: Option<Timestamp>,
 }
 
 /// A card fault (hardware or driver, not the job's doing) the worker attributed to one GPU.
@@ -152,6 +159,11 @@ impl NodeStatus {
     /// Up, and neither cordoned nor draining: the scheduler may place jobs here.
     pub fn accepts_jobs(&self) -> bool {
         self.state == NodeState::Up && self.mode == NodeMode::Active
+    }
+
+    /// When the node's lease ends: the operator's (`corral node lease`), else the worker's.
+    pub fn lease_end(&self) -> Option<Timestamp> {
+        self.lease_end_set.or(self.spec.lease_end)
     }
 
     /// The state operators see (`corral nodes`): up, cordoned, draining (jobs still run),

@@ -66,6 +66,37 @@ pub fn format_utc(ts: Timestamp) -> String {
     )
 }
 
+/// Days from 1970-01-01 to the proleptic Gregorian date `y-m-d` (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Parses a UTC date, `2026-12-01` or `2026-12-01T08:00[:00][Z]` (the one reading of a date for
+/// the CLI's times and the worker's `lease-end`); `None`: not such a date.
+pub fn parse_utc(input: &str) -> Option<Timestamp> {
+    let s = input.trim().trim_end_matches('Z');
+    let (date, time) = s.split_once('T').unwrap_or((s, "00:00:00"));
+    let d: Vec<i64> = date.split('-').map(|p| p.parse().ok()).collect::<Option<_>>()?;
+    let t: Vec<i64> = time.split(':').map(|p| p.parse().ok()).collect::<Option<_>>()?;
+    let valid = d.len() == 3 && (1..=12).contains(&d[1]) && (1..=31).contains(&d[2]) && (2..=3).contains(&t.len());
+    if !valid
+        || !(0..=23).contains(&t[0])
+        || !(0..=59).contains(&t[1])
+        || t.get(2).is_some_and(|s| !(0..=59).contains(s))
+    {
+        return None;
+    }
+    let secs = days_from_civil(d[0], d[1], d[2]) * 86_400 + t[0] * 3600 + t[1] * 60 + t.get(2).copied().unwrap_or(0);
+    // Past the timestamp's range (2^46 ms, about the year 4199): not a date it can hold.
+    let ms = u64::try_from(secs).ok()?.checked_mul(1000).filter(|ms| ms >> (64 - Timestamp::LOGICAL_BITS) == 0)?;
+    Some(Timestamp::compose(ms, 0))
+}
+
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)

@@ -131,5 +131,6 @@ fn node_spec(config: &WorkerConfig) -> NodeSpec {
         memory_bytes: config.memory_bytes,
         labels,
         rendezvous_ports: config.rendezvous_ports,
+        lease_end: config.lease_end,
     }
 }

@@ -23,6 +23,7 @@ mod isolation;
 mod job_control;
 mod job_path;
 mod join;
+mod leases;
 mod lifecycle;
 mod metrics;
 mod nodes;

@@ -199,6 +199,34 @@ pub(super) async fn set_node_mode(
         (None, true) => format!("node {}", req.node),
     };
     coord.audit_admin(&request, action, &who, detail);
+    node_mode_reply(coord, &req.node)
+}
+
+/// `Corral.SetNodeLease` (`corral node lease`). Cost: one log entry.
+pub(super) async fn set_node_lease(
+    coord: &Coordinator,
+    request: Request<pb::SetNodeLeaseRequest>,
+) -> Result<Response<pb::NodeModeResponse>, Status> {
+    let action = "node lease";
+    let who = coord.principal(&request, action)?;
+    coord.require_admin(&request, action, &who)?;
+    let req = request.get_ref().clone();
+    if req.lease_end_ms.is_some_and(|ms| ms >> (64 - Timestamp::LOGICAL_BITS) != 0) {
+        return Err(Status::invalid_argument("the lease end is out of range"));
+    }
+    let lease_end = req.lease_end_ms.map(|ms| Timestamp::compose(ms, 0));
+    coord.propose(Command::SetNodeLease { node: req.node.clone(), lease_end }).await?;
+    let detail = match lease_end {
+        Some(t) => format!("node {} until {}", req.node, corral_types::format_utc(t)),
+        None => format!("node {} cleared", req.node),
+    };
+    coord.audit_admin(&request, action, &who, detail);
+    node_mode_reply(coord, &req.node)
+}
+
+/// A node's state as `corral node drain|cordon|resume|lease` print it.
+fn node_mode_reply(coord: &Coordinator, name: &str) -> Result<Response<pb::NodeModeResponse>, Status> {
+    let req = pb::SetNodeLeaseRequest { node: name.to_string(), lease_end_ms: None };
     let snapshot = coord.snapshot();
     let data = snapshot.read();
     let node = data
@@ -213,6 +241,7 @@ pub(super) async fn set_node_mode(
         reason: node.mode_reason.clone(),
         drain_deadline: node.drain_deadline.map(|t| t.0),
         running_jobs: running as u32,
+        lease_end: node.lease_end().map(|t| t.0),
     }))
 }
 

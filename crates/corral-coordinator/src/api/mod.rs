@@ -216,6 +216,13 @@ impl Corral for Api {
         admin::set_node_mode(&self.coord, request).await
     }
 
+    async fn set_node_lease(
+        &self,
+        request: Request<pb::SetNodeLeaseRequest>,
+    ) -> Result<Response<pb::NodeModeResponse>, Status> {
+        admin::set_node_lease(&self.coord, request).await
+    }
+
     async fn remove_node(
         &self,
         request: Request<pb::RemoveNodeRequest>,

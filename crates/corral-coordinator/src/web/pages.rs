@@ -111,6 +111,9 @@ pub(crate) fn pool(state: &State, leader: Option<&LeaderMemory<'_>>, viewer: &Pr
         if !node.mode_reason.is_empty() {
             let _ = write!(nodes_html, "; reason: {}", escape(&node.mode_reason));
         }
+        if let Some(end) = node.lease_end() {
+            let _ = write!(nodes_html, "; lease ends {}", escape(&format_utc(end)));
+        }
         match (leader, live) {
             (Some(_), Some(l)) => {
                 let _ = write!(nodes_html, "; last heartbeat {}", escape(&format_duration(l.last_seen.elapsed())));

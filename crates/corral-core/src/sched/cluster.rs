@@ -70,6 +70,8 @@ pub(crate) struct NodeCap<'s> {
     pub busy: bool,
     /// An `--exclusive` job holds the whole node: no other job is placed on it.
     pub taken_whole: bool,
+    /// When the node's lease ends (unix ms); `None`: no lease.
+    pub lease_end_ms: Option<u64>,
 }
 
 impl NodeCap<'_> {
@@ -115,6 +117,16 @@ impl NodeCap<'_> {
     /// Whether the node is of the kind `d` asks for, whatever is free: not held whole by an
     /// `--exclusive` job, idle for one, and with GPUs of the model asked for.
     pub fn suits(&self, d: &Demand) -> bool {
+        self.of_kind(d) && !self.lease_blocks(d)
+    }
+
+    /// Whether the node's lease ends before `d`, started now, would give it back.
+    pub fn lease_blocks(&self, d: &Demand) -> bool {
+        self.lease_end_ms.is_some_and(|end| d.lease_need_ms > end)
+    }
+
+    /// `suits`, the lease aside.
+    fn of_kind(&self, d: &Demand) -> bool {
         if self.taken_whole || (d.exclusive && self.busy) {
             return false;
         }
@@ -177,6 +189,8 @@ pub(crate) struct Cluster<'s> {
     /// Nodes with a reservation, and the same by free GPUs.
     pub reserved: Vec<u32>,
     pub reserved_by_free: BTreeSet<(u32, u32)>,
+    /// Up nodes with a lease end.
+    leased: Vec<u32>,
     pub now_ms: u64,
 }
 
@@ -214,6 +228,7 @@ impl<'s> Cluster<'s> {
             mps_partial: BTreeSet::new(),
             reserved: Vec::new(),
             reserved_by_free: BTreeSet::new(),
+            leased: Vec::new(),
             now_ms,
         };
         // Node loads are keyed like `state.nodes` (a subset): walk both in order, no lookups.
@@ -282,8 +297,12 @@ impl<'s> Cluster<'s> {
                 releases,
                 busy,
                 taken_whole,
+                lease_end_ms: status.lease_end().map(|t| t.physical_ms()),
             };
             cluster.by_name.insert(name, idx);
+            if node.lease_end_ms.is_some() && node.up() {
+                cluster.leased.push(idx);
+            }
             cluster.nodes.push(node);
             if cluster.nodes[idx as usize].up() {
                 cluster.index_node(idx);
@@ -366,6 +385,16 @@ impl<'s> Cluster<'s> {
 
     pub fn any_up(&self) -> bool {
         !self.whole.is_empty()
+    }
+
+    /// A leased node (of the first `PROBE`) that has room for one part of `d` now, of the kind it
+    /// asks for, but whose lease ends before `d` would give it back.
+    pub fn lease_blocked(&self, d: &Demand, k: u32) -> Option<&'s str> {
+        self.leased.iter().take(PROBE).map(|n| &self.nodes[*n as usize]).find_map(|n| {
+            let room = n.free >= k && n.cpu_free >= d.cpu && n.mem_free >= d.mem;
+            let fits = room && selects(&n.status.spec.labels, &d.selector) && n.of_kind(d);
+            (fits && n.lease_blocks(d)).then_some(n.name)
+        })
     }
 
     /// Up nodes with at least `k` free GPUs and the CPU and memory of `d`, reservations ignored

@@ -153,10 +153,14 @@ pub(crate) struct Demand {
     pub exclusive: bool,
     /// Only nodes whose GPUs are of this model.
     pub gpu_type: Option<String>,
+    /// The latest moment it may hold a node, started now (`leases::lease_need_ms`): a leased
+    /// node whose lease ends earlier does not take it.
+    pub lease_need_ms: u64,
 }
 
 impl Demand {
-    pub fn of(q: &QueuedJob, now_ms: u64) -> Demand {
+    /// `grace_secs`: the job's class's; `guard_secs`: the policy's `lease-guard`.
+    pub fn of(q: &QueuedJob, now_ms: u64, grace_secs: u32, guard_secs: u64) -> Demand {
         Demand {
             parts: q.parts,
             per_node: q.per_node,
@@ -168,6 +172,7 @@ impl Demand {
             selector: q.selector.clone(),
             exclusive: q.exclusive,
             gpu_type: q.gpu_type.clone(),
+            lease_need_ms: crate::leases::lease_need_ms(q.time_limit_secs, grace_secs, guard_secs, now_ms),
         }
     }
 
@@ -392,8 +397,8 @@ impl<'s> Book<'s> {
 /// memory and runs at least as long cannot fit either: it fails in O(1) instead of searching.
 #[derive(Default)]
 struct Infeasible {
-    /// Shape -> minimal failed (cpu, memory, end) points.
-    points: BTreeMap<Shape, Vec<(u64, u64, u64)>>,
+    /// Shape -> minimal failed (cpu, memory, end, lease need) points.
+    points: BTreeMap<Shape, Vec<(u64, u64, u64, u64)>>,
 }
 
 /// (nodes, gpus per node, slice).
@@ -406,8 +411,8 @@ impl Infeasible {
         (d.parts, d.per_node, d.slice)
     }
 
-    fn point(d: &Demand) -> (u64, u64, u64) {
-        (d.cpu, d.mem, d.end_ms.unwrap_or(u64::MAX))
+    fn point(d: &Demand) -> (u64, u64, u64, u64) {
+        (d.cpu, d.mem, d.end_ms.unwrap_or(u64::MAX), d.lease_need_ms)
     }
 
     fn known(&self, d: &Demand) -> bool {
@@ -415,8 +420,10 @@ impl Infeasible {
         if d.picky() {
             return false;
         }
-        let (cpu, mem, end) = Infeasible::point(d);
-        self.points.get(&Infeasible::key(d)).is_some_and(|ps| ps.iter().any(|p| p.0 <= cpu && p.1 <= mem && p.2 <= end))
+        let (cpu, mem, end, lease) = Infeasible::point(d);
+        self.points
+            .get(&Infeasible::key(d))
+            .is_some_and(|ps| ps.iter().any(|p| p.0 <= cpu && p.1 <= mem && p.2 <= end && p.3 <= lease))
     }
 
     fn record(&mut self, d: &Demand) {
@@ -425,7 +432,7 @@ impl Infeasible {
         }
         let new = Infeasible::point(d);
         let points = self.points.entry(Infeasible::key(d)).or_default();
-        points.retain(|p| !(new.0 <= p.0 && new.1 <= p.1 && new.2 <= p.2));
+        points.retain(|p| !(new.0 <= p.0 && new.1 <= p.1 && new.2 <= p.2 && new.3 <= p.3));
         if points.len() < Infeasible::MAX_POINTS {
             points.push(new);
         }
@@ -501,7 +508,8 @@ impl<'s> Pass<'s> {
         if let Some(max) = tenant.policy.and_then(|p| p.max_running_jobs).filter(|max| tenant.running >= *max) {
             return Err(PendingReason::JobLimit { tenant: tenant.shared_name.clone(), max });
         }
-        let d = Demand::of(q, self.cluster.now_ms);
+        let guard = self.state.config.scheduler.lease_guard_secs;
+        let d = Demand::of(q, self.cluster.now_ms, self.book.classes[c].grace_secs, guard);
         let need = q.milli;
         let numbers = self.book.numbers(t, c);
         let quota = quota::check(&numbers, need);
@@ -760,6 +768,12 @@ impl<'s> Pass<'s> {
     /// Why a job that fits no quota-free room is waiting.
     fn explain(&mut self, d: &Demand, starts_in_secs: Option<u64>) -> PendingReason {
         let k = if d.slice.is_some() { 1 } else { d.per_node };
+        if starts_in_secs.is_none() {
+            // It would fit a leased node now, but would outlast the lease.
+            if let Some(node) = self.cluster.lease_blocked(d, k) {
+                return PendingReason::Lease { node: node.into() };
+            }
+        }
         if starts_in_secs.is_none() && d.parts == 1 {
             // Free resources it would fit are held: for a job that starts later (it could use
             // them with a shorter time limit), or for a preemptor waiting for its victims.

@@ -158,7 +158,7 @@ fn plan_node(
     taken: &BTreeSet<JobId>,
 ) -> Option<(u64, Vec<usize>)> {
     let node = &cluster.nodes[n as usize];
-    if !node.up() || node.reservation.is_some() {
+    if !node.up() || node.reservation.is_some() || node.lease_blocks(p.demand) {
         return None;
     }
     let mut order: Vec<usize> =

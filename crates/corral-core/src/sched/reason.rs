@@ -1,6 +1,6 @@
 //! Why a job is still pending after a pass, as `corral queue` shows it. Each message starts with
 //! its category (`quota:`, `resources:`, `gang:`, `backfill reservation:`, `priority:`,
-//! `preemption:`).
+//! `preemption:`, `lease:`).
 
 use crate::quota::QuotaBlock;
 use corral_types::{format_duration, JobId};
@@ -39,6 +39,9 @@ pub enum PendingReason {
     NoNodes,
     /// The tenant runs as many jobs as its `max-running-jobs` allows.
     JobLimit { tenant: Arc<str>, max: u32 },
+    /// It would fit this leased node now, but its time limit (or, without one, the lease guard)
+    /// plus its class's grace would outlast the node's lease.
+    Lease { node: Arc<str> },
 }
 
 fn gpus(n: u32) -> String {
@@ -100,6 +103,7 @@ impl fmt::Display for PendingReason {
             PendingReason::JobLimit { tenant, max } => {
                 write!(f, "limit: tenant {tenant} runs {max} jobs, its max-running-jobs")
             }
+            PendingReason::Lease { node } => write!(f, "lease: the job ends after the lease of {node}"),
         }
     }
 }

@@ -240,6 +240,7 @@ impl World {
                     memory_bytes: named.get("ram").map(|r| r.parse::<u64>().unwrap() << 30).unwrap_or(512 << 30),
                     labels: vec![],
                     rendezvous_ports: None,
+                    lease_end: None,
                 };
                 self.apply(Command::RegisterNode { spec }).unwrap();
             }

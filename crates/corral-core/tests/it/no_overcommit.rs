@@ -50,6 +50,14 @@ enum Op {
     EvictDrained {
         node: usize,
     },
+    /// Set a node's lease end this many seconds ahead (`None`: clear it), or act on it.
+    Lease {
+        node: usize,
+        ahead: Option<u64>,
+    },
+    EndLease {
+        node: usize,
+    },
     RemoveNode {
         node: usize,
     },
@@ -138,6 +146,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..3usize, 0..3u8, proptest::option::of(0..120u64))
             .prop_map(|(node, mode, deadline)| Op::NodeMode { node, mode, deadline }),
         1 => (0..3usize).prop_map(|node| Op::EvictDrained { node }),
+        1 => (0..3usize, proptest::option::of(0..7200u64)).prop_map(|(node, ahead)| Op::Lease { node, ahead }),
+        1 => (0..3usize).prop_map(|node| Op::EndLease { node }),
         1 => (0..3usize).prop_map(|node| Op::RemoveNode { node }),
         1 => (any::<usize>(), any::<bool>()).prop_map(|(pick, hold)| Op::Hold { pick, hold }),
         1 => any::<usize>().prop_map(|pick| Op::Requeue { pick }),
@@ -185,6 +195,7 @@ fn node_spec(i: usize) -> NodeSpec {
         memory_bytes: 32 << 30,
         labels: vec![],
         rendezvous_ports: None,
+        lease_end: None,
     }
 }
 
@@ -253,6 +264,14 @@ impl Sim {
         let ts = Timestamp::compose(self.secs * 1000, self.seq);
         // Refusals are fine (that is the point of the wrong proposals); panics are not.
         let (_, touched) = self.state.apply_tracked(&Request { ts, command });
+        // No run placed now outlasts the lease of a node it holds (plus its grace).
+        for job in touched.jobs.iter().filter_map(|id| self.state.jobs.get(id)) {
+            let Some(alloc) = job.allocation.as_ref().filter(|_| job.admitted_at == Some(ts)) else { continue };
+            for (node, _) in alloc.parts() {
+                let refusal = self.state.lease_refusal(&job.spec, node, ts);
+                assert!(refusal.is_none(), "job {} placed past a lease: {refusal:?}", job.id);
+            }
+        }
         for job in touched.archived {
             assert!(job.state.is_terminal(), "job {} left the hot state unfinished", job.id);
             assert!(self.archive.insert(job.id, job).is_none(), "a job was archived twice");
@@ -317,6 +336,11 @@ impl Sim {
                 self.apply(Command::SetNodeMode { node, mode, reason: "prop".into(), drain_deadline });
             }
             Op::EvictDrained { node } => self.apply(Command::EvictDrainedJobs { node: node_spec(*node).name }),
+            Op::Lease { node, ahead } => {
+                let lease_end = ahead.map(|a| Timestamp::compose((self.secs + a) * 1000, 0));
+                self.apply(Command::SetNodeLease { node: node_spec(*node).name, lease_end });
+            }
+            Op::EndLease { node } => self.apply(Command::EndLease { node: node_spec(*node).name }),
             Op::RemoveNode { node } => {
                 self.apply(Command::RemoveNode { node: node_spec(*node).name, revoke_certificates: true })
             }

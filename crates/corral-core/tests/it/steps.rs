@@ -110,6 +110,7 @@ fn node_spec(name: &str) -> NodeSpec {
         memory_bytes: 64 << 30,
         labels: vec![],
         rendezvous_ports: None,
+        lease_end: None,
     }
 }
 

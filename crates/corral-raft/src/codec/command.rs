@@ -156,6 +156,10 @@ fn command_to_pb(r: &Request) -> pb::Command {
             mark: Some(super::node::gpu_fault_to_pb(mark)),
             clear: *clear,
         }),
+        Command::SetNodeLease { node, lease_end } => {
+            Kind::SetNodeLease(pb::SetNodeLease { node: node.clone(), lease_end: lease_end.map(|t| t.0) })
+        }
+        Command::EndLease { node } => Kind::EndLease(pb::EndLease { node: node.clone() }),
         Command::Compact(c) => Kind::Compact(pb::Compact {
             archive_before: c.archive_before.0,
             request_ids_before: c.request_ids_before.0,
@@ -268,6 +272,8 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
             mark: super::node::gpu_fault_from_pb(c.mark.ok_or(CodecError::Missing("set_gpu_fault.mark"))?),
             clear: c.clear,
         },
+        Kind::SetNodeLease(c) => Command::SetNodeLease { node: c.node, lease_end: c.lease_end.map(Timestamp) },
+        Kind::EndLease(c) => Command::EndLease { node: c.node },
         Kind::Compact(c) => Command::Compact(CompactCutoffs {
             archive_before: Timestamp(c.archive_before),
             request_ids_before: Timestamp(c.request_ids_before),

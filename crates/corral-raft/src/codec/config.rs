@@ -39,6 +39,9 @@ pub(super) fn config_to_pb(c: &ClusterConfig) -> pb::ClusterConfig {
             usage_half_life_secs: c.scheduler.usage_half_life_secs,
             backfill_reservations: c.scheduler.backfill_reservations,
             max_preemptors_per_pass: c.scheduler.max_preemptors_per_pass,
+            // Written only when set, so configs written before it encode to the same bytes.
+            lease_guard_secs: Some(c.scheduler.lease_guard_secs)
+                .filter(|s| *s != SchedulerConfig::default().lease_guard_secs),
         }),
         gpu_prices: c
             .gpu_prices
@@ -98,6 +101,7 @@ pub(super) fn config_from_pb(c: pb::ClusterConfig) -> ClusterConfig {
                 usage_half_life_secs: s.usage_half_life_secs,
                 backfill_reservations: s.backfill_reservations,
                 max_preemptors_per_pass: s.max_preemptors_per_pass,
+                lease_guard_secs: s.lease_guard_secs.unwrap_or(SchedulerConfig::default().lease_guard_secs),
             })
             .unwrap_or_default(),
         gpu_prices: c.gpu_prices.into_iter().map(|p| (p.model, p.micros_per_gpu_hour)).collect(),

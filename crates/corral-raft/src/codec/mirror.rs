@@ -334,15 +334,10 @@ fn node_spec() -> impl Strategy<Value = NodeSpec> {
         any::<u64>(),
         vec((text(), text()), 0..3),
         of((any::<u32>(), any::<u32>())),
+        of(any::<u64>().prop_map(Timestamp)),
     )
-        .prop_map(|(name, address, gpus, cpu_millis, memory_bytes, labels, rendezvous_ports)| NodeSpec {
-            name,
-            address,
-            gpus,
-            cpu_millis,
-            memory_bytes,
-            labels,
-            rendezvous_ports,
+        .prop_map(|(name, address, gpus, cpu_millis, memory_bytes, labels, rendezvous_ports, lease_end)| {
+            NodeSpec { name, address, gpus, cpu_millis, memory_bytes, labels, rendezvous_ports, lease_end }
         })
 }
 

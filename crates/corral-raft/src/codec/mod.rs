@@ -132,6 +132,7 @@ mod tests {
             memory_bytes: 1 << 30,
             labels: vec![],
             rendezvous_ports: None,
+            lease_end: Some(Timestamp(99 << 20)),
         };
         let commands = [
             Command::ApplyPolicy { config: ClusterConfig::dev_defaults(), by: "cluster init".into(), force: false },
@@ -189,6 +190,9 @@ mod tests {
                 },
                 clear: false,
             },
+            Command::SetNodeLease { node: "n1".into(), lease_end: Some(Timestamp(5 << 20)) },
+            Command::EndLease { node: "n1".into() },
+            Command::SetNodeLease { node: "n1".into(), lease_end: None },
             Command::Compact(CompactCutoffs {
                 archive_before: Timestamp(3),
                 request_ids_before: Timestamp(2),
@@ -399,6 +403,7 @@ mod tests {
         let mut config = ClusterConfig::dev_defaults();
         config.tenant_policies.get_mut("team-a").unwrap().class_quotas.insert("normal".into(), 2000);
         config.scheduler.backfill_reservations = 2;
+        config.scheduler.lease_guard_secs = 900;
         let node = NodeSpec {
             name: "n1".into(),
             address: "a:1".into(),
@@ -416,6 +421,7 @@ mod tests {
             memory_bytes: 1 << 34,
             labels: vec![],
             rendezvous_ports: None,
+            lease_end: None,
         };
         let mut state = State::default();
         let apply = |state: &mut State, ts: u64, command: Command| state.apply(&Request { ts: Timestamp(ts), command });

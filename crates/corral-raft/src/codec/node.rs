@@ -28,6 +28,7 @@ impl From<&NodeSpec> for pb::NodeSpec {
             memory_bytes: n.memory_bytes,
             labels: n.labels.iter().map(|(k, v)| pb::Label { key: k.clone(), value: v.clone() }).collect(),
             rendezvous_ports: n.rendezvous_ports.map(|(first, last)| pb::PortRange { first, last }),
+            lease_end: n.lease_end.map(|t| t.0),
         }
     }
 }
@@ -55,6 +56,7 @@ impl From<pb::NodeSpec> for NodeSpec {
             memory_bytes: n.memory_bytes,
             labels: n.labels.into_iter().map(|l| (l.key, l.value)).collect(),
             rendezvous_ports: n.rendezvous_ports.map(|r| (r.first, r.last)),
+            lease_end: n.lease_end.map(Timestamp),
         }
     }
 }
@@ -102,6 +104,7 @@ pub(super) fn node_status_to_pb(n: &NodeStatus) -> pb::NodeStatus {
         mode_reason: n.mode_reason.clone(),
         drain_deadline: n.drain_deadline.map(|t| t.0),
         gpu_faults: n.gpu_faults.iter().map(gpu_fault_to_pb).collect(),
+        lease_end_set: n.lease_end_set.map(|t| t.0),
     }
 }
 
@@ -122,6 +125,7 @@ pub(super) fn node_status_from_pb(n: pb::NodeStatus) -> Result<NodeStatus, Codec
         mode_reason: n.mode_reason,
         drain_deadline: n.drain_deadline.map(Timestamp),
         gpu_faults: n.gpu_faults.into_iter().map(gpu_fault_from_pb).collect(),
+        lease_end_set: n.lease_end_set.map(Timestamp),
     })
 }
 

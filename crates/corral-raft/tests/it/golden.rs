@@ -264,6 +264,7 @@ fn full_node_spec() -> NodeSpec {
         memory_bytes: 1 << 40,
         labels: vec![("rack".into(), "r7".into()), ("zone".into(), "eu-1".into())],
         rendezvous_ports: None,
+        lease_end: None,
     }
 }
 
@@ -280,6 +281,7 @@ fn down_node() -> NodeStatus {
         memory_bytes: 64 << 30,
         labels: vec![],
         rendezvous_ports: None,
+        lease_end: None,
     };
     // Written before node modes existed: active, no reason, no deadline.
     NodeStatus {
@@ -290,6 +292,7 @@ fn down_node() -> NodeStatus {
         mode_reason: String::new(),
         drain_deadline: None,
         gpu_faults: Vec::new(),
+        lease_end_set: None,
     }
 }
 
@@ -398,6 +401,8 @@ fn full_config() -> ClusterConfig {
             usage_half_life_secs: 3 * 24 * 3600,
             backfill_reservations: 2,
             max_preemptors_per_pass: 8,
+            // Pinned before lease guards existed: the default, so the pinned bytes stand.
+            lease_guard_secs: 3600,
         },
         gpu_prices: [("H100 80GB HBM3".to_string(), 2_500_000), ("RTX 5090".to_string(), 400_000)].into(),
         default_gpu_price: 1_000_000,

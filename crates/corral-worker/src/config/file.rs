@@ -47,6 +47,10 @@ pub struct WorkerFile {
     /// Ports (`FIRST-LAST`, inclusive, or one port) that gangs whose first part runs here meet
     /// on (MASTER_PORT); default 29500-29999.
     pub rendezvous_ports: Option<String>,
+    /// When the host goes back to its owner (UTC, `2026-12-31T18:00:00Z`): no job that would
+    /// outlast it is placed here, running ones are checkpointed and requeued before it, and the
+    /// node drains at it. `corral node lease` overrides it until cleared.
+    pub lease_end: Option<String>,
     #[serde(default)]
     pub resources: ResourcesSection,
     pub gpu: GpuSection,
@@ -253,6 +257,12 @@ fn host_port(value: &str) -> bool {
     value.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
 }
 
+/// `lease-end`: a UTC date and time.
+fn lease_end(value: &str) -> Result<corral_types::Timestamp, String> {
+    corral_types::parse_utc(value)
+        .ok_or_else(|| format!("lease-end: '{value}' is not a UTC date and time such as 2026-12-31T18:00:00Z"))
+}
+
 /// `FIRST-LAST` (inclusive) or a single port, each 1..=65535; the error names the key.
 pub(crate) fn port_range(key: &str, value: &str) -> Result<(u32, u32), String> {
     let bad = |why: &str| format!("{key}: '{value}' {why}");
@@ -290,6 +300,7 @@ impl WorkerFile {
             labels: BTreeMap::new(),
             partitions: Vec::new(),
             rendezvous_ports: None,
+            lease_end: None,
             resources: ResourcesSection::default(),
             gpu,
             executor: ExecutorSection::default(),
@@ -353,6 +364,9 @@ impl WorkerFile {
         }
         if let Some(range) = &self.rendezvous_ports {
             port_range("rendezvous-ports", range)?;
+        }
+        if let Some(end) = &self.lease_end {
+            lease_end(end)?;
         }
         if let Some(cpus) = self.resources.cpus {
             if !(cpus > 0.0 && cpus.is_finite()) {
@@ -481,6 +495,7 @@ impl WorkerFile {
         c.labels = self.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         c.partitions = self.partitions.clone();
         c.rendezvous_ports = self.rendezvous_ports.as_deref().map(|r| port_range("rendezvous-ports", r)).transpose()?;
+        c.lease_end = self.lease_end.as_deref().map(lease_end).transpose()?;
         c.users = self.user_mapping()?;
         c.health = HealthPolicy {
             max_temperature_c: (self.health.max_temperature_c > 0).then_some(self.health.max_temperature_c),
@@ -576,6 +591,20 @@ mod tests {
         assert_eq!(config.users.resolve("team-a"), Ok(Some(JobUser { uid: 65534, gid: 65534 })));
         assert_eq!(file.faults_file(), PathBuf::from("/var/lib/corral/faults.toml"));
         assert_eq!(config.rendezvous_ports, None, "the default range is the coordinators' to apply");
+    }
+
+    #[test]
+    fn a_lease_end_is_a_utc_date_and_time() {
+        let lease = |value: &str| {
+            let file: WorkerFile = toml::from_str(&format!("lease-end = \"{value}\"\n{MINIMAL}")).expect("parse");
+            file.validate().and_then(|()| file.worker_config()).map(|c| c.lease_end)
+        };
+        let end = lease("2026-12-31T18:00:00Z").expect("valid").expect("set");
+        assert_eq!(end.physical_ms(), 1_798_740_000_000);
+        let err = lease("tomorrow").unwrap_err();
+        assert!(err.starts_with("lease-end: 'tomorrow'"), "{err}");
+        let file: WorkerFile = toml::from_str(MINIMAL).expect("parse");
+        assert_eq!(file.worker_config().expect("config").lease_end, None);
     }
 
     #[test]

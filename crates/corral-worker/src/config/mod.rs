@@ -80,6 +80,8 @@ pub struct WorkerConfig {
     /// Rendezvous ports (inclusive) offered to gangs whose first part runs here; `None`: the
     /// default range (`corral_types::DEFAULT_RENDEZVOUS_PORTS`).
     pub rendezvous_ports: Option<(u32, u32)>,
+    /// When the host's lease ends (`lease-end`), sent at registration; `None`: no lease.
+    pub lease_end: Option<corral_types::Timestamp>,
     pub users: UserMapping,
     pub hygiene: HygieneConfig,
     pub health: HealthPolicy,
@@ -126,6 +128,7 @@ impl WorkerConfig {
             labels: Vec::new(),
             partitions: Vec::new(),
             rendezvous_ports: None,
+            lease_end: None,
             users: UserMapping::WorkerUser,
             hygiene: HygieneConfig::default(),
             health: HealthPolicy::default(),
