@@ -1,8 +1,9 @@
 //! `corral worker --config FILE [--join ADDR --token T]`: a worker daemon from TOML. The file's
 //! schema, validation, the join and the assembly of the worker live in corral-worker
 //! (`WorkerFile`, `Worker::join_and_build`, `Worker::build`); this binds the agent's listener,
-//! starts the metrics listener and runs until SIGINT/SIGTERM. A changed file takes effect at the
-//! next start: the worker registers again with the new spec.
+//! starts the metrics listener and runs until SIGINT/SIGTERM, then removes its (empty) cgroup
+//! root. A changed file takes effect at the next start: the worker registers again with the new
+//! spec.
 
 use corral_worker::{BuildOptions, JoinOptions, Worker, WorkerFile};
 use std::path::Path;
@@ -46,6 +47,15 @@ pub async fn run(config_path: &Path, join: Option<String>, token: Option<String>
             tracing::info!("shutting down: killing local jobs");
             stop.cancel();
             (&mut running).await??;
+            // The worker ended its jobs: its cgroup root (one per data dir) goes too, or every
+            // stop would leave one behind. Left in place, with a warning, while anything is
+            // still under it.
+            let cgroup_root = file.job_cgroup_root();
+            if let Err(e) =
+                corral_worker::executor::ProcessExecutor::new(cgroup_root.as_str()).and_then(|e| e.remove_root_cgroup())
+            {
+                tracing::warn!(error = %e, cgroup_root, "cannot remove the worker's cgroup root");
+            }
         }
         result = &mut running => result??,
     }

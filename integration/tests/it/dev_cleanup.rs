@@ -1,4 +1,5 @@
-//! `corral dev` leaves no cgroup behind: its cgroup root (one per data dir) goes when it exits.
+//! `corral dev` and `corral worker` leave no cgroup behind: a worker's cgroup root (one per data
+//! dir) goes when it exits.
 
 use corral_integration::DevPool;
 use std::path::PathBuf;
@@ -30,4 +31,28 @@ fn dev_removes_its_cgroup_root_on_exit() {
     assert!(root.is_dir(), "{} should exist while the pool runs", root.display());
     pool.stop();
     assert!(!root.exists(), "corral dev left {} behind", root.display());
+}
+
+/// A `corral worker` stopped with SIGTERM removes its cgroup root too, as `corral dev` does:
+/// every stop of a worker would otherwise leave one behind.
+#[test]
+fn a_stopped_worker_removes_its_cgroup_root() {
+    let (cluster, mut workers, _dir) =
+        corral_integration::worker::two_node_pool(corral_integration::cluster::free_port());
+    let out = cluster.corral_at(0, &["submit", "--", "cat", "/proc/self/cgroup"]);
+    assert!(out.status.success(), "{}", corral_integration::one_line_stderr(&out));
+    let id: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("a job id");
+    let job = cluster.wait_for(id, std::time::Duration::from_secs(60), "succeeded", |j| j["state"] == "succeeded");
+    let node = job["node"].as_str().expect("the job's node").to_string();
+    let logs = cluster.corral_at(0, &["logs", &id.to_string()]);
+    let text = String::from_utf8_lossy(&logs.stdout).to_string();
+    let Some(root) = root_dir(&text) else {
+        assert!(std::env::var_os("CI").is_none(), "no job cgroup in the job's /proc/self/cgroup: {text}");
+        eprintln!("SKIPPED a_stopped_worker_removes_its_cgroup_root: no job cgroup found in {text}");
+        return;
+    };
+    assert!(root.is_dir(), "{} should exist while the worker runs", root.display());
+    let ran_it = workers.iter().position(|w| w.name == node).expect("the job's worker");
+    drop(workers.remove(ran_it)); // SIGTERM, then waits for the exit
+    assert!(!root.exists(), "the stopped worker left {} behind", root.display());
 }
