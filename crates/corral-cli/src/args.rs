@@ -129,6 +129,15 @@ pub enum Command {
     /// Submit a job, wait for it and stream its output (like srun); exits with the job's exit
     /// code (128+N when killed by signal N). Ctrl-C cancels the job.
     Run(RunArgs),
+    /// An interactive allocation (like salloc): submit flags, wait until it is granted, then run
+    /// $SHELL (or the command after `--`) here with the allocation's environment, so `srun` in it
+    /// runs steps on the allocation. When the shell or command exits the allocation is
+    /// relinquished, and alloc exits with its status.
+    Alloc(AllocArgs),
+    /// Relinquishes a `corral alloc` session's job when the alloc that started it dies
+    /// (internal: started by alloc, it cancels the job once its stdin closes).
+    #[command(hide = true)]
+    AllocGuard { job: u64 },
 }
 
 #[derive(Debug, Args)]
@@ -705,6 +714,23 @@ pub struct RunArgs {
     #[command(flatten)]
     pub job: JobFlags,
     /// The program and its arguments, after `--`.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct AllocArgs {
+    #[command(flatten)]
+    pub job: JobFlags,
+    /// End the session when its GPUs' utilisation stays under --min-gpu-util for this long
+    /// (e.g. 30m; default: the priority class's idle-timeout, else 30m; 0: never).
+    #[arg(long, value_parser = parse_duration, value_name = "DUR")]
+    pub idle_timeout: Option<std::time::Duration>,
+    /// The utilisation (percent, of each GPU of the session) under which a GPU counts as idle
+    /// (default 1).
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub min_gpu_util: Option<u32>,
+    /// The program and its arguments, after `--` (default: $SHELL, else /bin/sh).
     #[arg(last = true)]
     pub command: Vec<String>,
 }
