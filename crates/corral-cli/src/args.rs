@@ -134,6 +134,10 @@ pub enum Command {
     /// runs steps on the allocation. When the shell or command exits the allocation is
     /// relinquished, and alloc exits with its status.
     Alloc(AllocArgs),
+    /// A shell (or the command after `--`) inside a running job's cgroup on one of its nodes,
+    /// as the job's user in its working directory (like srun --jobid=J --overlap --pty bash):
+    /// a terminal when stdin is one, else plain pipes. Exits with the command's status.
+    Attach(AttachArgs),
     /// Relinquishes a `corral alloc` session's job when the alloc that started it dies
     /// (internal: started by alloc, it cancels the job once its stdin closes).
     #[command(hide = true)]
@@ -731,6 +735,18 @@ pub struct AllocArgs {
     #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub min_gpu_util: Option<u32>,
     /// The program and its arguments, after `--` (default: $SHELL, else /bin/sh).
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// The running job.
+    pub job: u64,
+    /// The node of the job: a name of its allocation, or its index there (default: the first).
+    #[arg(long, value_name = "N")]
+    pub node: Option<String>,
+    /// The program and its arguments, after `--` (default: the job's $SHELL, else /bin/sh).
     #[arg(last = true)]
     pub command: Vec<String>,
 }

@@ -3,6 +3,7 @@
 mod admin_cmd;
 mod alloc;
 mod args;
+mod attach;
 mod billing;
 mod cluster_cmd;
 mod commands;
@@ -226,6 +227,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => commands::run(&global, args).await,
         Command::Alloc(args) => alloc::alloc(&global, args).await,
         Command::AllocGuard { job } => alloc::guard(&global, job).await,
+        Command::Attach(args) => attach::attach(&global, args).await,
     }
 }
 

@@ -753,6 +753,28 @@ impl Client {
         Ok(reply.into_inner())
     }
 
+    /// `corral attach`: `input` (its start, then stdin) to a process inside a running job, its
+    /// output back. Not retried once the coordinator took the input (it cannot be replayed).
+    pub async fn attach(
+        &self,
+        input: impl tokio_stream::Stream<Item = pb::AttachInput> + Send + 'static,
+    ) -> Result<tonic::Streaming<pb::AttachOutput>, ClientError> {
+        let input = std::sync::Mutex::new(Some(input));
+        let reply = self
+            .with_retry(|ch| {
+                let taken = input.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let req = taken.map(|i| self.authorize(i));
+                async move {
+                    match req {
+                        Some(req) => Self::corral(ch).attach(req).await,
+                        None => Err(Status::aborted("attach: the coordinator went away while starting it; try again")),
+                    }
+                }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
     /// Streams the output of part `rank` of a job (a gang's part index; 0 for any job).
     pub async fn read_rank_logs(
         &self,

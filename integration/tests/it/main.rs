@@ -3,6 +3,7 @@
 //! of cluster-configs/ (Prometheus rules and their tests, the Grafana dashboard) with promtool.
 
 mod alloc;
+mod attach;
 mod backpressure;
 mod bad_input;
 mod billing;

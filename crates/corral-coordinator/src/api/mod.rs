@@ -1,8 +1,9 @@
 //! The user-facing `Corral` gRPC service. The service only dispatches: each call goes to its
 //! handler in `jobs.rs` (submit, show, list, watch, logs, billing, timestamps), `control.rs`
 //! (cancel, hold, release, requeue, signal, update), `admin.rs` (tokens, policy, nodes) or
-//! `images.rs` (`corral image`, relayed to worker agents) or `steps.rs` (`srun` in a `corral
-//! alloc` session: steps of the caller's own job).
+//! `images.rs` (`corral image`, relayed to worker agents) , `steps.rs` (`srun` in a `corral
+//! alloc` session: steps of the caller's own job) or `attach.rs` (`corral attach`, relayed to
+//! the worker agent of the job's node).
 //!
 //! A read (`GetJob`, `ListJobs`, `ListNodes`, ...) is linearizable: it waits until this
 //! leader applied everything committed before it, then its handler reads a [`Snapshot`]
@@ -11,6 +12,7 @@
 //! write, through a snapshot too.
 
 mod admin;
+mod attach;
 mod control;
 mod images;
 mod jobs;
@@ -281,5 +283,14 @@ impl Corral for Api {
         request: Request<pb::ReadStepOutputRequest>,
     ) -> Result<Response<steps::StepOutputStream>, Status> {
         steps::read_job_step_output(&self.coord, &self.watches, request).await
+    }
+
+    type AttachStream = attach::AttachStream;
+
+    async fn attach(
+        &self,
+        request: Request<tonic::Streaming<pb::AttachInput>>,
+    ) -> Result<Response<attach::AttachStream>, Status> {
+        attach::attach(&self.coord, &self.watches, request).await
     }
 }
