@@ -129,6 +129,19 @@ pub enum Command {
     /// Submit a job, wait for it and stream its output (like srun); exits with the job's exit
     /// code (128+N when killed by signal N). Ctrl-C cancels the job.
     Run(RunArgs),
+    /// An interactive allocation (like salloc): submit flags, wait until it is granted, then run
+    /// $SHELL (or the command after `--`) here with the allocation's environment, so `srun` in it
+    /// runs steps on the allocation. When the shell or command exits the allocation is
+    /// relinquished, and alloc exits with its status.
+    Alloc(AllocArgs),
+    /// A shell (or the command after `--`) inside a running job's cgroup on one of its nodes,
+    /// as the job's user in its working directory (like srun --jobid=J --overlap --pty bash):
+    /// a terminal when stdin is one, else plain pipes. Exits with the command's status.
+    Attach(AttachArgs),
+    /// Relinquishes a `corral alloc` session's job when the alloc that started it dies
+    /// (internal: started by alloc, it cancels the job once its stdin closes).
+    #[command(hide = true)]
+    AllocGuard { job: u64 },
 }
 
 #[derive(Debug, Args)]
@@ -722,6 +735,35 @@ pub struct RunArgs {
     #[command(flatten)]
     pub job: JobFlags,
     /// The program and its arguments, after `--`.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct AllocArgs {
+    #[command(flatten)]
+    pub job: JobFlags,
+    /// End the session when its GPUs' utilisation stays under --min-gpu-util for this long
+    /// (e.g. 30m; default: the priority class's idle-timeout, else 30m; 0: never).
+    #[arg(long, value_parser = parse_duration, value_name = "DUR")]
+    pub idle_timeout: Option<std::time::Duration>,
+    /// The utilisation (percent, of each GPU of the session) under which a GPU counts as idle
+    /// (default 1).
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub min_gpu_util: Option<u32>,
+    /// The program and its arguments, after `--` (default: $SHELL, else /bin/sh).
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// The running job.
+    pub job: u64,
+    /// The node of the job: a name of its allocation, or its index there (default: the first).
+    #[arg(long, value_name = "N")]
+    pub node: Option<String>,
+    /// The program and its arguments, after `--` (default: the job's $SHELL, else /bin/sh).
     #[arg(last = true)]
     pub command: Vec<String>,
 }

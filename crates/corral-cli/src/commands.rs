@@ -26,12 +26,16 @@ pub async fn submit(global: &GlobalArgs, args: SubmitArgs) -> anyhow::Result<Exi
 }
 
 /// The submit directory and environment, with the command or script.
-fn job_input(command: Vec<String>, script: Option<String>, default_name: String) -> anyhow::Result<JobInputOwned> {
+pub(crate) fn job_input(
+    command: Vec<String>,
+    script: Option<String>,
+    default_name: String,
+) -> anyhow::Result<JobInputOwned> {
     let cwd = std::env::current_dir().context("cannot read the current directory (give --chdir)")?;
     Ok(JobInputOwned { command, script, default_name, cwd, environment: jobspec::current_environment() })
 }
 
-struct JobInputOwned {
+pub(crate) struct JobInputOwned {
     command: Vec<String>,
     script: Option<String>,
     default_name: String,
@@ -40,7 +44,7 @@ struct JobInputOwned {
 }
 
 /// The spec of `flags`; prints its warnings on stderr.
-fn build_spec(flags: crate::args::JobFlags, input: JobInputOwned) -> anyhow::Result<JobSpec> {
+pub(crate) fn build_spec(flags: crate::args::JobFlags, input: JobInputOwned) -> anyhow::Result<JobSpec> {
     let (spec, warnings) = jobspec::job_spec(
         flags,
         jobspec::JobInput {

@@ -245,6 +245,8 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
         // The coordinator pins the image's tag at submit.
         image_digest: None,
         container,
+        // `corral alloc` makes its job a session.
+        session: None,
     };
     let mut checked = spec.clone();
     if checked.tenant.is_empty() {

@@ -1,7 +1,9 @@
 //! The `corral` binary: parses arguments, installs tracing, and calls the libraries.
 
 mod admin_cmd;
+mod alloc;
 mod args;
+mod attach;
 mod billing;
 mod cluster_cmd;
 mod commands;
@@ -223,6 +225,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::History(args) => billing::history(&global, args).await,
         Command::Sbatch(args) => commands::sbatch(&global, args).await,
         Command::Run(args) => commands::run(&global, args).await,
+        Command::Alloc(args) => alloc::alloc(&global, args).await,
+        Command::AllocGuard { job } => alloc::guard(&global, job).await,
+        Command::Attach(args) => attach::attach(&global, args).await,
     }
 }
 

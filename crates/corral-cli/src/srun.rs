@@ -6,6 +6,11 @@
 //! `N: `), forwards SIGINT/SIGTERM to the step, and exits with the step's code (the highest task
 //! status; a signal N counts as 128 + N). A step whose GPUs other live steps hold is retried
 //! until they are free, as Slurm's srun waits.
+//!
+//! In a `corral alloc` session (on the submit host, off the job's nodes: `CORRAL_ALLOC_JOB_ID`
+//! and `CORRAL_ALLOC_EPOCH` instead of a run secret) the same step is made, followed, signalled
+//! and read through the coordinator, as the job's owner (`Corral.CreateJobStep`, ...): every
+//! task's output is relayed as another node's is.
 
 use corral_types::{JobStep, StepSpec};
 use corral_worker::in_job::{Call, Reply, Request, MAX_REQUEST_BYTES, SECRET_ENV, SOCKET_ENV};
@@ -423,11 +428,21 @@ fn long_option(name: &str) -> String {
 /// `srun ARGS`.
 pub fn main(args: &[String]) -> ExitCode {
     let env: BTreeMap<String, String> = std::env::vars().collect();
-    let (Some(secret), Some(socket)) = (env.get(SECRET_ENV), env.get(SOCKET_ENV)) else {
-        say!(
-            "srun: error: not inside a corral job ({SECRET_ENV} is not set): srun runs a step of a running job; to start a job use `corral run` or `corral sbatch`"
-        );
-        return ExitCode::from(1);
+    let via = match (env.get(SECRET_ENV), env.get(SOCKET_ENV)) {
+        (Some(secret), Some(socket)) => Via::Node { socket: PathBuf::from(socket), secret: secret.clone() },
+        _ => match session(&env) {
+            Ok(Some(via)) => via,
+            Ok(None) => {
+                say!(
+                    "srun: error: not inside a corral job ({SECRET_ENV} is not set) nor a `corral alloc` session ({SESSION_JOB_ENV} is not set): srun runs a step of a running job; to start a job use `corral run`, `corral sbatch` or `corral alloc`"
+                );
+                return ExitCode::from(1);
+            }
+            Err(e) => {
+                say!("srun: error: {e}");
+                return ExitCode::from(1);
+            }
+        },
     };
     let flags = match parse(args, &env) {
         Ok(f) => {
@@ -448,13 +463,108 @@ pub fn main(args: &[String]) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let node = env.get("CORRAL_NODE").cloned().unwrap_or_default();
-    let job_dir = env.get("CORRAL_JOB_DIR").map(PathBuf::from);
-    match runtime.block_on(run(flags, secret.clone(), PathBuf::from(socket), node, job_dir)) {
+    // In a session every task is on another host: none is read from a file here.
+    let (node, job_dir) = match via {
+        Via::Node { .. } => {
+            (env.get("CORRAL_NODE").cloned().unwrap_or_default(), env.get("CORRAL_JOB_DIR").map(PathBuf::from))
+        }
+        Via::Coordinator { .. } => (String::new(), None),
+    };
+    match runtime.block_on(run(flags, via, node, job_dir)) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
             say!("srun: error: {e}");
             ExitCode::from(1)
+        }
+    }
+}
+
+/// The variable naming a `corral alloc` session's job (set by `corral alloc` in its shell).
+pub const SESSION_JOB_ENV: &str = "CORRAL_ALLOC_JOB_ID";
+/// The variable naming the run (allocation epoch) the session was granted.
+pub const SESSION_EPOCH_ENV: &str = "CORRAL_ALLOC_EPOCH";
+
+/// Where `srun` reaches its job.
+#[derive(Clone)]
+enum Via {
+    /// Inside the job: the node's in-job service, with the run's secret.
+    Node { socket: PathBuf, secret: String },
+    /// In a `corral alloc` session on the submit host: the coordinator, as the job's owner
+    /// (`CORRAL_ENDPOINT`, `CORRAL_TOKEN`, `CORRAL_CA`/`CORRAL_CERT`/`CORRAL_KEY`), for the run
+    /// the session was granted.
+    Coordinator { client: corral_client::Client, job_id: u64, epoch: u64 },
+}
+
+/// The session `env` names, if any.
+fn session(env: &BTreeMap<String, String>) -> Result<Option<Via>, String> {
+    let Some(job) = env.get(SESSION_JOB_ENV) else { return Ok(None) };
+    let job_id = job.parse::<u64>().map_err(|_| format!("{SESSION_JOB_ENV}={job} is not a job id"))?;
+    let epoch = env.get(SESSION_EPOCH_ENV).map(|e| e.parse::<u64>()).transpose();
+    let epoch = epoch.ok().flatten().ok_or_else(|| format!("{SESSION_EPOCH_ENV} is missing or not a number"))?;
+    let endpoint = env.get("CORRAL_ENDPOINT").map_or("127.0.0.1:7070", String::as_str);
+    let global = crate::args::GlobalArgs {
+        endpoint: endpoint.split(',').map(str::to_owned).collect(),
+        token: env.get("CORRAL_TOKEN").cloned(),
+        ca: env.get("CORRAL_CA").map(PathBuf::from),
+        cert: env.get("CORRAL_CERT").map(PathBuf::from),
+        key: env.get("CORRAL_KEY").map(PathBuf::from),
+        output: crate::args::OutputFormat::Table,
+    };
+    let client = crate::connect::client(&global).map_err(|e| e.to_string())?;
+    Ok(Some(Via::Coordinator { client, job_id, epoch }))
+}
+
+impl Via {
+    async fn create(&self, spec: &StepSpec) -> Result<JobStep, String> {
+        match self {
+            Via::Node { socket, secret } => {
+                let create = Call::CreateStep { request_id: request_id(), spec: spec.clone() };
+                match call(socket, secret, create).await? {
+                    Reply::Step(step) => Ok(*step),
+                    other => Err(format!("unexpected answer: {other:?}")),
+                }
+            }
+            Via::Coordinator { client, job_id, epoch } => {
+                client.create_job_step(*job_id, *epoch, &request_id(), spec).await.map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// The step once it is no longer live.
+    async fn wait(&self, step: u32) -> Result<JobStep, String> {
+        match self {
+            Via::Node { socket, secret } => match call(socket, secret, Call::WaitStep { step }).await? {
+                Reply::Step(step) => Ok(*step),
+                other => Err(format!("unexpected answer: {other:?}")),
+            },
+            Via::Coordinator { client, job_id, epoch } => loop {
+                // The stream ends with a leader change: watch again.
+                let mut watch = client.watch_job(*job_id).await.map_err(|e| e.to_string())?;
+                while let Some(job) = watch.message().await.ok().flatten() {
+                    let job = corral_types::Job::try_from(job).map_err(|e| e.to_string())?;
+                    match job.steps.steps.iter().find(|s| s.id == step && s.epoch == *epoch) {
+                        Some(s) if !s.state.is_live() => return Ok(s.clone()),
+                        Some(_) => {}
+                        None if job.steps.next_id > step => {
+                            return Err(format!("step {job_id}.{step} is no longer kept"));
+                        }
+                        None => {}
+                    }
+                    if job.allocation.as_ref().is_none_or(|a| a.epoch != *epoch) {
+                        return Err(format!("job {job_id} no longer runs: its steps ended with it"));
+                    }
+                }
+                tokio::time::sleep(STEP_RETRY).await;
+            },
+        }
+    }
+
+    async fn signal(&self, step: u32, signal: i32) -> Result<(), String> {
+        match self {
+            Via::Node { socket, secret } => call(socket, secret, Call::SignalStep { step, signal }).await.map(|_| ()),
+            Via::Coordinator { client, job_id, .. } => {
+                client.signal_job_step(*job_id, step, signal).await.map(|_| ()).map_err(|e| e.to_string())
+            }
         }
     }
 }
@@ -490,13 +600,7 @@ fn request_id() -> String {
 }
 
 /// Creates the step, relays its output here until it ends, and returns its exit code.
-async fn run(
-    flags: Flags,
-    secret: String,
-    socket: PathBuf,
-    node: String,
-    job_dir: Option<PathBuf>,
-) -> Result<i32, String> {
+async fn run(flags: Flags, via: Via, node: String, job_dir: Option<PathBuf>) -> Result<i32, String> {
     // Caught from the start: a signal that comes while the step is being made is forwarded to
     // its tasks once it exists (the tasks may run before the create's answer arrives).
     let mut sigint =
@@ -506,10 +610,8 @@ async fn run(
     // As Slurm's srun, a step whose GPUs other steps hold waits for them.
     let mut said_waiting = false;
     let step = loop {
-        let create = Call::CreateStep { request_id: request_id(), spec: flags.spec.clone() };
-        match call(&socket, &secret, create).await {
-            Ok(Reply::Step(step)) => break *step,
-            Ok(other) => return Err(format!("unexpected answer: {other:?}")),
+        match via.create(&flags.spec).await {
+            Ok(step) => break step,
             Err(e) if e.contains(STEP_BUSY) => {
                 if !said_waiting {
                     say!("srun: step creation temporarily disabled, retrying ({e})");
@@ -541,11 +643,11 @@ async fn run(
     }
     let mut remote_open = 0;
     for &task in remote.iter().take(MAX_REMOTE_STREAMS) {
-        tokio::spawn(read_remote(socket.clone(), secret.clone(), step.id, task, chunks.clone()));
+        tokio::spawn(read_remote(via.clone(), step.id, task, chunks.clone()));
         remote_open += 1;
     }
     drop(chunks);
-    let mut wait = Box::pin(call(&socket, &secret, Call::WaitStep { step: step.id }));
+    let mut wait = Box::pin(via.wait(step.id));
     let ended = loop {
         tokio::select! {
             answer = &mut wait => break answer?,
@@ -554,8 +656,8 @@ async fn run(
                 Some(data) => relay.emit(task, &data),
                 None => remote_open -= 1,
             },
-            _ = sigint.recv() => forward(&socket, &secret, step.id, libc::SIGINT).await,
-            _ = sigterm.recv() => forward(&socket, &secret, step.id, libc::SIGTERM).await,
+            _ = sigint.recv() => forward(&via, step.id, libc::SIGINT).await,
+            _ = sigterm.recv() => forward(&via, step.id, libc::SIGTERM).await,
         }
     };
     relay.poll();
@@ -574,20 +676,14 @@ async fn run(
         }
     }
     relay.finish();
-    match ended {
-        Reply::Step(ended) => {
-            let failures = failed_tasks(&ended);
-            for line in &failures {
-                say!("srun: error: {line}");
-            }
-            if let Some(reason) = ended.reason.as_deref().filter(|_| ended.exit_code != Some(0) && failures.is_empty())
-            {
-                say!("srun: step {}: {reason}", ended.id);
-            }
-            Ok(ended.exit_code.unwrap_or(1))
-        }
-        other => Err(format!("unexpected answer: {other:?}")),
+    let failures = failed_tasks(&ended);
+    for line in &failures {
+        say!("srun: error: {line}");
     }
+    if let Some(reason) = ended.reason.as_deref().filter(|_| ended.exit_code != Some(0) && failures.is_empty()) {
+        say!("srun: step {}: {reason}", ended.id);
+    }
+    Ok(ended.exit_code.unwrap_or(1))
 }
 
 /// Most failed tasks named one a line when a step ends; the rest are counted.
@@ -624,19 +720,33 @@ fn failed_tasks(step: &JobStep) -> Vec<String> {
     lines
 }
 
-/// Reads task `task`'s output on another node through the in-job service into `chunks`, then
-/// says it ended (`None`).
-async fn read_remote(
-    socket: PathBuf,
-    secret: String,
-    step: u32,
-    task: u32,
-    chunks: tokio::sync::mpsc::Sender<(u32, Option<Vec<u8>>)>,
-) {
-    if let Err(e) = stream_remote(&socket, &secret, step, task, &chunks).await {
+/// Reads task `task`'s output on another node (through the in-job service, or the
+/// coordinator in a session) into `chunks`, then says it ended (`None`).
+async fn read_remote(via: Via, step: u32, task: u32, chunks: tokio::sync::mpsc::Sender<(u32, Option<Vec<u8>>)>) {
+    let read = match &via {
+        Via::Node { socket, secret } => stream_remote(socket, secret, step, task, &chunks).await,
+        Via::Coordinator { client, job_id, .. } => stream_session(client, *job_id, step, task, &chunks).await,
+    };
+    if let Err(e) = read {
         say!("srun: output of task {task}: {e}");
     }
     let _ = chunks.send((task, None)).await;
+}
+
+async fn stream_session(
+    client: &corral_client::Client,
+    job_id: u64,
+    step: u32,
+    task: u32,
+    chunks: &tokio::sync::mpsc::Sender<(u32, Option<Vec<u8>>)>,
+) -> Result<(), String> {
+    let mut stream = client.read_job_step_output(job_id, step, task).await.map_err(|e| e.to_string())?;
+    while let Some(chunk) = stream.message().await.map_err(|e| e.message().to_owned())? {
+        if chunks.send((task, Some(chunk.data))).await.is_err() {
+            return Ok(());
+        }
+    }
+    Ok(())
 }
 
 async fn stream_remote(
@@ -675,8 +785,8 @@ async fn stream_remote(
     }
 }
 
-async fn forward(socket: &Path, secret: &str, step: u32, signal: i32) {
-    if let Err(e) = call(socket, secret, Call::SignalStep { step, signal }).await {
+async fn forward(via: &Via, step: u32, signal: i32) {
+    if let Err(e) = via.signal(step, signal).await {
         say!("srun: cannot forward signal {signal}: {e}");
     }
 }

@@ -696,6 +696,85 @@ impl Client {
         self.read_rank_logs(job_id, 0, follow).await
     }
 
+    /// A new step of run `epoch` of job `job_id` (the caller's own), as `srun` in a `corral
+    /// alloc` session asks for it; a retry with the same `request_id` returns the step it made.
+    pub async fn create_job_step(
+        &self,
+        job_id: u64,
+        epoch: u64,
+        request_id: &str,
+        spec: &corral_types::StepSpec,
+    ) -> Result<corral_types::JobStep, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::CreateStepRequest {
+                    node: String::new(),
+                    job_id,
+                    epoch,
+                    request_id: request_id.to_owned(),
+                    spec: Some(spec.into()),
+                });
+                async move { Self::corral(ch).create_job_step(req).await }
+            })
+            .await?;
+        let step = reply
+            .into_inner()
+            .step
+            .ok_or_else(|| ClientError::Protocol("malformed reply from coordinator: missing step".into()))?;
+        Ok(step.try_into()?)
+    }
+
+    /// `signal` to every task of step `step` of job `job_id` (the caller's own).
+    pub async fn signal_job_step(&self, job_id: u64, step: u32, signal: i32) -> Result<bool, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req = self.authorize(pb::SignalStepRequest { node: String::new(), job_id, step, signal });
+                async move { Self::corral(ch).signal_job_step(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner().accepted)
+    }
+
+    /// Streams task `task`'s output of step `step` of job `job_id` (the caller's own), until its
+    /// node's tasks of the step are gone.
+    pub async fn read_job_step_output(
+        &self,
+        job_id: u64,
+        step: u32,
+        task: u32,
+    ) -> Result<tonic::Streaming<pb::LogChunk>, ClientError> {
+        let reply = self
+            .with_retry(|ch| {
+                let req =
+                    self.authorize(pb::ReadStepOutputRequest { node: String::new(), job_id, step, task, epoch: 0 });
+                async move { Self::corral(ch).read_job_step_output(req).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// `corral attach`: `input` (its start, then stdin) to a process inside a running job, its
+    /// output back. Not retried once the coordinator took the input (it cannot be replayed).
+    pub async fn attach(
+        &self,
+        input: impl tokio_stream::Stream<Item = pb::AttachInput> + Send + 'static,
+    ) -> Result<tonic::Streaming<pb::AttachOutput>, ClientError> {
+        let input = std::sync::Mutex::new(Some(input));
+        let reply = self
+            .with_retry(|ch| {
+                let taken = input.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let req = taken.map(|i| self.authorize(i));
+                async move {
+                    match req {
+                        Some(req) => Self::corral(ch).attach(req).await,
+                        None => Err(Status::aborted("attach: the coordinator went away while starting it; try again")),
+                    }
+                }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
     /// Streams the output of part `rank` of a job (a gang's part index; 0 for any job).
     pub async fn read_rank_logs(
         &self,

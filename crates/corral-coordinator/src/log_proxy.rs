@@ -1,7 +1,8 @@
 //! The coordinator's proxy to worker agents' log streams: `ReadLogs` of the user API and the
 //! web view's log tail both open a job part's output through [`open_worker_logs`]; `srun` on
 //! another node of the job reads a step's task output through [`open_worker_step_output`];
-//! `corral image` reaches a node's agent through `Coordinator::node_agent`.
+//! `corral image` reaches a node's agent through `Coordinator::node_agent`; `corral attach`
+//! through [`open_worker_attach`].
 
 use crate::Coordinator;
 use corral_proto::v1::worker_agent_client::WorkerAgentClient;
@@ -44,6 +45,23 @@ impl Coordinator {
         let mut client = self.agent_client(job, node).await?;
         let upstream = client.read_step_output(req).await.map_err(|e| unreachable_agent(job, node, &e.message()))?;
         Ok(upstream.into_inner())
+    }
+
+    /// Opens `corral attach`'s process on the worker agent of `node`, where part of `job` runs:
+    /// `input` (its start, then its stdin) goes there, its output comes back.
+    pub(crate) async fn open_worker_attach(
+        &self,
+        job: &Job,
+        node: &str,
+        input: impl tokio_stream::Stream<Item = pb::AttachInput> + Send + 'static,
+    ) -> Result<tonic::Streaming<pb::AttachOutput>, Status> {
+        let mut client = self.agent_client(job, node).await?;
+        match client.attach(input).await {
+            Ok(upstream) => Ok(upstream.into_inner()),
+            // The agent's own refusal (the run just ended, an image job) is the caller's answer.
+            Err(e) if e.code() != tonic::Code::Unavailable && e.code() != tonic::Code::Unknown => Err(e),
+            Err(e) => Err(unreachable_agent(job, node, &e.message())),
+        }
     }
 
     /// A client of the worker agent of `node`, where part of `job` runs.

@@ -122,6 +122,9 @@ struct ClassEntry {
     default_time: Option<ConfigDuration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_time: Option<ConfigDuration>,
+    /// Idle timeout of an interactive session (`corral alloc`) of the class that gives none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    idle_timeout: Option<ConfigDuration>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -276,6 +279,7 @@ impl PolicyFile {
                 grace_secs: grace.map(|g| u32::try_from(g).unwrap_or(u32::MAX)),
                 default_time_secs: secs(c.default_time, "default-time")?,
                 max_time_secs: secs(c.max_time, "max-time")?,
+                idle_timeout_secs: secs(c.idle_timeout, "idle-timeout")?,
             };
             config.priority_classes.insert(name, class);
         }
@@ -366,6 +370,7 @@ impl PolicyFile {
                 default: c.is_default,
                 default_time: c.default_time_secs.map(ConfigDuration::from_secs),
                 max_time: c.max_time_secs.map(ConfigDuration::from_secs),
+                idle_timeout: c.idle_timeout_secs.map(ConfigDuration::from_secs),
             };
             file.classes.insert(name.clone(), entry);
         }

@@ -286,6 +286,12 @@ impl State {
                 _ => {}
             }
         }
+        // A session without its own idle timeout gets its class's, else the default.
+        if let Some(session) = spec.session.as_mut().filter(|s| s.idle_timeout_secs.is_none()) {
+            let class = self.config.priority_classes.get(&spec.priority_class);
+            let default = class.and_then(|c| c.idle_timeout_secs).unwrap_or(corral_types::DEFAULT_IDLE_TIMEOUT_SECS);
+            session.idle_timeout_secs = Some(default);
+        }
         // Capacity checks only once nodes exist: before the first registration a job simply waits.
         if !self.nodes.is_empty() && !spec.sched.node_selector.is_empty() {
             let matching =
@@ -786,6 +792,9 @@ impl State {
             EndCause::GpuFault
         } else if report.fenced || length == Some(RunLength::Lost) {
             EndCause::NodeLost
+        } else if report.idle_end.is_some() {
+            // The pool's own rule ended the session, as a cancel would.
+            EndCause::Cancelled
         } else if report.timed_out {
             EndCause::TimeLimit
         } else {
@@ -833,6 +842,8 @@ impl State {
             (JobState::Cancelled, reason)
         } else if let Some(by) = preempted_by {
             (JobState::Preempted, format!("preempted by job {by} (the job opted out of requeueing)"))
+        } else if let Some(idle) = &report.idle_end {
+            (JobState::Cancelled, idle.clone())
         } else if let Some(err) = &report.launch_error {
             (JobState::Failed, format!("launch failed: {err}"))
         } else if report.oom_killed {
@@ -1411,6 +1422,43 @@ pub(crate) mod tests {
         let total = s.billed_by_tenant()[&s.jobs[&1].spec.tenant];
         assert_eq!(total.cost_micros, 890_000 + 445_000 + 148_333);
         assert_eq!(total.credited_micros, 890_000 + 49_394);
+    }
+
+    /// A session takes its class's idle timeout (else the default) at submit; a run its worker
+    /// ended idle ends cancelled with the worker's reason, billed, never restarted.
+    #[test]
+    fn an_idle_session_ends_cancelled_with_its_reason_and_is_not_restarted() {
+        let mut s = cluster();
+        let mut config = ClusterConfig::dev_defaults();
+        config.priority_classes.get_mut("preemptible").unwrap().idle_timeout_secs = Some(120);
+        s.apply(&req(3, Command::Configure(config))).unwrap();
+        let session = |class: &str, timeout: Option<u64>| JobSpec {
+            priority_class: class.into(),
+            session: Some(corral_types::SessionOptions { idle_timeout_secs: timeout, min_gpu_util_pct: 0 }),
+            sched: corral_types::SchedOptions { max_restarts: Some(3), ..Default::default() },
+            ..spec(1)
+        };
+        submit(&mut s, 10, "a", session("preemptible", None)).unwrap();
+        submit(&mut s, 11, "b", session("normal", None)).unwrap();
+        submit(&mut s, 12, "c", session("normal", Some(5))).unwrap();
+        let timeout = |id: u64| s.jobs[&id].spec.session.as_ref().and_then(|o| o.idle_timeout_secs);
+        assert_eq!(
+            (timeout(1), timeout(2), timeout(3)),
+            (Some(120), Some(corral_types::DEFAULT_IDLE_TIMEOUT_SECS), Some(5))
+        );
+        assert_eq!(s.jobs[&3].spec.session.as_ref().map(|o| o.min_gpu_util()), Some(1));
+        schedule(&mut s, 20);
+        let epoch = s.jobs[&3].allocation.as_ref().unwrap().epoch;
+        let reason = s.jobs[&3].spec.session.as_ref().unwrap().idle_reason(5);
+        assert_eq!(reason, "idle: GPU utilisation under 1% for 5s");
+        let idle =
+            JobExitReport { signal: Some(9), run_time_ms: 6_000, idle_end: Some(reason.clone()), ..Default::default() };
+        let finish = Command::JobFinished { job_id: 3, epoch, node: String::new(), report: idle };
+        s.apply(&req(Timestamp::compose(7_000, 0).0, finish)).unwrap();
+        let job = &s.jobs[&3];
+        assert_eq!((job.state, job.reason.as_deref(), job.restarts), (JobState::Cancelled, Some(reason.as_str()), 0));
+        let segment = s.ledger.values().find(|g| g.job_id == 3).expect("billed");
+        assert_eq!(segment.cause, Some(EndCause::Cancelled));
     }
 
     /// A cancelled run, a preempted one and one stopped by a drain each say so.

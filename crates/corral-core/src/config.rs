@@ -30,6 +30,10 @@ pub struct PriorityClass {
     /// Longest time limit a job of this class may ask for (a job without one gets this).
     #[serde(default)]
     pub max_time_secs: Option<u64>,
+    /// Idle timeout of an interactive session (`corral alloc`) of this class that gives none
+    /// (`None`: `DEFAULT_IDLE_TIMEOUT_SECS`; 0: never).
+    #[serde(default)]
+    pub idle_timeout_secs: Option<u64>,
 }
 
 impl PriorityClass {
@@ -227,6 +231,7 @@ impl ClusterConfig {
                             grace_secs: Some(grace),
                             default_time_secs: None,
                             max_time_secs: None,
+                            idle_timeout_secs: None,
                         },
                     )
                 })

@@ -70,7 +70,7 @@ fn failure(report: &JobExitReport) -> String {
 /// caller has ruled out cancels, preemptions, fenced and never-started runs.
 pub(crate) fn restart_reason(job: &Job, node: &str, report: &JobExitReport) -> Option<String> {
     let max = job.spec.sched.max_restarts?;
-    if report.succeeded() || report.timed_out || job.restarts >= max {
+    if report.succeeded() || report.timed_out || report.idle_end.is_some() || job.restarts >= max {
         return None;
     }
     let gang = job.allocation.as_ref().is_some_and(|a| a.is_gang());

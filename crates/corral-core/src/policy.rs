@@ -144,6 +144,7 @@ fn class_fields(out: &mut Vec<String>, old: &PriorityClass, new: &PriorityClass)
     field(out, &p, "default", Some(old.is_default), Some(new.is_default));
     field(out, &p, "default-time", old.default_time_secs.map(secs), new.default_time_secs.map(secs));
     field(out, &p, "max-time", old.max_time_secs.map(secs), new.max_time_secs.map(secs));
+    field(out, &p, "idle-timeout", old.idle_timeout_secs.map(secs), new.idle_timeout_secs.map(secs));
 }
 
 fn scheduler_fields(out: &mut Vec<String>, old: &SchedulerConfig, new: &SchedulerConfig) {

@@ -102,6 +102,10 @@ impl From<&JobSpec> for pb::JobSpec {
             slurm: (!s.slurm.is_default()).then(|| slurm_names_to_pb(&s.slurm)),
             append_output: s.append_output,
             container: (!s.container.is_default()).then(|| container_to_pb(&s.container)),
+            session: s.session.as_ref().map(|o| pb::SessionOptions {
+                idle_timeout_secs: o.idle_timeout_secs,
+                min_gpu_util_pct: o.min_gpu_util_pct,
+            }),
         }
     }
 }
@@ -237,6 +241,10 @@ impl TryFrom<pb::JobSpec> for JobSpec {
             slurm: s.slurm.map(slurm_names_from_pb).unwrap_or_default(),
             append_output: s.append_output,
             container: s.container.map(container_from_pb).unwrap_or_default(),
+            session: s.session.map(|o| corral_types::SessionOptions {
+                idle_timeout_secs: o.idle_timeout_secs,
+                min_gpu_util_pct: o.min_gpu_util_pct,
+            }),
         })
     }
 }
@@ -459,6 +467,7 @@ impl From<&JobExitReport> for pb::JobExitReport {
                     job_id: m.job_id,
                 })
                 .collect(),
+            idle_end: r.idle_end.clone(),
         }
     }
 }
@@ -502,6 +511,7 @@ impl From<pb::JobExitReport> for JobExitReport {
                     job_id: m.job_id,
                 })
                 .collect(),
+            idle_end: r.idle_end.map(bounded_reason),
         }
     }
 }

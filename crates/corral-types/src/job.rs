@@ -158,6 +158,69 @@ pub struct JobSpec {
     /// `--container-*` flags); only with an image.
     #[serde(default)]
     pub container: crate::ContainerOptions,
+    /// An interactive session (`corral alloc`): its worker ends it when its GPUs stay idle.
+    #[serde(default)]
+    pub session: Option<SessionOptions>,
+}
+
+/// The idle rule of an interactive session (`corral alloc`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionOptions {
+    /// How long every GPU of a node's part may stay under `min_gpu_util_pct` before the worker
+    /// ends the session (`None` as submitted: the class's `idle-timeout`, else
+    /// `DEFAULT_IDLE_TIMEOUT_SECS`, filled in at submit; 0: never).
+    #[serde(default)]
+    pub idle_timeout_secs: Option<u64>,
+    /// Utilisation (percent) under which a GPU counts as idle; 0: `DEFAULT_MIN_GPU_UTIL_PCT`.
+    #[serde(default)]
+    pub min_gpu_util_pct: u32,
+}
+
+/// A session's idle timeout when neither it nor its class gives one.
+pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 30 * 60;
+/// A session's GPU counts as idle under this utilisation (percent) unless it says otherwise.
+pub const DEFAULT_MIN_GPU_UTIL_PCT: u32 = 1;
+
+impl SessionOptions {
+    /// The utilisation under which a GPU counts as idle.
+    pub fn min_gpu_util(&self) -> u32 {
+        if self.min_gpu_util_pct == 0 {
+            DEFAULT_MIN_GPU_UTIL_PCT
+        } else {
+            self.min_gpu_util_pct
+        }
+    }
+
+    /// Why a session idle this long ends, as its job's reason says it:
+    /// `idle: GPU utilisation under 1% for 30m`.
+    pub fn idle_reason(&self, idle_secs: u64) -> String {
+        format!("idle: GPU utilisation under {}% for {}", self.min_gpu_util(), short_secs(idle_secs))
+    }
+
+    /// The options as far as their shape goes.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.min_gpu_util_pct > 100 {
+            return Err(format!("min-gpu-util is a percentage (1-100), not {}", self.min_gpu_util_pct));
+        }
+        Ok(())
+    }
+}
+
+/// `30m`, `1h30m`, `3s`, `1d2h`: the units that are not zero.
+fn short_secs(secs: u64) -> String {
+    let units = [(86_400, "d"), (3_600, "h"), (60, "m"), (1, "s")];
+    let mut out = String::new();
+    let mut rest = secs;
+    for (size, unit) in units {
+        if rest >= size {
+            out.push_str(&format!("{}{unit}", rest / size));
+            rest %= size;
+        }
+    }
+    if out.is_empty() {
+        out.push_str("0s");
+    }
+    out
 }
 
 /// Largest batch script a job may carry.
@@ -609,6 +672,9 @@ impl JobSpec {
             }
         }
         self.validate_layout()?;
+        if let Some(session) = &self.session {
+            session.validate().map_err(|reason| JobSpecError::Invalid { field: "session".into(), reason })?;
+        }
         if let Some(sig) = self.sched.checkpoint_signal {
             if !(1..=64).contains(&sig) || sig == 9 || sig == 19 {
                 return Err(JobSpecError::Invalid {
@@ -892,6 +958,10 @@ pub struct JobExitReport {
     /// `gpu-fault`, is requeued without counting a restart, and the GPUs leave placement.
     #[serde(default)]
     pub gpu_faults: Vec<crate::GpuFaultMark>,
+    /// The worker ended an interactive session whose GPUs stayed idle: why, as the job's reason
+    /// (`idle: GPU utilisation under 1% for 30m`). The job ends cancelled, not requeued.
+    #[serde(default)]
+    pub idle_end: Option<String>,
 }
 
 impl JobExitReport {
@@ -905,6 +975,7 @@ impl JobExitReport {
             && !self.never_started
             && !self.fenced
             && self.gpu_faults.is_empty()
+            && self.idle_end.is_none()
     }
 }
 

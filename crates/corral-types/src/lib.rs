@@ -21,9 +21,10 @@ pub use container::{ContainerMount, ContainerOptions, MAX_CONTAINER_ENV, MAX_CON
 pub use job::{
     Allocation, ArrayLimits, ArrayProgress, ArrayRange, ArraySpec, ArrayTask, Dependency, DependencyKind, GpuSlice,
     Job, JobExitReport, JobId, JobRef, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd, PreemptionNotice,
-    PriceBreak, SchedOptions, SliceAssignment, DEFAULT_ARRAY_WINDOW, DRAIN_PREEMPTOR, LEASE_PREEMPTOR, MAX_ARGS,
-    MAX_ARRAY_RANGES, MAX_ARRAY_TASKS, MAX_ARRAY_WINDOW, MAX_COMMAND_BYTES, MAX_ENV_BYTES, MAX_ENV_VARS,
-    MAX_GPUS_PER_JOB, MAX_SCRIPT_BYTES, REQUEUE_PREEMPTOR,
+    PriceBreak, SchedOptions, SessionOptions, SliceAssignment, DEFAULT_ARRAY_WINDOW, DEFAULT_IDLE_TIMEOUT_SECS,
+    DEFAULT_MIN_GPU_UTIL_PCT, DRAIN_PREEMPTOR, LEASE_PREEMPTOR, MAX_ARGS, MAX_ARRAY_RANGES, MAX_ARRAY_TASKS,
+    MAX_ARRAY_WINDOW, MAX_COMMAND_BYTES, MAX_ENV_BYTES, MAX_ENV_VARS, MAX_GPUS_PER_JOB, MAX_SCRIPT_BYTES,
+    REQUEUE_PREEMPTOR,
 };
 pub use job_options::parse_dependencies;
 pub use layout::{gpu_type_matches, SlurmNames, TaskLayout, MAX_NODES_PER_JOB, MAX_TASKS_PER_JOB};

@@ -1,6 +1,7 @@
 //! The worker's `WorkerAgent` gRPC service: streams a job's log files, and the output files of
 //! its steps' tasks (`srun` on another node relays them), to the coordinator; its image calls
-//! (`corral image`, relayed by the coordinator) are `agent_images.rs`'s.
+//! (`corral image`, relayed by the coordinator) are `agent_images.rs`'s, `corral attach`'s
+//! processes `agent_attach.rs`'s.
 //!
 //! Invariant: log paths are built from numbers only (`<data>/jobs/<id>/<epoch>/`, a task's
 //! `step-<step>.<task>.out` there); nothing else from the request becomes a path.
@@ -164,6 +165,15 @@ impl WorkerAgent for Agent {
         request: Request<tonic::Streaming<pb::LoadImageChunk>>,
     ) -> Result<Response<pb::LoadImageResponse>, Status> {
         self.images.load(request).await
+    }
+
+    type AttachStream = crate::agent_attach::AttachStream;
+
+    async fn attach(
+        &self,
+        request: Request<tonic::Streaming<pb::AttachInput>>,
+    ) -> Result<Response<crate::agent_attach::AttachStream>, Status> {
+        crate::agent_attach::attach(self.jobs.clone(), request.into_inner()).await.map(Response::new)
     }
 
     /// One task's output file of a step, followed until this node's tasks of the step are gone

@@ -8,6 +8,7 @@
 //! table (`jobs`), the devices (`devices`), the link to the leader (`link`).
 
 mod agent;
+mod agent_attach;
 mod agent_images;
 mod build;
 mod devices;

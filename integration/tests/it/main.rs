@@ -2,6 +2,8 @@
 //! through the CLI, as users and operators do. `prometheus_config` checks the monitoring files
 //! of cluster-configs/ (Prometheus rules and their tests, the Grafana dashboard) with promtool.
 
+mod alloc;
+mod attach;
 mod backpressure;
 mod bad_input;
 mod billing;
@@ -18,6 +20,7 @@ mod gang;
 mod gpu_faults;
 mod grpc_services;
 mod history;
+mod idle;
 mod images;
 mod isolation;
 mod job_control;

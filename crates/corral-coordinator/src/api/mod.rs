@@ -1,7 +1,9 @@
 //! The user-facing `Corral` gRPC service. The service only dispatches: each call goes to its
 //! handler in `jobs.rs` (submit, show, list, watch, logs, billing, timestamps), `control.rs`
 //! (cancel, hold, release, requeue, signal, update), `admin.rs` (tokens, policy, nodes) or
-//! `images.rs` (`corral image`, relayed to worker agents).
+//! `images.rs` (`corral image`, relayed to worker agents) , `steps.rs` (`srun` in a `corral
+//! alloc` session: steps of the caller's own job) or `attach.rs` (`corral attach`, relayed to
+//! the worker agent of the job's node).
 //!
 //! A read (`GetJob`, `ListJobs`, `ListNodes`, ...) is linearizable: it waits until this
 //! leader applied everything committed before it, then its handler reads a [`Snapshot`]
@@ -10,9 +12,11 @@
 //! write, through a snapshot too.
 
 mod admin;
+mod attach;
 mod control;
 mod images;
 mod jobs;
+mod steps;
 
 use crate::auth::Principal;
 use crate::snapshot::Snapshot;
@@ -263,5 +267,37 @@ impl Corral for Api {
         request: Request<tonic::Streaming<pb::LoadImageChunk>>,
     ) -> Result<Response<pb::LoadImageResponse>, Status> {
         images::load_image(&self.coord, request).await
+    }
+
+    async fn create_job_step(
+        &self,
+        request: Request<pb::CreateStepRequest>,
+    ) -> Result<Response<pb::CreateStepResponse>, Status> {
+        steps::create_job_step(&self.coord, request).await
+    }
+
+    async fn signal_job_step(
+        &self,
+        request: Request<pb::SignalStepRequest>,
+    ) -> Result<Response<pb::ReportResponse>, Status> {
+        steps::signal_job_step(&self.coord, request).await
+    }
+
+    type ReadJobStepOutputStream = steps::StepOutputStream;
+
+    async fn read_job_step_output(
+        &self,
+        request: Request<pb::ReadStepOutputRequest>,
+    ) -> Result<Response<steps::StepOutputStream>, Status> {
+        steps::read_job_step_output(&self.coord, &self.watches, request).await
+    }
+
+    type AttachStream = attach::AttachStream;
+
+    async fn attach(
+        &self,
+        request: Request<tonic::Streaming<pb::AttachInput>>,
+    ) -> Result<Response<attach::AttachStream>, Status> {
+        attach::attach(&self.coord, &self.watches, request).await
     }
 }

@@ -193,6 +193,7 @@ impl World {
                     grace_secs: named.get("grace").map(|g| g.parse().unwrap()),
                     default_time_secs: None,
                     max_time_secs: None,
+                    idle_timeout_secs: None,
                 };
                 self.config.priority_classes.insert(name, class);
                 self.configure();

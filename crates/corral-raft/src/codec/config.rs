@@ -19,6 +19,7 @@ pub(super) fn config_to_pb(c: &ClusterConfig) -> pb::ClusterConfig {
                 grace_secs: p.grace_secs,
                 default_time_secs: p.default_time_secs,
                 max_time_secs: p.max_time_secs,
+                idle_timeout_secs: p.idle_timeout_secs,
             })
             .collect(),
         tenant_policies: c
@@ -75,6 +76,7 @@ pub(super) fn config_from_pb(c: pb::ClusterConfig) -> ClusterConfig {
                     grace_secs: p.grace_secs,
                     default_time_secs: p.default_time_secs,
                     max_time_secs: p.max_time_secs,
+                    idle_timeout_secs: p.idle_timeout_secs,
                 };
                 (p.name, class)
             })

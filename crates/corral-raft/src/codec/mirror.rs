@@ -97,6 +97,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
             of(text()),
             of(text()),
             container_options(),
+            of(session_options()),
         ),
     )
         .prop_map(
@@ -113,6 +114,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                     account,
                     user,
                     container,
+                    session,
                 ),
             )| JobSpec {
                 name,
@@ -146,8 +148,16 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                 slurm: corral_types::SlurmNames { account, user, ..Default::default() },
                 append_output,
                 container,
+                session,
             },
         )
+}
+
+fn session_options() -> impl Strategy<Value = corral_types::SessionOptions> {
+    (of(any::<u64>()), any::<u32>()).prop_map(|(idle_timeout_secs, min_gpu_util_pct)| corral_types::SessionOptions {
+        idle_timeout_secs,
+        min_gpu_util_pct,
+    })
 }
 
 fn container_options() -> impl Strategy<Value = corral_types::ContainerOptions> {
@@ -180,6 +190,7 @@ fn exit_report() -> impl Strategy<Value = JobExitReport> {
         any::<bool>(),
         any::<bool>(),
         vec(gpu_fault_mark(), 0..2),
+        of(text()),
     )
         .prop_map(
             |(
@@ -192,6 +203,7 @@ fn exit_report() -> impl Strategy<Value = JobExitReport> {
                 never_started,
                 fenced,
                 gpu_faults,
+                idle_end,
             )| {
                 JobExitReport {
                     exit_code,
@@ -203,6 +215,7 @@ fn exit_report() -> impl Strategy<Value = JobExitReport> {
                     never_started,
                     fenced,
                     gpu_faults,
+                    idle_end,
                 }
             },
         )

@@ -115,6 +115,8 @@ fn full_report() -> JobExitReport {
         fenced: true,
         // Pinned before card faults were reported: none, so the pinned bytes stand.
         gpu_faults: Vec::new(),
+        // Pinned before sessions ended idle: none, so the pinned bytes stand.
+        idle_end: None,
     }
 }
 
@@ -359,6 +361,7 @@ fn full_config() -> ClusterConfig {
             grace_secs: grace,
             default_time_secs: None,
             max_time_secs: None,
+            idle_timeout_secs: None,
         };
     ClusterConfig {
         tenants: vec!["default".into(), "team-a".into(), "team-b".into()],

@@ -35,7 +35,7 @@ pub(crate) use process::{as_fs_user, find_program, DEFAULT_PATH};
 pub use process::{ProcessExecutor, SCRIPT_FILE, STDERR_LOG, STDOUT_LOG};
 pub use routing::RoutingExecutor;
 pub use runc::{find_runc, RuncConfig, RuncExecutor, CONTAINER_WORK_DIR};
-pub use task::{step_done_marker, task_output, TaskProcess, TaskSpec};
+pub use task::{step_done_marker, task_output, AttachSpec, TaskProcess, TaskSpec};
 
 /// Resource limits enforced by the job's cgroup; `None` means unlimited.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -118,6 +118,8 @@ struct ChildArgs {
     /// CLOCK_MONOTONIC time at which the child must not exec any more.
     deadline: libc::timespec,
     has_deadline: bool,
+    /// stdin is a terminal that becomes the new session's controlling terminal.
+    ctty: bool,
     failed_step: i32,
     errno: i32,
 }
@@ -134,6 +136,21 @@ pub(crate) fn spawn(
     stderr: &File,
     confinement: &Confinement<'_>,
 ) -> io::Result<JobProcess> {
+    let stdin = File::open("/dev/null")?;
+    spawn_with_stdin(program, argv, env, work_dir, [&stdin, stdout, stderr], false, confinement)
+}
+
+/// [`spawn`] with the given stdin too; with `ctty` stdin is a terminal that becomes the
+/// controlling terminal of the process's new session (`corral attach` on a terminal).
+pub(crate) fn spawn_with_stdin(
+    program: &Path,
+    argv: &[String],
+    env: impl IntoIterator<Item = (impl AsRef<str>, impl AsRef<str>)>,
+    work_dir: &Path,
+    [stdin, stdout, stderr]: [&File; 3],
+    ctty: bool,
+    confinement: &Confinement<'_>,
+) -> io::Result<JobProcess> {
     let program_c = c_string(program.as_os_str())?;
     let argv_c: Vec<CString> = argv.iter().map(|a| c_string(OsStr::new(a))).collect::<io::Result<_>>()?;
     let envp_c: Vec<CString> = env
@@ -145,9 +162,8 @@ pub(crate) fn spawn(
         argv_c.iter().map(|a| a.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
     let envp_ptrs: Vec<*const libc::c_char> =
         envp_c.iter().map(|e| e.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
-    let stdin = File::open("/dev/null")?;
     // The child moves these onto fds 0-2; sources at 3 or above cannot be overwritten on the way.
-    let stdio = [high_fd(&stdin)?, high_fd(stdout)?, high_fd(stderr)?];
+    let stdio = [high_fd(stdin)?, high_fd(stdout)?, high_fd(stderr)?];
     let procs_fds: Vec<RawFd> = confinement.cgroup_procs.iter().map(AsRawFd::as_raw_fd).collect();
     let mut args = ChildArgs {
         program: program_c.as_ptr(),
@@ -165,6 +181,7 @@ pub(crate) fn spawn(
         has_gid: confinement.gid.is_some(),
         deadline: confinement.not_after.map(monotonic_at).unwrap_or(libc::timespec { tv_sec: 0, tv_nsec: 0 }),
         has_deadline: confinement.not_after.is_some(),
+        ctty,
         failed_step: Step::None as i32,
         errno: 0,
     };
@@ -333,6 +350,9 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             if libc::dup2(source, target as RawFd) == -1 {
                 return fail(args, Step::Stdio);
             }
+        }
+        if args.ctty && libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
+            return fail(args, Step::Stdio);
         }
         if libc::chdir(args.work_dir) == -1 {
             return fail(args, Step::WorkDir);

@@ -41,6 +41,17 @@ pub struct TaskSpec {
     pub open_files: Option<u64>,
 }
 
+/// What `corral attach` runs in a job's cgroup: a task whose stdio the caller gives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttachSpec {
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: PathBuf,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub open_files: Option<u64>,
+}
+
 /// A started task.
 #[derive(Debug)]
 pub struct TaskProcess {
@@ -88,6 +99,41 @@ impl JobHandle {
         };
         let process = spawn::spawn(&program, &spec.argv, &spec.env, &spec.cwd, &output, &output, &confinement)
             .map_err(|source| ExecError::Spawn { program: program.display().to_string(), source })?;
+        Ok(TaskProcess { process })
+    }
+
+    /// Starts `corral attach`'s process inside the job's cgroup, confined as a task, with the
+    /// given stdio (with `tty`, `stdin` is a terminal that becomes its controlling terminal).
+    /// Blocking; call inside a tokio runtime.
+    pub fn spawn_attached(
+        &self,
+        spec: &AttachSpec,
+        stdin: &std::fs::File,
+        stdout: &std::fs::File,
+        stderr: &std::fs::File,
+        tty: bool,
+    ) -> Result<TaskProcess, ExecError> {
+        let argv0 = spec.argv.first().ok_or_else(|| ExecError::InvalidSpec("attach needs a command".into()))?;
+        let path_var = spec.env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
+        let program = resolve_program(argv0, path_var, &spec.cwd)?;
+        let cgroup_procs = self.cgroup_procs()?;
+        let confinement = spawn::Confinement {
+            cgroup_procs: &cgroup_procs,
+            open_files: spec.open_files,
+            uid: spec.uid,
+            gid: spec.gid,
+            not_after: None,
+        };
+        let process = spawn::spawn_with_stdin(
+            &program,
+            &spec.argv,
+            &spec.env,
+            &spec.cwd,
+            [stdin, stdout, stderr],
+            tty,
+            &confinement,
+        )
+        .map_err(|source| ExecError::Spawn { program: program.display().to_string(), source })?;
         Ok(TaskProcess { process })
     }
 }

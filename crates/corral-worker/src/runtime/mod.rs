@@ -503,7 +503,8 @@ impl Runtime {
             tokio::time::sleep(START_REPORT_HOLD).await;
             let _ = events.send(Event::StartDue { job_id, epoch });
         });
-        let run = task::Launched { job_id, epoch, running, time_limit: TimeLimit::of(job), gpus, mig, root };
+        let idle = task::IdleRule::of(job, &gpus);
+        let run = task::Launched { job_id, epoch, running, time_limit: TimeLimit::of(job), idle, gpus, mig, root };
         self.tasks.spawn(task::run_job(self.owners.clone(), self.events.clone(), run));
     }
 

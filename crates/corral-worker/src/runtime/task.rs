@@ -1,6 +1,13 @@
 //! The tasks of one run: `run_job` waits for the job's process (its time limit and the signal
 //! before it), checks its GPUs, frees its MIG instance and tells the runtime; `stop` stops it
 //! (a signal, SIGTERM, then SIGKILL after the grace period).
+//!
+//! An interactive session's idle clock runs here too, on this worker's monotonic clock: every
+//! `IDLE_SAMPLE` it looks at the last reading of the run's GPUs on this node; once every one of
+//! them has stayed under the session's `min-gpu-util` for its whole `idle-timeout`, the run is
+//! killed and reported with `idle_end` (the job's reason), as a time-limit kill is reported.
+//! Nothing of the clock is in the coordinators: a leader change or a lost heartbeat neither
+//! restarts it nor ends a busy session, and the end is a report retried until a leader takes it.
 
 use super::state::Event;
 use crate::devices::Devices;
@@ -51,12 +58,55 @@ async fn sleep_for(duration: Option<Duration>) {
     }
 }
 
+/// How often a session's GPUs are looked at for its idle clock.
+const IDLE_SAMPLE: Duration = Duration::from_secs(1);
+
+/// An interactive session's idle rule on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IdleRule {
+    pub timeout: Duration,
+    pub min_util_pct: u32,
+    /// The job's reason when it ends idle.
+    pub reason: String,
+}
+
+impl IdleRule {
+    /// The rule of `job` on `gpus` of this node: none for a job that is not a session, a session
+    /// whose timeout is 0 (never), or a part without GPUs (nothing to judge it by).
+    pub(crate) fn of(job: &Job, gpus: &[u32]) -> Option<IdleRule> {
+        let session = job.spec.session.as_ref()?;
+        let secs = session.idle_timeout_secs.filter(|s| *s > 0)?;
+        if gpus.is_empty() {
+            return None;
+        }
+        Some(IdleRule {
+            timeout: Duration::from_secs(secs),
+            min_util_pct: session.min_gpu_util(),
+            reason: session.idle_reason(secs),
+        })
+    }
+}
+
+/// Whether every one of `gpus` reads under `min_util_pct` in `readings`: a GPU without a
+/// reading, or whose reading failed, is not idle (the clock never ends a session on what it
+/// could not see).
+pub(crate) fn all_idle(readings: &[crate::gpu::GpuReading], gpus: &[u32], min_util_pct: u32) -> bool {
+    gpus.iter().all(|gpu| {
+        readings
+            .iter()
+            .find(|r| r.index == *gpu)
+            .is_some_and(|r| r.error.is_none() && r.utilization_percent < min_util_pct)
+    })
+}
+
 /// A launched run: its process and what it holds.
 pub(crate) struct Launched {
     pub job_id: JobId,
     pub epoch: u64,
     pub running: RunningJob,
     pub time_limit: TimeLimit,
+    /// A session's idle rule (`None`: not a session, or never idle).
+    pub idle: Option<IdleRule>,
     pub gpus: Vec<u32>,
     pub mig: Option<MigPick>,
     /// The run's image root (overlay and writable layer), removed when the run is over.
@@ -66,17 +116,24 @@ pub(crate) struct Launched {
 /// Waits for a job process (signalling it before its time limit if it asked, killing it at the
 /// limit), checks its GPUs, frees its MIG instance and reports the exit to the runtime.
 pub(crate) async fn run_job(owners: Owners, events: mpsc::UnboundedSender<Event>, run: Launched) {
-    let Launched { job_id, epoch, mut running, time_limit, gpus, mig, root } = run;
+    let Launched { job_id, epoch, mut running, time_limit, idle, gpus, mig, root } = run;
     let handle = running.handle();
     let mut timed_out = false;
+    let mut idle_end = None;
+    let mut idle_since: Option<std::time::Instant> = None;
+    let mut idle_tick = tokio::time::interval(IDLE_SAMPLE);
+    idle_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let exit = {
         let wait = running.wait();
         tokio::pin!(wait);
         let limit = sleep_for(time_limit.limit);
         tokio::pin!(limit);
         let mut warning = time_limit.warning;
+        let started = tokio::time::Instant::now();
         loop {
-            let warn = sleep_for(warning.map(|(at, _)| at));
+            // Made again at each turn (a session's idle clock turns every `IDLE_SAMPLE`): the
+            // warning is due `at` after the start, not after this turn.
+            let warn = sleep_for(warning.map(|(at, _)| at.saturating_sub(started.elapsed())));
             tokio::select! {
                 exit = &mut wait => break exit,
                 _ = warn => {
@@ -95,6 +152,28 @@ pub(crate) async fn run_job(owners: Owners, events: mpsc::UnboundedSender<Event>
                         })
                         .await;
                     }
+                }
+                _ = idle_tick.tick(), if idle.is_some() => {
+                    let Some(rule) = &idle else { continue };
+                    let readings: Vec<_> = owners.devices.samples().into_iter().map(|s| s.reading).collect();
+                    if !all_idle(&readings, &gpus, rule.min_util_pct) {
+                        idle_since = None;
+                        continue;
+                    }
+                    let since = *idle_since.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() < rule.timeout {
+                        continue;
+                    }
+                    tracing::info!(job_id, epoch, reason = %rule.reason, "session idle: ending it");
+                    idle_end = Some(rule.reason.clone());
+                    let handle = handle.clone();
+                    let _ = tokio::task::spawn_blocking(move || {
+                        if let Err(e) = handle.kill_tree() {
+                            tracing::warn!(job_id, error = %e, "kill failed");
+                        }
+                    })
+                    .await;
+                    break wait.await;
                 }
                 _ = &mut limit => {
                     tracing::info!(job_id, "time limit reached: killing job");
@@ -115,7 +194,7 @@ pub(crate) async fn run_job(owners: Owners, events: mpsc::UnboundedSender<Event>
     // A card fault of its GPUs during the run (or found as it ended) is the card's doing: the
     // run cannot have produced correct results, unless it finished with success on its own.
     let since = std::time::Instant::now().checked_sub(exit.run_time).unwrap_or_else(std::time::Instant::now);
-    let gpu_faults = if exit.exit_code == Some(0) && !timed_out {
+    let gpu_faults = if exit.exit_code == Some(0) && !timed_out && idle_end.is_none() {
         Vec::new()
     } else {
         let node_epoch = owners.link.node_epoch();
@@ -148,6 +227,7 @@ pub(crate) async fn run_job(owners: Owners, events: mpsc::UnboundedSender<Event>
         run_time_ms: exit.run_time.as_millis() as u64,
         timed_out,
         gpu_faults,
+        idle_end,
         ..Default::default()
     };
     let _ = events.send(Event::Exited { job_id, epoch, report });
@@ -192,6 +272,31 @@ pub(crate) async fn stop(
 mod tests {
     use super::*;
     use crate::reconcile::tests::job;
+
+    #[test]
+    fn a_session_is_idle_only_when_every_gpu_reads_under_its_threshold() {
+        use crate::gpu::GpuReading;
+        let reading = |index, util| GpuReading { index, utilization_percent: util, ..Default::default() };
+        assert!(all_idle(&[reading(0, 0), reading(1, 0)], &[0, 1], 1));
+        assert!(!all_idle(&[reading(0, 0), reading(1, 50)], &[0, 1], 1), "one busy GPU keeps it busy");
+        assert!(all_idle(&[reading(0, 4), reading(1, 60)], &[0], 5), "only the run's GPUs count");
+        assert!(!all_idle(&[reading(1, 0)], &[0], 1), "a GPU without a reading is not idle");
+        let failed = GpuReading { error: Some("lost".into()), ..reading(0, 0) };
+        assert!(!all_idle(&[failed], &[0], 1), "nor one whose reading failed");
+    }
+
+    #[test]
+    fn only_a_session_with_gpus_and_a_timeout_has_an_idle_clock() {
+        let mut j = job(1, 1).as_ref().clone();
+        assert_eq!(IdleRule::of(&j, &[0]), None, "not a session");
+        j.spec.session = Some(corral_types::SessionOptions { idle_timeout_secs: Some(1800), min_gpu_util_pct: 0 });
+        let rule = IdleRule::of(&j, &[0]).expect("a rule");
+        assert_eq!((rule.timeout, rule.min_util_pct), (Duration::from_secs(1800), 1));
+        assert_eq!(rule.reason, "idle: GPU utilisation under 1% for 30m");
+        assert_eq!(IdleRule::of(&j, &[]), None, "no GPUs to judge it by");
+        j.spec.session = Some(corral_types::SessionOptions { idle_timeout_secs: Some(0), min_gpu_util_pct: 5 });
+        assert_eq!(IdleRule::of(&j, &[0]), None, "0: never");
+    }
 
     #[test]
     fn the_signal_before_the_time_limit_comes_its_lead_before_the_limit() {
