@@ -10,7 +10,7 @@ use crate::history::{CompactCutoffs, RequestKey, RequestRecord};
 use crate::ledger::{billed_ms, RunLength};
 use crate::policy::format_secs;
 use crate::quota::{self, QuotaNumbers};
-use crate::resources::{fit_slice, gang_shape, job_milli_gpus, MigShape};
+use crate::resources::{fit_slice, gang_shape, job_milli_gpus, spread_shapes, MigShape};
 use crate::{
     ApplyError, ClusterConfig, Command, CoordinatorRecord, Outcome, Placement, Preemption, Request, Response,
     ScheduleOutcome, State,
@@ -293,8 +293,22 @@ impl State {
         }
         if !self.nodes.is_empty() {
             let caps = &self.index.caps;
-            let (parts, per_node) = gang_shape(&spec);
             let largest_gpus = caps.largest_gpus();
+            // Tasks that spread over nodes: refused only when no node count holds them.
+            let (parts, per_node) = match spec.spreads() {
+                true => match spread_shapes(&spec, largest_gpus, |g| caps.nodes_with(g)).first() {
+                    Some(nodes) => gang_shape(&spec.spread_over(*nodes)),
+                    None => {
+                        let per_task = spec.layout.gpus_per_task;
+                        let nodes = spec.layout.ntasks;
+                        match per_task > largest_gpus {
+                            true => (1, per_task),
+                            false => (nodes, per_task),
+                        }
+                    }
+                },
+                false => gang_shape(&spec),
+            };
             if per_node > largest_gpus {
                 return Err(ApplyError::TooManyGpus { requested: per_node, largest: largest_gpus });
             }
@@ -398,9 +412,14 @@ impl State {
 
     /// Checks a placement against the state; returns the slice the job gets (for a slice job).
     fn validate_placement(&self, job: &Job, p: &Placement) -> Result<Option<SliceAssignment>, String> {
-        let spec = &job.spec;
-        let (parts_needed, per_node) = gang_shape(spec);
         let parts = p.parts().count();
+        // Tasks that spread over nodes: the placement chooses the count, the job's shape follows.
+        let spread = job.spec.spreads().then(|| job.spec.spread_over(parts as u32));
+        let spec = spread.as_ref().unwrap_or(&job.spec);
+        if spread.is_some() && !(1..=job.spec.layout.ntasks as usize).contains(&parts) {
+            return Err(format!("{} tasks cannot spread over {parts} node(s)", job.spec.layout.ntasks));
+        }
+        let (parts_needed, per_node) = gang_shape(spec);
         if parts != parts_needed as usize {
             return Err(format!("the job runs on {parts_needed} node(s), the placement names {parts}"));
         }
@@ -501,6 +520,10 @@ impl State {
         let epoch = self.next_epoch;
         self.next_epoch += 1;
         let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
+        if job.spec.spreads() {
+            // From here on a gang of the nodes chosen (a requeued run keeps them).
+            job.spec = job.spec.spread_over(p.parts().count() as u32);
+        }
         job.state = JobState::Running;
         job.allocation = Some(Allocation {
             node: p.node.clone(),

@@ -23,7 +23,7 @@ pub use job::{
     Job, JobExitReport, JobId, JobRef, JobSpec, JobSpecError, JobState, NodeGpus, PartEnd, PreemptionNotice,
     PriceBreak, SchedOptions, SliceAssignment, DEFAULT_ARRAY_WINDOW, DRAIN_PREEMPTOR, MAX_ARGS, MAX_ARRAY_RANGES,
     MAX_ARRAY_TASKS, MAX_ARRAY_WINDOW, MAX_COMMAND_BYTES, MAX_ENV_BYTES, MAX_ENV_VARS, MAX_GPUS_PER_JOB,
-    MAX_SCRIPT_BYTES, REQUEUE_PREEMPTOR,
+    MAX_SCRIPT_BYTES, MAX_SPREAD_SHAPES, REQUEUE_PREEMPTOR,
 };
 pub use job_options::parse_dependencies;
 pub use layout::{gpu_type_matches, SlurmNames, TaskLayout, MAX_NODES_PER_JOB, MAX_TASKS_PER_JOB};

@@ -160,6 +160,63 @@ fn srun_gpus_per_task_binds_a_distinct_gpu_to_each_task_of_a_node() {
     }
 }
 
+/// Slurm's `--ntasks` with `--gpus-per-task` and no `--nodes`, as users write it: the tasks
+/// spread over the fewest nodes that hold them (3 one-GPU tasks on 2-GPU nodes: 2 + 1), the
+/// allocation's variables say so, and a plain `srun` lays its tasks out the same way; tasks
+/// that fit one node stay on one; tasks no set of nodes holds are refused at submit.
+#[test]
+fn tasks_with_gpus_spread_over_the_fewest_nodes_that_hold_them() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let script = |name: &str, tasks: u32| {
+        format!(
+            "#SBATCH --job-name={name}\n\
+             #SBATCH --ntasks={tasks}\n\
+             #SBATCH --gpus-per-task=1\n\
+             #SBATCH --cpus-per-task=1\n\
+             #SBATCH --time=00:10:00\n\
+             #SBATCH --output={out}/%x-%j.out\n\
+             \n\
+             export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n\
+             echo \"nodes=$SLURM_JOB_NUM_NODES nnodes=$SLURM_NNODES ntasks=$SLURM_NTASKS per-node=$SLURM_TASKS_PER_NODE\"\n\
+             srun sh -c 'echo \"$SLURM_PROCID $SLURM_LOCALID $SLURM_NODEID $SLURM_NTASKS $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\" > {out}/{name}-$SLURM_PROCID'\n",
+            out = out.display()
+        )
+    };
+    let job = sbatch(&cluster, &out, "spread.sbatch", &script("spread", 3));
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("spread-{job}.out")));
+    assert!(output.contains("nodes=2 nnodes=2 ntasks=3 per-node=2,1"), "{output}");
+    let tasks: Vec<Vec<String>> = (0..3)
+        .map(|r| read(&out.join(format!("spread-{r}"))).split_whitespace().map(str::to_string).collect())
+        .collect();
+    // procid localid nodeid ntasks node gpus
+    assert_eq!(tasks.iter().map(|t| t[..4].join(" ")).collect::<Vec<_>>(), ["0 0 0 3", "1 1 0 3", "2 0 1 3"]);
+    assert_eq!(tasks[0][4], tasks[1][4], "the first node runs two tasks: {tasks:?}");
+    assert_ne!(tasks[0][4], tasks[2][4], "the third on the other node: {tasks:?}");
+    assert!(tasks.iter().all(|t| t.len() == 6 && t[5].len() == 1), "one GPU each: {tasks:?}");
+    assert_ne!(tasks[0][5], tasks[1][5], "distinct GPUs on the first node: {tasks:?}");
+
+    // Two tasks fit one node: one node.
+    let job = sbatch(&cluster, &out, "pair.sbatch", &script("pair", 2));
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("pair-{job}.out")));
+    assert!(output.contains("nodes=1 nnodes=1 ntasks=2 per-node=2"), "{output}");
+
+    // Five one-GPU tasks: no set of these nodes holds them; one line, nothing submitted.
+    let before = cluster.corral_at(0, &["queue", "--all"]);
+    let script_path = out.join("five.sbatch");
+    std::fs::write(&script_path, format!("#!/bin/sh\n{}", script("five", 5))).expect("write");
+    let refused = cluster.corral_at(0, &["sbatch", &script_path.display().to_string()]);
+    assert!(!refused.status.success());
+    let line = one_line_stderr(&refused);
+    assert!(line.contains("could never run"), "{line}");
+    let after = cluster.corral_at(0, &["queue", "--all"]);
+    assert_eq!(before.stdout, after.stdout, "nothing submitted");
+}
+
 #[test]
 fn srun_kill_on_bad_exit_kills_every_task_and_exits_with_the_highest_status() {
     let (cluster, workers, dir) = pool();
