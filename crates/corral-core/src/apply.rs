@@ -2073,6 +2073,40 @@ pub(crate) mod tests {
         assert_eq!(s.jobs[&1].state, JobState::Running, "the batch step on n1 is told to stop first");
     }
 
+    /// `-n N --gpus-per-task G` without a node count: submit refuses only tasks no node count
+    /// holds; apply takes a placement on any count from 1 to N whose parts hold the busiest
+    /// node's GPUs, and from then on the job is that gang.
+    #[test]
+    fn spreading_tasks_take_the_node_count_their_placement_names() {
+        let spreading = |tasks: u32, per_task: u32| {
+            let mut js = spec(tasks * per_task);
+            js.layout = corral_types::TaskLayout { ntasks: tasks, gpus_per_task: per_task, ..Default::default() };
+            js
+        };
+        let mut s = cluster();
+        let refused = submit(&mut s, 3, "big", spreading(3, 4)).unwrap_err();
+        assert!(refused.to_string().contains("could never run"), "{refused}");
+        assert!(matches!(submit(&mut s, 3, "huge", spreading(1, 9)), Err(ApplyError::TooManyGpus { .. })));
+        s.apply(&req(4, Command::RegisterNode { spec: node("n2", 8) })).unwrap();
+        let Ok(Outcome::JobSubmitted { job_id, .. }) = submit(&mut s, 5, "a", spreading(3, 4)) else { panic!() };
+        let four: Vec<u32> = (0..4).collect();
+        let eight: Vec<u32> = (0..8).collect();
+        for (bad, why) in [
+            (placement(job_id, &[("n1", &eight), ("n2", &four)], None), "wrong number of gpus on n2"),
+            (placement(job_id, &[("n1", &four)], None), "wrong number of gpus on n1: the job needs 12"),
+        ] {
+            let out = run(&mut s, 6, vec![bad]);
+            assert!(out.rejected[0].1.contains(why), "{out:?}");
+        }
+        // 3 tasks of 4 GPUs on two nodes: 2 + 1 tasks, 8 GPUs on each.
+        let out = run(&mut s, 7, vec![placement(job_id, &[("n1", &eight), ("n2", &eight)], None)]);
+        assert_eq!(out.placed, vec![job_id], "{out:?}");
+        let job = &s.jobs[&job_id];
+        assert_eq!((job.spec.layout.nodes, job.spec.gpus, job.spec.sched.gpus_per_node), (2, 16, Some(8)));
+        assert_eq!(job.spec.tasks_on_nodes(), [2, 1]);
+        assert!(!job.spec.spreads());
+    }
+
     #[test]
     fn gang_submissions_are_checked_against_the_nodes() {
         let mut s = cluster();
