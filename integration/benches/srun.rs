@@ -1,7 +1,9 @@
 //! `srun` step launch benchmark: inside a 2-node batch job (a coordinator and two workers on
 //! loopback, as the integration tests run them), `srun` of 4 tasks (2 a node), timed from just
 //! before `srun` starts until the last of its 4 tasks runs (each task's first command records
-//! the time; the nodes share this machine's clock). The first samples are warm-up.
+//! the time; the nodes share this machine's clock), and a whole `srun hostname` (4 tasks), from
+//! just before `srun` starts until it exited: a step's start to its end as the script sees it.
+//! The first samples are warm-up.
 //!
 //! Run: `cargo build --release -p corral-cli && cargo bench -p corral-integration --bench srun`
 //! Knobs: `CORRAL_BENCH_SAMPLES` (timed `srun`s, default 20), `CORRAL_BIN` (the `corral` binary).
@@ -48,6 +50,9 @@ fn main() {
              i=$((i + 1))\n\
              date +%s%N > {out}/start-$i\n\
              srun sh -c \"date +%s%N > {out}/run-$i-\\$SLURM_PROCID\" || exit 1\n\
+             date +%s%N > {out}/hostname-start-$i\n\
+             srun hostname > /dev/null || exit 1\n\
+             date +%s%N > {out}/hostname-end-$i\n\
              done\n",
             out = out.display()
         ),
@@ -72,6 +77,14 @@ fn main() {
         })
         .collect();
     all.sort();
+    let mut whole: Vec<Duration> = (WARMUP + 1..=runs)
+        .map(|i| {
+            let start = stamp(&out.join(format!("hostname-start-{i}")));
+            let end = stamp(&out.join(format!("hostname-end-{i}")));
+            Duration::from_nanos(end.saturating_sub(start) as u64)
+        })
+        .collect();
+    whole.sort();
     println!(
         "srun of 4 tasks on 2 nodes, srun start to every task running: median {:.1?}  p90 {:.1?}  min {:.1?}  max {:.1?}  (n={})",
         percentile(&all, 0.5),
@@ -79,5 +92,13 @@ fn main() {
         percentile(&all, 0.0),
         percentile(&all, 1.0),
         all.len()
+    );
+    println!(
+        "srun hostname (4 tasks on 2 nodes), srun start to its exit: median {:.1?}  p90 {:.1?}  min {:.1?}  max {:.1?}  (n={})",
+        percentile(&whole, 0.5),
+        percentile(&whole, 0.9),
+        percentile(&whole, 0.0),
+        percentile(&whole, 1.0),
+        whole.len()
     );
 }

@@ -675,6 +675,8 @@ pub struct JobFlags {
     #[arg(long, short = 'c', value_name = "N")]
     pub cpus_per_task: Option<u32>,
     /// Whole GPUs of each task, bound to it: a node's GPUs are its tasks there times this.
+    /// With --ntasks and none of --nodes, --ntasks-per-node, --gpus, --gpus-per-node, the tasks
+    /// spread over the fewest nodes that hold them when the job is placed (as Slurm).
     #[arg(long, value_name = "N")]
     pub gpus_per_task: Option<u32>,
     /// Whole CPUs for each GPU of the job.

@@ -313,7 +313,20 @@ fn allocation_shape(flags: &JobFlags) -> anyhow::Result<Shape> {
     };
     layout.nodes = flags.nodes.or_else(|| layout.nodes_asked()).unwrap_or(0);
     let nodes = layout.nodes;
+    // Slurm's `-n N --gpus-per-task G` alone: the tasks spread over the fewest nodes that hold
+    // them, which placement chooses (`JobSpec::spreads`); until then the job states one task's
+    // CPUs and memory, and all its GPUs.
+    let spread = nodes == 0
+        && layout.ntasks > 1
+        && layout.gpus_per_task > 0
+        && layout.ntasks_per_node == 0
+        && flags.gpus.is_none()
+        && flags.gpus_per_node.is_none();
+    if spread && flags.cpus.is_some() {
+        bail!("--cpus is per node, and -n with --gpus-per-task lets placement choose the nodes: give --cpus-per-task");
+    }
     let (gpus, per_node) = match (flags.gpus, flags.gpus_per_node) {
+        _ if spread => (layout.gpus_per_task.saturating_mul(layout.ntasks), None),
         _ if layout.gpus_per_task > 0 => {
             let on = nodes.max(1);
             let busiest = layout.tasks_on_nodes(on).into_iter().max().unwrap_or(1);
@@ -348,8 +361,10 @@ fn allocation_shape(flags: &JobFlags) -> anyhow::Result<Shape> {
         (None, None) => (0, None),
     };
     let on = if nodes > 0 { nodes } else { per_node.filter(|p| *p > 0).map(|p| (gpus / p).max(1)).unwrap_or(1) };
-    let gpus_here = gpus.checked_div(on).unwrap_or(gpus);
-    let tasks_here = layout.tasks_on_nodes(on).into_iter().max().unwrap_or(1);
+    let (gpus_here, tasks_here) = match spread {
+        true => (layout.gpus_per_task, 1),
+        false => (gpus.checked_div(on).unwrap_or(gpus), layout.tasks_on_nodes(on).into_iter().max().unwrap_or(1)),
+    };
     let asks_tasks = flags.ntasks.is_some() || flags.ntasks_per_node.is_some() || flags.cpus_per_task.is_some();
     let cpus_here: u64 = if layout.cpus_per_gpu > 0 {
         u64::from(layout.cpus_per_gpu) * u64::from(gpus_here.max(1))
@@ -646,6 +661,10 @@ mod tests {
             (JobFlags { nodes: Some(4), ntasks: Some(2), ..Default::default() }, "fewer than --nodes"),
             (JobFlags { gpus_per_task: Some(1), ntasks: Some(4), gpus: Some(2), ..Default::default() }, "means 4 GPUs"),
             (JobFlags { nodes: Some(2), gpus_per_node: Some(2), gpus: Some(3), ..Default::default() }, "means 4 gpus"),
+            (
+                JobFlags { ntasks: Some(4), gpus_per_task: Some(1), cpus: Some(2.0), ..Default::default() },
+                "give --cpus-per-task",
+            ),
             (JobFlags { array: Some("5-1".into()), ..Default::default() }, "invalid array"),
             (JobFlags { dependency: Some("after:1".into()), ..Default::default() }, "invalid dependency"),
             (JobFlags { constraint: vec!["a|b".into()], ..Default::default() }, "invalid --constraint"),
@@ -689,10 +708,21 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(shape(ddp), (2, 4, Some(2), 12_000, 48 << 30));
-        // -n 4 --gpus-per-task 1 on one node; --mem-per-gpu times the node's GPUs.
+        // -n 4 --gpus-per-task 1 without -N: the tasks spread over the nodes placement chooses;
+        // until then one task's CPU and memory (--mem-per-gpu times its GPU).
         let tasks =
             JobFlags { ntasks: Some(4), gpus_per_task: Some(1), mem_per_gpu: Some(10 << 30), ..Default::default() };
-        assert_eq!(shape(tasks), (0, 4, Some(4), 4000, 40 << 30));
+        assert_eq!(shape(tasks.clone()), (0, 4, None, 1000, 10 << 30));
+        let (spec, _) = job_spec(tasks, input(Path::new("/"))).unwrap();
+        assert!(spec.spreads());
+        assert_eq!(spec.spread_shape(2), (2, 2000, 20 << 30), "two tasks on each of two nodes");
+        let with_cpus =
+            JobFlags { ntasks: Some(3), gpus_per_task: Some(2), cpus_per_task: Some(8), ..Default::default() };
+        assert_eq!(shape(with_cpus), (0, 6, None, 8000, 0));
+        // With --nodes, --ntasks-per-node or a GPU count, the nodes are the user's.
+        let one_node =
+            JobFlags { ntasks: Some(4), gpus_per_task: Some(1), gpus_per_node: Some(4), ..Default::default() };
+        assert_eq!(shape(one_node), (0, 4, Some(4), 4000, 0));
         // -n 8 --ntasks-per-node 4: two nodes; --cpus-per-gpu counts the node's GPUs.
         let per_node = JobFlags {
             ntasks: Some(8),

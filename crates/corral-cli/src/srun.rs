@@ -5,7 +5,8 @@
 //! nodes' through the worker, which reads them through the leader's proxy; `--label` prefixing
 //! `N: `), forwards SIGINT/SIGTERM to the step, and exits with the step's code (the highest task
 //! status; a signal N counts as 128 + N). A step whose GPUs other live steps hold is retried
-//! until they are free, as Slurm's srun waits.
+//! until they are free, as Slurm's srun waits. `--gpus`/`--gres` of a step of several tasks
+//! and `--wait` are carried in the step for the coordinator's layout and the workers.
 //!
 //! In a `corral alloc` session (on the submit host, off the job's nodes: `CORRAL_ALLOC_JOB_ID`
 //! and `CORRAL_ALLOC_EPOCH` instead of a run secret) the same step is made, followed, signalled
@@ -61,7 +62,7 @@ pub struct Flags {
 /// binding, memory and accounting options (each task sees the job's GPUs and memory of its
 /// node), `--mpi` (there is no PMI: an MPI program sees no launcher), and `-o` (the tasks'
 /// output goes to srun's).
-const IGNORED: [(&str, bool); 44] = [
+const IGNORED: [(&str, bool); 42] = [
     ("--gres-flags", true),
     ("--exact", false),
     ("-e", true),
@@ -102,8 +103,6 @@ const IGNORED: [(&str, bool); 44] = [
     ("-A", true),
     ("--account", true),
     ("--jobid", true),
-    ("-W", true),
-    ("--wait", true),
     ("-o", true),
     ("--output", true),
 ];
@@ -220,7 +219,12 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
                     return Err(format!("--jobid {value}: corral's srun runs steps of its own job only"));
                 }
             }
-            "--gpus" | "-G" | "--gres" => match step_gpu_count(&name, &value) {
+            "-W" | "--wait" => {
+                // Slurm's 0: no limit.
+                let secs = number(&name, &value)?;
+                flags.spec.wait_secs = (secs > 0).then_some(secs);
+            }
+            "--gpus" | "-G" | "--gres" | "--gpus-per-node" => match step_gpu_count(&name, &value) {
                 Some(n) => step_gpus = Some((name, n)),
                 None => flags.ignored.push(name),
             },
@@ -249,12 +253,17 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
     }
     if let Some((name, gpus)) = step_gpus {
         // A one-task step's GPUs are its task's: bound as --gpus-per-task binds them (steps
-        // running side by side get distinct GPUs). Over several tasks Slurm shares the step's
-        // GPUs among them, which corral does not do: accepted without effect.
-        if flags.spec.ntasks == Some(1) && flags.spec.gpus_per_task.is_none() && gpus > 0 {
-            flags.spec.gpus_per_task = Some(gpus);
-        } else {
+        // running side by side get distinct GPUs). Over several tasks, as Slurm: --gpus
+        // spreads over the step's nodes, --gres=gpu:N and --gpus-per-node give each node N,
+        // and a node's tasks share its GPUs. With --gpus-per-task, that binds.
+        if flags.spec.gpus_per_task.is_some() || gpus == 0 {
             flags.ignored.push(name);
+        } else if flags.spec.ntasks == Some(1) {
+            flags.spec.gpus_per_task = Some(gpus);
+        } else if matches!(name.as_str(), "--gpus" | "-G") {
+            flags.spec.gpus = Some(gpus);
+        } else {
+            flags.spec.gpus_per_node = Some(gpus);
         }
     }
     flags.spec.env = exported(flags.export.as_deref(), env)?;
@@ -944,7 +953,7 @@ mod tests {
     }
 
     /// A one-task step's `--gpus`/`--gres` bind its GPUs as `--gpus-per-task` does; over
-    /// several tasks they are accepted without effect.
+    /// several tasks `--gpus` is the step's total and `--gres`/`--gpus-per-node` each node's.
     #[test]
     fn a_one_task_steps_gpus_are_its_own() {
         let env = BTreeMap::from([("SLURM_NTASKS".to_owned(), "4".to_owned())]);
@@ -956,7 +965,21 @@ mod tests {
         let two = parse(&args("-n1 --gpus=2 true"), &env).unwrap();
         assert_eq!(two.spec.gpus_per_task, Some(2));
         let many = parse(&args("--gpus=4 python x.py"), &env).unwrap();
-        assert_eq!((many.spec.gpus_per_task, many.ignored.as_slice()), (None, &["--gpus".to_owned()][..]));
+        assert_eq!((many.spec.gpus_per_task, many.spec.gpus, many.ignored.len()), (None, Some(4), 0));
+        let each = parse(&args("--gres=gpu:2 python x.py"), &env).unwrap();
+        assert_eq!((each.spec.gpus, each.spec.gpus_per_node), (None, Some(2)));
+        let per_node = parse(&args("--gpus-per-node=a100:1 python x.py"), &env).unwrap();
+        assert_eq!(per_node.spec.gpus_per_node, Some(1));
+        let bound = parse(&args("--gpus-per-task=1 --gpus=4 python x.py"), &env).unwrap();
+        assert_eq!(
+            (bound.spec.gpus_per_task, bound.spec.gpus, bound.ignored.as_slice()),
+            (Some(1), None, &["--gpus".to_owned()][..])
+        );
+        // --wait: seconds after the first task ends; 0 is no limit.
+        let wait = parse(&args("--wait=60 --kill-on-bad-exit=1 true"), &env).unwrap();
+        assert_eq!((wait.spec.wait_secs, wait.ignored.len()), (Some(60), 0));
+        assert_eq!(parse(&args("-W 0 true"), &env).unwrap().spec.wait_secs, None);
+        assert!(parse(&args("--wait=soon true"), &env).unwrap_err().contains("--wait takes a number"));
         let nvme = parse(&args("-n1 --gres=nvme:1 true"), &env).unwrap();
         assert_eq!((nvme.spec.gpus_per_task, nvme.ignored.as_slice()), (None, &["--gres".to_owned()][..]));
     }

@@ -10,7 +10,7 @@ use crate::history::{CompactCutoffs, RequestKey, RequestRecord};
 use crate::ledger::{billed_ms, RunLength};
 use crate::policy::format_secs;
 use crate::quota::{self, QuotaNumbers};
-use crate::resources::{fit_slice, gang_shape, job_milli_gpus, MigShape};
+use crate::resources::{fit_slice, gang_shape, job_milli_gpus, spread_shapes, MigShape};
 use crate::{
     ApplyError, ClusterConfig, Command, CoordinatorRecord, Outcome, Placement, Preemption, Request, Response,
     ScheduleOutcome, State,
@@ -305,8 +305,22 @@ impl State {
         }
         if !self.nodes.is_empty() {
             let caps = &self.index.caps;
-            let (parts, per_node) = gang_shape(&spec);
             let largest_gpus = caps.largest_gpus();
+            // Tasks that spread over nodes: refused only when no node count holds them.
+            let (parts, per_node) = match spec.spreads() {
+                true => match spread_shapes(&spec, largest_gpus, |g| caps.nodes_with(g)).first() {
+                    Some(nodes) => gang_shape(&spec.spread_over(*nodes)),
+                    None => {
+                        let per_task = spec.layout.gpus_per_task;
+                        let nodes = spec.layout.ntasks;
+                        match per_task > largest_gpus {
+                            true => (1, per_task),
+                            false => (nodes, per_task),
+                        }
+                    }
+                },
+                false => gang_shape(&spec),
+            };
             if per_node > largest_gpus {
                 return Err(ApplyError::TooManyGpus { requested: per_node, largest: largest_gpus });
             }
@@ -410,9 +424,14 @@ impl State {
 
     /// Checks a placement against the state; returns the slice the job gets (for a slice job).
     fn validate_placement(&self, job: &Job, p: &Placement) -> Result<Option<SliceAssignment>, String> {
-        let spec = &job.spec;
-        let (parts_needed, per_node) = gang_shape(spec);
         let parts = p.parts().count();
+        // Tasks that spread over nodes: the placement chooses the count, the job's shape follows.
+        let spread = job.spec.spreads().then(|| job.spec.spread_over(parts as u32));
+        let spec = spread.as_ref().unwrap_or(&job.spec);
+        if spread.is_some() && !(1..=job.spec.layout.ntasks as usize).contains(&parts) {
+            return Err(format!("{} tasks cannot spread over {parts} node(s)", job.spec.layout.ntasks));
+        }
+        let (parts_needed, per_node) = gang_shape(spec);
         if parts != parts_needed as usize {
             return Err(format!("the job runs on {parts_needed} node(s), the placement names {parts}"));
         }
@@ -516,6 +535,10 @@ impl State {
         let epoch = self.next_epoch;
         self.next_epoch += 1;
         let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
+        if job.spec.spreads() {
+            // From here on a gang of the nodes chosen (a requeued run keeps them).
+            job.spec = job.spec.spread_over(p.parts().count() as u32);
+        }
         job.state = JobState::Running;
         job.allocation = Some(Allocation {
             node: p.node.clone(),
@@ -2114,6 +2137,40 @@ pub(crate) mod tests {
         s.apply(&req(6, Command::SetNodeState { node: "n2".into(), state: NodeState::Down, reason: String::new() }))
             .unwrap();
         assert_eq!(s.jobs[&1].state, JobState::Running, "the batch step on n1 is told to stop first");
+    }
+
+    /// `-n N --gpus-per-task G` without a node count: submit refuses only tasks no node count
+    /// holds; apply takes a placement on any count from 1 to N whose parts hold the busiest
+    /// node's GPUs, and from then on the job is that gang.
+    #[test]
+    fn spreading_tasks_take_the_node_count_their_placement_names() {
+        let spreading = |tasks: u32, per_task: u32| {
+            let mut js = spec(tasks * per_task);
+            js.layout = corral_types::TaskLayout { ntasks: tasks, gpus_per_task: per_task, ..Default::default() };
+            js
+        };
+        let mut s = cluster();
+        let refused = submit(&mut s, 3, "big", spreading(3, 4)).unwrap_err();
+        assert!(refused.to_string().contains("could never run"), "{refused}");
+        assert!(matches!(submit(&mut s, 3, "huge", spreading(1, 9)), Err(ApplyError::TooManyGpus { .. })));
+        s.apply(&req(4, Command::RegisterNode { spec: node("n2", 8) })).unwrap();
+        let Ok(Outcome::JobSubmitted { job_id, .. }) = submit(&mut s, 5, "a", spreading(3, 4)) else { panic!() };
+        let four: Vec<u32> = (0..4).collect();
+        let eight: Vec<u32> = (0..8).collect();
+        for (bad, why) in [
+            (placement(job_id, &[("n1", &eight), ("n2", &four)], None), "wrong number of gpus on n2"),
+            (placement(job_id, &[("n1", &four)], None), "wrong number of gpus on n1: the job needs 12"),
+        ] {
+            let out = run(&mut s, 6, vec![bad]);
+            assert!(out.rejected[0].1.contains(why), "{out:?}");
+        }
+        // 3 tasks of 4 GPUs on two nodes: 2 + 1 tasks, 8 GPUs on each.
+        let out = run(&mut s, 7, vec![placement(job_id, &[("n1", &eight), ("n2", &eight)], None)]);
+        assert_eq!(out.placed, vec![job_id], "{out:?}");
+        let job = &s.jobs[&job_id];
+        assert_eq!((job.spec.layout.nodes, job.spec.gpus, job.spec.sched.gpus_per_node), (2, 16, Some(8)));
+        assert_eq!(job.spec.tasks_on_nodes(), [2, 1]);
+        assert!(!job.spec.spreads());
     }
 
     #[test]

@@ -26,9 +26,15 @@ pub fn job_milli_gpus(spec: &JobSpec) -> u64 {
 
 /// The node parts a job needs: `(nodes, gpus per node)`. A gang of `gpus / gpus_per_node`
 /// nodes, or Slurm's `--nodes` (whole GPUs split evenly, maybe none).
+///
+/// A job whose tasks spread over nodes (`JobSpec::spreads`) has no shape until placed: this is
+/// all its GPUs on one node, and the pass tries `spread_shapes` instead.
 pub(crate) fn gang_shape(spec: &JobSpec) -> (u32, u32) {
     if spec.gpu_slice.is_some() {
         return (1, 1);
+    }
+    if spec.spreads() {
+        return (1, spec.gpus);
     }
     match spec.sched.gpus_per_node {
         Some(per_node) if per_node > 0 && spec.layout.nodes == 0 => (spec.gpus / per_node, per_node),
@@ -274,6 +280,18 @@ pub(crate) fn fit_slice(
             Ok(SliceAssignment::Mps { thread_percent: *thread_percent, memory_mib: memory })
         }
     }
+}
+
+/// The node counts a job whose tasks spread over nodes may be placed on, fewest first, on nodes
+/// of at most `largest` GPUs: those for which `nodes_with(per-node GPUs)` nodes exist.
+pub(crate) fn spread_shapes(spec: &JobSpec, largest: u32, nodes_with: impl Fn(u32) -> u32) -> Vec<u32> {
+    spec.spread_node_counts(largest)
+        .into_iter()
+        .filter(|k| {
+            let per_node = spec.layout.gpus_per_task.saturating_mul(spec.layout.ntasks.div_ceil(*k));
+            nodes_with(per_node) >= *k
+        })
+        .collect()
 }
 
 #[cfg(test)]

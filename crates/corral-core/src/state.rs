@@ -155,6 +155,8 @@ pub(crate) struct QueuedJob {
     pub exclusive: bool,
     /// Only GPUs of this model (`--gres=gpu:TYPE:N`).
     pub gpu_type: Option<String>,
+    /// Its tasks spread over nodes (`JobSpec::spreads`): the pass tries node counts.
+    pub spread: bool,
 }
 
 impl QueuedJob {
@@ -172,6 +174,7 @@ impl QueuedJob {
             selector: spec.sched.node_selector.clone(),
             exclusive: spec.layout.exclusive,
             gpu_type: spec.layout.gpu_type.clone(),
+            spread: spec.spreads(),
         }
     }
 }

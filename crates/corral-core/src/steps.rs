@@ -83,14 +83,32 @@ pub fn plan_tasks(
         }
     }
     let (base, extra) = (ntasks / nnodes, ntasks % nnodes);
+    // Without --gpus-per-task, --gpus spreads over the nodes (the first ones one more) and
+    // --gpus-per-node gives each its count; a node's tasks share them.
+    let shared = |i: u32| match (spec.gpus_per_task.filter(|g| *g > 0), spec.gpus, spec.gpus_per_node) {
+        (Some(_), _, _) => None,
+        (None, Some(total), _) if total > 0 => Some((total / nnodes + u32::from(i < total % nnodes), "--gpus", total)),
+        (None, _, Some(each)) if each > 0 => Some((each, "--gpus-per-node", each)),
+        _ => None,
+    };
+    if let Some(total) = spec.gpus.filter(|g| *g > 0 && *g < nnodes && spec.gpus_per_task.is_none_or(|t| t == 0)) {
+        return Err(format!("--gpus {total} is fewer than the step's {nnodes} nodes: each needs one"));
+    }
     let mut first_task = 0;
     let mut nodes = Vec::with_capacity(chosen.len());
     for (i, (node, gpus)) in chosen.into_iter().enumerate() {
         let tasks = base + u32::from((i as u32) < extra);
-        let step_gpus = match spec.gpus_per_task {
-            None | Some(0) => Vec::new(),
-            Some(per_task) => {
-                let needed = (tasks as usize).saturating_mul(per_task as usize);
+        let wanted = match (spec.gpus_per_task, shared(i as u32)) {
+            (_, Some((count, flag, given))) => Some((count as usize, format!("{flag} {given}"))),
+            (None | Some(0), None) => None,
+            (Some(per_task), None) => Some((
+                (tasks as usize).saturating_mul(per_task as usize),
+                format!("{tasks} tasks with --gpus-per-task {per_task}"),
+            )),
+        };
+        let step_gpus = match wanted {
+            None => Vec::new(),
+            Some((needed, what)) => {
                 let held = taken.get(node);
                 let free: Vec<u32> =
                     gpus.iter().copied().filter(|g| spec.overlap || !held.is_some_and(|h| h.contains(g))).collect();
@@ -104,9 +122,7 @@ pub fn plan_tasks(
                     } else {
                         format!("the job has {} there", gpus.len())
                     };
-                    return Err(format!(
-                        "{tasks} tasks with --gpus-per-task {per_task} need {needed} gpus on node {node}, but {why}"
-                    ));
+                    return Err(format!("{what} need {needed} gpus on node {node}, but {why}"));
                 }
                 free[..needed].to_vec()
             }
@@ -356,6 +372,25 @@ mod tests {
         assert!(err.contains("1 of its 2 are held by other steps"), "{err}");
         s.overlap = true;
         assert_eq!(layout(&plan_tasks(&s, &alloc(), &taken).unwrap())[0], want(&[("gpu-01", 0, 2, &[0, 1])])[0]);
+    }
+
+    /// srun `--gpus N`: the step's GPUs spread over its nodes, shared by each node's tasks;
+    /// `--gpus-per-node N`: N on each.
+    #[test]
+    fn a_steps_gpus_spread_over_its_nodes_and_its_tasks_share_them() {
+        let none = BTreeMap::new();
+        let plan = |s: StepSpec| plan_tasks(&s, &alloc(), &none).map(|n| layout(&n));
+        let total = |tasks: u32, gpus: u32| StepSpec { gpus: Some(gpus), ..spec(Some(tasks), None, None) };
+        assert_eq!(plan(total(4, 4)).unwrap(), want(&[("gpu-01", 0, 2, &[0, 1]), ("gpu-02", 2, 2, &[2, 3])]));
+        assert_eq!(plan(total(4, 3)).unwrap(), want(&[("gpu-01", 0, 2, &[0, 1]), ("gpu-02", 2, 2, &[2])]));
+        assert_eq!(plan(total(2, 1)).unwrap_err(), "--gpus 1 is fewer than the step's 2 nodes: each needs one");
+        let each = StepSpec { gpus_per_node: Some(1), ..spec(Some(4), None, None) };
+        assert_eq!(plan(each).unwrap(), want(&[("gpu-01", 0, 2, &[0]), ("gpu-02", 2, 2, &[2])]));
+        let too_many = total(4, 6);
+        assert!(plan(too_many).unwrap_err().contains("--gpus 6 need 3 gpus on node gpu-01"));
+        // --gpus-per-task binds per task; a step's --gpus then changes nothing.
+        let both = StepSpec { gpus_per_task: Some(1), ..total(2, 2) };
+        assert_eq!(plan(both).unwrap(), want(&[("gpu-01", 0, 1, &[0]), ("gpu-02", 1, 1, &[2])]));
     }
 
     #[test]

@@ -760,6 +760,8 @@ mod tests {
                         gpus_per_task: Some(1),
                         nodelist: vec!["n2".into()],
                         kill_on_bad_exit: true,
+                        gpus: Some(2),
+                        wait_secs: Some(30),
                         ..Default::default()
                     },
                     nodes: vec![corral_types::StepNode {

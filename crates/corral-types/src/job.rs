@@ -23,6 +23,10 @@ pub const LEASE_PREEMPTOR: JobId = JobId::MAX - 1;
 /// Upper bound on whole GPUs one job may ask for.
 pub const MAX_GPUS_PER_JOB: u32 = 1024;
 
+/// Most node counts placement tries for a job whose tasks spread over nodes
+/// (`JobSpec::spread_node_counts`).
+pub const MAX_SPREAD_SHAPES: usize = 32;
+
 /// A fraction of one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum GpuSlice {
@@ -571,6 +575,82 @@ impl JobSpec {
     /// the layout over `parts()` nodes).
     pub fn tasks_on_nodes(&self) -> Vec<u32> {
         self.layout.tasks_on_nodes(self.parts())
+    }
+
+    /// Slurm's `-n N --gpus-per-task G` without `--nodes`, `--ntasks-per-node`, `--gpus` or
+    /// `--gpus-per-node` (the CLI leaves `sched.gpus_per_node` unset for it): the tasks spread
+    /// over as many nodes as they need, each task's GPUs on one node. Until placed, the spec
+    /// holds one task's CPU and memory (or `--mem`, per node) and all the tasks' GPUs on one
+    /// node; placement chooses a node count from `spread_node_counts` and the job becomes the
+    /// gang `spread_over` gives.
+    pub fn spreads(&self) -> bool {
+        self.gpu_slice.is_none()
+            && self.layout.nodes == 0
+            && self.layout.ntasks > 1
+            && self.layout.gpus_per_task > 0
+            && self.layout.ntasks_per_node == 0
+            && self.sched.gpus_per_node.is_none()
+    }
+
+    /// The node counts a spreading job may run on when no node has more than `largest` GPUs,
+    /// fewest first: for each task count `b` of the busiest node (most first, `b * G` GPUs
+    /// fitting `largest`), the fewest nodes holding the tasks with at most `b` on each. At most
+    /// `MAX_SPREAD_SHAPES` counts, whatever the task count; none when a task does not fit a node.
+    pub fn spread_node_counts(&self, largest: u32) -> Vec<u32> {
+        let (tasks, per_task) = (self.layout.ntasks, self.layout.gpus_per_task.max(1));
+        let most = (largest / per_task).min(tasks);
+        let mut counts: Vec<u32> = Vec::new();
+        for busiest in (1..=most).rev() {
+            if counts.len() >= MAX_SPREAD_SHAPES {
+                break;
+            }
+            let nodes = tasks.div_ceil(busiest);
+            if nodes <= crate::layout::MAX_NODES_PER_JOB && counts.last() != Some(&nodes) {
+                counts.push(nodes);
+            }
+        }
+        counts
+    }
+
+    /// What each node of a spreading job holds on `nodes` nodes: `(gpus, cpu_millis,
+    /// memory_bytes)`, those of its busiest node's tasks (Slurm's block distribution; a gang's
+    /// parts are alike). `--mem`, when given, is per node as it was.
+    pub fn spread_shape(&self, nodes: u32) -> (u32, u32, u64) {
+        let layout = &self.layout;
+        let nodes = nodes.clamp(1, crate::layout::MAX_NODES_PER_JOB);
+        let busiest = layout.ntasks.max(1).div_ceil(nodes);
+        let per_node = layout.gpus_per_task.saturating_mul(busiest);
+        let cpus = if layout.cpus_per_gpu > 0 {
+            u64::from(layout.cpus_per_gpu) * u64::from(per_node)
+        } else {
+            u64::from(busiest) * u64::from(layout.cpus_of_task())
+        };
+        let memory = if layout.mem_per_cpu > 0 {
+            layout.mem_per_cpu.saturating_mul(cpus)
+        } else if layout.mem_per_gpu > 0 {
+            layout.mem_per_gpu.saturating_mul(u64::from(per_node))
+        } else {
+            self.memory_bytes
+        };
+        (per_node, u32::try_from(cpus.saturating_mul(1000)).unwrap_or(u32::MAX), memory)
+    }
+
+    /// The spec of a spreading job laid out over `nodes` nodes (`spread_shape` on each, the
+    /// tasks blocked over them by `tasks_on_nodes`), `layout.nodes` set: no longer spreading.
+    /// Any other spec: itself.
+    pub fn spread_over(&self, nodes: u32) -> JobSpec {
+        let mut spec = self.clone();
+        if !self.spreads() {
+            return spec;
+        }
+        let nodes = nodes.clamp(1, crate::layout::MAX_NODES_PER_JOB);
+        let (per_node, cpu_millis, memory_bytes) = self.spread_shape(nodes);
+        spec.layout.nodes = nodes;
+        spec.gpus = per_node.saturating_mul(nodes);
+        spec.sched.gpus_per_node = Some(per_node);
+        spec.cpu_millis = cpu_millis;
+        spec.memory_bytes = memory_bytes;
+        spec
     }
 
     /// Checks what can be checked without cluster state.
@@ -1171,6 +1251,48 @@ mod tests {
             sched: SchedOptions::default(),
             ..Default::default()
         }
+    }
+
+    /// `-n N --gpus-per-task G` without `--nodes`: as few nodes as hold the tasks, each node
+    /// laid out as Slurm blocks the tasks, with its busiest node's GPUs, CPUs and memory.
+    #[test]
+    fn tasks_spread_over_the_fewest_nodes_that_hold_them() {
+        let spread = |tasks: u32, per_task: u32| {
+            let mut s = spec();
+            s.gpus = tasks * per_task;
+            s.layout = TaskLayout { ntasks: tasks, gpus_per_task: per_task, cpus_per_task: 2, ..Default::default() };
+            s.cpu_millis = 2000;
+            s
+        };
+        let s = spread(7, 1);
+        assert!(s.spreads());
+        assert_eq!(s.spread_node_counts(4), [2, 3, 4, 7], "4, 3, 2 and 1 tasks on the busiest node");
+        assert_eq!(s.spread_node_counts(8), [1, 2, 3, 4, 7]);
+        assert_eq!(s.spread_node_counts(0), [] as [u32; 0], "no GPUs anywhere: no shape");
+        assert_eq!(spread(4, 3).spread_node_counts(8), [2, 4], "two 3-GPU tasks fit an 8-GPU node");
+        assert_eq!(spread(4, 9).spread_node_counts(8), [] as [u32; 0], "a task never splits");
+        let big = spread(crate::layout::MAX_TASKS_PER_JOB, 1);
+        assert!(big.spread_node_counts(4096).len() <= MAX_SPREAD_SHAPES, "bounded by configuration, not input");
+
+        let on = s.spread_over(4);
+        assert_eq!((on.layout.nodes, on.gpus, on.sched.gpus_per_node), (4, 8, Some(2)));
+        assert_eq!(on.tasks_on_nodes(), [2, 2, 2, 1], "SLURM_TASKS_PER_NODE 2(x3),1");
+        assert_eq!(on.cpu_millis, 4000, "two tasks of two CPUs on the busiest node");
+        assert!(!on.spreads(), "placed: a gang of four");
+        assert_eq!(on.validate(), Ok(()));
+        let mut per_gpu = spread(6, 2);
+        per_gpu.layout.mem_per_gpu = 1 << 30;
+        let on = per_gpu.spread_over(2);
+        assert_eq!((on.gpus, on.sched.gpus_per_node, on.memory_bytes), (12, Some(6), 6 << 30));
+
+        let mut given = spread(4, 1);
+        given.sched.gpus_per_node = Some(4);
+        assert!(!given.spreads(), "--gpus-per-node fixes the nodes");
+        assert_eq!(given.spread_over(2), given);
+        let mut nodes = spread(4, 1);
+        nodes.layout.nodes = 2;
+        assert!(!nodes.spreads(), "--nodes fixes them too");
+        assert!(!spread(1, 1).spreads(), "one task: one node");
     }
 
     #[test]

@@ -68,6 +68,18 @@ pub struct StepSpec {
     /// `-K/--kill-on-bad-exit`: a task that fails stops every other task of the step.
     #[serde(default)]
     pub kill_on_bad_exit: bool,
+    /// `-G/--gpus`: the step's GPUs, spread over its nodes as evenly as they go (the first
+    /// nodes one more) and shared by the tasks of each node (without `--gpus-per-task`).
+    #[serde(default)]
+    pub gpus: Option<u32>,
+    /// `--gres=gpu:N` / `--gpus-per-node`: the step's GPUs on each of its nodes, shared by
+    /// that node's tasks (without `--gpus-per-task`).
+    #[serde(default)]
+    pub gpus_per_node: Option<u32>,
+    /// `-W/--wait`: once a task of the step has ended, the others are killed this many
+    /// seconds later. `None` or 0: they run on (Slurm's default).
+    #[serde(default)]
+    pub wait_secs: Option<u32>,
 }
 
 impl StepSpec {

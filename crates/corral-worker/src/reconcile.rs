@@ -125,6 +125,8 @@ pub struct LocalStep {
     pub report: Delivery,
     /// How many of the step's signals the tasks have had.
     pub signals_sent: usize,
+    /// `srun --wait`: the tasks were told a task of the step ended on another node.
+    pub wait_started: bool,
 }
 
 /// Where this node's tasks of a step stand.
@@ -225,6 +227,12 @@ pub enum Action {
     },
     /// Kill this node's tasks of the step (it is stopping: `--kill-on-bad-exit`, the run ends).
     KillTasks {
+        job_id: JobId,
+        epoch: u64,
+        step: StepId,
+    },
+    /// A task of the step ended on another node: `srun --wait`'s time starts for the tasks here.
+    StartWait {
         job_id: JobId,
         epoch: u64,
         step: StepId,
@@ -330,12 +338,17 @@ fn follow_steps(job_id: JobId, l: &LocalJob, want: &DesiredJob, node: &str, acti
         match l.steps.get(&id) {
             None if step.stopping => actions.push(Action::SkipTasks { job_id, epoch, step: id }),
             None => actions.push(Action::LaunchTasks { job: want.job.clone(), epoch, step: id }),
-            Some(LocalStep { phase: StepPhase::Running { killing: false }, signals_sent, .. }) => {
+            Some(LocalStep { phase: StepPhase::Running { killing: false }, signals_sent, wait_started, .. }) => {
                 if step.stopping {
                     actions.push(Action::KillTasks { job_id, epoch, step: id });
-                } else if step.signals.len() > *signals_sent {
+                    continue;
+                }
+                if step.signals.len() > *signals_sent {
                     let signals = step.signals[*signals_sent..].to_vec();
                     actions.push(Action::SignalTasks { job_id, epoch, step: id, signals, sent: step.signals.len() });
+                }
+                if !wait_started && step.spec.wait_secs.is_some_and(|w| w > 0) && !step.ended.is_empty() {
+                    actions.push(Action::StartWait { job_id, epoch, step: id });
                 }
             }
             Some(_) => {}
@@ -828,7 +841,7 @@ pub(crate) mod tests {
 
     fn with_local_step(phase: StepPhase, report: Delivery) -> LocalJob {
         let mut l = running(10, None, Delivery::Done { revision: 4 });
-        l.steps.insert(0, LocalStep { phase, report, signals_sent: 0 });
+        l.steps.insert(0, LocalStep { phase, report, signals_sent: 0, wait_started: false });
         l
     }
 
@@ -883,6 +896,27 @@ pub(crate) mod tests {
                 "being killed: nothing more",
                 leased(with_local_step(StepPhase::Running { killing: true }, Delivery::Pending)),
                 desired(5, vec![with_step(1, 10, |s| s.stopping = true)]),
+                vec![],
+            ),
+            (
+                "srun --wait: another node's tasks ended, the wait starts here",
+                leased(with_local_step(live.clone(), Delivery::Pending)),
+                desired(
+                    5,
+                    vec![with_step(1, 10, |s| {
+                        s.spec.wait_secs = Some(60);
+                        s.ended.push(StepNodeEnd { node: "n2".into(), ..Default::default() });
+                    })],
+                ),
+                vec![Action::StartWait { job_id: 1, epoch: 10, step: 0 }],
+            ),
+            (
+                "without --wait another node's end changes nothing here",
+                leased(with_local_step(live.clone(), Delivery::Pending)),
+                desired(
+                    5,
+                    vec![with_step(1, 10, |s| s.ended.push(StepNodeEnd { node: "n2".into(), ..Default::default() }))],
+                ),
                 vec![],
             ),
             (

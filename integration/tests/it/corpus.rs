@@ -614,7 +614,9 @@ fn run_case(cluster: &Cluster, case: &Case, env: &Env, workers: &[WorkerProc]) -
         .map_err(ctx)?;
     }
     for line in case.once {
-        let n = run.output.lines().filter(|l| l.starts_with(line)).count();
+        // As a terminal shows the file: a script's `clear` leaves its escape sequence (no
+        // newline) at the start of the next line written, as under Slurm.
+        let n = run.output.lines().filter(|l| without_escapes(l).starts_with(line)).count();
         check(n == 1, || format!("{line:?} written {n} times, want once")).map_err(ctx)?;
     }
     // Each srun: its tasks, ranks, nodes and GPUs.
@@ -666,6 +668,25 @@ fn run_case(cluster: &Cluster, case: &Case, env: &Env, workers: &[WorkerProc]) -
         }
     }
     (case.extra)(&run).map_err(ctx)
+}
+
+/// `line` without its terminal escape sequences (`ESC [ ... final byte`).
+fn without_escapes(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Where a case's files are.

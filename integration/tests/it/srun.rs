@@ -5,7 +5,9 @@
 //! step runs kills its tasks on every node; a torchrun-style launcher finds its head node with
 //! `scontrol`; a login-shell script reaches Slurm's commands; one-GPU steps side by side get
 //! GPUs of their own and wait for one; `--export=NONE` leaves the script's variables out;
-//! outside a job `srun` points at `corral run`.
+//! outside a job `srun` points at `corral run`; `--ntasks` with `--gpus-per-task` spreads over
+//! the fewest nodes that hold the tasks; `srun --wait` kills the rest after the first task
+//! ended; `srun --gpus` is shared by each node's tasks.
 
 use corral_integration::cluster::{free_port, Cluster};
 use corral_integration::one_line_stderr;
@@ -158,6 +160,63 @@ fn srun_gpus_per_task_binds_a_distinct_gpu_to_each_task_of_a_node() {
         assert_eq!(na, nb, "{a:?} {b:?}");
         assert!(ga != gb && ga.len() == 1 && gb.len() == 1, "the job's --gpus-per-task: {a:?} {b:?}");
     }
+}
+
+/// Slurm's `--ntasks` with `--gpus-per-task` and no `--nodes`, as users write it: the tasks
+/// spread over the fewest nodes that hold them (3 one-GPU tasks on 2-GPU nodes: 2 + 1), the
+/// allocation's variables say so, and a plain `srun` lays its tasks out the same way; tasks
+/// that fit one node stay on one; tasks no set of nodes holds are refused at submit.
+#[test]
+fn tasks_with_gpus_spread_over_the_fewest_nodes_that_hold_them() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let script = |name: &str, tasks: u32| {
+        format!(
+            "#SBATCH --job-name={name}\n\
+             #SBATCH --ntasks={tasks}\n\
+             #SBATCH --gpus-per-task=1\n\
+             #SBATCH --cpus-per-task=1\n\
+             #SBATCH --time=00:10:00\n\
+             #SBATCH --output={out}/%x-%j.out\n\
+             \n\
+             export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n\
+             echo \"nodes=$SLURM_JOB_NUM_NODES nnodes=$SLURM_NNODES ntasks=$SLURM_NTASKS per-node=$SLURM_TASKS_PER_NODE\"\n\
+             srun sh -c 'echo \"$SLURM_PROCID $SLURM_LOCALID $SLURM_NODEID $SLURM_NTASKS $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\" > {out}/{name}-$SLURM_PROCID'\n",
+            out = out.display()
+        )
+    };
+    let job = sbatch(&cluster, &out, "spread.sbatch", &script("spread", 3));
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("spread-{job}.out")));
+    assert!(output.contains("nodes=2 nnodes=2 ntasks=3 per-node=2,1"), "{output}");
+    let tasks: Vec<Vec<String>> = (0..3)
+        .map(|r| read(&out.join(format!("spread-{r}"))).split_whitespace().map(str::to_string).collect())
+        .collect();
+    // procid localid nodeid ntasks node gpus
+    assert_eq!(tasks.iter().map(|t| t[..4].join(" ")).collect::<Vec<_>>(), ["0 0 0 3", "1 1 0 3", "2 0 1 3"]);
+    assert_eq!(tasks[0][4], tasks[1][4], "the first node runs two tasks: {tasks:?}");
+    assert_ne!(tasks[0][4], tasks[2][4], "the third on the other node: {tasks:?}");
+    assert!(tasks.iter().all(|t| t.len() == 6 && t[5].len() == 1), "one GPU each: {tasks:?}");
+    assert_ne!(tasks[0][5], tasks[1][5], "distinct GPUs on the first node: {tasks:?}");
+
+    // Two tasks fit one node: one node.
+    let job = sbatch(&cluster, &out, "pair.sbatch", &script("pair", 2));
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("pair-{job}.out")));
+    assert!(output.contains("nodes=1 nnodes=1 ntasks=2 per-node=2"), "{output}");
+
+    // Five one-GPU tasks: no set of these nodes holds them; one line, nothing submitted.
+    let before = cluster.corral_at(0, &["queue", "--all"]);
+    let script_path = out.join("five.sbatch");
+    std::fs::write(&script_path, format!("#!/bin/sh\n{}", script("five", 5))).expect("write");
+    let refused = cluster.corral_at(0, &["sbatch", &script_path.display().to_string()]);
+    assert!(!refused.status.success());
+    let line = one_line_stderr(&refused);
+    assert!(line.contains("could never run"), "{line}");
+    let after = cluster.corral_at(0, &["queue", "--all"]);
+    assert_eq!(before.stdout, after.stdout, "nothing submitted");
 }
 
 #[test]
@@ -463,6 +522,76 @@ fn srun_export_none_leaves_the_scripts_variables_out() {
             [format!("none {rank} my=unset job={job}"), format!("named {rank} my=x"), format!("all {rank} my=x")]
         {
             assert!(output.lines().any(|l| l == line), "{line:?} in {output:?}");
+        }
+    }
+}
+
+/// `srun --wait=S`: once a task ended, the step's other tasks are killed S seconds later, on
+/// its node and on the others; srun then exits with the highest status (SIGTERM: 143).
+#[test]
+fn srun_wait_kills_the_other_tasks_some_seconds_after_the_first_ends() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "wait.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=2\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             start=$(date +%s)\n\
+             srun -N 1 -n 2 --wait=1 sh -c '[ $SLURM_PROCID = 0 ] || exec sleep 100'\n\
+             echo \"one-node $? $(( $(date +%s) - start ))\"\n\
+             start=$(date +%s)\n\
+             srun --ntasks-per-node=1 --wait=1 sh -c '[ $SLURM_PROCID = 0 ] || exec sleep 100'\n\
+             echo \"two-nodes $? $(( $(date +%s) - start ))\"\n\
+             srun --wait=0 -n 2 sh -c '[ $SLURM_PROCID = 0 ] || sleep 3'\n\
+             echo \"no-limit $?\"\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    let output = read(&out.join(format!("slurm-{job}.out")));
+    for what in ["one-node", "two-nodes"] {
+        let line = output.lines().find(|l| l.starts_with(what)).unwrap_or_else(|| panic!("{what}: {output}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words[1], "143", "killed by SIGTERM: {output}");
+        let secs: u64 = words[2].parse().expect("seconds");
+        assert!((1..60).contains(&secs), "killed about a second after the first task ended, not after 100: {output}");
+    }
+    assert!(output.lines().any(|l| l == "no-limit 0"), "--wait=0 lets the others run: {output}");
+}
+
+/// `srun --gpus=N` over several tasks: the step's GPUs spread over its nodes and each node's
+/// tasks share theirs; `--gres=gpu:N`: N on each node.
+#[test]
+fn srun_gpus_are_shared_by_the_tasks_of_each_node() {
+    let (cluster, workers, dir) = pool();
+    let out = out_dir(&dir);
+    let job = sbatch(
+        &cluster,
+        &out,
+        "shared.sbatch",
+        &format!(
+            "#SBATCH --nodes=2\n\
+             #SBATCH --ntasks-per-node=2\n\
+             #SBATCH --gpus-per-node=2\n\
+             #SBATCH --output={out}/slurm-%j.out\n\
+             srun --gpus=2 sh -c 'echo \"$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\" > {out}/total-$SLURM_PROCID'\n\
+             srun --gres=gpu:2 sh -c 'echo \"$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\" > {out}/each-$SLURM_PROCID'\n",
+            out = out.display()
+        ),
+    );
+    let done = ended(&cluster, job);
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", logs(&workers));
+    for (prefix, count) in [("total", 1), ("each", 2)] {
+        for pair in [[0, 1], [2, 3]] {
+            let [a, b] = pair.map(|r| read(&out.join(format!("{prefix}-{r}"))));
+            assert_eq!(a, b, "the tasks of a node share its GPUs: {a:?} {b:?}");
+            let gpus = a.trim().split_once(' ').map(|(_, g)| g.split(',').count());
+            assert_eq!(gpus, Some(count), "{prefix}: {a:?}");
         }
     }
 }

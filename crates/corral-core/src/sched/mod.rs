@@ -30,7 +30,7 @@ pub use reason::PendingReason;
 use crate::config::TenantPolicy;
 use crate::gang;
 use crate::quota::{self, QuotaBlock, QuotaNumbers};
-use crate::resources::{job_milli_gpus, SliceReq};
+use crate::resources::{job_milli_gpus, spread_shapes, SliceReq, MILLI_PER_GPU};
 use crate::state::QueuedJob;
 use crate::{Command, Placement, Preemption, State};
 use cluster::{Cluster, Reservation};
@@ -508,19 +508,33 @@ impl<'s> Pass<'s> {
         if let Some(max) = tenant.policy.and_then(|p| p.max_running_jobs).filter(|max| tenant.running >= *max) {
             return Err(PendingReason::JobLimit { tenant: tenant.shared_name.clone(), max });
         }
-        let guard = self.state.config.scheduler.lease_guard_secs;
-        let d = Demand::of(q, self.cluster.now_ms, self.book.classes[c].grace_secs, guard);
-        let need = q.milli;
+        // Tasks that spread over nodes: each node count in turn, fewest nodes first; the first
+        // stands for the job in preemption, reservation and its pending reason.
+        let (grace, guard) = (self.book.classes[c].grace_secs, self.state.config.scheduler.lease_guard_secs);
+        let mut shapes = if q.spread { self.spread_demands(id, q, grace, guard) } else { Vec::new() };
+        if shapes.is_empty() {
+            shapes.push((Demand::of(q, self.cluster.now_ms, grace, guard), q.milli));
+        }
         let numbers = self.book.numbers(t, c);
-        let quota = quota::check(&numbers, need);
+        let quota = quota::check(&numbers, shapes[0].1);
         if !self.cluster.any_up() {
             return Err(PendingReason::NoNodes);
         }
-        let found = if quota.is_ok() { self.try_place(t, c, id, &d, need) } else { Err(Vec::new()) };
-        let free_nodes = match found {
-            Ok(()) => return Ok(()),
-            Err(nodes) => nodes,
-        };
+        let mut free_nodes = Vec::new();
+        for (i, (shape, shape_need)) in shapes.iter().enumerate() {
+            if quota::check(&numbers, *shape_need).is_err() {
+                continue;
+            }
+            match self.try_place(t, c, id, shape, *shape_need) {
+                Ok(()) => {
+                    self.port_blocked = None;
+                    return Ok(());
+                }
+                Err(nodes) if i == 0 => free_nodes = nodes,
+                Err(_) => {}
+            }
+        }
+        let (d, need) = shapes.swap_remove(0);
         if let Some(reason) = self.port_blocked.take() {
             return Err(reason);
         }
@@ -551,6 +565,23 @@ impl<'s> Pass<'s> {
             }
         }
         Err(self.explain(&d, None))
+    }
+
+    /// The demands of a job whose tasks spread over nodes, one per node count the registered
+    /// nodes allow (`spread_shapes`, at most `MAX_SPREAD_SHAPES`), fewest nodes first, with
+    /// the quota each needs.
+    fn spread_demands(&self, id: JobId, q: &QueuedJob, grace_secs: u32, lease_guard_secs: u64) -> Vec<(Demand, u64)> {
+        let Some(job) = self.state.jobs.get(&id) else { return Vec::new() };
+        let caps = &self.state.index.caps;
+        spread_shapes(&job.spec, caps.largest_gpus(), |g| caps.nodes_with(g))
+            .into_iter()
+            .map(|nodes| {
+                let (per_node, cpu, mem) = job.spec.spread_shape(nodes);
+                let mut d = Demand::of(q, self.cluster.now_ms, grace_secs, lease_guard_secs);
+                (d.parts, d.per_node, d.cpu, d.mem) = (nodes, per_node, u64::from(cpu), mem);
+                (d, u64::from(per_node) * u64::from(nodes) * MILLI_PER_GPU)
+            })
+            .collect()
     }
 
     /// Places the job if it fits now; otherwise returns the nodes that fit (fewer than needed).

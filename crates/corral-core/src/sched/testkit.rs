@@ -128,6 +128,8 @@ impl World {
             },
             layout: TaskLayout {
                 nodes: named.get("nodes").map(|n| n.parse().unwrap()).unwrap_or(0),
+                ntasks: named.get("tasks").map(|n| n.parse().unwrap()).unwrap_or(0),
+                gpus_per_task: named.get("per-task").map(|n| n.parse().unwrap()).unwrap_or(0),
                 exclusive: flags.iter().any(|f| f == "exclusive"),
                 gpu_type: named.get("gpu-type").cloned(),
                 ..Default::default()

@@ -605,6 +605,47 @@ mod slurm {
         );
     }
 
+    /// `-n N --gpus-per-task G` without `--nodes`: the fewest nodes that hold the tasks now,
+    /// each with its busiest node's GPUs.
+    #[test]
+    fn tasks_spread_over_the_fewest_nodes_that_hold_them() {
+        check(
+            "
+            node n1 gpus=4
+            node n2 gpus=4
+            node n3 gpus=4
+            run default gpus=1 on=n3:0
+            submit default gpus=7 tasks=7 per-task=1   # 4 + 3 tasks: two whole nodes
+            submit default gpus=2 tasks=2 per-task=1   # one node holds both
+            submit default gpus=4 tasks=2 per-task=2   # no node has 4 left, none 2 each on 2
+            schedule
+            ",
+            "
+            place 2 n1:0,1,2,3+n2:0,1,2,3
+            place 3 n3:1,2
+            pending 4 resources: needs 4 gpus on one node, at most 1 free on any node
+            ",
+        );
+    }
+
+    /// Busy nodes: the tasks spread wider rather than wait for a node to empty.
+    #[test]
+    fn spread_tasks_take_what_is_free_now() {
+        check(
+            "
+            node n1 gpus=4
+            node n2 gpus=4
+            run default gpus=2 on=n1:0,1
+            run default gpus=2 on=n2:0,1
+            submit default gpus=4 tasks=4 per-task=1
+            schedule
+            ",
+            "
+            place 3 n1:2,3+n2:2,3
+            ",
+        );
+    }
+
     #[test]
     fn exclusive_jobs_take_idle_nodes_whole() {
         check(

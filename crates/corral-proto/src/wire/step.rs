@@ -92,6 +92,9 @@ impl From<&StepSpec> for pb::StepSpec {
             nodelist: s.nodelist.clone(),
             overlap: s.overlap,
             kill_on_bad_exit: s.kill_on_bad_exit,
+            gpus: s.gpus,
+            gpus_per_node: s.gpus_per_node,
+            wait_secs: s.wait_secs,
         }
     }
 }
@@ -110,6 +113,9 @@ impl From<pb::StepSpec> for StepSpec {
             nodelist: s.nodelist,
             overlap: s.overlap,
             kill_on_bad_exit: s.kill_on_bad_exit,
+            gpus: s.gpus,
+            gpus_per_node: s.gpus_per_node,
+            wait_secs: s.wait_secs,
         }
     }
 }

@@ -107,6 +107,9 @@ mod tests {
             nodelist: vec!["n1".into(), "n2".into()],
             overlap: true,
             kill_on_bad_exit: true,
+            gpus: Some(3),
+            gpus_per_node: Some(2),
+            wait_secs: Some(60),
         }
     }
     use corral_core::{ClusterConfig, Command, CompactCutoffs, JobUpdate, Placement, Preemption, Request, State};

@@ -87,6 +87,9 @@ pub(super) fn spec_to_pb(s: &StepSpec) -> pb::StepSpec {
         nodelist: s.nodelist.clone(),
         overlap: s.overlap,
         kill_on_bad_exit: s.kill_on_bad_exit,
+        gpus: s.gpus,
+        gpus_per_node: s.gpus_per_node,
+        wait_secs: s.wait_secs,
     }
 }
 
@@ -103,6 +106,9 @@ pub(super) fn spec_from_pb(s: pb::StepSpec) -> StepSpec {
         nodelist: s.nodelist,
         overlap: s.overlap,
         kill_on_bad_exit: s.kill_on_bad_exit,
+        gpus: s.gpus,
+        gpus_per_node: s.gpus_per_node,
+        wait_secs: s.wait_secs,
     }
 }
 

@@ -276,6 +276,12 @@ impl Runtime {
                     let _ = orders.send(tasks::Order::Kill { grace: self.config.kill_grace });
                 }
             }
+            Action::StartWait { job_id, epoch, step } => {
+                if let Some(orders) = self.step_orders.get(&(job_id, epoch, step)) {
+                    tracing::info!(job_id, epoch, step, "a task of the step ended on another node: --wait starts here");
+                    let _ = orders.send(tasks::Order::StartWait);
+                }
+            }
             Action::SignalTasks { job_id, epoch, step, signals, .. } => {
                 if let Some(orders) = self.step_orders.get(&(job_id, epoch, step)) {
                     for signal in signals {

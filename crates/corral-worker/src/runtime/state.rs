@@ -325,7 +325,9 @@ impl RuntimeState {
                     let running = StepPhase::Running { killing: false };
                     let signals_sent =
                         job.steps.steps.iter().find(|s| s.id == *step).map(|s| s.signals.len()).unwrap_or(0);
-                    j.steps.insert(*step, LocalStep { phase: running, report: Delivery::Pending, signals_sent });
+                    let local =
+                        LocalStep { phase: running, report: Delivery::Pending, signals_sent, wait_started: false };
+                    j.steps.insert(*step, local);
                 }
             }
             Action::SkipTasks { job_id, step, .. } => {
@@ -335,7 +337,8 @@ impl RuntimeState {
                         ..Default::default()
                     };
                     let phase = StepPhase::Ended { end };
-                    j.steps.insert(*step, LocalStep { phase, report: Delivery::Pending, signals_sent: 0 });
+                    let local = LocalStep { phase, report: Delivery::Pending, signals_sent: 0, wait_started: false };
+                    j.steps.insert(*step, local);
                 }
             }
             Action::KillTasks { job_id, step, .. } => {
@@ -346,6 +349,11 @@ impl RuntimeState {
             Action::SignalTasks { job_id, step, sent, .. } => {
                 if let Some(s) = self.local.jobs.get_mut(job_id).and_then(|j| j.steps.get_mut(step)) {
                     s.signals_sent = *sent;
+                }
+            }
+            Action::StartWait { job_id, step, .. } => {
+                if let Some(s) = self.local.jobs.get_mut(job_id).and_then(|j| j.steps.get_mut(step)) {
+                    s.wait_started = true;
                 }
             }
             Action::ReportStepEnded { job_id, step, .. } => {

@@ -2,7 +2,8 @@
 //! cgroup, each with its own environment (`SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_NODEID`,
 //! `SLURM_STEP_ID`, its GPUs with `--gpus-per-task`) and output file
 //! (`<run dir>/step-<step>.<task>.out`); `wait` reaps them, carries out the runtime's orders
-//! (signals, a kill) on those not reaped yet, and reports their end as one event.
+//! (signals, a kill, `srun --wait`'s kill once a task ended here or on another node) on those
+//! not reaped yet, and reports their end as one event.
 
 use super::state::Event;
 use crate::executor::{task_output, TaskProcess, TaskSpec};
@@ -22,6 +23,9 @@ pub(crate) enum Order {
     Signal(i32),
     /// SIGTERM, then SIGKILL after `grace`.
     Kill { grace: Duration },
+    /// A task of the step ended on another node: `--wait`'s time runs from now (unless a task
+    /// here ended first).
+    StartWait,
 }
 
 /// This node's started tasks of a step.
@@ -33,6 +37,9 @@ pub(crate) struct Started {
     /// `--kill-on-bad-exit`: a task that fails here kills the others here at once (the leader
     /// then stops the other nodes' tasks when this node reports).
     kill_on_bad_exit: bool,
+    /// `--wait`: once a task ended (here, or another node's as `Order::StartWait` says), the
+    /// others here are killed this much later.
+    wait: Option<Duration>,
     /// (task rank, process)
     tasks: Vec<(u32, TaskProcess)>,
 }
@@ -93,7 +100,12 @@ pub(crate) fn task_env(
     set("RANK", (first + local).to_string());
     set("LOCAL_RANK", local.to_string());
     set("WORLD_SIZE", ntasks.to_string());
-    if let Some(gpus) = here.and_then(|n| n.task_gpus(local)) {
+    // Without --gpus-per-task, the step's GPUs of this node (srun --gpus) are its tasks' to share.
+    let shared = step.spec.gpus_per_task.is_none_or(|g| g == 0)
+        && (step.spec.gpus.is_some() || step.spec.gpus_per_node.is_some());
+    let gpus =
+        here.and_then(|n| if shared && !n.gpus.is_empty() { Some(n.gpus.as_slice()) } else { n.task_gpus(local) });
+    if let Some(gpus) = gpus {
         set("CUDA_VISIBLE_DEVICES", gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
     }
     env
@@ -143,7 +155,8 @@ pub(crate) fn start(
     }
     tracing::info!(job_id = job.id, epoch, step = step_id, tasks = tasks.len(), "step tasks started");
     let kill_on_bad_exit = step.spec.kill_on_bad_exit;
-    Ok(Started { job_id: job.id, epoch, step: step_id, node: node.to_owned(), kill_on_bad_exit, tasks })
+    let wait = step.spec.wait_secs.filter(|s| *s > 0).map(|s| Duration::from_secs(u64::from(s)));
+    Ok(Started { job_id: job.id, epoch, step: step_id, node: node.to_owned(), kill_on_bad_exit, wait, tasks })
 }
 
 /// What woke the waiter.
@@ -151,6 +164,7 @@ enum Woke {
     Exit(usize, std::io::Result<(Option<i32>, Option<i32>)>),
     Order(Option<Order>),
     KillDue,
+    WaitOver,
 }
 
 /// Waits for every task of `started`, carrying out `orders` on those not reaped yet, then
@@ -161,10 +175,19 @@ pub(crate) async fn wait(
     events: mpsc::UnboundedSender<Event>,
     kill_grace: Duration,
 ) {
-    let Started { job_id, epoch, step, node, kill_on_bad_exit, tasks } = started;
+    let Started { job_id, epoch, step, node, kill_on_bad_exit, wait, tasks } = started;
     let mut running = tasks;
     let mut exits = Vec::new();
     let mut kill_at: Option<tokio::time::Instant> = None;
+    // `--wait`: when the others are killed; `waited` once that time was set (it is set once).
+    let mut wait_over: Option<tokio::time::Instant> = None;
+    let mut waited = false;
+    let mut start_wait = |wait_over: &mut Option<tokio::time::Instant>| {
+        if let (Some(wait), false) = (wait, waited) {
+            waited = true;
+            *wait_over = Some(tokio::time::Instant::now() + wait);
+        }
+    };
     let signal_all = |running: &[(u32, TaskProcess)], signal: Signal| {
         for (_, process) in running {
             // Its process group: the task and what it started. The task is not reaped yet, so
@@ -176,8 +199,8 @@ pub(crate) async fn wait(
     while !running.is_empty() {
         let woke = {
             let next = futures::future::select_all(running.iter_mut().map(|(_, p)| Box::pin(p.wait())));
-            let kill_due = async {
-                match kill_at {
+            let at = |when: Option<tokio::time::Instant>| async move {
+                match when {
                     Some(at) => tokio::time::sleep_until(at).await,
                     None => std::future::pending().await,
                 }
@@ -185,7 +208,8 @@ pub(crate) async fn wait(
             tokio::select! {
                 (result, index, _) = next => Woke::Exit(index, result),
                 order = orders.recv(), if orders_open => Woke::Order(order),
-                _ = kill_due => Woke::KillDue,
+                _ = at(kill_at) => Woke::KillDue,
+                _ = at(wait_over) => Woke::WaitOver,
             }
         };
         match woke {
@@ -199,6 +223,14 @@ pub(crate) async fn wait(
                     kill_at = Some(tokio::time::Instant::now() + kill_grace);
                 }
                 exits.push(exit);
+                start_wait(&mut wait_over);
+            }
+            Woke::Order(Some(Order::StartWait)) => start_wait(&mut wait_over),
+            Woke::WaitOver => {
+                tracing::info!(job_id, step, "--wait is over since a task ended: killing the step's other tasks here");
+                signal_all(&running, Signal::SIGTERM);
+                kill_at.get_or_insert(tokio::time::Instant::now() + kill_grace);
+                wait_over = None;
             }
             Woke::Order(None) => orders_open = false,
             Woke::Order(Some(Order::Signal(signal))) => match Signal::try_from(signal) {
@@ -264,6 +296,10 @@ mod tests {
         own.spec.env.insert("BASH_ENV".into(), "/home/ana/env.sh".into());
         let env = task_env(&run_env, &job, &own, "n2", 1, bin);
         assert_eq!(env.get("BASH_ENV").map(String::as_str), Some("/home/ana/env.sh"), "a user's own is kept");
+        let mut shared = step.clone();
+        shared.spec.gpus = Some(2);
+        let env = task_env(&run_env, &job, &shared, "n2", 1, bin);
+        assert_eq!(env.get("CUDA_VISIBLE_DEVICES").map(String::as_str), Some("1,0"), "srun --gpus: shared");
         let first = task_env(&run_env, &job, &step, "n1", 0, bin);
         assert_eq!(first.get("CUDA_VISIBLE_DEVICES"), None, "without --gpus-per-task: the job's GPUs");
         assert_eq!(first.get("SLURM_PROCID").map(String::as_str), Some("0"));
