@@ -365,6 +365,7 @@ const README_BLOCKS: &[(&str, Check)] = &[
         "corral submit --gpus 16 --gpus-per-node 8 --max-restarts 3",
         Check::Run("the_readme_gang_example_runs_as_written"),
     ),
+    ("corral alloc -N 2 --gpus-per-node 1", Check::Run("the_readme_alloc_example_runs_as_written")),
     ("[scheduler]", Check::Run("the_readme_coordinator_config_sections_are_accepted")),
     ("[limits]", Check::Run("the_readme_coordinator_config_sections_are_accepted")),
     ("[history]", Check::Run("the_readme_coordinator_config_sections_are_accepted")),
@@ -841,6 +842,31 @@ fn the_readme_gang_example_runs_as_written() {
     session.sub("logs 12 ", &format!("logs {job} "));
     let rank1 = session.run(&lines[1]);
     assert!(rank1.contains("--nnodes 2 --node-rank 1 --nproc-per-node 8"), "rank 1's output: {rank1}");
+}
+
+/// The `corral alloc` example: a session of two nodes on `corral dev --nodes 2` whose `srun -l`
+/// runs a task on each (an `nvidia-smi` stand-in that names the task's GPUs), then relinquishes.
+#[test]
+fn the_readme_alloc_example_runs_as_written() {
+    let block = readme_block("corral alloc -N 2 --gpus-per-node 1");
+    let pool = DevPool::start(&["--nodes", "2"]);
+    let (tmp, work) = open_workdir();
+    let shims = tmp.path().join("smi-shim");
+    std::fs::create_dir_all(&shims).expect("shim dir");
+    let smi = shims.join("nvidia-smi");
+    std::fs::write(&smi, "#!/bin/sh\necho \"GPU $CUDA_VISIBLE_DEVICES on $(hostname) ($*)\"\n").expect("stand-in");
+    for path in [&shims, &smi] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let path = format!("{}:{}", shims.display(), example_path(tmp.path()));
+    let mut session =
+        Session::new(&work, &tmp.path().join("out"), &[("CORRAL_ENDPOINT", pool.addr.clone()), ("PATH", path)]);
+    let lines = commands(&block);
+    assert_eq!(lines.len(), 1, "one alloc: {lines:?}");
+    let out = session.run(&lines[0]);
+    for rank in ["0: GPU", "1: GPU"] {
+        assert!(out.contains(rank) && out.contains("(-L)"), "task {rank} of the session's step: {out}");
+    }
 }
 
 /// The Python client's example, with the interpreter in `CORRAL_PYTHON` (skipped loudly without
