@@ -229,22 +229,16 @@ impl Cluster {
     }
 
     pub fn corral_at(&self, index: usize, args: &[&str]) -> Output {
-        Command::new(corral_bin())
-            .args(self.admin_tls_args())
-            .args(["--endpoint", &self.nodes[index].addr])
-            .args(args)
-            .output()
-            .expect("corral")
+        let mut command = Command::new(corral_bin());
+        command.args(self.admin_tls_args()).args(["--endpoint", &self.nodes[index].addr]).args(args);
+        crate::output_within(command, crate::CLI_PATIENCE)
     }
 
     /// Runs a CLI command against all endpoints, which must succeed; returns the JSON output.
     pub fn json(&self, args: &[&str]) -> Value {
-        let out = Command::new(corral_bin())
-            .args(self.admin_tls_args())
-            .args(["--endpoint", &self.endpoints(), "--output", "json"])
-            .args(args)
-            .output()
-            .expect("corral");
+        let mut command = Command::new(corral_bin());
+        command.args(self.admin_tls_args()).args(["--endpoint", &self.endpoints(), "--output", "json"]).args(args);
+        let out = crate::output_within(command, crate::CLI_PATIENCE);
         assert!(out.status.success(), "corral {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice(&out.stdout).expect("json")
     }

@@ -344,6 +344,54 @@ pub fn corral_raw(args: &[&str]) -> Output {
     Command::new(corral_bin()).args(args).output().expect("run corral")
 }
 
+/// Longest a CLI command of the harness may run (`output_within`): a command that hangs fails
+/// the test that ran it, naming itself, instead of holding the suite until CI's limit.
+pub const CLI_PATIENCE: Duration = Duration::from_secs(240);
+
+/// Runs `command` as `Command::output` does (stdout and stderr captured, stdin empty), but
+/// kills it after `limit`: its output then ends with a line saying so, and its status is the
+/// kill's.
+pub fn output_within(mut command: Command, limit: Duration) -> Output {
+    use std::io::Read;
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let deadline = Instant::now() + limit;
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for a command") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            timed_out = true;
+            let _ = child.kill();
+            break child.wait().expect("wait for a killed command");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let stdout = stdout.join().unwrap_or_default();
+    let mut stderr = stderr.join().unwrap_or_default();
+    if timed_out {
+        stderr
+            .extend_from_slice(format!("\n{command:?} did not end within {} s: killed\n", limit.as_secs()).as_bytes());
+    }
+    Output { status, stdout, stderr }
+}
+
 /// stderr as text, asserting it is exactly one line.
 pub fn one_line_stderr(out: &Output) -> String {
     let text = String::from_utf8_lossy(&out.stderr).to_string();

@@ -441,13 +441,19 @@ fn check(
         }
     }
     // No GPU shared beyond 100%: at each process start, the shares of the processes that
-    // wrote a line around it on the same GPU.
+    // wrote a line around it on the same GPU. A job whose submit was not acknowledged (its
+    // reply lost in a leader change) may run too: its share is its spec's, as listed.
+    let share_of = |job: u64| match (acked.get(&job), jobs.get(&job).map(|j| &j.spec.gpu_slice)) {
+        (Some(kind), _) => kind.share(),
+        (None, Some(Some(corral_types::GpuSlice::Mps { thread_percent, .. }))) => *thread_percent,
+        (None, _) => 100,
+    };
     for run in runs {
         for gpu in &run.gpus {
             let share: u32 = runs
                 .iter()
                 .filter(|o| o.node == run.node && o.gpus.contains(gpu) && o.first <= run.first && run.first <= o.last)
-                .map(|o| acked.get(&o.job).map_or(100, |k| k.share()))
+                .map(|o| share_of(o.job))
                 .sum();
             if share > 100 {
                 bad.push(format!(
@@ -667,6 +673,7 @@ fn back_to_back_freezes_are_one_freeze() {
 
 #[test]
 fn lifecycle_invariants_hold_under_random_faults() {
+    let _alone = crate::alone();
     let seed: u64 = std::env::var("CORRAL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1
     });
@@ -711,6 +718,37 @@ fn lifecycle_invariants_hold_under_random_faults() {
         });
         (done, thread)
     };
+    // A step that never returns (a call without a bound, a fault never healed because of it)
+    // would hang the suite until CI's limit: past HUNG without a step, the test process's
+    // stacks are printed and it aborts, so the run fails and says where it was.
+    const HUNG: Duration = Duration::from_secs(300);
+    let progress = Arc::new(std::sync::atomic::AtomicU64::new(wall_now() as u64));
+    /// Ends the watch when the test returns or panics.
+    struct EndWatch(Arc<std::sync::atomic::AtomicU64>);
+    impl Drop for EndWatch {
+        fn drop(&mut self) {
+            self.0.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let _end_watch = EndWatch(progress.clone());
+    let _hang_watch = {
+        let progress = progress.clone();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(5));
+            let last = progress.load(std::sync::atomic::Ordering::Relaxed);
+            if last == u64::MAX {
+                return;
+            }
+            if (wall_now() as u64).saturating_sub(last) > HUNG.as_secs() {
+                eprintln!(
+                    "chaos seed {seed}: no step for {} s (since {last}): the test process's stacks:\n{}",
+                    HUNG.as_secs(),
+                    corral_integration::thread_dump(std::process::id())
+                );
+                std::process::abort();
+            }
+        })
+    };
     let abuser =
         corral_integration::abuse::Abuser::start(pool.cluster.endpoints().split(',').map(String::from).collect(), seed);
     let mut rss_max_kib: BTreeMap<usize, u64> = BTreeMap::new();
@@ -723,6 +761,7 @@ fn lifecycle_invariants_hold_under_random_faults() {
 
     while Instant::now() < end {
         step += 1;
+        progress.store(wall_now() as u64, std::sync::atomic::Ordering::Relaxed);
         std::thread::sleep(rng.millis(50, 500));
         for i in 0..3 {
             if let Some(kib) = pool.cluster.pid(i).and_then(corral_integration::rss_kib) {
@@ -852,6 +891,7 @@ fn lifecycle_invariants_hold_under_random_faults() {
         }
     }
     let abuse = abuser.stop();
+    progress.store(wall_now() as u64, std::sync::atomic::Ordering::Relaxed);
     stall_watch.0.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = stall_watch.1.join();
     let stalls = stalls.lock().expect("stalls").clone();
@@ -877,6 +917,7 @@ fn lifecycle_invariants_hold_under_random_faults() {
         }
     }
     eprintln!("chaos seed {seed}: {step} steps, {} acknowledged jobs, {} faults", acked.len(), faults.len());
+    progress.store(wall_now() as u64, std::sync::atomic::Ordering::Relaxed);
 
     // Healed: every acknowledged job must end (the longest runs 2.7 s). The schedule's jobs are
     // tenant `default`'s: listing the abusive tenant's too would page through every archived
@@ -897,6 +938,7 @@ fn lifecycle_invariants_hold_under_random_faults() {
         }
         std::thread::sleep(Duration::from_millis(500));
     };
+    progress.store(wall_now() as u64, std::sync::atomic::Ordering::Relaxed);
     for ts in [1, 2] {
         let client = pool.client.clone();
         if let Ok(t) = pool.rt.block_on(async move { client.timestamps(ts).await }) {

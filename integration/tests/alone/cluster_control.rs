@@ -34,6 +34,7 @@ fn held(name: &str) -> corral_types::JobSpec {
 
 #[test]
 fn the_heaviest_client_load_lapses_no_worker_lease_and_requeues_no_job() {
+    let _alone = crate::alone();
     let cluster = Cluster::start(3, ClusterOptions::default());
     cluster.init_and_join_all();
     let dir = tempfile::tempdir().expect("tempdir");
