@@ -71,6 +71,17 @@ impl Worker {
         crate::preflight::check(&file, gpus.as_ref())?;
         // After the data dir was resolved: the guard and the executors name the same cgroup.
         let cgroup_root = file.job_cgroup_root();
+        match crate::executor::remove_empty_legacy_job_cgroups(&file.executor.cgroup_root) {
+            Ok((removed, kept)) => {
+                if !removed.is_empty() {
+                    tracing::info!(count = removed.len(), root = %file.executor.cgroup_root, "removed empty job cgroups an earlier version left");
+                }
+                if !kept.is_empty() {
+                    tracing::warn!(cgroups = ?kept, "job cgroups with processes directly under executor.cgroup-root: not this worker's to reap");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot look for job cgroups an earlier version left"),
+        }
         let executor = executor(&file, &cgroup_root)?;
         let mut config = file.worker_config().map_err(anyhow::Error::msg)?;
         config.fence_guard = options.fence_guard.map(|mut guard| {

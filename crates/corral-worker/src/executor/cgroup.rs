@@ -620,6 +620,26 @@ pub(crate) fn kill_job_cgroups(version: CgroupVersion, root: &str) -> Result<Vec
     Ok(killed)
 }
 
+/// Removes the empty `job-*` cgroups directly under `root` and names the others, left as they
+/// are: a worker of an earlier version kept its jobs there, before each worker had a root of
+/// its own, and a job with processes there may be another worker's, so only what is empty
+/// (no one's) goes. Returns (removed, kept).
+pub(crate) fn remove_empty_job_cgroups(
+    version: CgroupVersion,
+    root: &str,
+) -> Result<(Vec<String>, Vec<String>), ExecError> {
+    let (mut removed, mut kept) = (Vec::new(), Vec::new());
+    for full in job_cgroups(version, root) {
+        let cgroup = JobCgroup::load(version, &full)?;
+        if cgroup.pids()?.is_empty() && cgroup.remove().is_ok() {
+            removed.push(full);
+        } else {
+            kept.push(full);
+        }
+    }
+    Ok((removed, kept))
+}
+
 /// Kills and removes every `job-*` cgroup under `root`: what a previous worker process left
 /// behind when it died without cleaning up. Returns the names it reaped.
 pub(crate) fn reap_job_cgroups(version: CgroupVersion, root: &str) -> Result<Vec<String>, ExecError> {
@@ -636,6 +656,37 @@ pub(crate) fn reap_job_cgroups(version: CgroupVersion, root: &str) -> Result<Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Job cgroups directly under the configured root (an earlier version's): the empty one is
+    /// removed, the one with a process is left with it, alive.
+    #[test]
+    fn only_empty_job_cgroups_left_by_an_earlier_version_are_removed() {
+        use std::io::Write;
+        let version = CgroupVersion::detect();
+        let root = format!("corral-legacy-test-{}", std::process::id());
+        let empty = format!("{root}/job-1-0");
+        let busy = format!("{root}/job-2-0");
+        for name in [&empty, &busy] {
+            if let Err(e) = JobCgroup::create(version, name, &ResourceLimits::default()) {
+                assert!(std::env::var_os("CI").is_none(), "cannot make a cgroup: {e}");
+                eprintln!("SKIPPED: cannot make a cgroup here: {e}");
+                return;
+            }
+        }
+        let busy_cgroup = JobCgroup::load(version, &busy).expect("load");
+        let mut sleeper = std::process::Command::new("sleep").arg("60").spawn().expect("sleep");
+        for mut procs in busy_cgroup.open_procs_files().expect("cgroup.procs") {
+            procs.write_all(sleeper.id().to_string().as_bytes()).expect("move the sleeper in");
+        }
+        let (removed, kept) = remove_empty_job_cgroups(version, &root).expect("look");
+        assert_eq!((removed, kept), (vec![empty.clone()], vec![busy.clone()]));
+        assert!(!JobCgroup::load(version, &empty).expect("load").exists());
+        assert_eq!(sleeper.try_wait().expect("wait"), None, "a process of a kept cgroup was killed");
+        busy_cgroup.kill_all().expect("kill");
+        let _ = sleeper.wait();
+        busy_cgroup.remove().expect("remove");
+        remove_empty_cgroup(version, &root).expect("remove the root");
+    }
 
     #[test]
     fn flat_keyed_value_finds_the_exact_key() {

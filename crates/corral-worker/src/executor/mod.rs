@@ -227,6 +227,16 @@ pub trait Executor: Send + Sync + 'static {
     fn reap_leftovers(&self) -> Result<Vec<String>, ExecError>;
 }
 
+/// Removes the empty job cgroups an earlier version of the worker left directly under the
+/// configured `executor.cgroup-root` (each worker now keeps its jobs under a root of its own
+/// below it); returns (removed, kept: with processes, maybe another worker's).
+pub fn remove_empty_legacy_job_cgroups(cgroup_root: &str) -> Result<(Vec<String>, Vec<String>), ExecError> {
+    if !cgroup::validate_relative_name(cgroup_root) {
+        return Err(ExecError::InvalidCgroupRoot(cgroup_root.to_owned()));
+    }
+    cgroup::remove_empty_job_cgroups(CgroupVersion::detect(), cgroup_root.trim_end_matches('/'))
+}
+
 /// Kills (SIGKILL, without removing them) the processes of every job cgroup under
 /// `cgroup_root`, whichever executor made them; returns the cgroups that had processes. Blocking.
 pub fn kill_job_cgroups(cgroup_root: &str) -> Result<Vec<String>, ExecError> {
