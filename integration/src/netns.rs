@@ -34,7 +34,17 @@ impl NetHosts {
         let pid = std::process::id();
         let n = CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
         let tag = format!("{}x{n}", pid % 100_000);
-        let subnet = ((pid + 37 * n) % 250) as u8 + 1;
+        // A subnet no interface of this host has: one left by a run that was killed (its
+        // bridge outlives it) would take this set's traffic.
+        let in_use = std::process::Command::new("ip")
+            .args(["-o", "-4", "addr", "show"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let subnet = (0..250)
+            .map(|k| ((pid + 37 * n + k) % 250) as u8 + 1)
+            .find(|s| !in_use.contains(&format!(" 10.213.{s}.")))
+            .unwrap_or(((pid + 37 * n) % 250) as u8 + 1);
         let hosts = NetHosts {
             prefix: format!("crl{pid}x{n}"),
             bridge: format!("crlbr{tag}"),

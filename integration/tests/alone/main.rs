@@ -1,7 +1,7 @@
 //! Tests that measure the cluster's timing under faults and load (leases that lapse, runs billed
 //! as long as they were seen), so they must not share the machine's cores with the rest of the
-//! suite: cargo runs this binary after `it`, not beside it, and within it each such test holds
-//! [`alone`] while it runs.
+//! suite: cargo runs test binaries one after another, so this one never beside `it`, and within
+//! it each such test holds [`alone`] while it runs.
 
 mod chaos;
 mod cluster_control;
