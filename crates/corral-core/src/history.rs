@@ -13,6 +13,8 @@
 //! cutoffs of a command are clamped to its own timestamp (a proposal cannot archive the future).
 
 use crate::{Outcome, Response, State};
+use corral_types::{Job, JobId, Segment, Timestamp};
+use serde::{Deserialize, Serialize};
 
 /// Most jobs (tasks of an array included) and segments one compaction moves: a backlog (a
 /// bulk cancel of a million jobs) leaves over several commands, each one a bounded apply and
@@ -31,8 +33,6 @@ fn finished_weight(job: &Job) -> u64 {
         job.approx_bytes() as u64
     }
 }
-use corral_types::{Job, JobId, Segment, Timestamp};
-use serde::{Deserialize, Serialize};
 
 /// Cutoffs of one compaction, computed by the leader from its configured delays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
