@@ -344,6 +344,19 @@ pub fn corral_raw(args: &[&str]) -> Output {
     Command::new(corral_bin()).args(args).output().expect("run corral")
 }
 
+/// Waits for `child` to exit until `deadline`; `None` if it still runs then (it is left running).
+pub fn wait_until(child: &mut Child, deadline: Instant) -> Option<std::process::ExitStatus> {
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for a child") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Longest a CLI command of the harness may run (`output_within`): a command that hangs fails
 /// the test that ran it, naming itself, instead of holding the suite until CI's limit.
 pub const CLI_PATIENCE: Duration = Duration::from_secs(240);
@@ -370,18 +383,12 @@ pub fn output_within(mut command: Command, limit: Duration) -> Output {
     };
     let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
     let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let deadline = Instant::now() + limit;
-    let mut timed_out = false;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for a command") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            timed_out = true;
+    let (status, timed_out) = match wait_until(&mut child, Instant::now() + limit) {
+        Some(status) => (status, false),
+        None => {
             let _ = child.kill();
-            break child.wait().expect("wait for a killed command");
+            (child.wait().expect("wait for a killed command"), true)
         }
-        std::thread::sleep(Duration::from_millis(5));
     };
     let stdout = stdout.join().unwrap_or_default();
     let mut stderr = stderr.join().unwrap_or_default();

@@ -175,3 +175,12 @@ pub fn two_node_pool(port: u16) -> (Cluster, Vec<WorkerProc>, tempfile::TempDir)
     }
     (cluster, workers, dir)
 }
+
+/// A directory `out` under `dir` that every job's user may write in (a job's output files and
+/// working directory in the tests).
+pub fn out_dir(dir: &tempfile::TempDir) -> PathBuf {
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).expect("mkdir");
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    out
+}

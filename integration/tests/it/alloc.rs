@@ -6,23 +6,13 @@
 
 use corral_integration::cluster::{free_port, Cluster};
 use corral_integration::worker::WorkerProc;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A coordinator and workers w1 and w2 (2 simulated GPUs each).
 fn pool() -> (Cluster, Vec<WorkerProc>, tempfile::TempDir) {
     corral_integration::worker::two_node_pool(free_port())
-}
-
-/// A directory every job's user may use as its working directory.
-fn out_dir(dir: &tempfile::TempDir) -> PathBuf {
-    let out = dir.path().join("out");
-    std::fs::create_dir(&out).expect("mkdir");
-    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    out
 }
 
 fn alloc(cluster: &Cluster) -> Command {
@@ -48,7 +38,7 @@ fn running_job(cluster: &Cluster, within: Duration) -> u64 {
 #[test]
 fn alloc_runs_steps_on_its_allocation_and_relinquishes_it() {
     let (cluster, _workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     let output = alloc(&cluster)
         .args(["-N", "2", "--ntasks-per-node", "1", "-D", &out.display().to_string(), "--"])
         .args(["sh", "-c", "echo nodes=$SLURM_JOB_NODELIST; srun -l sh -c 'echo task $SLURMD_NODENAME $SLURM_JOB_ID'; echo srun=$?; exit 3"])
@@ -73,7 +63,7 @@ fn alloc_runs_steps_on_its_allocation_and_relinquishes_it() {
 #[test]
 fn a_killed_alloc_still_relinquishes_its_allocation() {
     let (cluster, _workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     let mut child = alloc(&cluster)
         .args(["-D", &out.display().to_string(), "--", "sleep", "600"])
         .stdout(std::process::Stdio::null())

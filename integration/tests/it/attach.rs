@@ -7,20 +7,12 @@
 use corral_integration::cluster::{free_port, Cluster};
 use corral_integration::worker::WorkerProc;
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 fn pool() -> (Cluster, Vec<WorkerProc>, tempfile::TempDir) {
     corral_integration::worker::two_node_pool(free_port())
-}
-
-fn out_dir(dir: &tempfile::TempDir) -> PathBuf {
-    let out = dir.path().join("out");
-    std::fs::create_dir(&out).expect("mkdir");
-    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    out
 }
 
 /// `corral attach ARGS` with `stdin` as its input.
@@ -52,7 +44,7 @@ fn read_when_there(path: &Path) -> String {
 #[test]
 fn attach_runs_inside_the_jobs_cgroup_and_directory_on_the_node_it_names() {
     let (cluster, _workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     // Each node's part writes its own cgroup into a file of the job's directory, then holds.
     let script = "cat /proc/self/cgroup > cgroup-$CORRAL_NODE; echo $CORRAL_NODE > marker-$CORRAL_NODE; exec sleep 600";
     let submitted = cluster.json(&[

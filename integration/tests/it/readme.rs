@@ -124,16 +124,7 @@ fn run_line(line: &str, dir: &Path, env: &[(String, String)], out: &Path) -> (bo
         .spawn()
         .expect("spawn sh");
     let limit = if until_interrupted { Duration::from_secs(2) } else { LINE_LIMIT };
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break Some(status);
-        }
-        if Instant::now() > deadline {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = corral_integration::wait_until(&mut child, Instant::now() + limit);
     let group = child.id() as libc::pid_t;
     let signal_group = |signal| {
         // SAFETY: kill(2) of our own child's process group.
@@ -524,16 +515,7 @@ impl Session {
         if background {
             self.background.push(group);
         }
-        let deadline = Instant::now() + LINE_LIMIT;
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                break Some(status);
-            }
-            if Instant::now() > deadline {
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = corral_integration::wait_until(&mut child, Instant::now() + LINE_LIMIT);
         if status.is_none() {
             // SAFETY: kill(2) of our own child's process group.
             unsafe { libc::kill(-group, libc::SIGKILL) };

@@ -13,7 +13,7 @@ use corral_integration::cluster::{free_port, Cluster};
 use corral_integration::one_line_stderr;
 use corral_integration::worker::WorkerProc;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// A coordinator and workers w1 and w2 (2 simulated GPUs each).
@@ -25,14 +25,6 @@ fn submit(cluster: &Cluster, script: &Path) -> u64 {
     let submitted = cluster.corral_at(0, &["sbatch", &script.display().to_string()]);
     assert!(submitted.status.success(), "{}", one_line_stderr(&submitted));
     String::from_utf8_lossy(&submitted.stdout).trim().parse().expect("a job id")
-}
-
-/// A directory every job's user may write, for scripts and what their tasks write.
-fn out_dir(dir: &tempfile::TempDir) -> PathBuf {
-    let out = dir.path().join("out");
-    std::fs::create_dir(&out).expect("mkdir");
-    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-    out
 }
 
 /// Writes `name` in `out` with `body` after the shebang line and submits it.
@@ -58,7 +50,7 @@ fn read(path: &Path) -> String {
 #[test]
 fn srun_runs_a_steps_tasks_on_every_node_of_the_job() {
     let (cluster, workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     let job = sbatch(
         &cluster,
         &out,
@@ -113,7 +105,7 @@ fn srun_runs_a_steps_tasks_on_every_node_of_the_job() {
 #[test]
 fn srun_gpus_per_task_binds_a_distinct_gpu_to_each_task_of_a_node() {
     let (cluster, workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     let job = sbatch(
         &cluster,
         &out,
@@ -169,7 +161,7 @@ fn srun_gpus_per_task_binds_a_distinct_gpu_to_each_task_of_a_node() {
 #[test]
 fn tasks_with_gpus_spread_over_the_fewest_nodes_that_hold_them() {
     let (cluster, workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     let script = |name: &str, tasks: u32| {
         format!(
             "#SBATCH --job-name={name}\n\
@@ -222,7 +214,7 @@ fn tasks_with_gpus_spread_over_the_fewest_nodes_that_hold_them() {
 #[test]
 fn srun_kill_on_bad_exit_kills_every_task_and_exits_with_the_highest_status() {
     let (cluster, workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     let job = sbatch(
         &cluster,
         &out,
@@ -264,7 +256,7 @@ fn srun_kill_on_bad_exit_kills_every_task_and_exits_with_the_highest_status() {
 #[test]
 fn a_torchrun_style_launcher_finds_its_head_node_and_runs_once_a_node() {
     let (cluster, workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     let launcher = out.join("torchrun");
     std::fs::write(
         &launcher,
@@ -329,7 +321,7 @@ fn a_torchrun_style_launcher_finds_its_head_node_and_runs_once_a_node() {
 #[test]
 fn srun_forwards_sigterm_to_every_task() {
     let (cluster, workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     let job = sbatch(
         &cluster,
         &out,
@@ -360,7 +352,7 @@ fn srun_forwards_sigterm_to_every_task() {
 #[test]
 fn a_cancel_while_a_step_runs_kills_its_tasks_on_every_node() {
     let (cluster, workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     let job = sbatch(
         &cluster,
         &out,
@@ -419,7 +411,7 @@ fn srun_outside_a_job_points_at_corral_run() {
 #[test]
 fn a_login_shell_script_reaches_slurms_commands() {
     let (cluster, workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     let script = out.join("login.sbatch");
     std::fs::write(
         &script,
@@ -455,7 +447,7 @@ fn a_login_shell_script_reaches_slurms_commands() {
 #[test]
 fn side_by_side_one_gpu_steps_get_their_own_gpu_and_wait_for_one() {
     let (cluster, workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     let job = sbatch(
         &cluster,
         &out,
@@ -498,7 +490,7 @@ fn side_by_side_one_gpu_steps_get_their_own_gpu_and_wait_for_one() {
 #[test]
 fn srun_export_none_leaves_the_scripts_variables_out() {
     let (cluster, workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     let job = sbatch(
         &cluster,
         &out,
@@ -531,7 +523,7 @@ fn srun_export_none_leaves_the_scripts_variables_out() {
 #[test]
 fn srun_wait_kills_the_other_tasks_some_seconds_after_the_first_ends() {
     let (cluster, workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     let job = sbatch(
         &cluster,
         &out,
@@ -569,7 +561,7 @@ fn srun_wait_kills_the_other_tasks_some_seconds_after_the_first_ends() {
 #[test]
 fn srun_gpus_are_shared_by_the_tasks_of_each_node() {
     let (cluster, workers, dir) = pool();
-    let out = out_dir(&dir);
+    let out = corral_integration::worker::out_dir(&dir);
     let job = sbatch(
         &cluster,
         &out,
