@@ -38,6 +38,9 @@ const CACHE_BYTES: usize = 64 << 20;
 const SYNC_EVERY_RECORDS: u64 = 1_000_000;
 /// Records written per transaction when a snapshot is installed or an earlier store migrated.
 const INSTALL_BATCH_RECORDS: usize = 10_000;
+/// Record bytes a snapshot install holds before it writes them: a history of large jobs (a
+/// megabyte script each) was held whole, and decoded besides, while the install read it.
+const INSTALL_BATCH_BYTES: usize = 8 << 20;
 
 /// The history store of one state machine.
 pub(crate) struct History {
@@ -328,7 +331,8 @@ impl History {
         let (mut jobs, mut segments, mut records, mut changed) = (Vec::new(), Vec::new(), 0u64, 0u64);
         // Each record with its id, and the job it holds (None: a segment).
         type Batch = Vec<(u64, Option<Job>, Vec<u8>)>;
-        let mut batch: Batch = Vec::with_capacity(INSTALL_BATCH_RECORDS);
+        let mut batch: Batch = Vec::new();
+        let mut batch_bytes = 0usize;
         let mut write_batch = |batch: &mut Batch| -> std::io::Result<()> {
             changed += self.write(|w| {
                 for (id, job, record) in batch.drain(..) {
@@ -348,6 +352,7 @@ impl History {
         let reader = std::io::BufReader::with_capacity(1 << 20, body);
         let mut state = codec::read_snapshot(reader, |kind, record| -> anyhow::Result<()> {
             records += 1;
+            batch_bytes += record.len();
             match kind {
                 HistoryRecord::Segment => {
                     let id = codec::segment_from_bytes(&record)?.id;
@@ -360,8 +365,9 @@ impl History {
                     batch.push((job.id, Some(job), record));
                 }
             }
-            if batch.len() == INSTALL_BATCH_RECORDS {
+            if batch.len() == INSTALL_BATCH_RECORDS || batch_bytes >= INSTALL_BATCH_BYTES {
                 write_batch(&mut batch)?;
+                batch_bytes = 0;
             }
             Ok(())
         })?;
@@ -452,7 +458,8 @@ fn migrate_from_sled(dir: &Path, history: &History) -> anyhow::Result<()> {
     {
         let db = sled::Config::new().path(&sled_dir).open()?;
         let tree = db.open_tree("state")?;
-        let mut batch = Vec::with_capacity(INSTALL_BATCH_RECORDS);
+        let mut batch = Vec::new();
+        let mut batch_bytes = 0usize;
         let flush = |batch: &mut Vec<(u8, Vec<u8>, Vec<u8>)>| -> anyhow::Result<()> {
             history.write(|w| {
                 for (kind, k, v) in batch.drain(..) {
@@ -479,9 +486,11 @@ fn migrate_from_sled(dir: &Path, history: &History) -> anyhow::Result<()> {
                     b'l' => segments += 1,
                     _ => {}
                 }
+                batch_bytes += v.len();
                 batch.push((prefix[0], k[prefix.len()..].to_vec(), v.to_vec()));
-                if batch.len() == INSTALL_BATCH_RECORDS {
+                if batch.len() == INSTALL_BATCH_RECORDS || batch_bytes >= INSTALL_BATCH_BYTES {
                     flush(&mut batch)?;
+                    batch_bytes = 0;
                 }
             }
         }
