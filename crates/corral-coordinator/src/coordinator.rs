@@ -150,6 +150,11 @@ impl Coordinator {
         Snapshot::new(self.inner.node.state.clone(), self.inner.leader_view.pending(), self.inner.pulls.clone())
     }
 
+    /// Whether this node, if it leads, can serve: from Raft's metrics, without the state lock.
+    pub(crate) fn leader_health(&self) -> Option<corral_raft::LeaderHealth> {
+        self.inner.node.leader_health()
+    }
+
     pub(crate) fn config(&self) -> &CoordinatorConfig {
         &self.inner.config
     }

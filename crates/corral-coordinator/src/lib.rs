@@ -12,6 +12,7 @@ mod compaction;
 mod coordinator;
 mod scheduler;
 mod server;
+mod serving;
 mod tso;
 // Client-facing: the user API and what it serves with (submits, listings, watches, replies,
 // the logs proxy), the web view.

@@ -32,6 +32,7 @@ impl Coordinator {
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
         let scheduler = tokio::spawn(scheduler::run(self.clone()));
         let compactor = tokio::spawn(compaction::run(self.clone()));
+        let serving = tokio::spawn(crate::serving::watch(self.clone()));
         let group_task = self.submits().start(self.clone());
         let (reporter, health) = tonic_health::server::health_reporter();
         let health_task = tokio::spawn(grpc_health::report(self.clone(), reporter));
@@ -58,6 +59,7 @@ impl Coordinator {
             .await;
         scheduler.abort();
         compactor.abort();
+        serving.abort();
         group_task.abort();
         health_task.abort();
         result.map_err(Into::into)

@@ -16,9 +16,9 @@ use crate::scheduler::PendingJobs;
 use crate::CoordError;
 use corral_core::ApplyError;
 use corral_proto::v1 as pb;
-use corral_raft::{StateMachineData, StateMachineStore};
+use corral_raft::{StateMachineStore, StateRead};
 use corral_types::{Job, JobId, JobSpec};
-use std::sync::{Arc, RwLockReadGuard};
+use std::sync::Arc;
 
 /// A handler's view of the coordinator's state: the applied state (and the history of
 /// finished jobs) and the leader's last scheduling pass.
@@ -46,7 +46,8 @@ impl Snapshot {
     }
 
     /// The applied state, read-locked. Never hold the guard across an `.await`.
-    pub(crate) fn read(&self) -> RwLockReadGuard<'_, StateMachineData> {
+    #[track_caller]
+    pub(crate) fn read(&self) -> StateRead<'_> {
         self.store.read()
     }
 

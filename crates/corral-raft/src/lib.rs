@@ -24,6 +24,6 @@ mod state_machine;
 mod types;
 
 pub use change_log::{ChangeLog, ChangeWindow, Compacted, DEFAULT_CHANGE_LOG_CAPACITY};
-pub use node::{Leadership, Member, RaftError, RaftNode, RaftNodeConfig, RaftStatus, Role};
-pub use state_machine::{StateMachineData, StateMachineStore};
+pub use node::{LeaderHealth, Leadership, Member, RaftError, RaftNode, RaftNodeConfig, RaftStatus, Role};
+pub use state_machine::{StateMachineData, StateMachineStore, StateRead};
 pub use types::{NodeId, RaftRequest, TypeConfig};

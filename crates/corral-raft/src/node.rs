@@ -112,6 +112,19 @@ pub struct Leadership {
     pub voters: usize,
 }
 
+/// A leader's view of whether it can serve: the term and index it applied, its log, when a
+/// quorum last acknowledged it, and how far each member's log matches its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderHealth {
+    pub term: u64,
+    /// (term, index) of the last applied entry.
+    pub applied: Option<(u64, u64)>,
+    pub last_log_index: Option<u64>,
+    pub millis_since_quorum_ack: Option<u64>,
+    pub voters: usize,
+    pub matched: Vec<(NodeId, Option<u64>)>,
+}
+
 /// Why a Raft call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RaftError {
@@ -190,8 +203,10 @@ impl RaftNode {
         let log_dir = config.data_dir.join("raft-log");
         std::fs::create_dir_all(&log_dir)?;
         let mut log_config = raft_log::Config::new(log_dir.display());
-        // Small chunks: purged log space is reclaimed per closed chunk.
-        log_config.wal.chunk_max_size = Some(64 << 20);
+        // Small chunks: purged log space is reclaimed per closed chunk, a restart holds one
+        // chunk's records at a time while it replays them, and the entries of the chunk being
+        // written (which the cache below cannot evict) stay few.
+        log_config.wal.chunk_max_size = Some(16 << 20);
         // Recent entries stay in memory for followers that lag a little; one that lags far reads
         // from disk or gets a snapshot. Bounded so a coordinator's memory stays flat.
         log_config.log_cache_capacity = Some(64 << 20);
@@ -348,6 +363,28 @@ impl RaftNode {
             millis_since_quorum_ack: m.millis_since_quorum_ack,
             voters: m.membership_config.membership().voter_ids().count(),
         }
+    }
+
+    /// What a leader needs to serve, from Raft's metrics alone (no lock of the state): `None`
+    /// unless this node leads.
+    pub fn leader_health(&self) -> Option<LeaderHealth> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        if m.current_leader != Some(self.id) {
+            return None;
+        }
+        Some(LeaderHealth {
+            term: m.current_term,
+            applied: m.last_applied.map(|l| (l.leader_id.term, l.index)),
+            last_log_index: m.last_log_index,
+            millis_since_quorum_ack: m.millis_since_quorum_ack,
+            voters: m.membership_config.membership().voter_ids().count(),
+            matched: m
+                .replication
+                .as_ref()
+                .map(|r| r.iter().map(|(id, log)| (*id, log.map(|l| l.index))).collect())
+                .unwrap_or_default(),
+        })
     }
 
     /// Waits, at most `timeout`, until `ready` holds for this node's status.

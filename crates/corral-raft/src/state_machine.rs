@@ -34,6 +34,7 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, Snapsh
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// Runs `f` on this thread at a lower CPU priority (nice 10), then restores it: a snapshot build
@@ -101,6 +102,35 @@ fn read_err<E: std::error::Error + 'static>(e: E) -> StorageError<NodeId> {
     StorageIOError::<NodeId>::read_state_machine(&e).into()
 }
 
+/// A wait for, or a hold of, the state lock at least this long is logged: applies (and so the
+/// leader's lease and every worker's report) wait behind it.
+const SLOW_LOCK: Duration = Duration::from_millis(250);
+
+/// A read guard of the applied state that logs, when dropped, a hold of at least [`SLOW_LOCK`]
+/// with the place it was taken: the one witness of a reader that starves the applies.
+pub struct StateRead<'a> {
+    guard: RwLockReadGuard<'a, StateMachineData>,
+    taken: Instant,
+    at: &'static std::panic::Location<'static>,
+}
+
+impl std::ops::Deref for StateRead<'_> {
+    type Target = StateMachineData;
+
+    fn deref(&self) -> &StateMachineData {
+        &self.guard
+    }
+}
+
+impl Drop for StateRead<'_> {
+    fn drop(&mut self) {
+        let held = self.taken.elapsed();
+        if held >= SLOW_LOCK {
+            tracing::warn!(ms = held.as_millis() as u64, at = %self.at, "held the state for reading long: applies waited");
+        }
+    }
+}
+
 impl StateMachineStore {
     /// Opens (or creates) the store under `dir` (`dir/history.redb`, `dir/snapshots`).
     pub fn open(dir: &Path) -> anyhow::Result<Self> {
@@ -149,9 +179,20 @@ impl StateMachineStore {
         Ok(StateMachineStore { shared: Arc::new(shared) })
     }
 
-    /// Read access to the applied state. Never hold the guard across an `.await`.
-    pub fn read(&self) -> RwLockReadGuard<'_, StateMachineData> {
-        self.shared.data.read().unwrap_or_else(|p| p.into_inner())
+    /// Read access to the applied state. Never hold the guard across an `.await`: every apply
+    /// waits behind it, and every later read behind that apply. A long wait or hold is logged
+    /// with the caller's place (see [`StateRead`]).
+    #[track_caller]
+    pub fn read(&self) -> StateRead<'_> {
+        let at = std::panic::Location::caller();
+        let asked = Instant::now();
+        let guard = self.shared.data.read().unwrap_or_else(|p| p.into_inner());
+        let taken = Instant::now();
+        let waited = taken - asked;
+        if waited >= SLOW_LOCK {
+            tracing::warn!(ms = waited.as_millis() as u64, at = %at, "waited long to read the state");
+        }
+        StateRead { guard, taken, at }
     }
 
     /// FNV-1a of the encoded state and its history: equal on every node that applied the same
@@ -276,7 +317,11 @@ impl StateMachineStore {
         let hot = std::fs::File::open(snapshots.path(&current.body))?;
         let ids = request_ids::open_files(snapshots, &current.request_ids)?;
         let (store, body) = (self.clone(), current.body.clone());
-        Ok(SnapshotFile::lazy(move || at_low_priority(|| store.make_send_body(hot, ids, &body))))
+        // At normal priority, unlike a build: a follower that needs a snapshot gets neither it
+        // nor any entry until this is written, and while its log does not match the leader's,
+        // its answers to heartbeats confirm nothing. With the other follower down, the leader's
+        // lease then waits for this write, and at nice 10 on a busy host it waited 45 s.
+        Ok(SnapshotFile::lazy(move || store.make_send_body(hot, ids, &body)))
     }
 
     /// Writes the body `body` (open as `hot`) with its request ids (the files `ids`) and the
@@ -294,6 +339,7 @@ impl StateMachineStore {
             return Ok(file);
         }
         let started = std::time::Instant::now();
+        tracing::info!(body, "writing a snapshot with its history to send");
         let bytes = crate::snapshot_store::read_all(&mut hot)?;
         let bounds = codec::HotBounds::from_snapshot(&bytes)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
@@ -415,8 +461,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             }
         }
         let mut responses = Vec::new();
+        let count = entries.len();
+        let asked = Instant::now();
         let applied = {
             let mut data = shared.data.write().unwrap_or_else(|p| p.into_inner());
+            let taken = Instant::now();
             let mut touched = Touched::default();
             for entry in entries {
                 data.last_applied = Some(entry.log_id);
@@ -436,7 +485,19 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 responses.push(response);
             }
             data.request_id_log.record(std::mem::take(&mut touched.request_ids));
+            let persisting = Instant::now();
             shared.history.persist(&data.state, &touched).map_err(io_err)?;
+            let done = Instant::now();
+            if done - asked >= SLOW_LOCK {
+                let ms = |d: Duration| d.as_millis() as u64;
+                tracing::warn!(
+                    entries = count,
+                    lock_wait_ms = ms(taken - asked),
+                    apply_ms = ms(persisting - taken),
+                    history_ms = ms(done - persisting),
+                    "applying took long: readers of the state waited"
+                );
+            }
             data.last_applied.map(|l| l.index).unwrap_or(0)
         };
         shared.applied_tx.send_replace(applied);
