@@ -35,6 +35,8 @@ use std::process::ExitCode;
 /// mimalloc, not glibc's malloc: the apply path and the stores allocate and free small buffers at a
 /// high rate, and under glibc a quarter of a coordinator's CPU went to malloc and free (arena
 /// scans, chunk consolidation) while its freed memory stayed resident in per-thread arenas.
+/// Feature `system-allocator` leaves glibc's, for heap profilers.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
