@@ -816,8 +816,8 @@ impl State {
         } else if report.fenced || length == Some(RunLength::Lost) {
             EndCause::NodeLost
         } else if report.idle_end.is_some() {
-            // The pool's own rule ended the session, as a cancel would.
-            EndCause::Cancelled
+            // The pool's own rule ended the session (its state is `cancelled`, as if cancelled).
+            EndCause::Idle
         } else if report.timed_out {
             EndCause::TimeLimit
         } else {
@@ -1481,7 +1481,7 @@ pub(crate) mod tests {
         let job = &s.jobs[&3];
         assert_eq!((job.state, job.reason.as_deref(), job.restarts), (JobState::Cancelled, Some(reason.as_str()), 0));
         let segment = s.ledger.values().find(|g| g.job_id == 3).expect("billed");
-        assert_eq!(segment.cause, Some(EndCause::Cancelled));
+        assert_eq!(segment.cause, Some(EndCause::Idle), "billed as ended idle, not as cancelled by its owner");
     }
 
     /// A cancelled run, a preempted one and one stopped by a drain each say so.

@@ -15,6 +15,8 @@ pub enum EndCause {
     Exited,
     /// Cancelled by its owner or an operator.
     Cancelled,
+    /// An interactive session whose GPUs stayed idle for its idle timeout, ended by the pool.
+    Idle,
     /// Killed at its time limit.
     TimeLimit,
     /// Stopped for a higher-priority job, or put back in the queue by request (`corral requeue`).
@@ -30,9 +32,10 @@ pub enum EndCause {
 }
 
 impl EndCause {
-    pub const ALL: [EndCause; 8] = [
+    pub const ALL: [EndCause; 9] = [
         EndCause::Exited,
         EndCause::Cancelled,
+        EndCause::Idle,
         EndCause::TimeLimit,
         EndCause::Preempted,
         EndCause::Drained,
@@ -46,6 +49,7 @@ impl EndCause {
         match self {
             EndCause::Exited => "exited",
             EndCause::Cancelled => "cancelled",
+            EndCause::Idle => "idle",
             EndCause::TimeLimit => "time-limit",
             EndCause::Preempted => "preempted",
             EndCause::Drained => "drained",
