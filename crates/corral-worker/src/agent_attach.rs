@@ -47,9 +47,6 @@ pub(crate) async fn attach(jobs: Arc<JobTable>, mut input: Streaming<pb::AttachI
             start.job_id, start.epoch
         )));
     };
-    if info.in_container {
-        return Err(Status::unimplemented("attach to a job that runs in an image is not supported yet"));
-    }
     if start.command.iter().map(String::len).sum::<usize>() > MAX_COMMAND_BYTES {
         return Err(Status::invalid_argument(format!("the command is longer than {MAX_COMMAND_BYTES} bytes")));
     }

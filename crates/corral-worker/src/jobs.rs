@@ -66,7 +66,7 @@ pub(crate) struct RunInfo {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub open_files: Option<u64>,
-    /// The run is a container: its tasks would have to run in it (not served yet).
+    /// The run is a container: its tasks run in it (`env`, `cwd` as the container sees them).
     pub in_container: bool,
 }
 

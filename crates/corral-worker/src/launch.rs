@@ -8,6 +8,7 @@ use crate::executor::{as_fs_user, DEFAULT_PATH};
 use crate::executor::{BindMount, JobFiles, LaunchSpec, ResourceLimits, CONTAINER_WORK_DIR, SCRIPT_FILE};
 use crate::gang::{gang_env, PartAddrs, HOSTFILE};
 use crate::gpu::{DeviceInfo, MigPlacement, MigState};
+use crate::in_job_bin::{self, BASH_ENV_FILE, CONTAINER_IN_JOB_BIN};
 use corral_image::{ImageConfig, JobOverrides, JobRoot};
 use corral_types::{expand_output_pattern, slurm_allocation_env, GpuSlice, Job, OutputPlace, SliceAssignment};
 use std::collections::BTreeMap;
@@ -76,54 +77,9 @@ pub(crate) fn pick_mig_instance(
     Ok(Some(MigPick { uuid: created.uuid, created: true }))
 }
 
-/// Slurm's commands the corral binary serves inside a job when called by their name
-/// (`corral-cli`'s `in_job.rs`): the worker links each, in its `in_job_bin_dir`, to itself.
-pub const IN_JOB_COMMANDS: [&str; 5] = ["scontrol", "squeue", "scancel", "srun", "sbatch"];
-
-/// The file, next to the in-job commands, that a bare job's `BASH_ENV` names when the job sets
-/// none. bash reads it after a login shell's profile (`#!/bin/bash -l`) has reset `PATH` to the
-/// system's, and it puts the in-job commands first again: Slurm's own are installed on the
-/// system's `PATH`, so a login shell reaches them too.
-pub const BASH_ENV_FILE: &str = "corral-bash-env.sh";
-
-/// The text of `BASH_ENV_FILE` in `dir`: `dir` first on `PATH` unless it is on it already.
-pub(crate) fn bash_env_text(dir: &Path) -> String {
-    let quoted = dir.display().to_string().replace('\'', "'\\''");
-    format!(
-        "# Written by the corral worker: Slurm's in-job commands on PATH again after a login\n\
-         # shell's profile has reset it.\n\
-         case \":$PATH:\" in *':{quoted}:'*) ;; *) PATH='{quoted}':\"$PATH\"; export PATH ;; esac\n"
-    )
-}
-
-/// Links Slurm's in-job commands in `dir` to the running corral binary, replacing old links,
-/// and writes `BASH_ENV_FILE` there. A worker running inside another program (a test harness)
-/// has no corral binary to link: it links nothing, and jobs find no such command.
-pub(crate) fn install_in_job_commands(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let exe = std::env::current_exe()?;
-    if !exe.file_name().is_some_and(|n| n.to_string_lossy().starts_with("corral")) {
-        tracing::debug!(exe = %exe.display(), "not the corral binary: no in-job commands");
-        return Ok(());
-    }
-    std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
-    for name in IN_JOB_COMMANDS {
-        let link = dir.join(name);
-        match std::fs::remove_file(&link) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        std::os::unix::fs::symlink(&exe, &link)?;
-    }
-    let file = dir.join(BASH_ENV_FILE);
-    std::fs::write(&file, bash_env_text(dir))?;
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644))?;
-    Ok(())
-}
-
 /// What holds a batch job's part on a node other than its first: it waits, doing nothing, until
-/// the job's end stops it with the part's cgroup. (An image job runs it in its container.)
+/// the job's end stops it with the part's cgroup. (An image job runs it in its container, where
+/// the steps' tasks then run too.)
 const HOLD_ARGV: [&str; 3] = ["/bin/sh", "-c", "exec sleep 2147483647"];
 
 /// True when this node's part of `job` runs none of its script: a batch job's script (Slurm's
@@ -206,7 +162,7 @@ pub(crate) fn launch_spec(
         device_nodes.extend(config.extra_devices.iter().cloned());
     }
     if !in_container {
-        // Slurm's in-job commands come first. (An image job will get the directory mounted.)
+        // Slurm's in-job commands come first. (An image job gets them mounted: below.)
         let path = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
         let path = format!("{}:{path}", config.in_job_bin_dir().display());
         env.insert("PATH".into(), path);
@@ -222,8 +178,9 @@ pub(crate) fn launch_spec(
             env.insert("BASH_ENV".into(), file.display().to_string());
         }
     }
-    // The job's own private directory (its logs, its script), wherever it runs.
-    env.insert("CORRAL_JOB_DIR".into(), work_dir.display().to_string());
+    // The job's own private directory (its logs, its script, its tasks' output), wherever it
+    // runs (a container sees it at /work).
+    env.insert("CORRAL_JOB_DIR".into(), seen_dir.display().to_string());
     let (mut argv, mut files) = if holds_allocation_only(job, &config.node_name) {
         // Not the batch step's node: hold the part (cgroup, GPUs) for the job's steps, and
         // write none of the job's output files, which are the batch step's.
@@ -262,7 +219,25 @@ pub(crate) fn launch_spec(
             job.spec.image.as_ref().map(PathBuf::from)
         }
     };
-    let mounts = if in_container { checked_mounts(config, job)? } else { Vec::new() };
+    let mut mounts = if in_container { checked_mounts(config, job)? } else { Vec::new() };
+    if let Some(binds) =
+        in_container.then(|| in_job_bin::mounts(&config.in_image_dir(), &config.in_job_socket())).flatten()
+    {
+        // Slurm's in-job commands in the container too, first on its PATH (after the image's
+        // Env and the job's are merged), as in a bare job.
+        let path = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
+        let path = format!("{CONTAINER_IN_JOB_BIN}:{path}");
+        env.insert("PATH".into(), path);
+        if !env.contains_key("CORRAL_ENDPOINT") && !config.coordinator_endpoints.is_empty() {
+            env.insert("CORRAL_ENDPOINT".into(), config.coordinator_endpoints.join(","));
+        }
+        let ours = env.get("BASH_ENV").is_some_and(|v| Path::new(v).file_name() == Some(BASH_ENV_FILE.as_ref()));
+        if !env.contains_key("BASH_ENV") || ours {
+            env.insert("BASH_ENV".into(), format!("{CONTAINER_IN_JOB_BIN}/{BASH_ENV_FILE}"));
+        }
+        // Last: a job's own mount cannot hide them.
+        mounts.extend(binds);
+    }
     Ok(LaunchSpec {
         job_id: job.id,
         attempt: epoch,
@@ -418,36 +393,6 @@ pub(crate) fn job_files(job: &Job, work_dir: &Path, node: &str) -> (Vec<String>,
 mod tests {
     use super::*;
     use corral_types::{Allocation, ArrayTask, JobSpec, JobState, NodeGpus, Timestamp};
-
-    /// A login shell (`#!/bin/bash -l`) resets PATH in its profile; the BASH_ENV file puts the
-    /// in-job commands first again, once, whatever the directory's name.
-    #[test]
-    fn a_login_shell_finds_the_in_job_commands_again() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let bin = dir.path().join("it's slurm-bin");
-        std::fs::create_dir(&bin).expect("mkdir");
-        let file = bin.join(BASH_ENV_FILE);
-        std::fs::write(&file, bash_env_text(&bin)).expect("write");
-        let script = dir.path().join("job.sh");
-        std::fs::write(&script, "#!/bin/bash -l\necho \"$PATH\"\nbash -c 'echo \"$PATH\"'\n").expect("write");
-        let out = std::process::Command::new("bash")
-            .args(["-l"])
-            .arg(&script)
-            .env_clear()
-            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
-            .env("HOME", dir.path())
-            .env("BASH_ENV", &file)
-            .output()
-            .expect("bash");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 2, "{text:?} {}", String::from_utf8_lossy(&out.stderr));
-        for line in lines {
-            let first = line.split(':').next();
-            assert_eq!(first, Some(bin.to_str().expect("utf-8")), "{line:?}");
-            assert_eq!(line.matches("slurm-bin").count(), 1, "once: {line:?}");
-        }
-    }
 
     fn job() -> Job {
         Job {

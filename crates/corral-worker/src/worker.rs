@@ -50,9 +50,12 @@ impl Worker {
         shutdown: impl Future<Output = ()> + Send,
     ) -> anyhow::Result<()> {
         std::fs::create_dir_all(self.config.jobs_dir())?;
-        if let Err(e) = crate::launch::install_in_job_commands(&self.config.in_job_bin_dir()) {
+        if let Err(e) = crate::in_job_bin::install_in_job_commands(&self.config.in_job_bin_dir()) {
             // Jobs run without them (`scontrol: command not found`); nothing else depends on them.
             tracing::warn!(dir = %self.config.in_job_bin_dir().display(), error = %e, "cannot link Slurm's in-job commands");
+        }
+        if let Err(e) = crate::in_job_bin::install_for_images(&self.config.in_image_dir()) {
+            tracing::warn!(dir = %self.config.in_image_dir().display(), error = %e, "cannot write Slurm's in-job commands for image jobs");
         }
         // Jobs of an earlier worker process are stale: the leader requeues them when we register.
         for cgroup in self.executor.reap_leftovers()? {

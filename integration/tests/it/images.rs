@@ -7,7 +7,8 @@
 //! store once pulled; an image gone from the registry fails the job with "not found". Pyxis's
 //! flags (`--container-mounts` within the node's allow-list, `--container-workdir`,
 //! `--container-env`) shape the container, and a batch script naming its image with
-//! `#SBATCH --container-image` runs in it. While a run's image is pulled, `corral show` and
+//! `#SBATCH --container-image` runs in it, with `srun`, `scontrol` and `corral attach` working
+//! inside its container. While a run's image is pulled, `corral show` and
 //! `corral queue` say so with its progress (the worker's heartbeats carry it to the leader).
 //! Garbage collection under a small `max-size` never removes a running job's image.
 //! `corral image` pre-pulls onto the nodes, lists each node's images (in use or not), refuses
@@ -319,6 +320,62 @@ fn a_batch_script_with_a_container_image_directive_runs_in_the_image() {
     assert!(doc["image_digest"].as_str().is_some_and(|d| d.starts_with("sha256:")), "{doc}");
     let logs = pool.ok(&["logs", &job.to_string()]);
     assert!(logs.contains(&format!("stage=batch marker=batch args=a b cwd=/etc job={job}\n")), "{logs}");
+}
+
+/// Slurm's in-job commands work inside an image job, and what they start runs in the job's
+/// container: `srun`'s tasks see the image's files and Env and the step's Slurm variables, a
+/// failing task's status is `srun`'s, and `corral attach` runs in the container too.
+#[test]
+fn srun_and_attach_in_an_image_job_run_in_its_container() {
+    if !ready(&[TOOLS, &["runc"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = umoci_busybox(dir.path(), &[("STAGE", "steps")], "/work", "in-image");
+    push(&image, &registry, "steps:1", &[]);
+    let reference = format!("{}/steps:1", registry.addr);
+    let pool = DevPool::start(&["--gpus", "1"]);
+    let script = dir.path().join("steps.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n#SBATCH --container-image={reference}\n#SBATCH --ntasks=2\n#SBATCH --job-name=steps\n\
+             echo batch stage=$STAGE\n\
+             srun sh -c 'echo task=$SLURM_PROCID of=$SLURM_NTASKS stage=$STAGE marker=$(cat /etc/marker) cwd=$(pwd)'\n\
+             srun -n 1 sh -c 'exit 3'\n\
+             echo srun-exit=$?\n\
+             echo hosts=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\")\n\
+             exec sleep 600\n"
+        ),
+    )
+    .expect("script");
+    let doc = pool.json(&["sbatch", script.to_str().expect("utf8")]);
+    let job = doc["id"].as_u64().unwrap_or_else(|| panic!("no id in {doc}"));
+    let id = job.to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let logs = loop {
+        let logs = pool.ok(&["logs", &id]);
+        if logs.contains("hosts=") {
+            break logs;
+        }
+        let doc = pool.show(job);
+        assert_eq!(doc["state"], "running", "the job ended early: {doc}\n{logs}");
+        assert!(std::time::Instant::now() < deadline, "no hosts= line within 120 s: {logs}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(logs.contains("batch stage=steps\n"), "{logs}");
+    for task in 0..2 {
+        let line = format!("task={task} of=2 stage=steps marker=in-image cwd=/work\n");
+        assert!(logs.contains(&line), "no {line:?} in {logs}");
+    }
+    assert!(logs.contains("srun-exit=3\n"), "{logs}");
+    let attached = pool.corral(&["attach", &id, "--", "sh", "-c", "cat /etc/marker; echo \" $STAGE $(pwd)\"; exit 4"]);
+    assert_eq!(attached.status.code(), Some(4), "{attached:?}");
+    assert_eq!(String::from_utf8_lossy(&attached.stdout), "in-image steps /work\n", "{attached:?}");
+    pool.ok(&["cancel", &id]);
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "cancelled", "{doc}");
 }
 
 #[test]

@@ -156,6 +156,11 @@ impl WorkerConfig {
         self.data_dir.join("slurm-bin")
     }
 
+    /// Slurm's in-job commands for image jobs (`in_job_bin.rs`), bound into their containers.
+    pub fn in_image_dir(&self) -> PathBuf {
+        self.data_dir.join("slurm-bin-image")
+    }
+
     /// Unix socket of the in-job service (`srun` inside a job reaches its node's worker there).
     pub fn in_job_socket(&self) -> PathBuf {
         self.data_dir.join("in-job.sock")

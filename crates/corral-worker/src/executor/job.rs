@@ -14,13 +14,41 @@ use super::cgroup::JobCgroup;
 use super::spawn;
 use super::{CgroupUsage, ExecError, JobExit};
 
-/// What a container runtime adds to a job: how its main process's status reads, and the state
-/// to remove after the exit.
+/// What a container runtime adds to a job: how its main process's status reads, how one more
+/// process starts in the container, and the state to remove after the exit.
 pub(crate) trait ContainerRuntime: std::fmt::Debug + Send + Sync {
     /// The job's (exit code, signal) from the runtime process's own.
     fn exit_status(&self, code: Option<i32>, signal: Option<i32>) -> (Option<i32>, Option<i32>);
+    /// Starts `exec` in the running container (a step's task, `corral attach`) with `stdio`,
+    /// through a runtime process whose own status reads as [`Self::exit_status`] says. Also
+    /// returns the file the runtime writes the process's pid (in the host's pid namespace) to.
+    /// Blocking.
+    fn exec(&self, exec: &ContainerExec<'_>, stdio: [&std::fs::File; 3]) -> Result<ExecStarted, ExecError>;
     /// Removes the container's state. Blocking.
     fn remove(&self);
+}
+
+/// One more process in a running container: what it runs, as whom and where (paths as the
+/// container sees them).
+#[derive(Debug)]
+pub(crate) struct ContainerExec<'a> {
+    pub(crate) argv: &'a [String],
+    pub(crate) env: &'a std::collections::BTreeMap<String, String>,
+    pub(crate) cwd: &'a std::path::Path,
+    pub(crate) uid: Option<u32>,
+    pub(crate) gid: Option<u32>,
+    /// `stdio[0]` is a terminal: the process gets one of its own in the container, relayed.
+    pub(crate) tty: bool,
+    /// Unique among the container's execs (names its pid file).
+    pub(crate) name: String,
+}
+
+/// A process started by [`ContainerRuntime::exec`]: the runtime's process (our child), and where
+/// the pid of the process in the container is written once it started.
+#[derive(Debug)]
+pub(crate) struct ExecStarted {
+    pub(crate) runtime_process: spawn::JobProcess,
+    pub(crate) pid_file: std::path::PathBuf,
 }
 
 /// How long [`RunningJob::wait`] keeps killing leftovers before giving up on removing the cgroup.
@@ -186,6 +214,11 @@ impl JobHandle {
     /// The job cgroup's `cgroup.procs` files, opened for writing (for a task to join it).
     pub(crate) fn cgroup_procs(&self) -> Result<Vec<std::fs::File>, ExecError> {
         self.shared.cgroup.open_procs_files()
+    }
+
+    /// The job's container runtime, when it runs in an image.
+    pub(crate) fn container(&self) -> Option<&Arc<dyn ContainerRuntime>> {
+        self.shared.runtime.as_ref()
     }
 }
 

@@ -15,8 +15,8 @@
 
 use super::cdi::{self, Edits};
 use super::cgroup::{self, CgroupVersion, JobCgroup};
-use super::job::{ContainerRuntime, MainProcess, Shared};
-use super::{process, ExecError, Executor, LaunchSpec, RunningJob};
+use super::job::{ContainerExec, ContainerRuntime, ExecStarted, MainProcess, Shared};
+use super::{process, spawn, ExecError, Executor, LaunchSpec, RunningJob};
 use oci_spec::runtime::{
     Capabilities, HookBuilder, Hooks, LinuxBuilder, LinuxCpuBuilder, LinuxDevice, LinuxDeviceBuilder,
     LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxMemoryBuilder, LinuxNamespaceType, LinuxPidsBuilder,
@@ -24,6 +24,7 @@ use oci_spec::runtime::{
     UserBuilder,
 };
 use std::os::unix::fs::FileTypeExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -113,6 +114,63 @@ impl Container {
 impl ContainerRuntime for Container {
     fn exit_status(&self, code: Option<i32>, signal: Option<i32>) -> (Option<i32>, Option<i32>) {
         container_status(code, signal)
+    }
+
+    /// `runc exec` in the foreground, as root, outside the job cgroup (as `runc run`): runc puts
+    /// the process in the container's namespaces and cgroup, with the container's limits,
+    /// capabilities (none) and no new privileges, and forwards the signals it gets to it.
+    fn exec(&self, exec: &ContainerExec<'_>, stdio: [&std::fs::File; 3]) -> Result<ExecStarted, ExecError> {
+        let pids = self.bundle.join("exec");
+        let bundle_error = |path: &Path| {
+            let path = path.to_path_buf();
+            move |e: std::io::Error| ExecError::Bundle { path, source: Box::new(e) }
+        };
+        std::fs::create_dir_all(&pids).map_err(bundle_error(&pids))?;
+        let pid_file = pids.join(format!("{}.pid", exec.name));
+        match std::fs::remove_file(&pid_file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(bundle_error(&pid_file)(e)),
+            _ => {}
+        }
+        let mut command = std::process::Command::new(&self.runc);
+        command.arg("--root").arg(&self.runc_root).arg("exec");
+        if exec.tty {
+            command.arg("--tty");
+        }
+        if let Some(uid) = exec.uid {
+            command.arg("--user").arg(format!("{uid}:{}", exec.gid.unwrap_or(uid)));
+        }
+        command.arg("--cwd").arg(exec.cwd);
+        for (k, v) in exec.env {
+            command.arg("--env").arg(format!("{k}={v}"));
+        }
+        command.arg("--pid-file").arg(&pid_file).arg(&self.id).args(exec.argv);
+        let spawn_error = |source| ExecError::Spawn { program: self.runc.display().to_string(), source };
+        let [stdin, stdout, stderr] = stdio.map(|f| f.try_clone().map(Stdio::from));
+        command
+            .env_clear()
+            .env("PATH", process::DEFAULT_PATH)
+            .current_dir("/")
+            .stdin(stdin.map_err(spawn_error)?)
+            .stdout(stdout.map_err(spawn_error)?)
+            .stderr(stderr.map_err(spawn_error)?);
+        if exec.tty {
+            // runc's terminal is its controlling one, so that it hears of resizes (SIGWINCH)
+            // and passes them on to the container's.
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::setsid() == -1 || libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        } else {
+            // Its own process group: signals for the task reach runc, which passes them on.
+            command.process_group(0);
+        }
+        let child = command.spawn().map_err(spawn_error)?;
+        Ok(ExecStarted { runtime_process: spawn::JobProcess::adopt(child), pid_file })
     }
 
     fn remove(&self) {

@@ -466,6 +466,12 @@ impl JobProcess {
         JobProcess { pid, pidfd, status: None }
     }
 
+    /// Takes over the waiting for `child`, started with `std::process::Command` (which neither
+    /// waits for nor kills a child it drops).
+    pub(crate) fn adopt(child: std::process::Child) -> JobProcess {
+        JobProcess::new(child.id() as libc::pid_t)
+    }
+
     pub(crate) fn id(&self) -> u32 {
         self.pid.unsigned_abs()
     }

@@ -309,22 +309,29 @@ impl Runtime {
         spec.not_after = Some(self.state.launch_deadline());
         let secret = crate::in_job::mint_secret();
         spec.env.insert(crate::in_job::SECRET_ENV.into(), secret.clone());
-        spec.env.insert(crate::in_job::SOCKET_ENV.into(), self.config.in_job_socket().display().to_string());
+        // A container sees its work dir, and the in-job socket, at their own places.
+        let in_container = spec.image.is_some();
+        let (socket, home) = if in_container {
+            (crate::in_job_bin::CONTAINER_SOCKET.into(), std::path::PathBuf::from(crate::executor::CONTAINER_WORK_DIR))
+        } else {
+            (self.config.in_job_socket().display().to_string(), spec.work_dir.clone())
+        };
+        spec.env.insert(crate::in_job::SOCKET_ENV.into(), socket);
         let mut env = BTreeMap::from([
             ("PATH".to_owned(), DEFAULT_PATH.to_owned()),
-            ("HOME".to_owned(), spec.work_dir.display().to_string()),
+            ("HOME".to_owned(), home.display().to_string()),
             ("LANG".to_owned(), "C".to_owned()),
         ]);
         env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         let info = RunInfo {
             secret,
             env,
-            cwd: spec.files.cwd.clone().unwrap_or_else(|| spec.work_dir.clone()),
+            cwd: spec.files.cwd.clone().unwrap_or(home),
             work_dir: spec.work_dir.clone(),
             uid: spec.uid,
             gid: spec.gid,
             open_files: spec.limits.open_files,
-            in_container: spec.image.is_some(),
+            in_container,
         };
         self.owners.jobs.set_info(spec.job_id, spec.attempt, info);
         spec

@@ -9,8 +9,7 @@ use super::state::Event;
 use crate::executor::{task_output, TaskProcess, TaskSpec};
 use crate::jobs::JobTable;
 use corral_types::{Job, JobId, StepId, StepNodeEnd, TaskExit};
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -72,9 +71,9 @@ pub(crate) fn task_env(
     }
     // The batch node's BASH_ENV file (srun exports it) is this node's own here.
     let ours = Path::new(env.get("BASH_ENV").map_or("", String::as_str)).file_name()
-        == Some(std::ffi::OsStr::new(crate::launch::BASH_ENV_FILE));
+        == Some(std::ffi::OsStr::new(crate::in_job_bin::BASH_ENV_FILE));
     if ours {
-        let file = in_job_bin.join(crate::launch::BASH_ENV_FILE);
+        let file = in_job_bin.join(crate::in_job_bin::BASH_ENV_FILE);
         env.insert("BASH_ENV".to_owned(), file.display().to_string());
     }
     let here = step.on_node(node);
@@ -127,9 +126,9 @@ pub(crate) fn start(
     let (Some(handle), Some(info)) = (jobs.handle(job.id, epoch), jobs.info(job.id, epoch)) else {
         return Err(fail(format!("the run does not run on node {node}")));
     };
-    if info.in_container {
-        return Err(fail("srun inside an image job is not supported yet".into()));
-    }
+    // In an image job the tasks run in the job's container, where the in-job commands are
+    // mounted at their own place.
+    let in_job_bin = if info.in_container { Path::new(crate::in_job_bin::CONTAINER_IN_JOB_BIN) } else { in_job_bin };
     let cwd = step.spec.cwd.as_ref().map(PathBuf::from).unwrap_or_else(|| info.cwd.clone());
     let mut tasks = Vec::new();
     for local in 0..here.tasks {
@@ -147,7 +146,7 @@ pub(crate) fn start(
             Ok(process) => tasks.push((rank, process)),
             Err(e) => {
                 for (_, process) in &tasks {
-                    let _ = killpg(Pid::from_raw(process.pid() as i32), Signal::SIGKILL);
+                    process.signal(Signal::SIGKILL);
                 }
                 return Err(fail(format!("task {rank}: {e}")));
             }
@@ -190,9 +189,8 @@ pub(crate) async fn wait(
     };
     let signal_all = |running: &[(u32, TaskProcess)], signal: Signal| {
         for (_, process) in running {
-            // Its process group: the task and what it started. The task is not reaped yet, so
-            // its pid is still its own.
-            let _ = killpg(Pid::from_raw(process.pid() as i32), signal);
+            // Not reaped yet, so its pids are still its own.
+            process.signal(signal);
         }
     };
     let mut orders_open = true;
