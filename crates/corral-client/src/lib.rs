@@ -1263,6 +1263,19 @@ impl GatewayClient {
         Ok(reply.into_inner())
     }
 
+    /// This node's part of an image gang has its image ready (`job_id`, `epoch`, `node`).
+    pub async fn report_part_ready(&self, req: pb::ReportStartedRequest) -> Result<pb::ReportResponse, ClientError> {
+        let limit = self.attempt_timeout;
+        let reply = self
+            .client
+            .with_retry(|ch| {
+                let req = req.clone();
+                async move { bounded(limit, Self::raw(ch).report_part_ready(req)).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
     pub async fn report_finished(&self, req: pb::ReportFinishedRequest) -> Result<pb::ReportResponse, ClientError> {
         let limit = self.attempt_timeout;
         let reply = self

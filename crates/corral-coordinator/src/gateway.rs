@@ -223,6 +223,24 @@ impl WorkerGateway for Gateway {
         self.report(Command::JobFinished { job_id: r.job_id, epoch: r.epoch, node, report }).await
     }
 
+    async fn report_part_ready(
+        &self,
+        request: Request<pb::ReportStartedRequest>,
+    ) -> Result<Response<pb::ReportResponse>, Status> {
+        self.coord.worker_term()?;
+        if let Err(revision) = self.job_on_own_node(&request, "report part ready", request.get_ref().job_id) {
+            return Ok(Response::new(pb::ReportResponse { accepted: false, revision }));
+        }
+        // Over TLS the certificate names the node; without it, the request does.
+        let identity = self.coord.worker_identity(&request);
+        let r = request.into_inner();
+        let node = identity.unwrap_or(r.node);
+        if node.is_empty() {
+            return Err(Status::invalid_argument("missing node: name the node whose part is ready"));
+        }
+        self.report(Command::PartReady { job_id: r.job_id, epoch: r.epoch, node }).await
+    }
+
     async fn create_step(
         &self,
         request: Request<pb::CreateStepRequest>,

@@ -73,6 +73,7 @@ impl State {
         match &request.command {
             Command::PlaceJob { job_id, .. }
             | Command::JobStarted { job_id, .. }
+            | Command::PartReady { job_id, .. }
             | Command::JobFinished { job_id, .. }
             | Command::CancelJob { job_id, .. }
             | Command::PreemptJob { job_id, .. }
@@ -183,6 +184,7 @@ impl State {
             Command::PreemptJob { job_id, by, grace_secs } => self.preempt(ts, *job_id, *by, *grace_secs),
             Command::Schedule { placements, preemptions } => Ok(self.schedule(ts, placements, preemptions)),
             Command::JobStarted { job_id, epoch } => self.job_started(ts, *job_id, *epoch),
+            Command::PartReady { job_id, epoch, node } => self.part_ready(*job_id, *epoch, node),
             Command::JobFinished { job_id, epoch, node, report } => {
                 self.job_finished(ts, *job_id, *epoch, node, report)
             }
@@ -548,6 +550,7 @@ impl State {
             slice,
             ended: Vec::new(),
             price_breaks: Vec::new(),
+            ready: Vec::new(),
             master_port,
         });
         job.attempts += 1;
@@ -642,6 +645,22 @@ impl State {
             }
             _ => Ok(Outcome::Stale),
         }
+    }
+
+    /// Records that `node`'s part of run `epoch` has its image ready, once. A node with no part
+    /// in the run, or whose part already ended, is stale.
+    fn part_ready(&mut self, job_id: JobId, epoch: u64, node: &str) -> Response {
+        let Some(alloc) = self.current_run(job_id, epoch)?.and_then(|job| job.allocation.as_mut()) else {
+            return Ok(Outcome::Stale);
+        };
+        let is_part = alloc.parts().any(|(n, _)| n == node);
+        if !is_part || alloc.ended.iter().any(|e| e.node == node) {
+            return Ok(Outcome::Stale);
+        }
+        if !alloc.ready.iter().any(|n| n == node) {
+            alloc.ready.push(node.to_owned());
+        }
+        Ok(Outcome::Done)
     }
 
     /// Ends the current run of a job: ends its live steps, charges fair-share usage, writes its

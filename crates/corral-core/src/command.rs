@@ -250,6 +250,13 @@ pub enum Command {
     },
     /// `corral node lease NODE --until TIME` (`Some`) or `--clear` (`None`): the operator's lease
     /// end of a node, which wins over its worker's `lease-end` while set (`leases.rs`).
+    /// A worker's part of run `epoch` of an image gang has its image ready: the gang starts once
+    /// every part is (`Allocation::ready`).
+    PartReady {
+        job_id: JobId,
+        epoch: u64,
+        node: String,
+    },
     SetNodeLease {
         node: String,
         lease_end: Option<Timestamp>,

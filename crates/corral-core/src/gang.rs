@@ -270,4 +270,34 @@ mod tests {
         assert_eq!((job.state, job.restarts), (JobState::Failed, 0));
         assert_eq!(job.reason.as_deref(), Some("exit code 2 (on node a)"));
     }
+
+    /// An image gang's parts say their image is ready one by one: each node once, only nodes of
+    /// the current run, and a new run starts with none ready.
+    #[test]
+    fn image_gang_parts_are_ready_once_each_and_only_for_their_run() {
+        let mut s = pool(None);
+        let id = job_id(submit(&mut s, 3, "default", gang_spec(Some(1))));
+        schedule(&mut s, 4, vec![gang_on(id, "a", "b", 0)]);
+        let epoch = s.jobs[&id].allocation.as_ref().expect("placed").epoch;
+        let ready = |s: &mut State, ts, epoch, node: &str| {
+            s.apply(&req(ts, Command::PartReady { job_id: id, epoch, node: node.into() })).expect("applies")
+        };
+        let all_ready = |s: &State| s.jobs[&id].allocation.as_ref().is_some_and(|a| a.all_ready());
+        assert_eq!(ready(&mut s, 5, epoch, "a"), Outcome::Done);
+        assert_eq!(ready(&mut s, 6, epoch, "a"), Outcome::Done, "again: no change");
+        assert!(!all_ready(&s), "b is still pulling");
+        assert_eq!(ready(&mut s, 7, epoch, "c"), Outcome::Stale, "no part there");
+        assert_eq!(ready(&mut s, 7, epoch + 1, "b"), Outcome::Stale, "another run");
+        assert_eq!(ready(&mut s, 8, epoch, "b"), Outcome::Done);
+        assert!(all_ready(&s));
+        assert_eq!(s.jobs[&id].allocation.as_ref().expect("placed").ready, vec!["a".to_string(), "b".to_string()]);
+        // Part b fails; the gang is requeued (one restart allowed) and runs again with none ready.
+        finish(&mut s, 9, id, "b", exit(1));
+        finish(&mut s, 10, id, "a", JobExitReport { signal: Some(15), run_time_ms: 1000, ..Default::default() });
+        assert_eq!(s.jobs[&id].state, JobState::Pending, "{:?}", s.jobs[&id].reason);
+        schedule(&mut s, 11, vec![gang_on(id, "a", "b", 1)]);
+        let again = s.jobs[&id].allocation.as_ref().expect("placed again");
+        assert!(again.epoch > epoch && again.ready.is_empty(), "{again:?}");
+        assert_eq!(ready(&mut s, 12, epoch, "a"), Outcome::Stale, "the old run's report");
+    }
 }

@@ -356,6 +356,7 @@ impl From<&Job> for pb::Job {
                     .iter()
                     .map(|e| pb::PartEnd { node: e.node.clone(), report: e.report.as_ref().map(Into::into) })
                     .collect(),
+                ready: a.ready.clone(),
             }),
             preemption: j.preemption.as_ref().map(|p| pb::PreemptionNotice {
                 by: p.by,
@@ -414,6 +415,7 @@ impl TryFrom<pb::Job> for Job {
                             .collect(),
                         // The API does not carry pricing history; the segments do.
                         price_breaks: Vec::new(),
+                        ready: a.ready,
                     })
                 })
                 .transpose()?,
@@ -737,6 +739,7 @@ mod tests {
                     report: Some(JobExitReport { exit_code: Some(1), ..Default::default() }),
                 }],
                 price_breaks: vec![],
+                ready: vec!["n2".into()],
                 master_port: None,
             }),
             preemption: Some(PreemptionNotice { by: 8, at: Timestamp(4), grace_secs: 30, checkpoint_signal: None }),

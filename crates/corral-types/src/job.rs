@@ -913,6 +913,10 @@ pub struct Allocation {
     /// piece of the run, billed with the pricing it records (see corral-core's ledger).
     #[serde(default)]
     pub price_breaks: Vec<PriceBreak>,
+    /// For a gang that runs in a registry image: the nodes whose part has pulled and mounted
+    /// its image, in the order they said so. No part starts before every part is ready.
+    #[serde(default)]
+    pub ready: Vec<String>,
 }
 
 /// The pricing of one piece of a run: from the previous break (or the start) to `at`, when a
@@ -946,6 +950,11 @@ impl Allocation {
     pub fn parts(&self) -> impl Iterator<Item = (&str, &[u32])> + '_ {
         std::iter::once((self.node.as_str(), self.gpus.as_slice()))
             .chain(self.more_nodes.iter().map(|p| (p.node.as_str(), p.gpus.as_slice())))
+    }
+
+    /// Every part said its image is ready (see `ready`): an image gang may start.
+    pub fn all_ready(&self) -> bool {
+        self.parts().all(|(node, _)| self.ready.iter().any(|r| r == node))
     }
 
     /// The GPUs this allocation holds on `node`, if it has a part there.

@@ -458,6 +458,34 @@ pub(crate) async fn watch_desired<E: From<LinkEvent>>(link: Arc<Link>, events: m
     }
 }
 
+/// Tells a leader that this node's part of run `epoch` of an image gang has its image ready,
+/// retrying until one answers (accepted, or stale: the run moved on). The runtime aborts it when
+/// it abandons the run.
+pub(crate) async fn deliver_part_ready(link: Arc<Link>, job_id: JobId, epoch: u64) {
+    let node = link.node.name.clone();
+    let mut backoff = Duration::from_millis(50);
+    let mut failures = 0u32;
+    loop {
+        let request = pb::ReportStartedRequest { node: node.clone(), job_id, epoch };
+        match link.gateway.report_part_ready(request).await {
+            Ok(reply) => {
+                if !reply.accepted {
+                    tracing::info!(job_id, epoch, "part-ready report was for a stale placement: ignored by the leader");
+                }
+                return;
+            }
+            Err(e) => {
+                failures += 1;
+                if failures == 1 || failures.is_multiple_of(10) {
+                    tracing::warn!(job_id, epoch, attempts = failures, error = %e, "cannot report the part ready yet; retrying");
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
 /// Sends a report of allocation `epoch` of a job until a leader accepts or rejects it.
 pub(crate) async fn deliver<E: From<LinkEvent>>(
     link: Arc<Link>,

@@ -9,7 +9,8 @@
 //! `--container-env`) shape the container, and a batch script naming its image with
 //! `#SBATCH --container-image` runs in it, with `srun`, `scontrol` and `corral attach` working
 //! inside its container. While a run's image is pulled, `corral show` and
-//! `corral queue` say so with its progress (the worker's heartbeats carry it to the leader).
+//! `corral queue` say so with its progress (the worker's heartbeats carry it to the leader); an
+//! image gang's parts start only once every part has its image.
 //! Garbage collection under a small `max-size` never removes a running job's image.
 //! `corral image` pre-pulls onto the nodes, lists each node's images (in use or not), refuses
 //! to remove an image a running job needs (naming the job) and loads a `docker save` archive.
@@ -560,4 +561,33 @@ fn a_job_is_placed_on_the_node_that_holds_its_image() {
     assert_eq!(doc["node"], "dev-node-2", "{doc}");
     let listed = pool.json(&["image", "ls", "--node", "dev-node"]);
     assert_eq!(listed["images"].as_array().map(Vec::len), Some(0), "nothing was pulled on the other node: {listed}");
+}
+
+/// The parts of an image gang start together: the part whose node already holds the image
+/// waits, unstarted, while the other part pulls it, then both run.
+#[test]
+fn an_image_gang_starts_only_once_every_part_has_its_image() {
+    if !ready(&[TOOLS, &["runc"]].concat()) {
+        return;
+    }
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = umoci_busybox(dir.path(), &[], "/", "gang");
+    push(&image, &registry, "gang:1", &[]);
+    // About 1 MB of layers at 150 kB/s through the proxy: the first node pulls for seconds.
+    let proxy = SlowProxy::start(&registry.addr, 150_000);
+    let reference = format!("{}/gang:1", proxy.addr);
+    let pool = DevPool::start(&["--nodes", "2", "--gpus", "1"]);
+    let out = pool.ok(&["image", "pull", &format!("{}/gang:1", registry.addr), "--node", "dev-node-2"]);
+    assert!(out.contains("node dev-node-2: pulled"), "{out}");
+    let job = pool.submit(&["--nodes", "2", "--gpus-per-node", "1", "--image", &reference, "--", "cat", "/etc/marker"]);
+    pool.wait_for(job, "a pulling reason", |d| d["reason"].as_str().is_some_and(|r| r.contains(" layers, ")));
+    // dev-node-2 had the image all along: alone, its part would have started at once.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let doc = pool.show(job);
+    assert!(doc["reason"].as_str().is_some_and(|r| r.contains("pulling image")), "still pulling: {doc}");
+    assert!(doc["started_at"].is_null(), "no part starts before every part has its image: {doc}");
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert!(pool.ok(&["logs", &job.to_string()]).contains("gang"));
 }

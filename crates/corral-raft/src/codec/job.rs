@@ -345,6 +345,7 @@ impl From<&Job> for pb::Job {
                         policy_version: b.policy_version,
                     })
                     .collect(),
+                ready: a.ready.clone(),
             }),
             preemption: j.preemption.as_ref().map(|p| pb::PreemptionNotice {
                 by: p.by,
@@ -412,6 +413,7 @@ impl TryFrom<pb::Job> for Job {
                                 policy_version: b.policy_version,
                             })
                             .collect(),
+                        ready: a.ready,
                     })
                 })
                 .transpose()?,

@@ -195,6 +195,7 @@ mod tests {
             },
             Command::SetNodeLease { node: "n1".into(), lease_end: Some(Timestamp(5 << 20)) },
             Command::EndLease { node: "n1".into() },
+            Command::PartReady { job_id: 4, epoch: 9, node: "n2".into() },
             Command::SetNodeLease { node: "n1".into(), lease_end: None },
             Command::Compact(CompactCutoffs {
                 archive_before: Timestamp(3),
@@ -340,6 +341,7 @@ mod tests {
                     multiplier_milli: 400,
                     policy_version: 2,
                 }],
+                ready: vec!["n2".into()],
                 master_port: None,
             }),
             preemption: None,

@@ -49,12 +49,22 @@ struct Pull {
     _shown: crate::link::PullShown,
 }
 
+/// This node's part of an image gang, its image ready here, waiting until every part's is.
+struct ReadyPart {
+    epoch: u64,
+    prepared: Prepared,
+    /// Telling the leader it is ready, until one answered.
+    report: tokio::task::AbortHandle,
+}
+
 pub(crate) struct Runtime {
     config: Arc<WorkerConfig>,
     executor: Arc<dyn Executor>,
     /// The node's image store; `None`: registry images are refused at launch.
     images: Option<Images>,
     pulls: HashMap<JobId, Pull>,
+    /// Image gang parts ready here that wait for the other parts (`Allocation::ready`).
+    gang_ready: HashMap<JobId, ReadyPart>,
     owners: Owners,
     state: RuntimeState,
     guard: Option<FenceGuard>,
@@ -88,6 +98,7 @@ impl Runtime {
             executor,
             images,
             pulls: HashMap::new(),
+            gang_ready: HashMap::new(),
             owners: Owners { jobs, devices, link },
             state: RuntimeState::new(),
             guard: None,
@@ -146,6 +157,9 @@ impl Runtime {
                 None => {}
             }
             self.converge();
+            if self.start_ready_gangs() {
+                self.converge();
+            }
             self.owners.link.set_serving(self.state.leased());
         }
         self.shutdown().await;
@@ -411,6 +425,15 @@ impl Runtime {
         };
         let node = &self.config.node_name;
         match outcome {
+            Ok(prepared) if job.allocation.as_ref().is_some_and(|a| a.is_gang()) => {
+                // A gang starts together: this part waits until every part has its image.
+                tracing::info!(job_id, epoch, root = %prepared.root.path().display(), "image ready: waiting for every part of the gang");
+                let report = self.reports.spawn(link::deliver_part_ready(self.owners.link.clone(), job_id, epoch));
+                if let Some(old) = self.gang_ready.insert(job_id, ReadyPart { epoch, prepared, report }) {
+                    old.report.abort();
+                    pull::remove_root(old.prepared.root);
+                }
+            }
             Ok(prepared) => {
                 tracing::info!(job_id, epoch, root = %prepared.root.path().display(), "image ready");
                 self.launch_prepared(&job, epoch, Some(prepared));
@@ -424,6 +447,32 @@ impl Runtime {
                 self.state.not_started(job_id, epoch);
             }
         }
+    }
+
+    /// Starts the image gang parts waiting here whose every part is ready, as the desired state
+    /// says; drops (unmounts) those whose run was abandoned. Returns whether one started.
+    fn start_ready_gangs(&mut self) -> bool {
+        let mut started = false;
+        let waiting: Vec<(JobId, u64)> = self.gang_ready.iter().map(|(id, part)| (*id, part.epoch)).collect();
+        for (job_id, epoch) in waiting {
+            let job = self.state.desired_running(job_id, epoch).filter(|_| self.state.still_pulling(job_id, epoch));
+            let Some(job) = job else {
+                if let Some(part) = self.gang_ready.remove(&job_id) {
+                    tracing::info!(job_id, epoch, "the gang's run was abandoned before every part was ready");
+                    part.report.abort();
+                    pull::remove_root(part.prepared.root);
+                }
+                continue;
+            };
+            if job.allocation.as_ref().is_some_and(|a| a.all_ready()) {
+                if let Some(part) = self.gang_ready.remove(&job_id) {
+                    tracing::info!(job_id, epoch, "every part of the gang has its image: starting");
+                    self.launch_prepared(&job, epoch, Some(part.prepared));
+                    started = true;
+                }
+            }
+        }
+        started
     }
 
     fn launch_prepared(&mut self, job: &Job, epoch: u64, image: Option<Prepared>) {

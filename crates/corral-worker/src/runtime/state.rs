@@ -432,6 +432,15 @@ impl RuntimeState {
         self.desired.jobs.get(&job_id).filter(|d| d.epoch == epoch).map(|d| d.job.clone())
     }
 
+    /// The job of run `epoch` while the desired state wants it to run.
+    pub(crate) fn desired_running(&self, job_id: JobId, epoch: u64) -> Option<Arc<Job>> {
+        self.desired
+            .jobs
+            .get(&job_id)
+            .filter(|d| d.epoch == epoch && d.want == crate::reconcile::Want::Run)
+            .map(|d| d.job.clone())
+    }
+
     /// Where the parts of run `epoch` of a job are, as the desired state says.
     pub(crate) fn part_addrs(&self, job_id: JobId, epoch: u64) -> PartAddrs {
         self.desired.jobs.get(&job_id).filter(|d| d.epoch == epoch).map(|d| d.addrs.clone()).unwrap_or_default()
