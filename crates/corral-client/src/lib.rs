@@ -1276,6 +1276,19 @@ impl GatewayClient {
         Ok(reply.into_inner())
     }
 
+    /// This node's part of a session on several nodes is idle past its timeout, or busy again.
+    pub async fn report_part_idle(&self, req: pb::ReportPartIdleRequest) -> Result<pb::ReportResponse, ClientError> {
+        let limit = self.attempt_timeout;
+        let reply = self
+            .client
+            .with_retry(|ch| {
+                let req = req.clone();
+                async move { bounded(limit, Self::raw(ch).report_part_idle(req)).await }
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
     pub async fn report_finished(&self, req: pb::ReportFinishedRequest) -> Result<pb::ReportResponse, ClientError> {
         let limit = self.attempt_timeout;
         let reply = self

@@ -7,7 +7,7 @@
 //! that already ended there, and a job missing from it must not run there. A gang's remaining
 //! parts are told to stop once one part ended other than with exit code 0. A job carries its
 //! steps, and any change a worker acts on (a new step, a stopping one, a signal, a node report,
-//! an image gang's part ready) changes the message. Messages are computed from the applied
+//! an image gang's part ready, every part of a session idle) changes the message. Messages are computed from the applied
 //! state of a leader that answers workers (`Coordinator::worker_term`) and carry the applied
 //! index, so a worker can order them.
 
@@ -33,8 +33,8 @@ struct Key {
 }
 
 /// Job, epoch, action, grace, checkpoint signal, signals asked for so far, its steps, the parts
-/// of an image gang with their image ready.
-type JobKey = (JobId, u64, i32, u32, Option<i32>, usize, StepsKey, usize);
+/// of an image gang with their image ready, whether every part of a session is idle.
+type JobKey = (JobId, u64, i32, u32, Option<i32>, usize, StepsKey, usize, bool);
 
 /// What the workers act on in a job's steps: steps made, live, stopping, signals and node reports
 /// so far. Each only grows while a step lives, so a change to any step changes the key.
@@ -94,8 +94,9 @@ fn desired<'a>(
         jobs: wants
             .iter()
             .map(|(job, action, grace, signal)| {
-                let (epoch, ready) = job.allocation.as_ref().map_or((0, 0), |a| (a.epoch, a.ready.len()));
-                (job.id, epoch, *action as i32, *grace, *signal, job.signals.len(), steps_key(job), ready)
+                let (epoch, ready, idle) =
+                    job.allocation.as_ref().map_or((0, 0, false), |a| (a.epoch, a.ready.len(), a.all_idle()));
+                (job.id, epoch, *action as i32, *grace, *signal, job.signals.len(), steps_key(job), ready, idle)
             })
             .collect(),
     };

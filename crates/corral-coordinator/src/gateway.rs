@@ -241,6 +241,23 @@ impl WorkerGateway for Gateway {
         self.report(Command::PartReady { job_id: r.job_id, epoch: r.epoch, node }).await
     }
 
+    async fn report_part_idle(
+        &self,
+        request: Request<pb::ReportPartIdleRequest>,
+    ) -> Result<Response<pb::ReportResponse>, Status> {
+        self.coord.worker_term()?;
+        if let Err(revision) = self.job_on_own_node(&request, "report part idle", request.get_ref().job_id) {
+            return Ok(Response::new(pb::ReportResponse { accepted: false, revision }));
+        }
+        let identity = self.coord.worker_identity(&request);
+        let r = request.into_inner();
+        let node = identity.unwrap_or(r.node);
+        if node.is_empty() {
+            return Err(Status::invalid_argument("missing node: name the node whose part is idle"));
+        }
+        self.report(Command::PartIdle { job_id: r.job_id, epoch: r.epoch, node, idle: r.idle }).await
+    }
+
     async fn create_step(
         &self,
         request: Request<pb::CreateStepRequest>,

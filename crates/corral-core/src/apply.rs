@@ -74,6 +74,7 @@ impl State {
             Command::PlaceJob { job_id, .. }
             | Command::JobStarted { job_id, .. }
             | Command::PartReady { job_id, .. }
+            | Command::PartIdle { job_id, .. }
             | Command::JobFinished { job_id, .. }
             | Command::CancelJob { job_id, .. }
             | Command::PreemptJob { job_id, .. }
@@ -185,6 +186,7 @@ impl State {
             Command::Schedule { placements, preemptions } => Ok(self.schedule(ts, placements, preemptions)),
             Command::JobStarted { job_id, epoch } => self.job_started(ts, *job_id, *epoch),
             Command::PartReady { job_id, epoch, node } => self.part_ready(*job_id, *epoch, node),
+            Command::PartIdle { job_id, epoch, node, idle } => self.part_idle(*job_id, *epoch, node, *idle),
             Command::JobFinished { job_id, epoch, node, report } => {
                 self.job_finished(ts, *job_id, *epoch, node, report)
             }
@@ -551,6 +553,7 @@ impl State {
             ended: Vec::new(),
             price_breaks: Vec::new(),
             ready: Vec::new(),
+            idle: Vec::new(),
             master_port,
         });
         job.attempts += 1;
@@ -659,6 +662,26 @@ impl State {
         }
         if !alloc.ready.iter().any(|n| n == node) {
             alloc.ready.push(node.to_owned());
+        }
+        Ok(Outcome::Done)
+    }
+
+    /// Records that the GPUs of `node`'s part of run `epoch` of a session stayed idle past its
+    /// idle timeout (`idle`), or were busy again (not `idle`). A node with no part in the run,
+    /// or whose part already ended, is stale.
+    fn part_idle(&mut self, job_id: JobId, epoch: u64, node: &str, idle: bool) -> Response {
+        let Some(alloc) = self.current_run(job_id, epoch)?.and_then(|job| job.allocation.as_mut()) else {
+            return Ok(Outcome::Stale);
+        };
+        let is_part = alloc.parts().any(|(n, _)| n == node);
+        if !is_part || alloc.ended.iter().any(|e| e.node == node) {
+            return Ok(Outcome::Stale);
+        }
+        let listed = alloc.idle.iter().any(|n| n == node);
+        match (idle, listed) {
+            (true, false) => alloc.idle.push(node.to_owned()),
+            (false, true) => alloc.idle.retain(|n| n != node),
+            _ => {}
         }
         Ok(Outcome::Done)
     }

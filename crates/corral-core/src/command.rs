@@ -257,6 +257,14 @@ pub enum Command {
         epoch: u64,
         node: String,
     },
+    /// The GPUs of a worker's part of run `epoch` of a session stayed idle past its idle timeout
+    /// (`idle`), or were busy again after that (`Allocation::idle`).
+    PartIdle {
+        job_id: JobId,
+        epoch: u64,
+        node: String,
+        idle: bool,
+    },
     SetNodeLease {
         node: String,
         lease_end: Option<Timestamp>,

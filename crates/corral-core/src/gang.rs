@@ -300,4 +300,30 @@ mod tests {
         assert!(again.epoch > epoch && again.ready.is_empty(), "{again:?}");
         assert_eq!(ready(&mut s, 12, epoch, "a"), Outcome::Stale, "the old run's report");
     }
+
+    /// A session's parts say when their GPUs are idle past the timeout and when busy again:
+    /// `all_idle` holds only while every part is idle, and only for the current run.
+    #[test]
+    fn session_parts_are_idle_until_busy_again_and_all_idle_needs_every_part() {
+        let mut s = pool(None);
+        let id = job_id(submit(&mut s, 3, "default", gang_spec(None)));
+        schedule(&mut s, 4, vec![gang_on(id, "a", "b", 0)]);
+        let epoch = s.jobs[&id].allocation.as_ref().expect("placed").epoch;
+        let say = |s: &mut State, ts, epoch, node: &str, idle| {
+            s.apply(&req(ts, Command::PartIdle { job_id: id, epoch, node: node.into(), idle })).expect("applies")
+        };
+        let all_idle = |s: &State| s.jobs[&id].allocation.as_ref().is_some_and(|a| a.all_idle());
+        assert_eq!(say(&mut s, 5, epoch, "a", true), Outcome::Done);
+        assert_eq!(say(&mut s, 6, epoch, "a", true), Outcome::Done, "again: no change");
+        assert!(!all_idle(&s), "b is busy");
+        assert_eq!(say(&mut s, 7, epoch, "b", true), Outcome::Done);
+        assert!(all_idle(&s));
+        assert_eq!(say(&mut s, 8, epoch, "a", false), Outcome::Done);
+        assert!(!all_idle(&s), "a is busy again");
+        assert_eq!(s.jobs[&id].allocation.as_ref().expect("placed").idle, vec!["b".to_string()]);
+        assert_eq!(say(&mut s, 9, epoch, "c", true), Outcome::Stale, "no part there");
+        assert_eq!(say(&mut s, 9, epoch + 1, "a", true), Outcome::Stale, "another run");
+        finish(&mut s, 10, id, "b", exit(0));
+        assert_eq!(say(&mut s, 11, epoch, "b", false), Outcome::Stale, "b's part ended");
+    }
 }

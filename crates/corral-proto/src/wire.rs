@@ -357,6 +357,7 @@ impl From<&Job> for pb::Job {
                     .map(|e| pb::PartEnd { node: e.node.clone(), report: e.report.as_ref().map(Into::into) })
                     .collect(),
                 ready: a.ready.clone(),
+                idle: a.idle.clone(),
             }),
             preemption: j.preemption.as_ref().map(|p| pb::PreemptionNotice {
                 by: p.by,
@@ -416,6 +417,7 @@ impl TryFrom<pb::Job> for Job {
                         // The API does not carry pricing history; the segments do.
                         price_breaks: Vec::new(),
                         ready: a.ready,
+                        idle: a.idle,
                     })
                 })
                 .transpose()?,
@@ -740,6 +742,7 @@ mod tests {
                 }],
                 price_breaks: vec![],
                 ready: vec!["n2".into()],
+                idle: vec!["n1".into()],
                 master_port: None,
             }),
             preemption: Some(PreemptionNotice { by: 8, at: Timestamp(4), grace_secs: 30, checkpoint_signal: None }),

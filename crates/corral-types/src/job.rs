@@ -917,6 +917,11 @@ pub struct Allocation {
     /// its image, in the order they said so. No part starts before every part is ready.
     #[serde(default)]
     pub ready: Vec<String>,
+    /// For an interactive session on several nodes: the nodes whose GPUs have stayed idle for
+    /// its idle timeout (and not been busy since), in the order they said so. The session ends
+    /// idle once every part is.
+    #[serde(default)]
+    pub idle: Vec<String>,
 }
 
 /// The pricing of one piece of a run: from the previous break (or the start) to `at`, when a
@@ -955,6 +960,11 @@ impl Allocation {
     /// Every part said its image is ready (see `ready`): an image gang may start.
     pub fn all_ready(&self) -> bool {
         self.parts().all(|(node, _)| self.ready.iter().any(|r| r == node))
+    }
+
+    /// Every part's GPUs are idle (see `idle`): a session on several nodes ends idle.
+    pub fn all_idle(&self) -> bool {
+        self.parts().all(|(node, _)| self.idle.iter().any(|r| r == node))
     }
 
     /// The GPUs this allocation holds on `node`, if it has a part there.

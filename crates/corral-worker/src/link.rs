@@ -458,6 +458,52 @@ pub(crate) async fn watch_desired<E: From<LinkEvent>>(link: Arc<Link>, events: m
     }
 }
 
+/// Tells the leaders whether this node's part of run `epoch` of a session is idle past its
+/// timeout, as `want` says: each change is sent, retried until a leader answers, the latest
+/// value winning over one not sent yet. Runs until the run's task aborts it.
+pub(crate) async fn report_part_idle(
+    link: Arc<Link>,
+    job_id: JobId,
+    epoch: u64,
+    mut want: tokio::sync::watch::Receiver<bool>,
+) {
+    let node = link.node.name.clone();
+    // What the leaders know: a run is placed with no part idle.
+    let mut told = false;
+    loop {
+        let idle = *want.borrow_and_update();
+        if idle != told {
+            let (mut backoff, mut failures) = (Duration::from_millis(50), 0u32);
+            let sent = loop {
+                let request = pb::ReportPartIdleRequest { node: node.clone(), job_id, epoch, idle };
+                match link.gateway.report_part_idle(request).await {
+                    Ok(_) => break true,
+                    Err(e) => {
+                        failures += 1;
+                        if failures == 1 || failures.is_multiple_of(10) {
+                            tracing::warn!(job_id, epoch, idle, attempts = failures, error = %e, "cannot report the part idle yet; retrying");
+                        }
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        // The word changed meanwhile: send the new one instead.
+                        if *want.borrow() != idle {
+                            break false;
+                        }
+                    }
+                }
+            };
+            if !sent {
+                continue;
+            }
+            told = idle;
+            tracing::info!(job_id, epoch, idle, "told the leader whether this part of the session is idle");
+        }
+        if want.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Tells a leader that this node's part of run `epoch` of an image gang has its image ready,
 /// retrying until one answers (accepted, or stale: the run moved on). The runtime aborts it when
 /// it abandons the run.

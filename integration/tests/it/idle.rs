@@ -2,9 +2,10 @@
 //! file sets. A `corral alloc` session whose GPU stays under 1% for its `--idle-timeout` is
 //! ended by its worker with the reason `idle: GPU utilisation under 1% for 3s`, and alloc says
 //! so and ends; a busy one (50%) runs past the same timeout until its command ends; a session
-//! without `--idle-timeout` takes its class's `idle-timeout` from the policy.
+//! without `--idle-timeout` takes its class's `idle-timeout` from the policy. A session on two
+//! nodes ends only once both nodes' GPUs are idle, and is billed with cause `idle`.
 
-use corral_integration::cluster::{Cluster, ClusterOptions};
+use corral_integration::cluster::{free_port, Cluster, ClusterOptions};
 use corral_integration::worker::WorkerProc;
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
@@ -94,4 +95,58 @@ fn an_idle_session_ends_with_the_reason_and_a_busy_one_does_not() {
         alloc(&cluster, &dir, &["--priority", "preemptible", "--min-gpu-util", "5", "--", "sleep", "120"]);
     let classed = cluster.show(granted(&stderr));
     assert_eq!(classed["reason"], "idle: GPU utilisation under 5% for 2s", "{classed}");
+}
+
+#[test]
+fn a_session_on_two_nodes_ends_idle_only_once_both_nodes_are_idle() {
+    let (cluster, workers, dir) = corral_integration::worker::two_node_pool(free_port());
+    utilisation(&workers[0], 0);
+    utilisation(&workers[1], 50);
+    let session = Command::new(corral_integration::corral_bin())
+        .args(cluster.admin_tls_args())
+        .args(["--endpoint", &cluster.endpoints(), "alloc", "-N", "2", "--gpus-per-node", "1"])
+        .args(["--idle-timeout", "2s", "-D", &dir.path().display().to_string(), "--", "sleep", "120"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("corral alloc");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let job = loop {
+        let jobs = cluster.json(&["jobs"]);
+        let running = jobs.as_array().and_then(|a| a.iter().find(|j| j["state"] == "running").cloned());
+        if let Some(job) = running {
+            break job["id"].as_u64().expect("job id");
+        }
+        assert!(Instant::now() < deadline, "the session never ran: {jobs}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // w1 has been idle for three times the timeout, w2 is busy: the session goes on.
+    std::thread::sleep(Duration::from_secs(6));
+    let doc = cluster.show(job);
+    assert_eq!(doc["state"], "running", "one idle node does not end a session: {doc}\n{}", workers[0].log());
+    utilisation(&workers[1], 0);
+    let reason = "idle: GPU utilisation under 1% for 2s";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let doc = loop {
+        let doc = cluster.show(job);
+        if doc["state"] != "running" {
+            break doc;
+        }
+        assert!(Instant::now() < deadline, "both nodes idle, the session did not end: {doc}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!((doc["state"].as_str(), doc["reason"].as_str()), (Some("cancelled"), Some(reason)), "{doc}");
+    let output = session.wait_with_output().expect("alloc");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&format!("Job allocation {job} has been revoked: {reason}")), "{stderr}");
+    let out = cluster.corral_at(0, &["billing", "invoice", "--tenant", "default", "--format", "csv"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let invoice = String::from_utf8_lossy(&out.stdout);
+    let causes: Vec<&str> = invoice
+        .lines()
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|f| f.get(2) == Some(&job.to_string().as_str()))
+        .filter_map(|f| f.get(11).copied())
+        .collect();
+    assert!(!causes.is_empty() && causes.iter().all(|c| *c == "idle"), "billed as ended idle: {invoice}");
 }

@@ -163,6 +163,9 @@ fn command_to_pb(r: &Request) -> pb::Command {
         Command::PartReady { job_id, epoch, node } => {
             Kind::PartReady(pb::PartReady { job_id: *job_id, epoch: *epoch, node: node.clone() })
         }
+        Command::PartIdle { job_id, epoch, node, idle } => {
+            Kind::PartIdle(pb::PartIdle { job_id: *job_id, epoch: *epoch, node: node.clone(), idle: *idle })
+        }
         Command::Compact(c) => Kind::Compact(pb::Compact {
             archive_before: c.archive_before.0,
             request_ids_before: c.request_ids_before.0,
@@ -278,6 +281,7 @@ fn command_from_pb(c: pb::Command) -> Result<Request, CodecError> {
         Kind::SetNodeLease(c) => Command::SetNodeLease { node: c.node, lease_end: c.lease_end.map(Timestamp) },
         Kind::EndLease(c) => Command::EndLease { node: c.node },
         Kind::PartReady(c) => Command::PartReady { job_id: c.job_id, epoch: c.epoch, node: c.node },
+        Kind::PartIdle(c) => Command::PartIdle { job_id: c.job_id, epoch: c.epoch, node: c.node, idle: c.idle },
         Kind::Compact(c) => Command::Compact(CompactCutoffs {
             archive_before: Timestamp(c.archive_before),
             request_ids_before: Timestamp(c.request_ids_before),

@@ -346,6 +346,7 @@ impl From<&Job> for pb::Job {
                     })
                     .collect(),
                 ready: a.ready.clone(),
+                idle: a.idle.clone(),
             }),
             preemption: j.preemption.as_ref().map(|p| pb::PreemptionNotice {
                 by: p.by,
@@ -414,6 +415,7 @@ impl TryFrom<pb::Job> for Job {
                             })
                             .collect(),
                         ready: a.ready,
+                        idle: a.idle,
                     })
                 })
                 .transpose()?,

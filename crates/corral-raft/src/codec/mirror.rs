@@ -250,9 +250,10 @@ fn allocation() -> impl Strategy<Value = Allocation> {
     (
         (text(), vec(any::<u32>(), 0..4), any::<u64>(), vec(node_gpus, 0..3)),
         (of(slice_assignment()), of(any::<u32>()), vec(part_end, 0..3), vec(price_break, 0..3), vec(text(), 0..3)),
+        vec(text(), 0..3),
     )
-        .prop_map(|((node, gpus, epoch, more_nodes), (slice, master_port, ended, price_breaks, ready))| {
-            Allocation { node, gpus, epoch, more_nodes, slice, master_port, ended, price_breaks, ready }
+        .prop_map(|((node, gpus, epoch, more_nodes), (slice, master_port, ended, price_breaks, ready), idle)| {
+            Allocation { node, gpus, epoch, more_nodes, slice, master_port, ended, price_breaks, ready, idle }
         })
 }
 

@@ -196,6 +196,7 @@ mod tests {
             Command::SetNodeLease { node: "n1".into(), lease_end: Some(Timestamp(5 << 20)) },
             Command::EndLease { node: "n1".into() },
             Command::PartReady { job_id: 4, epoch: 9, node: "n2".into() },
+            Command::PartIdle { job_id: 4, epoch: 9, node: "n2".into(), idle: true },
             Command::SetNodeLease { node: "n1".into(), lease_end: None },
             Command::Compact(CompactCutoffs {
                 archive_before: Timestamp(3),
@@ -342,6 +343,7 @@ mod tests {
                     policy_version: 2,
                 }],
                 ready: vec!["n2".into()],
+                idle: vec!["n1".into()],
                 master_port: None,
             }),
             preemption: None,

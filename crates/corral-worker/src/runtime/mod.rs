@@ -99,7 +99,7 @@ impl Runtime {
             images,
             pulls: HashMap::new(),
             gang_ready: HashMap::new(),
-            owners: Owners { jobs, devices, link },
+            owners: Owners { jobs, devices, link, desired: desired.subscribe() },
             state: RuntimeState::new(),
             guard: None,
             events,
@@ -122,7 +122,7 @@ impl Runtime {
                 None
             }
         };
-        let Owners { jobs, devices, link } = self.owners.clone();
+        let Owners { jobs, devices, link, .. } = self.owners.clone();
         self.daemons.spawn(link::heartbeats(link.clone(), devices, jobs, self.events.clone()));
         self.daemons.spawn(link::watch_desired(link, self.events.clone()));
         self.register();

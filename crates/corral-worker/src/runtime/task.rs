@@ -8,6 +8,10 @@
 //! killed and reported with `idle_end` (the job's reason), as a time-limit kill is reported.
 //! Nothing of the clock is in the coordinators: a leader change or a lost heartbeat neither
 //! restarts it nor ends a busy session, and the end is a report retried until a leader takes it.
+//! A session on several nodes ends only when every node's GPUs are idle: each part tells the
+//! leader when its GPUs have stayed idle for the timeout, and again when they are busy after
+//! that (`Command::PartIdle`, the latest word wins), and ends once the desired state says
+//! every part is idle (`Allocation::all_idle`).
 
 use super::state::Event;
 use crate::devices::Devices;
@@ -27,6 +31,8 @@ pub(crate) struct Owners {
     pub jobs: Arc<JobTable>,
     pub devices: Arc<Devices>,
     pub link: Arc<Link>,
+    /// The desired state as the runtime last received it.
+    pub desired: tokio::sync::watch::Receiver<crate::reconcile::Desired>,
 }
 
 /// A job's time limit, and the signal it asked for some time before it (`--signal SIG@DUR`).
@@ -68,6 +74,8 @@ pub(crate) struct IdleRule {
     pub min_util_pct: u32,
     /// The job's reason when it ends idle.
     pub reason: String,
+    /// The session has parts on other nodes: it ends only once they are all idle.
+    pub several_nodes: bool,
 }
 
 impl IdleRule {
@@ -83,6 +91,7 @@ impl IdleRule {
             timeout: Duration::from_secs(secs),
             min_util_pct: session.min_gpu_util(),
             reason: session.idle_reason(secs),
+            several_nodes: job.allocation.as_ref().is_some_and(|a| a.is_gang()),
         })
     }
 }
@@ -123,6 +132,12 @@ pub(crate) async fn run_job(owners: Owners, events: mpsc::UnboundedSender<Event>
     let mut idle_since: Option<std::time::Instant> = None;
     let mut idle_tick = tokio::time::interval(IDLE_SAMPLE);
     idle_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A session on several nodes: whether this part is idle past the timeout, as told to the
+    // leader by its own task (ended with the run).
+    let part_idle = idle.as_ref().filter(|r| r.several_nodes).map(|_| {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        (tx, tokio::spawn(crate::link::report_part_idle(owners.link.clone(), job_id, epoch, rx)))
+    });
     let exit = {
         let wait = running.wait();
         tokio::pin!(wait);
@@ -158,11 +173,22 @@ pub(crate) async fn run_job(owners: Owners, events: mpsc::UnboundedSender<Event>
                     let readings: Vec<_> = owners.devices.samples().into_iter().map(|s| s.reading).collect();
                     if !all_idle(&readings, &gpus, rule.min_util_pct) {
                         idle_since = None;
+                        if let Some((tx, _)) = &part_idle {
+                            tx.send_if_modified(|idle| std::mem::replace(idle, false));
+                        }
                         continue;
                     }
                     let since = *idle_since.get_or_insert_with(std::time::Instant::now);
                     if since.elapsed() < rule.timeout {
                         continue;
+                    }
+                    if let Some((tx, _)) = &part_idle {
+                        tx.send_if_modified(|idle| !std::mem::replace(idle, true));
+                        let desired = owners.desired.borrow();
+                        let run = desired.jobs.get(&job_id).filter(|d| d.epoch == epoch);
+                        if !run.and_then(|d| d.job.allocation.as_ref()).is_some_and(|a| a.all_idle()) {
+                            continue;
+                        }
                     }
                     tracing::info!(job_id, epoch, reason = %rule.reason, "session idle: ending it");
                     idle_end = Some(rule.reason.clone());
@@ -190,6 +216,9 @@ pub(crate) async fn run_job(owners: Owners, events: mpsc::UnboundedSender<Event>
             }
         }
     };
+    if let Some((_, reporter)) = part_idle {
+        reporter.abort();
+    }
     tracing::info!(job_id, epoch, code = ?exit.exit_code, signal = ?exit.signal, oom = exit.oom_killed, "job exited");
     // A card fault of its GPUs during the run (or found as it ended) is the card's doing: the
     // run cannot have produced correct results, unless it finished with success on its own.
