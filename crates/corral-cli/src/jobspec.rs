@@ -168,15 +168,7 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
     }
     let (env, mut warnings) = exported_environment(&export, input.environment, explicit)?;
     warnings.extend(unset);
-    let (stdout_pattern, stderr_pattern) = if image.is_some() && (flags.stdout.is_some() || flags.stderr.is_some()) {
-        warnings.push(
-            "--stdout/--stderr (--output/--error) are not written for --image jobs yet: `corral logs` has the output"
-                .into(),
-        );
-        (None, None)
-    } else {
-        (flags.stdout, flags.stderr)
-    };
+    let (stdout_pattern, stderr_pattern) = (flags.stdout, flags.stderr);
     let array = flags.array.as_deref().map(ArraySpec::parse).transpose()?;
     let (dependencies, singleton) = match flags.dependency.as_deref() {
         Some(spec) => parse_dependencies(spec)?,

@@ -187,9 +187,13 @@ pub(crate) fn launch_spec(
         let cwd = if in_container { None } else { job.spec.workdir.as_ref().map(PathBuf::from) };
         (HOLD_ARGV.iter().map(|a| a.to_string()).collect(), JobFiles { cwd, ..JobFiles::default() })
     } else if in_container {
-        // Containers keep their own directory and environment (workdir and output files are
-        // for bare processes). A batch script is written to the work dir, seen at /work.
-        container_script(job)
+        // Containers keep their own directory and environment. A batch script is written to
+        // the work dir, seen at /work. `--output`/`--error` are files of the host, as Slurm's
+        // are with pyxis: named from the submit directory, written by the worker.
+        let (argv, mut files) = container_script(job);
+        let host = job_files(job, &work_dir, &config.node_name).1;
+        (files.stdout, files.stderr, files.truncate) = (host.stdout, host.stderr, host.truncate);
+        (argv, files)
     } else {
         job_files(job, &work_dir, &config.node_name)
     };

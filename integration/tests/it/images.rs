@@ -7,7 +7,7 @@
 //! store once pulled; an image gone from the registry fails the job with "not found". Pyxis's
 //! flags (`--container-mounts` within the node's allow-list, `--container-workdir`,
 //! `--container-env`) shape the container, and a batch script naming its image with
-//! `#SBATCH --container-image` runs in it, with `srun`, `scontrol` and `corral attach` working
+//! `#SBATCH --container-image` runs in it (its `--output` file written on the host), with `srun`, `scontrol` and `corral attach` working
 //! inside its container. While a run's image is pulled, `corral show` and
 //! `corral queue` say so with its progress (the worker's heartbeats carry it to the leader); an
 //! image gang's parts start only once every part has its image.
@@ -304,12 +304,17 @@ fn a_batch_script_with_a_container_image_directive_runs_in_the_image() {
     push(&image, &registry, "batch:1", &[]);
     let reference = format!("{}/batch:1", registry.addr);
     let pool = DevPool::start(&["--gpus", "1"]);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = corral_integration::worker::out_dir(&dir);
     let script = dir.path().join("job.sh");
     std::fs::write(
         &script,
         format!(
             "#!/bin/sh\n#SBATCH --container-image={reference}\n#SBATCH --container-workdir=/etc\n#SBATCH --job-name=inimage\n\
-             echo stage=$STAGE marker=$(cat marker) args=$* cwd=$(pwd) job=$SLURM_JOB_ID\n"
+             #SBATCH --output={}/%x-%j.out\n\
+             echo stage=$STAGE marker=$(cat marker) args=$* cwd=$(pwd) job=$SLURM_JOB_ID\n",
+            out.display()
         ),
     )
     .expect("script");
@@ -320,7 +325,12 @@ fn a_batch_script_with_a_container_image_directive_runs_in_the_image() {
     assert_eq!((doc["image"].as_str(), doc["name"].as_str()), (Some(reference.as_str()), Some("inimage")));
     assert!(doc["image_digest"].as_str().is_some_and(|d| d.starts_with("sha256:")), "{doc}");
     let logs = pool.ok(&["logs", &job.to_string()]);
-    assert!(logs.contains(&format!("stage=batch marker=batch args=a b cwd=/etc job={job}\n")), "{logs}");
+    let line = format!("stage=batch marker=batch args=a b cwd=/etc job={job}\n");
+    assert!(logs.contains(&line), "{logs}");
+    // `--output` is a file of the host, named from the submit side, as with pyxis.
+    let file = out.join(format!("inimage-{job}.out"));
+    let written = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    assert_eq!(written, line);
 }
 
 /// Slurm's in-job commands work inside an image job, and what they start runs in the job's

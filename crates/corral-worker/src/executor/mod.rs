@@ -116,13 +116,14 @@ pub struct BindMount {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct JobFiles {
     /// Working directory (absolute) of the job, which must exist and be accessible to its user;
-    /// `None`: `work_dir`. A relative program is found in it.
+    /// `None`: `work_dir`. A relative program is found in it. In a container, a path of the
+    /// container.
     pub cwd: Option<PathBuf>,
     /// A batch script, written to `<work_dir>/`[`SCRIPT_FILE`] (mode 0700, owned by the job's
     /// user) before the launch; `argv` names it.
     pub script: Option<String>,
-    /// Files (absolute) that also receive the job's stdout / stderr, opened as the job's user.
-    /// The same path for both gets both streams.
+    /// Files (absolute, on the host also for a container) that also receive the job's stdout /
+    /// stderr, opened as the job's user. The same path for both gets both streams.
     pub stdout: Option<PathBuf>,
     pub stderr: Option<PathBuf>,
     /// Truncate them first (a first run), else append (a requeued run).

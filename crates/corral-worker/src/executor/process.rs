@@ -207,6 +207,15 @@ pub(crate) fn open_user_files(spec: &LaunchSpec) -> Result<UserFiles, ExecError>
     as_job_user(spec, &what, || open_as_current_user(files, spec.uid))
 }
 
+/// Opens a container job's output files (`files.stdout`, `files.stderr`: absolute paths of the
+/// host) as the job's user; its `cwd` is the container's, not entered here.
+pub(crate) fn open_host_output_files(spec: &LaunchSpec) -> Result<UserFiles, ExecError> {
+    let files = super::JobFiles { cwd: None, script: None, ..spec.files.clone() };
+    let Some(first) = files.stdout.clone().or_else(|| files.stderr.clone()) else { return Ok(UserFiles::default()) };
+    let what = first.parent().map_or_else(|| first.clone(), Path::to_path_buf);
+    as_job_user(spec, &what, || open_as_current_user(&files, spec.uid))
+}
+
 /// Runs `f` with the job's file-system identity: on a thread of its own whose fs uid and gid
 /// are the job's (`setfsuid`, `setfsgid`, `setgroups` through raw system calls change only the
 /// calling thread). A worker that is not root, or a job that runs as root, runs it with the

@@ -268,7 +268,19 @@ impl Executor for RuncExecutor {
                 image.display()
             )));
         }
+        let user_files = process::open_host_output_files(spec)?;
         let (stdout, stderr) = process::prepare_work_dir(spec)?;
+        // `--output`/`--error`: the log and the job's own file both get what it writes.
+        let mut copiers = Vec::new();
+        let mut with_copy = |log: std::fs::File, extra: Option<std::fs::File>| match extra {
+            Some(extra) => super::output::tee(spec.job_id, log, extra).map(|(write_end, copier)| {
+                copiers.push(copier);
+                write_end
+            }),
+            None => Ok(log),
+        };
+        let stdout = with_copy(stdout, user_files.stdout)?;
+        let stderr = with_copy(stderr, user_files.stderr)?;
         let name = format!("{}/job-{}-{}", self.cgroup_root, spec.job_id, spec.attempt);
         let cgroup = JobCgroup::create(self.version, &name, &spec.limits)?;
         let id = Self::container_id(spec.job_id, spec.attempt);
@@ -332,7 +344,8 @@ impl Executor for RuncExecutor {
             MainProcess::Runc(child),
             started,
             Shared::new(spec.job_id, spec.attempt, pid, cgroup, Some(runtime)),
-        ))
+        )
+        .with_copiers(copiers))
     }
 
     /// Deletes containers and bundles a dead worker left, then their cgroups.
