@@ -250,7 +250,7 @@ impl Coordinator {
         let live = self.liveness().snapshot();
         let pending = self.leader_view().pending();
         let data = self.store().read();
-        let memory = LeaderMemory { pending: &pending, live: &live };
+        let memory = LeaderMemory { pending: &pending, live: &live, pulls: self.pulls() };
         register_state_series(registry, &data.state, &memory, now_ms());
     }
 }
@@ -313,7 +313,7 @@ mod tests {
     fn series(state: &State, reasons: &BTreeMap<u64, String>, live: &BTreeMap<String, NodeLive>) -> String {
         let mut registry = Registry::default();
         let pending = PendingJobs::of_pass(reasons.iter().map(|(id, reason)| (*id, reason.clone())));
-        let memory = LeaderMemory { pending: &pending, live };
+        let memory = LeaderMemory { pending: &pending, live, pulls: &crate::pulls::PullBoard::default() };
         register_state_series(&mut registry, state, &memory, 13_000);
         encode(&registry)
     }

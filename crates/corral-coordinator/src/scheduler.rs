@@ -70,6 +70,8 @@ pub(crate) struct LeaderMemory<'a> {
     pub pending: &'a PendingJobs,
     /// Heartbeats and GPU readings per node (entries without a real heartbeat are ignored).
     pub live: &'a BTreeMap<String, NodeLive>,
+    /// The image pulls workers reported last.
+    pub pulls: &'a crate::pulls::PullBoard,
 }
 
 /// Runs forever; does work only while this node is the leader.

@@ -62,6 +62,11 @@ impl Snapshot {
         &self.pending
     }
 
+    /// The image pulls workers reported last.
+    pub(crate) fn pulls(&self) -> &PullBoard {
+        &self.pulls
+    }
+
     /// `job` as the API returns it (see [`job_reply`]).
     pub(crate) fn job_reply(&self, job: &Job) -> pb::Job {
         let mut reply = job_reply(job, &self.pending);

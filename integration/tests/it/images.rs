@@ -390,7 +390,7 @@ fn srun_and_attach_in_an_image_job_run_in_its_container() {
 }
 
 #[test]
-fn a_run_pulling_its_image_shows_its_progress_in_show_and_queue() {
+fn a_run_pulling_its_image_shows_its_progress_in_show_queue_and_top() {
     if !ready(&[TOOLS, &["runc"]].concat()) {
         return;
     }
@@ -409,6 +409,8 @@ fn a_run_pulling_its_image_shows_its_progress_in_show_and_queue() {
     assert_eq!((doc["state"].as_str(), doc["started_at"].is_null()), (Some("running"), true), "{doc}");
     let queue = pool.ok(&["queue"]);
     assert!(queue.contains(&format!("pulling image {reference}")), "{queue}");
+    let top = pool.ok(&["top", "--once"]);
+    assert!(top.contains(&format!("pulling image {reference}")), "corral top shows the pull too: {top}");
     let doc = ended(&pool, job);
     assert_eq!(doc["state"], "succeeded", "{doc}");
     assert!(!doc["reason"].as_str().unwrap_or_default().contains("pulling"), "{doc}");

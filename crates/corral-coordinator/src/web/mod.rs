@@ -316,7 +316,7 @@ impl Coordinator {
         let leads = banner.is_none();
         let snapshot = self.snapshot();
         let live = if leads { self.liveness().snapshot() } else { Default::default() };
-        let memory = LeaderMemory { pending: snapshot.pending(), live: &live };
+        let memory = LeaderMemory { pending: snapshot.pending(), live: &live, pulls: snapshot.pulls() };
         let leader = leads.then_some(&memory);
         let now_ms = now_ms();
         let frame = |title, refresh_secs| Frame { title, who: who.as_deref(), banner: banner.as_deref(), refresh_secs };

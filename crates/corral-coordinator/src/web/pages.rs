@@ -333,7 +333,8 @@ pub(crate) fn queue(state: &State, leader: Option<&LeaderMemory<'_>>, viewer: &P
         for job in running {
             let started = match job.started_at {
                 Some(t) => ago(now_ms, t.physical_ms()),
-                None => "starting".into(),
+                // A run whose image is still being pulled says how far the pull is.
+                None => leader.and_then(|m| m.pulls.detail(job)).unwrap_or_else(|| "starting".into()),
             };
             let limit = job
                 .spec
@@ -405,10 +406,11 @@ pub(crate) fn job(job: &Job, leader: Option<&LeaderMemory<'_>>, log: &LogTail, n
     if let Some(signal) = job.signal {
         row("Signal", signal.to_string());
     }
+    let pulling = || leader.and_then(|m| m.pulls.detail(job));
     let reason = if job.state == JobState::Pending {
         wait_reason(job, leader)
     } else {
-        job.reason.clone().unwrap_or_else(|| "-".into())
+        job.reason.clone().or_else(pulling).unwrap_or_else(|| "-".into())
     };
     row("Reason", format!("<span id=\"reason\">{}</span>", escape(&reason)));
     row("Attempts", job.attempts.to_string());
@@ -570,6 +572,7 @@ pub(crate) fn invoice(state: &State, tenant: &str) -> String {
 mod tests {
     use super::*;
     use crate::liveness::NodeLive;
+    use crate::pulls::PullBoard;
     use crate::scheduler::PendingJobs;
     use crate::testing::{apply, dev_state_with_node};
     use corral_core::{schedule, ClusterConfig, Command};
@@ -634,7 +637,7 @@ mod tests {
     fn pool_shows_nodes_gpus_readings_and_escaped_jobs() {
         let state = pool_state();
         let (pending, live) = (PendingJobs::default(), live());
-        let memory = LeaderMemory { pending: &pending, live: &live };
+        let memory = LeaderMemory { pending: &pending, live: &live, pulls: &PullBoard::default() };
         let html = pool(&state, Some(&memory), &admin());
         assert!(html.contains("<h2>n1 <span class=\"state-up\">up</span></h2>"), "{html}");
         assert!(html.contains("64 °C") && html.contains("97 %") && html.contains("1000 / 32768 MiB"), "{html}");
@@ -650,7 +653,7 @@ mod tests {
     fn a_tenant_sees_other_tenants_jobs_only_as_other_tenant() {
         let state = pool_state();
         let (pending, live) = (PendingJobs::default(), live());
-        let memory = LeaderMemory { pending: &pending, live: &live };
+        let memory = LeaderMemory { pending: &pending, live: &live, pulls: &PullBoard::default() };
         let html = pool(&state, Some(&memory), &tenant("team-b"));
         assert!(html.contains("<span class=\"other\">other tenant</span>"), "{html}");
         assert!(!html.contains("/jobs/1") && !html.contains("alert") && !html.contains("team-a"), "{html}");
@@ -679,8 +682,22 @@ mod tests {
             (2, "resources: needs 2 gpus on one node".to_string()),
         ]);
         let live = BTreeMap::new();
-        let memory = LeaderMemory { pending: &pending, live: &live };
+        // Job 1 is placed, its image still pulled on n1.
+        let pulls = PullBoard::default();
+        let epoch = state.jobs[&1].allocation.as_ref().expect("placed").epoch;
+        let progress = corral_proto::v1::PullProgress {
+            job_id: 1,
+            epoch,
+            image: "reg:5000/train:v1".into(),
+            layers_done: 1,
+            layers_total: 3,
+            bytes_done: 12_300_000,
+            bytes_total: 200_000_000,
+        };
+        pulls.report("n1", vec![progress]);
+        let memory = LeaderMemory { pending: &pending, live: &live, pulls: &pulls };
         let html = queue(&state, Some(&memory), &admin(), 13_000);
+        assert!(html.contains("<td>pulling image reg:5000/train:v1: 1/3 layers, 12.3/200.0 MB</td>"), "{html}");
         let (at3, at2) = (html.find("id=\"job-3\"").expect("job 3"), html.find("id=\"job-2\"").expect("job 2"));
         assert!(at3 < at2, "queue order: {html}");
         assert!(
