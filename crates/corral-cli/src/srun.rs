@@ -56,6 +56,8 @@ pub struct Flags {
     pub export: Option<String>,
     /// Slurm options given that corral's srun accepts without acting on them (`IGNORED`).
     pub ignored: Vec<String>,
+    /// `--pty`: the command on the allocation's first node with a terminal of its own.
+    pub pty: bool,
 }
 
 /// Slurm `srun` options accepted and not acted on, one warning each (name, takes a value):
@@ -162,7 +164,7 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
             Some((_, takes)) => *takes,
             None => !matches!(
                 name.as_str(),
-                "-l" | "--label" | "-K" | "--kill-on-bad-exit" | "--overlap" | "-u" | "--unbuffered"
+                "-l" | "--label" | "-K" | "--kill-on-bad-exit" | "--overlap" | "-u" | "--unbuffered" | "--pty"
             ),
         };
         let value = if optional_value {
@@ -229,7 +231,7 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
                 None => flags.ignored.push(name),
             },
             _ if ignored.is_some() => flags.ignored.push(name),
-            "--pty" => return Err("--pty is not served inside a job yet: run the command without it".into()),
+            "--pty" => flags.pty = true,
             other => return Err(format!("option {other} is not served by corral's srun")),
         }
         i += 1;
@@ -472,6 +474,25 @@ pub fn main(args: &[String]) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if flags.pty {
+        match &via {
+            // `srun --pty bash` in a session: the command on the allocation's first node, in the
+            // job's cgroup (and container), with a terminal relayed as `corral attach` does.
+            Via::Coordinator { job_id, global, .. } => {
+                let attach = crate::args::AttachArgs { job: *job_id, node: None, command: flags.spec.command.clone() };
+                return match runtime.block_on(crate::attach::attach(global, attach)) {
+                    Ok(code) => code,
+                    Err(e) => {
+                        say!("srun: error: {e}");
+                        ExitCode::from(1)
+                    }
+                };
+            }
+            Via::Node { .. } => {
+                say!("srun: warning: --pty: a batch step has no terminal to give; the tasks run without one");
+            }
+        }
+    }
     // In a session every task is on another host: none is read from a file here.
     let (node, job_dir) = match via {
         Via::Node { .. } => {
@@ -501,7 +522,7 @@ enum Via {
     /// In a `corral alloc` session on the submit host: the coordinator, as the job's owner
     /// (`CORRAL_ENDPOINT`, `CORRAL_TOKEN`, `CORRAL_CA`/`CORRAL_CERT`/`CORRAL_KEY`), for the run
     /// the session was granted.
-    Coordinator { client: corral_client::Client, job_id: u64, epoch: u64 },
+    Coordinator { client: corral_client::Client, job_id: u64, epoch: u64, global: Box<crate::args::GlobalArgs> },
 }
 
 /// The session `env` names, if any.
@@ -520,7 +541,7 @@ fn session(env: &BTreeMap<String, String>) -> Result<Option<Via>, String> {
         output: crate::args::OutputFormat::Table,
     };
     let client = crate::connect::client(&global).map_err(|e| e.to_string())?;
-    Ok(Some(Via::Coordinator { client, job_id, epoch }))
+    Ok(Some(Via::Coordinator { client, job_id, epoch, global: Box::new(global) }))
 }
 
 impl Via {
@@ -533,7 +554,7 @@ impl Via {
                     other => Err(format!("unexpected answer: {other:?}")),
                 }
             }
-            Via::Coordinator { client, job_id, epoch } => {
+            Via::Coordinator { client, job_id, epoch, .. } => {
                 client.create_job_step(*job_id, *epoch, &request_id(), spec).await.map_err(|e| e.to_string())
             }
         }
@@ -546,7 +567,7 @@ impl Via {
                 Reply::Step(step) => Ok(*step),
                 other => Err(format!("unexpected answer: {other:?}")),
             },
-            Via::Coordinator { client, job_id, epoch } => loop {
+            Via::Coordinator { client, job_id, epoch, .. } => loop {
                 // The stream ends with a leader change: watch again.
                 let mut watch = client.watch_job(*job_id).await.map_err(|e| e.to_string())?;
                 while let Some(job) = watch.message().await.ok().flatten() {
@@ -950,6 +971,8 @@ mod tests {
         let mila = parse(&args("--gres-flags=allow-task-sharing --exact uv run python main.py"), &env).unwrap();
         assert_eq!(mila.ignored, ["--gres-flags", "--exact"]);
         assert_eq!(mila.spec.command, args("uv run python main.py"));
+        let pty = parse(&args("--pty bash -i"), &env).unwrap();
+        assert!(pty.pty && pty.spec.command == args("bash -i"), "--pty takes no value: {pty:?}");
     }
 
     /// A one-task step's `--gpus`/`--gres` bind its GPUs as `--gpus-per-task` does; over
@@ -1053,7 +1076,7 @@ mod tests {
             ("--bogus true", "not served"),
             ("-n", "needs a value"),
             ("-K2 true", "takes 0 or 1"),
-            ("--pty bash", "--pty is not served"),
+            ("--pty=1 bash", "takes no value"),
         ] {
             let e = parse(&args(a), &env).expect_err(a);
             assert!(e.contains(want) && !e.contains('\n'), "{a}: {e}");

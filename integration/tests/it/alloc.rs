@@ -2,7 +2,7 @@
 //! for its allocation, runs its command here with the allocation's environment so that `srun`
 //! in it runs steps on the allocation's nodes, relinquishes the allocation when the command
 //! exits and exits with its status; an alloc killed outright still has its allocation
-//! relinquished (its guard).
+//! relinquished (its guard); `srun --pty` in a session gets a terminal on the first node.
 
 use corral_integration::cluster::{free_port, Cluster};
 use corral_integration::worker::WorkerProc;
@@ -82,4 +82,26 @@ fn a_killed_alloc_still_relinquishes_its_allocation() {
     let done =
         cluster.wait_for(job, Duration::from_secs(30), "relinquished by the guard", |d| d["state"] == "cancelled");
     assert_eq!(done["state"], "cancelled");
+}
+
+/// `srun --pty` in a session runs its command on the allocation's first node with a terminal
+/// of its own (here under `script`, which gives the session one), in the job's directory.
+#[test]
+fn srun_pty_in_a_session_gets_a_terminal_on_the_first_node() {
+    let (cluster, _workers, dir) = pool();
+    let out = corral_integration::worker::out_dir(&dir);
+    let mut words: Vec<String> = vec![corral_integration::corral_bin().display().to_string()];
+    words.extend(cluster.admin_tls_args());
+    words.extend(["--endpoint".into(), cluster.endpoints(), "alloc".into(), "-N".into(), "2".into()]);
+    words.extend(["-D".into(), out.display().to_string(), "--".into(), "srun".into(), "--pty".into()]);
+    words.extend(["sh".into(), "-c".into(), "tty; echo node=$SLURMD_NODENAME cwd=$(pwd); exit 5".into()]);
+    let line: Vec<String> = words.iter().map(|w| format!("'{}'", w.replace('\'', "'\\''"))).collect();
+    let output = Command::new("script").args(["-qec", &line.join(" "), "/dev/null"]).output().expect("script");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(5), "srun's status is the command's, and alloc's srun's: {text}");
+    assert!(text.contains("/dev/pts/"), "the command has a terminal: {text}");
+    assert!(
+        text.contains(&format!("node=w1 cwd={}", out.display())),
+        "on the first node, in the job's directory: {text}"
+    );
 }
