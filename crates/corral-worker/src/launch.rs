@@ -224,8 +224,14 @@ pub(crate) fn launch_spec(
         }
     };
     let mut mounts = if in_container { checked_mounts(config, job)? } else { Vec::new() };
-    if let Some(binds) =
-        in_container.then(|| in_job_bin::mounts(&config.in_image_dir(), &config.in_job_socket())).flatten()
+    // A registry image's root is the job's own overlay, where runc makes the mount point. A root
+    // filesystem directory is shared (and may be read-only): it gets the commands only if it has
+    // the mount point already.
+    let takes_commands = image.is_some()
+        || root.as_ref().is_some_and(|r| r.join(in_job_bin::CONTAINER_DIR.trim_start_matches('/')).is_dir());
+    if let Some(binds) = (in_container && takes_commands)
+        .then(|| in_job_bin::mounts(&config.in_image_dir(), &config.in_job_socket()))
+        .flatten()
     {
         // Slurm's in-job commands in the container too, first on its PATH (after the image's
         // Env and the job's are merged), as in a bare job.
