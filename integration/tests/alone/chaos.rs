@@ -740,11 +740,14 @@ fn lifecycle_invariants_hold_under_random_faults() {
                 return;
             }
             if (wall_now() as u64).saturating_sub(last) > HUNG.as_secs() {
-                eprintln!(
-                    "chaos seed {seed}: no step for {} s (since {last}): the test process's stacks:\n{}",
+                // Straight to the process's stderr: the test harness's capture (which eprintln!
+                // writes to, from this thread too) is lost when the process aborts.
+                let message = format!(
+                    "chaos seed {seed} (replay with CORRAL_SEED={seed}): no step for {} s (since {last}): the test process's stacks:\n{}\n",
                     HUNG.as_secs(),
                     corral_integration::thread_dump(std::process::id())
                 );
+                let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), message.as_bytes());
                 std::process::abort();
             }
         })
