@@ -111,6 +111,16 @@ impl Gateway {
     }
 }
 
+/// The node a worker's report is for: over TLS the certificate names it (`identity`); without
+/// it, the request does (`claimed`), and must.
+fn reporting_node(identity: Option<String>, claimed: String, whose: &str) -> Result<String, Status> {
+    let node = identity.unwrap_or(claimed);
+    if node.is_empty() {
+        return Err(Status::invalid_argument(format!("missing node: name the node {whose}")));
+    }
+    Ok(node)
+}
+
 #[tonic::async_trait]
 impl WorkerGateway for Gateway {
     async fn register(&self, request: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterResponse>, Status> {
@@ -215,10 +225,7 @@ impl WorkerGateway for Gateway {
         // Over TLS the certificate names the node; without it, the request does.
         let identity = self.coord.worker_identity(&request);
         let r = request.into_inner();
-        let node = identity.unwrap_or(r.node);
-        if node.is_empty() {
-            return Err(Status::invalid_argument("missing node: name the node whose part of the job ended"));
-        }
+        let node = reporting_node(identity, r.node, "whose part of the job ended")?;
         let report = r.report.ok_or_else(|| Status::invalid_argument("missing exit report"))?.into();
         self.report(Command::JobFinished { job_id: r.job_id, epoch: r.epoch, node, report }).await
     }
@@ -231,13 +238,9 @@ impl WorkerGateway for Gateway {
         if let Err(revision) = self.job_on_own_node(&request, "report part ready", request.get_ref().job_id) {
             return Ok(Response::new(pb::ReportResponse { accepted: false, revision }));
         }
-        // Over TLS the certificate names the node; without it, the request does.
         let identity = self.coord.worker_identity(&request);
         let r = request.into_inner();
-        let node = identity.unwrap_or(r.node);
-        if node.is_empty() {
-            return Err(Status::invalid_argument("missing node: name the node whose part is ready"));
-        }
+        let node = reporting_node(identity, r.node, "whose part is ready")?;
         self.report(Command::PartReady { job_id: r.job_id, epoch: r.epoch, node }).await
     }
 
@@ -251,10 +254,7 @@ impl WorkerGateway for Gateway {
         }
         let identity = self.coord.worker_identity(&request);
         let r = request.into_inner();
-        let node = identity.unwrap_or(r.node);
-        if node.is_empty() {
-            return Err(Status::invalid_argument("missing node: name the node whose part is idle"));
-        }
+        let node = reporting_node(identity, r.node, "whose part is idle")?;
         self.report(Command::PartIdle { job_id: r.job_id, epoch: r.epoch, node, idle: r.idle }).await
     }
 
