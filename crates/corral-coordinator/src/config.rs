@@ -47,6 +47,9 @@ pub struct CoordinatorFile {
     pub limits: LimitsSection,
     #[serde(default)]
     pub images: ImagesSection,
+    /// Nodes powered on for waiting work and off when idle (Slurm's power saving).
+    #[serde(default)]
+    pub autoscale: crate::autoscale::AutoscaleSection,
 }
 
 /// The `[images]` section: how the coordinator reaches registries to pin an image tag to its
@@ -405,6 +408,7 @@ impl CoordinatorFile {
             history: HistorySection::default(),
             limits: LimitsSection::default(),
             images: ImagesSection::default(),
+            autoscale: Default::default(),
         }
     }
 
@@ -478,6 +482,7 @@ impl CoordinatorFile {
         }
         self.history.config()?;
         self.images.registry_config()?;
+        self.autoscale.config()?;
         if let Some(tls) = &self.tls {
             tls.files().validate()?;
             if tls.ca_key.as_ref().is_some_and(|k| k.as_os_str().is_empty()) {
@@ -569,7 +574,9 @@ impl Coordinator {
         let advertise_addr = file.advertise.clone().unwrap_or_else(|| bound.to_string());
         let history = file.history.config().map_err(anyhow::Error::msg)?;
         let registries = file.images.registry_config().map_err(anyhow::Error::msg)?;
+        let autoscale = file.autoscale.config().map_err(anyhow::Error::msg)?;
         let config = CoordinatorConfig {
+            autoscale,
             node_ttl,
             fence_after,
             advertise_addr,

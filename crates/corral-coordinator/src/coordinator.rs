@@ -64,6 +64,9 @@ pub struct CoordinatorConfig {
     /// Most watches (`WatchJobs`, `WatchJob`, `ReadLogs` with follow) one principal holds open
     /// at once; one more is refused with RESOURCE_EXHAUSTED.
     pub max_watches_per_principal: usize,
+    /// `[autoscale]`: the nodes powered on for waiting work and off when idle, and the
+    /// programs that do it (`None`: no such nodes).
+    pub autoscale: Option<crate::autoscale::AutoscaleConfig>,
 }
 
 impl Default for CoordinatorConfig {
@@ -81,6 +84,7 @@ impl Default for CoordinatorConfig {
             max_client_requests: crate::client_work::DEFAULT_MAX_CLIENT_REQUESTS,
             registries: corral_image::RegistryConfig::default(),
             max_watches_per_principal: crate::watch::DEFAULT_MAX_WATCHES_PER_PRINCIPAL,
+            autoscale: None,
         }
     }
 }
@@ -109,6 +113,8 @@ struct Inner {
     client_work: Arc<ClientWork>,
     /// Resolves image tags at submit (built from `config.registries`).
     registry: corral_image::Registry,
+    /// The declared nodes' power decisions (leader memory; `config.autoscale`).
+    autoscaler: crate::autoscale::Autoscaler,
     config: CoordinatorConfig,
 }
 
@@ -130,6 +136,7 @@ impl Coordinator {
                 scheduler_metrics: SchedulerMetrics::default(),
                 client_work: Arc::new(client_work),
                 registry: corral_image::Registry::new(config.registries.clone()),
+                autoscaler: crate::autoscale::Autoscaler::new(config.autoscale.clone()),
                 config,
             }),
         }
@@ -177,6 +184,11 @@ impl Coordinator {
     /// The images workers' stores hold, as their heartbeats last said.
     pub(crate) fn held_images(&self) -> &HeldImages {
         &self.inner.held_images
+    }
+
+    /// The declared nodes of `[autoscale]` and the leader's power decisions.
+    pub(crate) fn autoscaler(&self) -> &crate::autoscale::Autoscaler {
+        &self.inner.autoscaler
     }
 
     /// The leader's memory of the workers: heartbeats and GPU health.

@@ -8,6 +8,7 @@
 //! reach them through its methods, and a request handler reads through a `Snapshot`.
 
 // The handle, its server and the leader's loops.
+mod autoscale;
 mod compaction;
 mod coordinator;
 mod scheduler;
@@ -48,6 +49,7 @@ mod testing;
 
 pub use api::LIST_JOBS_DELAY_FAILPOINT;
 pub use auth::{token_sha256, SecurityConfig};
+pub use autoscale::{AutoscaleConfig, AutoscaleSection, DeclaredNodes};
 pub use client_work::DEFAULT_MAX_CLIENT_REQUESTS;
 pub use compaction::HistoryConfig;
 pub use config::{

@@ -27,9 +27,12 @@ impl LeaderView {
         self.last_pass.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Replaces the last pass's pending jobs (the last pass wins).
-    fn record(&self, pending: &[PendingJob]) {
-        let pass = Arc::new(PendingJobs::of_pass(pending.iter().map(|p| (p.job_id, p.reason.to_string()))));
+    /// Replaces the last pass's pending jobs (the last pass wins); a job in `waiting` waits for
+    /// that reason instead of the pass's (nodes being powered on for it).
+    fn record(&self, pending: &[PendingJob], waiting: &BTreeMap<JobId, String>) {
+        let pass = Arc::new(PendingJobs::of_pass(
+            pending.iter().map(|p| (p.job_id, waiting.get(&p.job_id).cloned().unwrap_or_else(|| p.reason.to_string()))),
+        ));
         *self.last_pass.lock().unwrap_or_else(|p| p.into_inner()) = pass;
     }
 }
@@ -87,6 +90,8 @@ pub(crate) async fn run(coord: Coordinator) {
         mark_silent_nodes_down(&coord, term).await;
         evict_at_drain_deadlines(&coord).await;
         end_leases(&coord).await;
+        // Before the pass: it then shows why a job waits for a node being resumed for it.
+        crate::autoscale::tick(&coord, term).await;
         let computed = schedule_once(&coord).await;
         // Coalesce: under a stream of submits, one pass covers every change applied meanwhile
         // instead of one pass per applied entry. The pause follows the pass's own cost, so a
@@ -192,15 +197,17 @@ pub(crate) async fn schedule_once(coord: &Coordinator) -> Duration {
     let images = coord.held_images().hints();
     let pass = {
         let data = coord.store().read();
-        // Nothing can be placed without a node: skip the pass over a long queue.
-        if !data.state.nodes.values().any(|n| n.state == NodeState::Up) {
+        // Nothing can be placed without a node: skip the pass over a long queue (unless nodes
+        // may be powered on: then the pass says why each job waits, the resume included).
+        let autoscaled = coord.autoscaler().declared().next().is_some();
+        if !autoscaled && !data.state.nodes.values().any(|n| n.state == NodeState::Up) {
             return Duration::ZERO;
         }
         schedule_with_images(&data.state, now, &unschedulable, &images)
     };
     let computed = started.elapsed();
     // Every waiting job's reason, for `corral queue`, and their order, for the web view's queue.
-    coord.leader_view().record(&pass.pending);
+    coord.leader_view().record(&pass.pending, &coord.autoscaler().waiting());
     let metrics = &coord.scheduler_metrics();
     let Some(command) = pass.command() else {
         metrics.pass_duration.observe(started.elapsed().as_secs_f64());
@@ -236,14 +243,17 @@ mod tests {
         assert!(view.pending().order().is_empty(), "no pass yet");
         let waiting = |job_id, reason| PendingJob { job_id, reason };
         let (no_nodes, cpu) = (corral_core::PendingReason::NoNodes, corral_core::PendingReason::CpuMemory);
-        view.record(&[waiting(7, no_nodes.clone()), waiting(3, cpu.clone())]);
+        view.record(&[waiting(7, no_nodes.clone()), waiting(3, cpu.clone())], &BTreeMap::new());
         let first = view.pending();
         assert_eq!(first.order(), &[7, 3]);
         assert_eq!(first.reason(7), Some(no_nodes.to_string().as_str()));
         assert_eq!(first.reason(3), Some(cpu.to_string().as_str()));
-        view.record(&[waiting(3, cpu)]);
+        // A job a node is being powered on for waits for that.
+        let resuming = BTreeMap::from([(3, "autoscale: waiting for gpu-05 to resume".to_string())]);
+        view.record(&[waiting(3, cpu)], &resuming);
         assert_eq!(view.pending().order(), &[3]);
         assert_eq!(view.pending().reason(7), None, "the last pass wins");
+        assert_eq!(view.pending().reason(3), Some("autoscale: waiting for gpu-05 to resume"));
         assert_eq!(first.order(), &[7, 3], "a reader keeps the pass it took");
     }
 

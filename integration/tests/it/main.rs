@@ -4,6 +4,7 @@
 
 mod alloc;
 mod attach;
+mod autoscale;
 mod backpressure;
 mod bad_input;
 mod billing;
