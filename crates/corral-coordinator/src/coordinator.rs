@@ -238,7 +238,9 @@ impl Coordinator {
 
     /// Like [`Coordinator::propose_at`], also returning the log index the command was applied at.
     pub(crate) async fn propose_indexed(&self, ts: Timestamp, command: Command) -> Result<(Outcome, u64), CoordError> {
-        let (response, index) = self.inner.node.propose(Request { ts, command }).await?;
+        let name = command.name();
+        let proposed = self.inner.node.propose(Request { ts, command });
+        let (response, index) = said_while_slow(|| format!("proposal of {name}"), proposed).await?;
         response.map(|outcome| (outcome, index)).map_err(CoordError::Rejected)
     }
 
@@ -272,8 +274,11 @@ impl Coordinator {
                     }
                     return Ok(first);
                 }
-                Some((Allocation::NeedsWindow(needed), _)) => self.extend_tso(term, needed).await?,
-                None => self.init_tso(term).await?,
+                Some((Allocation::NeedsWindow(needed), _)) => {
+                    said_while_slow(|| format!("timestamp window of term {term}"), self.extend_tso(term, needed))
+                        .await?
+                }
+                None => said_while_slow(|| format!("timestamp oracle of term {term}"), self.init_tso(term)).await?,
             }
         }
     }
@@ -381,7 +386,7 @@ impl Coordinator {
     /// Waits until this node may serve a linearizable read: it is the leader, a quorum confirmed
     /// it, and everything committed before the read is applied. Followers answer `NotLeader`.
     pub(crate) async fn linearizable(&self) -> Result<(), CoordError> {
-        match self.inner.node.ensure_linearizable().await {
+        match said_while_slow(|| "linearizable read".into(), self.inner.node.ensure_linearizable()).await {
             Err(corral_raft::RaftError::Failed(e)) => {
                 Err(CoordError::Unavailable(format!("cannot confirm leadership: {e}")))
             }
@@ -392,5 +397,28 @@ impl Coordinator {
     /// True if this node currently believes it leads the cluster.
     pub fn is_leader(&self) -> bool {
         self.leading_term().is_some()
+    }
+}
+
+/// How long a wait of the control path may last before it is said.
+const SLOW_WAIT: Duration = Duration::from_secs(5);
+
+/// Awaits `fut`, warning every [`SLOW_WAIT`] that it has not finished, with `what` waits: a wait
+/// that never ends (a proposal, a read barrier, the timestamp oracle) says where it is.
+pub(crate) async fn said_while_slow<T>(what: impl Fn() -> String, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::pin!(fut);
+    let started = std::time::Instant::now();
+    loop {
+        match tokio::time::timeout(SLOW_WAIT, &mut fut).await {
+            Ok(value) => {
+                if started.elapsed() >= SLOW_WAIT {
+                    tracing::info!(waited_ms = started.elapsed().as_millis() as u64, "{} finished", what());
+                }
+                return value;
+            }
+            Err(_) => {
+                tracing::warn!(waited_ms = started.elapsed().as_millis() as u64, "{} has not finished yet", what())
+            }
+        }
     }
 }

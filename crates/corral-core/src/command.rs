@@ -277,6 +277,53 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// The command's name, for logs (cheap: a submit's script is not formatted).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::SubmitJob { .. } => "SubmitJob",
+            Command::SubmitJobs { .. } => "SubmitJobs",
+            Command::PlaceJob { .. } => "PlaceJob",
+            Command::JobStarted { .. } => "JobStarted",
+            Command::JobFinished { .. } => "JobFinished",
+            Command::CancelJob { .. } => "CancelJob",
+            Command::PreemptJob { .. } => "PreemptJob",
+            Command::Schedule { .. } => "Schedule",
+            Command::RegisterNode { .. } => "RegisterNode",
+            Command::SetNodeState { .. } => "SetNodeState",
+            Command::Configure(_) => "Configure",
+            Command::Noop => "Noop",
+            Command::AddCoordinator { .. } => "AddCoordinator",
+            Command::ExtendTso { .. } => "ExtendTso",
+            Command::RemoveCoordinator { .. } => "RemoveCoordinator",
+            Command::CreateToken { .. } => "CreateToken",
+            Command::RevokeToken { .. } => "RevokeToken",
+            Command::ApplyPolicy { .. } => "ApplyPolicy",
+            Command::SetNodeMode { .. } => "SetNodeMode",
+            Command::EvictDrainedJobs { .. } => "EvictDrainedJobs",
+            Command::RemoveNode { .. } => "RemoveNode",
+            Command::CreateJoinToken { .. } => "CreateJoinToken",
+            Command::HoldJob { .. } => "HoldJob",
+            Command::RequeueJob { .. } => "RequeueJob",
+            Command::SignalJob { .. } => "SignalJob",
+            Command::UpdateJob { .. } => "UpdateJob",
+            Command::CancelArrayTask { .. } => "CancelArrayTask",
+            Command::CancelJobs { .. } => "CancelJobs",
+            Command::Compact(_) => "Compact",
+            Command::ConsumeJoinToken { .. } => "ConsumeJoinToken",
+            Command::CreateStep { .. } => "CreateStep",
+            Command::StepEnded { .. } => "StepEnded",
+            Command::SignalStep { .. } => "SignalStep",
+            Command::RegisterRestartedNode { .. } => "RegisterRestartedNode",
+            Command::SetGpuFault { .. } => "SetGpuFault",
+            Command::PartReady { .. } => "PartReady",
+            Command::PartIdle { .. } => "PartIdle",
+            Command::SetNodeLease { .. } => "SetNodeLease",
+            Command::EndLease { .. } => "EndLease",
+        }
+    }
+}
+
 /// What `corral update` changes in a pending job (`None`: unchanged).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobUpdate {
