@@ -360,6 +360,7 @@ const README_BLOCKS: &[(&str, Check)] = &[
     ("[scheduler]", Check::Run("the_readme_coordinator_config_sections_are_accepted")),
     ("[limits]", Check::Run("the_readme_coordinator_config_sections_are_accepted")),
     ("[history]", Check::Run("the_readme_coordinator_config_sections_are_accepted")),
+    ("[autoscale]", Check::Run("the_readme_coordinator_config_sections_are_accepted")),
     (
         "cargo build --release -p corral-cli && cargo bench -p corral-integration --bench lifecycle",
         Check::Excluded(BENCH),
@@ -719,14 +720,14 @@ fn the_readme_cluster_example_runs_as_written() {
 }
 
 /// The `toml` sections the README gives for a coordinator's config (`[scheduler]`, `[limits]`,
-/// `[history]`) are accepted by a real coordinator, without a warning.
+/// `[history]`, `[autoscale]`) are accepted by a real coordinator, without a warning.
 #[test]
 fn the_readme_coordinator_config_sections_are_accepted() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let listen = format!("127.0.0.1:{}", free_port());
     let mut config =
         format!("node-id = 1\nlisten = \"{listen}\"\ndata-dir = \"{}\"\n", tmp.path().join("data").display());
-    for start in ["[scheduler]", "[limits]", "[history]"] {
+    for start in ["[scheduler]", "[limits]", "[history]", "[autoscale]"] {
         config.push_str(&format!("\n{}\n", readme_block(start)));
     }
     let path = tmp.path().join("coordinator.toml");
