@@ -274,6 +274,8 @@ struct Memory {
     failed: BTreeSet<String>,
     /// Registered declared nodes without a job, since when.
     idle_since: BTreeMap<String, Instant>,
+    /// Suspended nodes whose worker is still up, since when this leader saw them so.
+    suspending_since: BTreeMap<String, Instant>,
     last_look: Option<Instant>,
     /// Jobs the last look would place on resuming nodes, with the nodes (for `corral queue`).
     waiting: BTreeMap<u64, String>,
@@ -407,12 +409,17 @@ async fn adopt_declared(coord: &Coordinator, config: &AutoscaleConfig) {
 /// Resumed nodes become active; resumes past their timeout fail.
 async fn settle_resumes(coord: &Coordinator, config: &AutoscaleConfig) {
     let mut activate = Vec::new();
+    let mut still_up = Vec::new();
     let mut timed_out = Vec::new();
     {
         let data = coord.store().read();
         let mut memory = coord.autoscaler().memory();
         for name in config.nodes.keys() {
-            match power(&data.state, name) {
+            let power = power(&data.state, name);
+            if power != Power::Suspending {
+                memory.suspending_since.remove(name);
+            }
+            match power {
                 Power::Resumed => {
                     memory.resuming.remove(name);
                     activate.push(name.clone());
@@ -421,7 +428,16 @@ async fn settle_resumes(coord: &Coordinator, config: &AutoscaleConfig) {
                     memory.resuming.remove(name);
                     memory.failed.remove(name);
                 }
-                _ => {}
+                Power::Suspending => {
+                    // A suspend program that exited 0 but left the worker running: after the
+                    // resume timeout the node takes jobs again rather than stay out for good.
+                    let since = *memory.suspending_since.entry(name.clone()).or_insert_with(Instant::now);
+                    if since.elapsed() >= config.resume_timeout {
+                        memory.suspending_since.remove(name);
+                        still_up.push((name.clone(), data.state.nodes[name].mode_reason.clone()));
+                    }
+                }
+                Power::Off | Power::ResumeFailed => {}
             }
             if memory.resuming.get(name).is_some_and(|since| since.elapsed() >= config.resume_timeout) {
                 memory.resuming.remove(name);
@@ -440,6 +456,10 @@ async fn settle_resumes(coord: &Coordinator, config: &AutoscaleConfig) {
         if let Err(e) = coord.propose(command).await {
             tracing::warn!(error = %e, "autoscale: could not make a resumed node active");
         }
+    }
+    for (node, reason) in still_up {
+        tracing::warn!(node = %node, "autoscale: the suspend program ran but the node's worker is still up: it takes jobs again");
+        reactivate(coord, &node, &reason).await;
     }
     let timeout = ConfigDuration::from_millis(config.resume_timeout.as_millis() as u64);
     for (node, registered) in timed_out {
