@@ -4,12 +4,14 @@
 //! gpu-high-priority), cancels (some right after the submit), SIGKILL and SIGSTOP of the
 //! leader, a follower and a worker, partitions, small job arrays, `corral requeue` of running
 //! jobs, and operators' actions: drains of a worker with a
-//! short deadline (its jobs are stopped and requeued), price changes (running runs are billed
+//! short deadline (its jobs are stopped and requeued), host lease ends a few seconds away (its
+//! runs end `lease-ended` at once, the class's grace reaching past the lease end, and are
+//! requeued; the node drains at the lease end), price changes (running runs are billed
 //! in pieces) and card faults (an XID 79 on a worker's GPU: its runs are requeued and credited,
 //! the GPU comes back after the workers' 2 s `recover-after`). Finished jobs move to the on-disk history after 3 s. Every job appends what it sees to a file the test owns; after healing, the test
 //! checks the lifecycle invariants against those lines, the replicated state and the billing
-//! ledger (every segment has one end cause; the policy credits card faults and lost nodes in
-//! full and drains by half, and a credit never exceeds the run it credits).
+//! ledger (every segment has one end cause; the policy credits card faults, lost nodes and lease
+//! ends in full and drains by half, and a credit never exceeds the run it credits).
 //!
 //! Beside the schedule, an abusive tenant (`corral_integration::abuse`) uses every per-request
 //! limit at once: the largest arrays and scripts, the longest index lists, listings of every job,
@@ -50,7 +52,7 @@ const TSO_LEAD: Duration = Duration::from_secs(5);
 const RSS_BOUND_MIB: u64 = 512;
 
 /// The credits the run's policy gives (appended to the dev policy).
-const CREDITS: &str = "\n[billing.credits]\ngpu-fault = 1.0\nnode-lost = 1.0\ndrained = 0.5\n";
+const CREDITS: &str = "\n[billing.credits]\ngpu-fault = 1.0\nnode-lost = 1.0\ndrained = 0.5\nlease-ended = 1.0\n";
 
 /// xorshift64*: a small, seedable generator, so one seed always gives one schedule.
 struct Rng(u64);
@@ -280,6 +282,20 @@ impl Pool {
         let node = self.workers[worker].name.clone();
         let mode = mode.to_string();
         self.rt.block_on(async move { client.set_node_mode(&node, &mode, "chaos", deadline_secs).await }).is_ok()
+    }
+
+    /// Sets (`Some`, unix ms) or clears a worker's lease end as an operator does; whether the
+    /// cluster took it.
+    fn set_lease(&self, worker: usize, lease_end_ms: Option<u64>) -> bool {
+        let client = self.client.clone();
+        let node = self.workers[worker].name.clone();
+        self.rt.block_on(async move { client.set_node_lease(&node, lease_end_ms).await }).is_ok()
+    }
+
+    /// Takes a drained or leased worker back: clears the lease end it was given, if any, and
+    /// resumes it; whether both took.
+    fn take_back(&self, worker: usize, leased: bool) -> bool {
+        (!leased || self.set_lease(worker, None)) && self.set_mode(worker, "active", None)
     }
 
     fn spec(&self, id_hint: u64, kind: Kind, priority: &str, ticks: u64) -> JobSpec {
@@ -684,8 +700,8 @@ fn lifecycle_invariants_hold_under_random_faults() {
     let mut tso = Vec::new();
     let mut coordinator_fault: Option<(Instant, Fault)> = None;
     let mut worker_fault: Option<(Instant, Fault)> = None;
-    // A worker being drained, and when it is resumed.
-    let mut drain: Option<(Instant, usize)> = None;
+    // A worker being drained or given a lease end, when it is taken back, and whether a lease.
+    let mut drain: Option<(Instant, usize, bool)> = None;
     let dev_policy =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster-configs/dev-policy.toml"))
             .expect("dev policy");
@@ -723,6 +739,8 @@ fn lifecycle_invariants_hold_under_random_faults() {
     // stacks are printed and it aborts, so the run fails and says where it was.
     const HUNG: Duration = Duration::from_secs(300);
     let progress = Arc::new(std::sync::atomic::AtomicU64::new(wall_now() as u64));
+    // The daemons' pids as of the last step, for the watchdog's stacks.
+    let daemons: Arc<std::sync::Mutex<Vec<(String, u32)>>> = Arc::default();
     /// Ends the watch when the test returns or panics.
     struct EndWatch(Arc<std::sync::atomic::AtomicU64>);
     impl Drop for EndWatch {
@@ -733,6 +751,7 @@ fn lifecycle_invariants_hold_under_random_faults() {
     let _end_watch = EndWatch(progress.clone());
     let _hang_watch = {
         let progress = progress.clone();
+        let daemons = daemons.clone();
         std::thread::spawn(move || loop {
             std::thread::sleep(Duration::from_secs(5));
             let last = progress.load(std::sync::atomic::Ordering::Relaxed);
@@ -742,11 +761,14 @@ fn lifecycle_invariants_hold_under_random_faults() {
             if (wall_now() as u64).saturating_sub(last) > HUNG.as_secs() {
                 // Straight to the process's stderr: the test harness's capture (which eprintln!
                 // writes to, from this thread too) is lost when the process aborts.
-                let message = format!(
+                let mut message = format!(
                     "chaos seed {seed} (replay with CORRAL_SEED={seed}): no step for {} s (since {last}): the test process's stacks:\n{}\n",
                     HUNG.as_secs(),
                     corral_integration::thread_dump(std::process::id())
                 );
+                for (name, pid) in daemons.lock().map(|d| d.clone()).unwrap_or_default() {
+                    message.push_str(&format!("{name}'s stacks:\n{}\n", corral_integration::thread_dump(pid)));
+                }
                 let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), message.as_bytes());
                 std::process::abort();
             }
@@ -765,6 +787,11 @@ fn lifecycle_invariants_hold_under_random_faults() {
     while Instant::now() < end {
         step += 1;
         progress.store(wall_now() as u64, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut d) = daemons.lock() {
+            d.clear();
+            d.extend((0..3).filter_map(|i| pool.cluster.pid(i).map(|p| (format!("coordinator {}", i + 1), p))));
+            d.extend(pool.workers.iter().filter_map(|w| w.pid().map(|p| (format!("worker {}", w.name), p))));
+        }
         std::thread::sleep(rng.millis(50, 500));
         for i in 0..3 {
             if let Some(kib) = pool.cluster.pid(i).and_then(corral_integration::rss_kib) {
@@ -787,8 +814,8 @@ fn lifecycle_invariants_hold_under_random_faults() {
                 }
             }
         }
-        if let Some((at, worker)) = drain {
-            if Instant::now() >= at && pool.set_mode(worker, "active", None) {
+        if let Some((at, worker, leased)) = drain {
+            if Instant::now() >= at && pool.take_back(worker, leased) {
                 drain = None;
                 healed.push(format!("{:.3} resumed w{}", wall_now(), worker + 1));
             }
@@ -872,15 +899,31 @@ fn lifecycle_invariants_hold_under_random_faults() {
         } else if roll < 98 {
             if drain.is_none() {
                 let worker = rng.below(2) as usize;
-                let deadline_secs = rng.below(3);
-                if pool.set_mode(worker, "draining", Some(deadline_secs)) {
-                    let lasts = rng.millis(1_000, 5_000);
-                    faults.push(format!(
-                        "{:.3} drain w{} (deadline {deadline_secs}s) for {lasts:?}",
-                        wall_now(),
-                        worker + 1
-                    ));
-                    drain = Some((Instant::now() + lasts, worker));
+                if rng.chance(50) {
+                    let deadline_secs = rng.below(3);
+                    if pool.set_mode(worker, "draining", Some(deadline_secs)) {
+                        let lasts = rng.millis(1_000, 5_000);
+                        faults.push(format!(
+                            "{:.3} drain w{} (deadline {deadline_secs}s) for {lasts:?}",
+                            wall_now(),
+                            worker + 1
+                        ));
+                        drain = Some((Instant::now() + lasts, worker, false));
+                    }
+                } else {
+                    // The host goes back to its owner soon: its runs end `lease-ended` now (the
+                    // class's grace reaches past the lease end), the node drains at the end.
+                    let ends_in = rng.millis(500, 4_000);
+                    let lease_end_ms = (wall_now() * 1000.0) as u64 + ends_in.as_millis() as u64;
+                    if pool.set_lease(worker, Some(lease_end_ms)) {
+                        let lasts = ends_in + rng.millis(500, 3_000);
+                        faults.push(format!(
+                            "{:.3} lease of w{} ends in {ends_in:?}, taken back after {lasts:?}",
+                            wall_now(),
+                            worker + 1
+                        ));
+                        drain = Some((Instant::now() + lasts, worker, true));
+                    }
                 }
             }
         } else {
@@ -906,8 +949,8 @@ fn lifecycle_invariants_hold_under_random_faults() {
     eprintln!("chaos seed {seed}: coordinators' largest RSS (KiB): {rss_max_kib:?}");
     // Every worker takes jobs again (retried through any leader change).
     let resume_by = Instant::now() + Duration::from_secs(60);
-    while let Some((_, worker)) = drain {
-        if pool.set_mode(worker, "active", None) {
+    while let Some((_, worker, leased)) = drain {
+        if pool.take_back(worker, leased) {
             drain = None;
             healed.push(format!("{:.3} resumed w{}", wall_now(), worker + 1));
         }
@@ -989,7 +1032,16 @@ fn lifecycle_invariants_hold_under_random_faults() {
         *m.entry(j.state.to_string()).or_default() += 1;
         m
     });
-    eprintln!("chaos seed {seed}: {} processes seen, {} segments, end states {states:?}", runs.len(), segments.len());
+    let causes: BTreeMap<String, usize> = segments.iter().fold(BTreeMap::new(), |mut m, g| {
+        let cause = g.cause.map_or("none", |c| c.as_str());
+        *m.entry(if g.credit_for.is_some() { format!("credit {cause}") } else { cause.to_string() }).or_default() += 1;
+        m
+    });
+    eprintln!(
+        "chaos seed {seed}: {} processes seen, {} segments ({causes:?}), end states {states:?}",
+        runs.len(),
+        segments.len()
+    );
     if !bad.is_empty() {
         // Keep the daemons' logs and the jobs' lines for the post-mortem.
         let kept = std::env::temp_dir().join(format!("corral-chaos-{seed}"));
@@ -1007,6 +1059,21 @@ fn lifecycle_invariants_hold_under_random_faults() {
             .collect();
         let _ =
             std::fs::write(kept.join("faults"), [faults.join("\n"), healed.join("\n"), stalled.join("\n")].join("\n"));
+        // A cluster that did not settle: where each daemon's threads are now.
+        for i in 0..3 {
+            if let Some(pid) = pool.cluster.pid(i) {
+                let _ =
+                    std::fs::write(kept.join(format!("coordinator-{i}.stacks")), corral_integration::thread_dump(pid));
+            }
+        }
+        for worker in &pool.workers {
+            if let Some(pid) = worker.pid() {
+                let _ = std::fs::write(
+                    kept.join(format!("worker-{}.stacks", worker.name)),
+                    corral_integration::thread_dump(pid),
+                );
+            }
+        }
         panic!(
             "chaos seed {seed} (replay with CORRAL_SEED={seed}) broke {} invariant(s) (logs kept in {}):\n{}\nfaults (wall-clock seconds at injection; heal times in {}/faults):\n{}",
             bad.len(),
