@@ -239,8 +239,19 @@ impl Coordinator {
     /// Like [`Coordinator::propose_at`], also returning the log index the command was applied at.
     pub(crate) async fn propose_indexed(&self, ts: Timestamp, command: Command) -> Result<(Outcome, u64), CoordError> {
         let name = command.name();
-        let proposed = self.inner.node.propose(Request { ts, command });
-        let (response, index) = said_while_slow(|| format!("proposal of {name}"), proposed).await?;
+        let stranded = stranded_by_failpoint(name);
+        let proposed = async {
+            let answer = self.inner.node.propose(Request { ts, command }).await;
+            if stranded {
+                // As openraft 0.9 strands it: proposed, maybe applied, never answered.
+                tracing::warn!("failpoint: the proposal of {name} is never answered");
+                std::future::pending::<()>().await;
+            }
+            answer
+        };
+        let (response, index) = bounded_wait(|| format!("proposal of {name}"), proposed)
+            .await
+            .map_err(|waited| CoordError::Raft(format!("the proposal of {name} was not answered within {waited}s: its outcome is unknown (retry: commands are idempotent)")))??;
         response.map(|outcome| (outcome, index)).map_err(CoordError::Rejected)
     }
 
@@ -386,7 +397,10 @@ impl Coordinator {
     /// Waits until this node may serve a linearizable read: it is the leader, a quorum confirmed
     /// it, and everything committed before the read is applied. Followers answer `NotLeader`.
     pub(crate) async fn linearizable(&self) -> Result<(), CoordError> {
-        match said_while_slow(|| "linearizable read".into(), self.inner.node.ensure_linearizable()).await {
+        let read = bounded_wait(|| "linearizable read".into(), self.inner.node.ensure_linearizable())
+            .await
+            .map_err(|waited| CoordError::Raft(format!("no read barrier within {waited}s: retry")))?;
+        match read {
             Err(corral_raft::RaftError::Failed(e)) => {
                 Err(CoordError::Unavailable(format!("cannot confirm leadership: {e}")))
             }
@@ -402,6 +416,49 @@ impl Coordinator {
 
 /// How long a wait of the control path may last before it is said.
 const SLOW_WAIT: Duration = Duration::from_secs(5);
+
+/// The longest a proposal or a read barrier is waited for. openraft 0.9 never answers a write a
+/// leader proposed if it lost leadership and a snapshot install then replaced the entry (the
+/// responder is stranded: databendlabs/openraft#1762, fixed in 0.10 only). Its waiter waited
+/// forever: the timestamp oracle's extension that held the oracle's lock did, and the node,
+/// leader again terms later, answered heartbeats but no report, submit or scheduling pass.
+/// Past this the caller gets UNAVAILABLE and retries; every command is idempotent.
+pub const MAX_RAFT_WAIT: Duration = Duration::from_secs(10);
+
+/// Strands proposals as openraft 0.9 can (see [`MAX_RAFT_WAIT`]): the failpoint
+/// `raft-propose-stranded-<Command>` (e.g. `raft-propose-stranded-ExtendTso=1*off->1*return`)
+/// counts and strands the proposals of that command only.
+pub const STRANDED_PROPOSAL_FAILPOINT: &str = "raft-propose-stranded";
+
+/// Test builds: whether the [`STRANDED_PROPOSAL_FAILPOINT`] strands this proposal of `name`.
+fn stranded_by_failpoint(name: &str) -> bool {
+    #[cfg(feature = "failpoints")]
+    {
+        crate::failpoints::setup();
+        fail::eval(&format!("{STRANDED_PROPOSAL_FAILPOINT}-{name}"), |_| ()).is_some()
+    }
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = name;
+        false
+    }
+}
+
+/// Awaits `fut` for at most [`MAX_RAFT_WAIT`], saying every [`SLOW_WAIT`] that it has not
+/// finished; `Err` holds the seconds waited.
+pub(crate) async fn bounded_wait<T>(
+    what: impl Fn() -> String,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, u64> {
+    let limit = MAX_RAFT_WAIT;
+    match tokio::time::timeout(limit, said_while_slow(&what, fut)).await {
+        Ok(value) => Ok(value),
+        Err(_) => {
+            tracing::warn!(waited_ms = limit.as_millis() as u64, "{} not answered: given up", what());
+            Err(limit.as_secs())
+        }
+    }
+}
 
 /// Awaits `fut`, warning every [`SLOW_WAIT`] that it has not finished, with `what` waits: a wait
 /// that never ends (a proposal, a read barrier, the timestamp oracle) says where it is.

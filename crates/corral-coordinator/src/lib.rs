@@ -56,7 +56,7 @@ pub use config::{
     AuthSection, CoordinatorFile, HistorySection, ImagesSection, LimitsSection, RaftSection, Retention,
     SchedulerSection, TlsSection,
 };
-pub use coordinator::{Coordinator, CoordinatorConfig};
+pub use coordinator::{Coordinator, CoordinatorConfig, MAX_RAFT_WAIT, STRANDED_PROPOSAL_FAILPOINT};
 pub use error::CoordError;
 pub use group_commit::{DEFAULT_MAX_QUEUED_SUBMITS, GROUP_COMMIT_DELAY_FAILPOINT};
 pub use tso::{CLOCK_SKEW_FAILPOINT, MAX_COUNT as MAX_TIMESTAMPS_PER_CALL};

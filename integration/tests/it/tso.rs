@@ -133,3 +133,38 @@ fn a_leader_with_a_clock_far_behind_still_issues_larger_timestamps() {
         previous = ts;
     }
 }
+
+/// openraft 0.9 can leave a proposal unanswered for good (a former leader's write replaced by a
+/// snapshot install: databendlabs/openraft#1762). The fault harness found a leader whose timestamp
+/// oracle waited on such a proposal, and with it every report, submit and scheduling pass, for
+/// minutes, while it answered heartbeats: the oracle's early extension of its window, a task of
+/// its own that holds the oracle's lock, was the waiter. Here that extension is stranded the same
+/// way (a failpoint: proposed, never answered; the oracle's first window is proposed normally).
+/// Once the window runs out the oracle needs the lock: callers wait, but no longer than
+/// `MAX_RAFT_WAIT` from the stranding, after which the extension gives up and the oracle serves.
+#[test]
+fn a_stranded_proposal_holds_the_timestamp_oracle_no_longer_than_the_bound() {
+    let failpoint = format!("{}-ExtendTso=1*off->1*return", corral_coordinator::STRANDED_PROPOSAL_FAILPOINT);
+    let options = ClusterOptions { node_env: vec![(0, "FAILPOINTS".into(), failpoint)], ..Default::default() };
+    let cluster = Cluster::start(1, options);
+    cluster.init_and_join_all();
+    let client = client(&cluster.endpoints());
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let bound = corral_coordinator::MAX_RAFT_WAIT;
+    // Timestamps for longer than a window and the bound: each call is answered (the client
+    // retries for 20 s), and none waits much past the bound.
+    let until = Instant::now() + bound + Duration::from_secs(8);
+    let (mut slowest, mut last) = (Duration::ZERO, 0);
+    while Instant::now() < until {
+        let asked = Instant::now();
+        let ts = rt.block_on(client.timestamps(1)).expect("timestamps while an extension is stranded");
+        slowest = slowest.max(asked.elapsed());
+        assert!(ts.0 > last, "timestamps increase");
+        last = ts.0;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = cluster.log_of(0);
+    assert!(log.contains("the proposal of ExtendTso is never answered"), "the failpoint stranded nothing:\n{log}");
+    assert!(log.contains("proposal of ExtendTso not answered: given up"), "{log}");
+    assert!(slowest < bound + Duration::from_secs(3), "a call waited {slowest:?}");
+}
