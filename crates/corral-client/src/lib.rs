@@ -315,7 +315,17 @@ impl Client {
                         continue;
                     }
                 };
-                match call(channel).await {
+                // The channel's timeout ends at the answer's headers: a coordinator frozen
+                // mid-answer (its process stopped, its kernel still holding the connection) left
+                // the body waited for forever. The whole answer gets the same bound.
+                let answer =
+                    tokio::time::timeout(self.config.request_timeout, call(channel)).await.unwrap_or_else(|_| {
+                        Err(Status::deadline_exceeded(format!(
+                            "no whole answer from {addr} within {} ms",
+                            self.config.request_timeout.as_millis()
+                        )))
+                    });
+                match answer {
                     Ok(v) => {
                         self.pool().preferred = Some(addr);
                         return Ok(v);
@@ -1402,6 +1412,45 @@ fn file_chunks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A coordinator frozen mid-answer (headers sent, then nothing, the connection held): the
+    /// call gives up after the request timeout and fails over, instead of waiting forever.
+    #[tokio::test]
+    async fn an_answer_frozen_after_its_headers_times_out() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(socket).await else { return };
+                    while let Some(Ok((_request, mut respond))) = conn.accept().await {
+                        let headers = http::Response::builder()
+                            .status(200)
+                            .header("content-type", "application/grpc")
+                            .body(())
+                            .expect("response");
+                        let Ok(mut body) = respond.send_response(headers, false) else { return };
+                        // The start of a 100-byte message, and no more.
+                        let _ = body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 100]), false);
+                        tokio::spawn(async move {
+                            let _held = body;
+                            std::future::pending::<()>().await
+                        });
+                    }
+                });
+            }
+        });
+        let mut config = ClientConfig::new(vec![addr.to_string()]);
+        config.request_timeout = Duration::from_millis(300);
+        config.retry_for = Duration::from_millis(500);
+        let client = Client::new(config).expect("client");
+        let started = Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(20), client.timestamps(1))
+            .await
+            .expect("the client gave up by itself");
+        assert!(answer.is_err(), "{answer:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "gave up after {:?}", started.elapsed());
+    }
 
     #[test]
     fn only_a_full_queue_with_a_retry_after_is_waited_out() {

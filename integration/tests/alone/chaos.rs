@@ -936,6 +936,13 @@ fn lifecycle_invariants_hold_under_random_faults() {
             }
         }
     }
+    // Heal first: the abuser's last calls (and its clean-up) may wait on a frozen coordinator.
+    for slot in [&mut coordinator_fault, &mut worker_fault] {
+        if let Some((_, fault)) = slot.take() {
+            pool.heal(fault);
+            healed.push(format!("{:.3} healed {fault:?}", wall_now()));
+        }
+    }
     let abuse = abuser.stop();
     progress.store(wall_now() as u64, std::sync::atomic::Ordering::Relaxed);
     stall_watch.0.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -955,12 +962,6 @@ fn lifecycle_invariants_hold_under_random_faults() {
             healed.push(format!("{:.3} resumed w{}", wall_now(), worker + 1));
         }
         assert!(Instant::now() < resume_by, "chaos seed {seed}: the healed cluster refused to resume w{}", worker + 1);
-    }
-    for slot in [&mut coordinator_fault, &mut worker_fault] {
-        if let Some((_, fault)) = slot.take() {
-            pool.heal(fault);
-            healed.push(format!("{:.3} healed {fault:?}", wall_now()));
-        }
     }
     eprintln!("chaos seed {seed}: {step} steps, {} acknowledged jobs, {} faults", acked.len(), faults.len());
     progress.store(wall_now() as u64, std::sync::atomic::Ordering::Relaxed);
