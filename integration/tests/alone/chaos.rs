@@ -770,6 +770,12 @@ fn lifecycle_invariants_hold_under_random_faults() {
                     message.push_str(&format!("{name}'s stacks:\n{}\n", corral_integration::thread_dump(pid)));
                 }
                 let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), message.as_bytes());
+                // The abort runs no destructor: the daemons would outlive the test and load the
+                // tests after it.
+                for (_, pid) in daemons.lock().map(|d| d.clone()).unwrap_or_default() {
+                    // SAFETY: kill(2) has no memory-safety preconditions.
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                }
                 std::process::abort();
             }
         })
