@@ -7,10 +7,10 @@
 //! node is cordoned with the reason [`suspended_reason`], which names the node's epoch then, so
 //! any leader tells a node still shutting down (same epoch, up) from one that is off (down) and
 //! from one that was resumed since (it registered again: a higher epoch), and a resume that
-//! timed out cordons a registered node with [`RESUME_FAILED`] until an operator resumes it.
-//! Only clocks live in the leader's memory (how long a node has been idle or resuming) and the
-//! failed resume of a node that never registered: a new leader starts those clocks afresh and
-//! may try such a node again.
+//! timed out cordons the node with [`RESUME_FAILED`] until an operator resumes it. Every declared
+//! node is in the replicated state before the leader decides anything about it (it registers
+//! the ones that never did as suspended). Only clocks live in the leader's memory (how long a
+//! node has been idle or resuming): a new leader starts them afresh.
 //!
 //! Cost: a look for nodes to resume is one scheduling pass over a copy of the state with the
 //! off nodes registered in it, at most once per [`RESUME_LOOK_EVERY`] and only while jobs wait
@@ -270,8 +270,6 @@ struct Memory {
     term: u64,
     /// Nodes the resume program was run for, and when.
     resuming: BTreeMap<String, Instant>,
-    /// Nodes that never registered whose resume timed out.
-    failed: BTreeSet<String>,
     /// Registered declared nodes without a job, since when.
     idle_since: BTreeMap<String, Instant>,
     /// Suspended nodes whose worker is still up, since when this leader saw them so.
@@ -302,24 +300,12 @@ impl Autoscaler {
         self.config.iter().flat_map(|c| c.nodes.values())
     }
 
-    pub(crate) fn is_declared(&self, name: &str) -> bool {
-        self.config.as_ref().is_some_and(|c| c.nodes.contains_key(name))
-    }
-
     /// How `corral nodes` shows a declared node (`None`: as any node), with a reason.
     pub(crate) fn shown_state(&self, state: &State, name: &str) -> Option<(&'static str, String)> {
-        let config = self.config.as_ref().filter(|c| c.nodes.contains_key(name))?;
-        let memory = self.memory();
-        if let Some(since) = memory.resuming.get(name) {
+        self.config.as_ref().filter(|c| c.nodes.contains_key(name))?;
+        if let Some(since) = self.memory().resuming.get(name) {
             let secs = since.elapsed().as_secs();
             return Some(("resuming", format!("autoscale: resume program run {secs}s ago")));
-        }
-        if memory.failed.contains(name) {
-            let timeout = ConfigDuration::from_millis(config.resume_timeout.as_millis() as u64);
-            return Some((
-                "resume-failed",
-                format!("{RESUME_FAILED}: not registered within {timeout} (`corral node resume {name}` to try again)"),
-            ));
         }
         match power(state, name) {
             Power::Off => Some(("off", "autoscale: powered off, resumed for pending work".into())),
@@ -335,12 +321,6 @@ impl Autoscaler {
         let memory = self.memory();
         memory.waiting.iter().map(|(job, nodes)| (*job, format!("autoscale: waiting for {nodes} to resume"))).collect()
     }
-
-    /// Forgets that a never-registered node's resume failed (`corral node resume NAME`);
-    /// whether it had.
-    pub(crate) fn forget_failure(&self, name: &str) -> bool {
-        self.memory().failed.remove(name)
-    }
 }
 
 /// One round of the leader's power decisions: activate resumed nodes, fail resumes past their
@@ -353,7 +333,9 @@ pub(crate) async fn tick(coord: &Coordinator, term: u64) {
             *memory = Memory { term, ..Memory::default() };
         }
     }
-    adopt_declared(coord, &config).await;
+    if !adopt_declared(coord, &config).await {
+        return;
+    }
     settle_resumes(coord, &config).await;
     resume_for_waiting_work(coord, &config).await;
     if config.suspend_program.is_some() {
@@ -366,8 +348,9 @@ pub(crate) async fn tick(coord: &Coordinator, term: u64) {
 /// against what it offers (a job only a declared node can take is accepted and waits), and
 /// every leader and `corral nodes` sees it off. Its worker's own registration replaces the
 /// declared spec. Three log entries per node, once; the scheduling pass that could place on it
-/// in between runs after this in the same loop, so it never sees it up.
-async fn adopt_declared(coord: &Coordinator, config: &AutoscaleConfig) {
+/// in between runs after this in the same loop, so it never sees it up. Whether every declared
+/// node is registered now (else the round stops: nothing is decided about an absent node).
+async fn adopt_declared(coord: &Coordinator, config: &AutoscaleConfig) -> bool {
     let absent: Vec<NodeSpec> = {
         let data = coord.store().read();
         config.nodes.values().filter(|n| !data.state.nodes.contains_key(&n.name)).cloned().collect()
@@ -378,11 +361,11 @@ async fn adopt_declared(coord: &Coordinator, config: &AutoscaleConfig) {
             Ok(corral_core::Outcome::NodeRegistered { epoch }) => epoch,
             Ok(other) => {
                 tracing::warn!(node = %node, outcome = ?other, "autoscale: unexpected outcome declaring a node");
-                return;
+                return false;
             }
             Err(e) => {
                 tracing::warn!(node = %node, error = %e, "autoscale: could not declare a node");
-                return;
+                return false;
             }
         };
         let cordon = Command::SetNodeMode {
@@ -399,11 +382,12 @@ async fn adopt_declared(coord: &Coordinator, config: &AutoscaleConfig) {
         for command in [cordon, down] {
             if let Err(e) = coord.propose(command).await {
                 tracing::warn!(node = %node, error = %e, "autoscale: could not declare a node");
-                return;
+                return false;
             }
         }
         tracing::info!(node = %node, "autoscale: declared node registered as powered off");
     }
+    true
 }
 
 /// Resumed nodes become active; resumes past their timeout fail.
@@ -422,11 +406,10 @@ async fn settle_resumes(coord: &Coordinator, config: &AutoscaleConfig) {
             match power {
                 Power::Resumed => {
                     memory.resuming.remove(name);
-                    activate.push(name.clone());
+                    activate.push((name.clone(), data.state.nodes[name].mode_reason.clone()));
                 }
                 Power::On => {
                     memory.resuming.remove(name);
-                    memory.failed.remove(name);
                 }
                 Power::Suspending => {
                     // A suspend program that exited 0 but left the worker running: after the
@@ -441,7 +424,7 @@ async fn settle_resumes(coord: &Coordinator, config: &AutoscaleConfig) {
             }
             if memory.resuming.get(name).is_some_and(|since| since.elapsed() >= config.resume_timeout) {
                 memory.resuming.remove(name);
-                timed_out.push((name.clone(), data.state.nodes.contains_key(name)));
+                timed_out.push(name.clone());
             }
         }
         let Memory { waiting, resuming, .. } = &mut *memory;
@@ -449,33 +432,25 @@ async fn settle_resumes(coord: &Coordinator, config: &AutoscaleConfig) {
             hostlist::expand(nodes).is_ok_and(|names| names.iter().any(|n| resuming.contains_key(n)))
         });
     }
-    for node in activate {
+    for (node, reason) in activate {
         tracing::info!(node = %node, "autoscale: node resumed, taking jobs again");
-        let command =
-            Command::SetNodeMode { node, mode: NodeMode::Active, reason: String::new(), drain_deadline: None };
-        if let Err(e) = coord.propose(command).await {
-            tracing::warn!(error = %e, "autoscale: could not make a resumed node active");
-        }
+        reactivate(coord, &node, &reason).await;
     }
     for (node, reason) in still_up {
         tracing::warn!(node = %node, "autoscale: the suspend program ran but the node's worker is still up: it takes jobs again");
         reactivate(coord, &node, &reason).await;
     }
     let timeout = ConfigDuration::from_millis(config.resume_timeout.as_millis() as u64);
-    for (node, registered) in timed_out {
+    for node in timed_out {
         tracing::warn!(node = %node, resume_timeout = %timeout, "autoscale: the node did not register in time: out until `corral node resume`");
-        if registered {
-            let command = Command::SetNodeMode {
-                node,
-                mode: NodeMode::Cordoned,
-                reason: format!("{RESUME_FAILED}: not registered within {timeout}"),
-                drain_deadline: None,
-            };
-            if let Err(e) = coord.propose(command).await {
-                tracing::warn!(error = %e, "autoscale: could not mark a failed resume");
-            }
-        } else {
-            coord.autoscaler().memory().failed.insert(node);
+        let command = Command::SetNodeMode {
+            node,
+            mode: NodeMode::Cordoned,
+            reason: format!("{RESUME_FAILED}: not registered within {timeout}"),
+            drain_deadline: None,
+        };
+        if let Err(e) = coord.propose(command).await {
+            tracing::warn!(error = %e, "autoscale: could not mark a failed resume");
         }
     }
 }
@@ -504,7 +479,7 @@ async fn resume_for_waiting_work(coord: &Coordinator, config: &AutoscaleConfig) 
             .nodes
             .values()
             .filter(|n| power(&data.state, &n.name) == Power::Off)
-            .filter(|n| !memory.resuming.contains_key(&n.name) && !memory.failed.contains(&n.name))
+            .filter(|n| !memory.resuming.contains_key(&n.name))
             .collect();
         if off.is_empty() {
             return;

@@ -188,20 +188,6 @@ pub(super) async fn set_node_mode(
     if req.deadline_secs.is_some() && mode != NodeMode::Draining {
         return Err(Status::invalid_argument("--deadline goes with drain only"));
     }
-    let registered = coord.snapshot().read().state.nodes.contains_key(&req.node);
-    if !registered && mode == NodeMode::Active && coord.autoscaler().is_declared(&req.node) {
-        // A declared node that never registered: resuming it lets the autoscaler power it on
-        // again after a failed resume.
-        let had_failed = coord.autoscaler().forget_failure(&req.node);
-        let detail = format!("node {} (declared, never registered; failed resume cleared: {had_failed})", req.node);
-        coord.audit_admin(&request, action, &who, detail);
-        return Ok(Response::new(pb::NodeModeResponse {
-            node: req.node.clone(),
-            state: "off".into(),
-            reason: "autoscale: powered off, resumed for pending work".into(),
-            ..Default::default()
-        }));
-    }
     let ts = coord.timestamps(1).await?;
     let drain_deadline =
         req.deadline_secs.map(|secs| Timestamp::compose(ts.physical_ms().saturating_add(secs.saturating_mul(1000)), 0));
@@ -276,8 +262,9 @@ pub(super) async fn remove_node(
 }
 
 /// `Corral.ListNodes`. Cost: every registered node with its GPUs and the jobs running on them
-/// (the cluster's size, not the queue's), read under the state's read lock, and the declared
-/// nodes of `[autoscale]` (at most `MAX_DECLARED_NODES`).
+/// (the cluster's size, not the queue's), read under the state's read lock. The leader
+/// registers the declared nodes of `[autoscale]` as soon as it leads; they are shown with their
+/// power (`off`, `resuming`, ...).
 pub(super) fn list_nodes(
     coord: &Coordinator,
     snapshot: &Snapshot,
@@ -286,7 +273,7 @@ pub(super) fn list_nodes(
     let who = coord.principal(&request, "nodes")?;
     let data = snapshot.read();
     let autoscaler = coord.autoscaler();
-    let mut nodes: Vec<pb::NodeView> = data
+    let nodes = data
         .state
         .nodes
         .values()
@@ -299,24 +286,5 @@ pub(super) fn list_nodes(
             view
         })
         .collect();
-    // The declared nodes that never registered, as declared.
-    for spec in autoscaler.declared().filter(|d| !data.state.nodes.contains_key(&d.name)) {
-        let status = corral_types::NodeStatus {
-            spec: spec.clone(),
-            state: corral_types::NodeState::Down,
-            epoch: 0,
-            mode: NodeMode::Active,
-            mode_reason: String::new(),
-            drain_deadline: None,
-            gpu_faults: Vec::new(),
-            lease_end_set: None,
-        };
-        let mut view = node_view(&data.state, &status, None, &who);
-        if let Some((state, reason)) = autoscaler.shown_state(&data.state, &spec.name) {
-            (view.state, view.reason) = (state.to_string(), reason);
-        }
-        nodes.push(view);
-    }
-    nodes.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Response::new(pb::ListNodesResponse { nodes }))
 }
