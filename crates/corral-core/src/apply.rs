@@ -263,6 +263,11 @@ impl State {
     /// The API calls it before proposing, apply() calls it again.
     pub fn check_submit(&self, spec: &JobSpec) -> Result<JobSpec, ApplyError> {
         spec.validate()?;
+        if spec.layout.spread_origin.is_some() {
+            // What a requeue restores: a submit naming it could swap in another shape later.
+            let reason = "set by a placement, never by a submit".into();
+            return Err(corral_types::JobSpecError::Invalid { field: "layout.spread_origin".into(), reason }.into());
+        }
         let mut spec = spec.clone();
         if !self.config.tenants.is_empty() && !self.config.tenants.contains(&spec.tenant) {
             return Err(ApplyError::UnknownTenant { tenant: spec.tenant, known: self.config.tenants.join(", ") });
@@ -540,7 +545,7 @@ impl State {
         self.next_epoch += 1;
         let job = self.jobs.get_mut(&job_id).ok_or(ApplyError::NoSuchJob(job_id))?;
         if job.spec.spreads() {
-            // From here on a gang of the nodes chosen (a requeued run keeps them).
+            // From here on a gang of the nodes chosen (`requeue` lets it spread again).
             job.spec = job.spec.spread_over(p.parts().count() as u32);
         }
         job.state = JobState::Running;
@@ -716,6 +721,8 @@ impl State {
     /// Puts a job whose run ended back in the queue.
     fn requeue(&mut self, job_id: JobId, reason: String) {
         let Some(job) = self.jobs.get_mut(&job_id) else { return };
+        // Its node count was its run's: the next run chooses anew (before the index reads it).
+        job.spec.respread();
         job.state = JobState::Pending;
         job.allocation = None;
         job.admitted_at = None;
@@ -2057,6 +2064,59 @@ pub(crate) mod tests {
         assert_eq!(s.ledger[&1].end_state, "requeued");
         assert!(s.allocated_gpus("n1").is_empty() && s.allocated_gpus("n2").is_empty());
         assert_eq!(gangs(&s), 1, "now it can run again");
+    }
+
+    /// Tasks that spread over nodes (`-n 4 --gpus-per-task 1`, no `--nodes`) take the node count
+    /// the pass finds for each run: placed over two half-busy nodes, then requeued when one is
+    /// lost, the job asks for what it was submitted with again and runs on the one node that
+    /// now holds it, not on two because its first run had two.
+    #[test]
+    fn a_requeued_spreading_job_chooses_its_node_count_again() {
+        let mut s = cluster();
+        s.apply(&req(3, Command::RegisterNode { spec: node("n2", 8) })).unwrap();
+        let mut spreading = spec(4);
+        spreading.layout = corral_types::TaskLayout { ntasks: 4, gpus_per_task: 1, ..Default::default() };
+        spreading.priority_class = "normal".into();
+        let submitted = spreading.clone();
+        let mut forged = spreading.clone().spread_over(1);
+        forged.layout.spread_origin = Some(corral_types::SpreadOrigin { gpus: 64, ..Default::default() });
+        let err = submit(&mut s, 4, "forged", forged).unwrap_err().to_string();
+        assert!(err.contains("layout.spread_origin"), "{err}");
+        submit(&mut s, 4, "busy-1", spec(6)).unwrap();
+        submit(&mut s, 5, "busy-2", spec(6)).unwrap();
+        submit(&mut s, 6, "spread", spreading).unwrap();
+        run(&mut s, 7, vec![placement(1, &[("n1", &[0, 1, 2, 3, 4, 5])], None)]);
+        run(&mut s, 8, vec![placement(2, &[("n2", &[0, 1, 2, 3, 4, 5])], None)]);
+        let pass = crate::schedule(&s, s.last_ts, &BTreeSet::new());
+        assert_eq!(run(&mut s, 9, pass.placements).placed, vec![3], "{:?}", pass.pending);
+        let job = &s.jobs[&3];
+        let alloc = job.allocation.as_ref().unwrap();
+        assert_eq!((job.spec.layout.nodes, alloc.parts().count()), (2, 2), "two tasks on each half-free node");
+        let epoch = alloc.epoch;
+
+        for (id, node) in [(1, "n1"), (2, "n2")] {
+            let done = JobExitReport { exit_code: Some(0), run_time_ms: 1_000, ..Default::default() };
+            let epoch = s.jobs[&id].allocation.as_ref().unwrap().epoch;
+            s.apply(&req(10, Command::JobFinished { job_id: id, epoch, node: node.into(), report: done })).unwrap();
+        }
+        s.apply(&req(11, Command::SetNodeState { node: "n2".into(), state: NodeState::Down, reason: String::new() }))
+            .unwrap();
+        let killed = JobExitReport { signal: Some(15), run_time_ms: 2_000, ..Default::default() };
+        s.apply(&req(12, Command::JobFinished { job_id: 3, epoch, node: "n1".into(), report: killed })).unwrap();
+        let job = &s.jobs[&3];
+        assert_eq!(job.state, JobState::Pending, "{:?}", job.reason);
+        assert_eq!(job.spec, submitted, "requeued as it was submitted");
+        assert!(job.spec.spreads());
+        let mut rebuilt = s.clone();
+        rebuilt.rebuild_indexes();
+        assert_eq!(s.index, rebuilt.index, "the queue holds it as submitted");
+
+        let placed = crate::schedule(&s, s.last_ts, &BTreeSet::new()).placements;
+        assert_eq!(placed.len(), 1, "n1 alone holds the four tasks now, n2 is down");
+        assert_eq!((placed[0].node.as_str(), placed[0].gpus.len(), placed[0].more_nodes.len()), ("n1", 4, 0));
+        run(&mut s, 13, placed);
+        let job = &s.jobs[&3];
+        assert_eq!((job.state, job.spec.layout.nodes, job.spec.gpus), (JobState::Running, 1, 4));
     }
 
     /// A cancelled gang ends cancelled when its last part stopped; a part that never started

@@ -122,6 +122,11 @@ fn layout_to_pb(l: &TaskLayout) -> pb::TaskLayout {
         mem_per_gpu: l.mem_per_gpu,
         exclusive: l.exclusive,
         gpu_type: l.gpu_type.clone(),
+        spread_origin: l.spread_origin.map(|o| pb::SpreadOrigin {
+            gpus: o.gpus,
+            cpu_millis: o.cpu_millis,
+            memory_bytes: o.memory_bytes,
+        }),
     }
 }
 
@@ -137,6 +142,11 @@ fn layout_from_pb(l: pb::TaskLayout) -> TaskLayout {
         mem_per_gpu: l.mem_per_gpu,
         exclusive: l.exclusive,
         gpu_type: l.gpu_type,
+        spread_origin: l.spread_origin.map(|o| corral_types::SpreadOrigin {
+            gpus: o.gpus,
+            cpu_millis: o.cpu_millis,
+            memory_bytes: o.memory_bytes,
+        }),
     }
 }
 

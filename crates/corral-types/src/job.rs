@@ -646,11 +646,28 @@ impl JobSpec {
         let nodes = nodes.clamp(1, crate::layout::MAX_NODES_PER_JOB);
         let (per_node, cpu_millis, memory_bytes) = self.spread_shape(nodes);
         spec.layout.nodes = nodes;
+        spec.layout.spread_origin = Some(crate::layout::SpreadOrigin {
+            gpus: self.gpus,
+            cpu_millis: self.cpu_millis,
+            memory_bytes: self.memory_bytes,
+        });
         spec.gpus = per_node.saturating_mul(nodes);
         spec.sched.gpus_per_node = Some(per_node);
         spec.cpu_millis = cpu_millis;
         spec.memory_bytes = memory_bytes;
         spec
+    }
+
+    /// Undoes `spread_over`: a spec a placement laid out over nodes spreads again, as it was
+    /// submitted (a requeued run chooses its node count anew). Any other spec is unchanged.
+    pub fn respread(&mut self) {
+        if let Some(origin) = self.layout.spread_origin.take() {
+            self.layout.nodes = 0;
+            self.sched.gpus_per_node = None;
+            self.gpus = origin.gpus;
+            self.cpu_millis = origin.cpu_millis;
+            self.memory_bytes = origin.memory_bytes;
+        }
     }
 
     /// Checks what can be checked without cluster state.
@@ -1299,6 +1316,10 @@ mod tests {
         assert_eq!(on.cpu_millis, 4000, "two tasks of two CPUs on the busiest node");
         assert!(!on.spreads(), "placed: a gang of four");
         assert_eq!(on.validate(), Ok(()));
+        let mut again = on.clone();
+        again.respread();
+        assert_eq!(again, s, "requeued: spreads as submitted");
+        assert_eq!(again.spread_over(2).spread_over(3), again.spread_over(2), "placed once");
         let mut per_gpu = spread(6, 2);
         per_gpu.layout.mem_per_gpu = 1 << 30;
         let on = per_gpu.spread_over(2);
@@ -1308,6 +1329,9 @@ mod tests {
         given.sched.gpus_per_node = Some(4);
         assert!(!given.spreads(), "--gpus-per-node fixes the nodes");
         assert_eq!(given.spread_over(2), given);
+        let mut kept = given.clone();
+        kept.respread();
+        assert_eq!(kept, given, "a spec no placement laid out stays");
         let mut nodes = spread(4, 1);
         nodes.layout.nodes = 2;
         assert!(!nodes.spreads(), "--nodes fixes them too");

@@ -55,6 +55,20 @@ pub struct TaskLayout {
     /// (`a100` matches "NVIDIA A100-SXM4-80GB"; see `gpu_type_matches`). `None`: any model.
     #[serde(default)]
     pub gpu_type: Option<String>,
+    /// Set when a placement chose the node count of a job whose tasks spread over nodes
+    /// (`JobSpec::spread_over`): what the job asked for before, so that a requeued run spreads
+    /// again (`JobSpec::respread`) instead of waiting for as many nodes as its first run had.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread_origin: Option<SpreadOrigin>,
+}
+
+/// What a spreading job asked for before a placement laid it out over nodes: the fields
+/// `JobSpec::spread_over` replaces (`layout.nodes` was 0 and `sched.gpus_per_node` unset).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpreadOrigin {
+    pub gpus: u32,
+    pub cpu_millis: u32,
+    pub memory_bytes: u64,
 }
 
 impl TaskLayout {

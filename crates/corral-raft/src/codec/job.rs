@@ -105,6 +105,11 @@ fn layout_to_pb(l: &TaskLayout) -> pb::TaskLayout {
         mem_per_gpu: l.mem_per_gpu,
         exclusive: l.exclusive,
         gpu_type: l.gpu_type.clone(),
+        spread_origin: l.spread_origin.map(|o| pb::SpreadOrigin {
+            gpus: o.gpus,
+            cpu_millis: o.cpu_millis,
+            memory_bytes: o.memory_bytes,
+        }),
     }
 }
 
@@ -120,6 +125,11 @@ fn layout_from_pb(l: pb::TaskLayout) -> TaskLayout {
         mem_per_gpu: l.mem_per_gpu,
         exclusive: l.exclusive,
         gpu_type: l.gpu_type,
+        spread_origin: l.spread_origin.map(|o| corral_types::SpreadOrigin {
+            gpus: o.gpus,
+            cpu_millis: o.cpu_millis,
+            memory_bytes: o.memory_bytes,
+        }),
     }
 }
 
@@ -514,6 +524,7 @@ mod tests {
                 mem_per_gpu: 20 << 30,
                 exclusive: true,
                 gpu_type: Some("a100".into()),
+                spread_origin: Some(corral_types::SpreadOrigin { gpus: 7, cpu_millis: 14_000, memory_bytes: 1 << 30 }),
             },
             batch_step: true,
             slurm: SlurmNames {

@@ -91,7 +91,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
         (
             any::<bool>(),
             any::<bool>(),
-            any::<(u32, u32, u32, u64)>(),
+            (any::<(u32, u32, u32, u64)>(), of(any::<(u32, u32, u64)>())),
             any::<bool>(),
             of(text()),
             of(text()),
@@ -108,7 +108,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                 (
                     batch_step,
                     append_output,
-                    (nodes, ntasks, gpus_per_task, mem_per_gpu),
+                    ((nodes, ntasks, gpus_per_task, mem_per_gpu), spread_origin),
                     exclusive,
                     gpu_type,
                     account,
@@ -142,6 +142,11 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                     mem_per_gpu,
                     exclusive,
                     gpu_type,
+                    spread_origin: spread_origin.map(|(gpus, cpu_millis, memory_bytes)| corral_types::SpreadOrigin {
+                        gpus,
+                        cpu_millis,
+                        memory_bytes,
+                    }),
                     ..Default::default()
                 },
                 batch_step,
