@@ -183,8 +183,15 @@ const HISTORY_HEADER: &[&str] = &["JOB", "NAME", "TENANT", "GPUS", "START", "END
 
 pub async fn history(global: &GlobalArgs, args: HistoryArgs) -> anyhow::Result<ExitCode> {
     let (submitted_since, submitted_until) = time_range(args.since.as_deref(), args.until.as_deref())?;
-    let query =
-        JobQuery { all: true, tenant: args.tenant.clone(), submitted_since, submitted_until, ..Default::default() };
+    // The history shows no job's script or environment.
+    let query = JobQuery {
+        all: true,
+        tenant: args.tenant.clone(),
+        submitted_since,
+        submitted_until,
+        brief: true,
+        ..Default::default()
+    };
     let client = client(global)?;
     let fetch = |token: String, limit: u32| {
         let (client, query) = (&client, &query);

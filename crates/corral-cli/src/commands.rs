@@ -261,6 +261,8 @@ fn job_query(args: &JobsArgs, queue_only: bool) -> anyhow::Result<JobQuery> {
             (None, true) => Some(login_name()?),
             (None, false) => None,
         },
+        // Neither the table nor the JSON shows a job's script or environment.
+        brief: true,
     })
 }
 

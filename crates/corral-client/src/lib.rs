@@ -176,6 +176,9 @@ pub struct JobQuery {
     pub submitted_until: Option<Timestamp>,
     /// Only jobs submitted by this user (the login name recorded at submit).
     pub user: Option<String>,
+    /// Each job without its script and environment (`ListJobsRequest.brief`): a listing that
+    /// shows neither decodes a fraction of the bytes.
+    pub brief: bool,
 }
 
 /// Which billing segments a listing returns (`Client::segments_page`).
@@ -598,6 +601,7 @@ impl Client {
                     submitted_since: query.submitted_since.map(|t| t.0),
                     submitted_until: query.submitted_until.map(|t| t.0),
                     user: query.user.clone(),
+                    brief: query.brief,
                 });
                 async move { Self::corral(ch).list_jobs(req).await }
             })

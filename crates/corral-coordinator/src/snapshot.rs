@@ -77,17 +77,16 @@ impl Snapshot {
         reply
     }
 
-    /// `job` as a watch sends it: [`Self::job_reply`] without the script and the environment,
-    /// the parts of a spec that may take megabytes (`GetJob` has them). A watch buffers a few
-    /// events, and a principal may hold `limits.max-watches-per-principal` watches: without them
-    /// an event is at most the command's cap plus a few KiB, whatever the jobs hold.
-    pub(crate) fn watch_reply(&self, job: &Job) -> pb::Job {
-        let mut reply = self.job_reply(job);
-        if let Some(spec) = reply.spec.as_mut() {
-            spec.script = None;
-            spec.env.clear();
-        }
-        reply
+    /// `job` as a watch and a brief listing send it: [`Self::job_reply`] without the script and
+    /// the environment, the parts of a spec that may take megabytes (`GetJob` has them). A watch
+    /// buffers a few events, and a principal may hold `limits.max-watches-per-principal`
+    /// watches: without them an event is at most the command's cap plus a few KiB, whatever the
+    /// jobs hold. Neither is copied or encoded (the spec holds them behind `Arc`s).
+    pub(crate) fn brief_reply(&self, job: &Job) -> pb::Job {
+        let mut brief = job.clone();
+        brief.spec.script = None;
+        brief.spec.env = Default::default();
+        self.job_reply(&brief)
     }
 
     /// Job `job_id` from the hot state, or else from the history of finished jobs.

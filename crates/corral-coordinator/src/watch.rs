@@ -16,7 +16,7 @@
 //! state lock held while it is walked or encoded); the changes come in windows of about
 //! `CHANGE_WINDOW` job changes (`ChangeLog::window_after`) — and holds at most `BUFFER` events
 //! its client has not taken (a bounded channel), each without the job's script and environment
-//! (`Snapshot::watch_reply`), so a watch holds a few MiB at most. A client that reads slower than the jobs
+//! (`Snapshot::brief_reply`), so a watch holds a few MiB at most. A client that reads slower than the jobs
 //! change falls behind: once more than half of `raft.watch-history` job changes were applied
 //! after its last resume point, the watch ends with ABORTED naming that revision, which is then
 //! still remembered, so the client resumes from it instead of listing again.
@@ -267,7 +267,7 @@ impl WatchTask {
                 for id in page {
                     if let Some(job) = jobs.get(id).filter(|j| self.filter.matches(j)) {
                         let event =
-                            pb::JobEvent { revision: at, job: Some(snapshot.watch_reply(job)), resume_revision: None };
+                            pb::JobEvent { revision: at, job: Some(snapshot.brief_reply(job)), resume_revision: None };
                         self.send(event).await?;
                     }
                 }
@@ -288,7 +288,7 @@ impl WatchTask {
                 scanned += 1;
                 if self.filter.matches(job) {
                     let event =
-                        pb::JobEvent { revision: at, job: Some(snapshot.watch_reply(job)), resume_revision: None };
+                        pb::JobEvent { revision: at, job: Some(snapshot.brief_reply(job)), resume_revision: None };
                     self.send(event).await?;
                     sent += 1;
                 }
@@ -333,7 +333,7 @@ impl WatchTask {
                 // A job gone from the state (moved to the history) is not sent.
                 let Some(job) = jobs.get(id).filter(|j| self.filter.matches(j)) else { continue };
                 let event =
-                    pb::JobEvent { revision: *revision, job: Some(snapshot.watch_reply(job)), resume_revision: None };
+                    pb::JobEvent { revision: *revision, job: Some(snapshot.brief_reply(job)), resume_revision: None };
                 if let Some(mut previous) = held.replace(event) {
                     if *revision > previous.revision {
                         previous.resume_revision = Some(previous.revision);

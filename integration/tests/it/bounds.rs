@@ -2,7 +2,7 @@
 //! largest legal request is served, one more entry is refused whole with one line naming the
 //! limit, and nothing of a refused request is created.
 
-use corral_client::{Client, ClientConfig, SegmentQuery};
+use corral_client::{Client, ClientConfig, JobQuery, SegmentQuery};
 use corral_integration::{trivial_job, DevPool};
 use corral_proto::v1 as pb;
 use corral_types::{Dependency, DependencyKind, JobSpec};
@@ -100,9 +100,9 @@ fn each_request_is_bounded_and_a_refusal_names_its_limit_and_creates_nothing() {
 
 /// A watch buffers a few events per client, and a principal may hold many watches: its events
 /// carry each job without the script and environment (up to 1 MiB and 256 KiB), which `GetJob`
-/// still returns whole.
+/// still returns whole, as a listing does unless it asks to be brief.
 #[test]
-fn watches_send_jobs_without_their_script_and_environment() {
+fn watches_and_brief_listings_send_jobs_without_their_script_and_environment() {
     let pool = DevPool::start(&["--gpus", "1"]);
     let rt = runtime();
     let c = client(&pool.addr);
@@ -136,5 +136,15 @@ fn watches_send_jobs_without_their_script_and_environment() {
         let watched = job.spec.expect("its spec");
         assert_eq!(watched.script, None, "no script from WatchJob");
         assert!(watched.env.is_empty(), "no environment from WatchJob");
+
+        // A listing has them unless it asks to be brief, as `corral queue` and `jobs` do.
+        let full = c.list_jobs_page(&JobQuery::default(), "", 0).await.expect("list").items;
+        assert_eq!((full.len(), full[0].spec.script.as_deref()), (1, Some(script.as_str())));
+        assert_eq!(full[0].spec.env.len(), 1);
+        let query = JobQuery { brief: true, ..Default::default() };
+        let brief = c.list_jobs_page(&query, "", 0).await.expect("brief list").items;
+        assert_eq!((brief.len(), brief[0].spec.script.as_deref()), (1, None), "no script in a brief listing");
+        assert!(brief[0].spec.env.is_empty(), "no environment in a brief listing");
+        assert_eq!((brief[0].id, brief[0].spec.name.as_str(), brief[0].state), (id, "big", full[0].state));
     });
 }

@@ -233,14 +233,17 @@ pub(super) fn list_jobs(
         after,
         listing::page_size(req.limit),
     );
-    let jobs = jobs.iter().map(|j| snapshot.job_reply(j)).collect();
+    let jobs = match req.brief {
+        true => jobs.iter().map(|j| snapshot.brief_reply(j)).collect(),
+        false => jobs.iter().map(|j| snapshot.job_reply(j)).collect(),
+    };
     Ok(Response::new(pb::ListJobsResponse { jobs, next_page_token }))
 }
 
 /// `Corral.WatchJob` (`corral wait`, `corral logs -f`). Cost: one of the caller's
 /// `limits.max-watches-per-principal` watches while it lasts; the job is read and sent again
 /// at each applied change (or every `WATCH_REFRESH`), only when it changed, at most 4 replies
-/// buffered, each without the script and environment (`Snapshot::watch_reply`).
+/// buffered, each without the script and environment (`Snapshot::brief_reply`).
 pub(super) fn watch_job(
     coord: &Coordinator,
     watches: &Arc<Watches>,
@@ -276,7 +279,7 @@ fn watch_one(
             }
             let snapshot = coord.snapshot();
             let Some(job) = snapshot.find_job(job_id) else { return };
-            let (reply, terminal) = (snapshot.watch_reply(&job), job.state.is_terminal());
+            let (reply, terminal) = (snapshot.brief_reply(&job), job.state.is_terminal());
             if last.as_ref() != Some(&reply) {
                 if tx.send(Ok(reply.clone())).await.is_err() || terminal {
                     return;
