@@ -124,7 +124,9 @@ pub enum Command {
     },
     // Slurm-style commands.
     /// Submit a batch script: `#SBATCH` and `#CORRAL` directives at its top set the job's
-    /// options (flags given here win); prints the job id.
+    /// options (flags given here win); prints the job id. Options before the script also take
+    /// Slurm's sbatch forms (`--job-name`, `-J`, `-t 1-00:00:00`, `--gres=gpu:2`, `--mem=4000`
+    /// in MB, `-o FILE`, `-e FILE`); everything after the script is its arguments.
     Sbatch(SbatchArgs),
     /// Submit a job, wait for it and stream its output (like srun); exits with the job's exit
     /// code (128+N when killed by signal N). Ctrl-C cancels the job.

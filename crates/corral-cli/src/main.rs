@@ -54,12 +54,30 @@ fn main() -> ExitCode {
     let mut argv = std::env::args();
     let name = argv.next().and_then(|a| std::path::Path::new(&a).file_name().map(|n| n.to_string_lossy().into_owned()));
     let in_job = name.map_or(in_job::InJob::Cli, |name| in_job::dispatch(&name, &argv.collect::<Vec<_>>()));
-    let parsed = match in_job {
-        in_job::InJob::Cli => Cli::try_parse(),
+    let args: Vec<std::ffi::OsString> = match in_job {
+        in_job::InJob::Cli => std::env::args_os().collect(),
         in_job::InJob::Exit(code) => return code,
-        // `squeue`, `scancel`, `scontrol show job`: the corral command they translate to.
-        in_job::InJob::Corral(args) => Cli::try_parse_from(args),
+        // `squeue`, `scancel`, `scontrol show job`, `sbatch`: the corral command they translate to.
+        in_job::InJob::Corral(args) => args.into_iter().map(Into::into).collect(),
     };
+    // `corral sbatch` reads Slurm's options before the script as Slurm's sbatch does (a command
+    // line that is not UTF-8 is left to clap as it is).
+    let args = match args.iter().map(|a| a.to_str().map(String::from)).collect::<Option<Vec<String>>>() {
+        Some(text) => match sbatch::command_line(text) {
+            Ok((text, warnings)) => {
+                for warning in warnings {
+                    eprintln!("warning: {warning}");
+                }
+                text.into_iter().map(Into::into).collect()
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => args,
+    };
+    let parsed = Cli::try_parse_from(args);
     let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {

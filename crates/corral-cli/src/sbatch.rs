@@ -100,6 +100,207 @@ pub fn parse_directives(script: &str, text: &str, strict: bool) -> Result<Direct
     Ok(out)
 }
 
+/// `corral sbatch`'s command line as Slurm's `sbatch` reads it: the options before the script
+/// have Slurm's meaning, as in `#SBATCH` lines (`--job-name`, `-J`, `-t 1-00:00:00`, `--gres`,
+/// `--mem=4000` in MB, `-o slurm-%j.out`, `-e`, `--requeue` ...), translated to corral's flags
+/// where they are Slurm's; corral's own flags pass as they are (`--tenant`, `--image`,
+/// `--endpoint`, `--strict`, `--parsable`, `--wait`, `-o json`). A value Slurm does not read
+/// but corral does stays corral's (`--time 1h30m`, `--mem 16GiB`). Anything else of `argv`
+/// (another command, the script and its arguments) is unchanged.
+///
+/// Returns the new argv and one warning per Slurm option corral does not support (an error
+/// with `--strict`).
+pub fn command_line(argv: Vec<String>) -> Result<(Vec<String>, Vec<String>), String> {
+    let Some(at) = subcommand_at(&argv) else { return Ok((argv, Vec::new())) };
+    if argv[at] != "sbatch" {
+        return Ok((argv, Vec::new()));
+    }
+    let corral = CorralOptions::of_sbatch();
+    let strict = argv[at + 1..].iter().take_while(|w| w.starts_with('-')).any(|w| w == "--strict");
+    let mut out: Vec<String> = argv[..=at].to_vec();
+    let mut warnings = Vec::new();
+    let mut i = at + 1;
+    while i < argv.len() {
+        let word = &argv[i];
+        if word == "--" || !word.starts_with('-') || word == "-" {
+            break;
+        }
+        i += 1;
+        let (slurm, name, inline) = match word.strip_prefix("--") {
+            Some(long) => {
+                let (name, inline) = match long.split_once('=') {
+                    Some((n, v)) => (n.to_string(), Some(v.to_string())),
+                    None => (long.to_string(), None),
+                };
+                // One of Slurm's options (or an abbreviation of one), unless it is a corral flag
+                // of that exact name that Slurm has not; anything else is left to clap (which
+                // names what it is close to).
+                let canonical = long_option(&name);
+                let slurm = SLURM_LONG.contains(&canonical.as_str())
+                    && (SLURM_LONG.contains(&name.as_str()) || !corral.has_long(&name));
+                (slurm.then_some(canonical), format!("--{name}"), inline)
+            }
+            None => {
+                let mut chars = word[1..].chars();
+                let c = chars.next().unwrap_or('-');
+                let rest: String = chars.collect();
+                let slurm = SHORT
+                    .iter()
+                    .find(|(s, _)| *s == c)
+                    .map(|(_, l)| l.to_string())
+                    .or_else(|| SWITCHES.iter().find(|(s, _)| *s == Some(c)).map(|(_, l)| l.to_string()));
+                (slurm, format!("-{c}"), (!rest.is_empty()).then(|| rest.trim_start_matches('=').to_string()))
+            }
+        };
+        // What the command line itself decides: help, the output format, how the submit
+        // prints and waits.
+        let keep = match slurm.as_deref() {
+            None => true,
+            Some("help" | "version" | "parsable" | "wait" | "usage") => true,
+            Some("output") => {
+                let value = inline.as_deref().or(argv.get(i).map(String::as_str));
+                matches!(value, Some("json" | "table"))
+            }
+            Some(_) => false,
+        };
+        if keep {
+            out.push(word.clone());
+            let takes_value = match name.strip_prefix("--") {
+                Some(long) => corral.long_value.iter().any(|l| l == long),
+                None => name[1..].chars().next().is_some_and(|c| corral.short_value.contains(&c)),
+            };
+            if takes_value && inline.is_none() && i < argv.len() {
+                out.push(argv[i].clone());
+                i += 1;
+            }
+            continue;
+        }
+        let long = slurm.unwrap_or_default();
+        let switch = SWITCHES.iter().any(|(_, l)| *l == long);
+        let mut words = vec![word.clone()];
+        if !switch && inline.is_none() && i < argv.len() {
+            words.push(argv[i].clone());
+            i += 1;
+        }
+        let mut unsupported = Vec::new();
+        let translated = translate_sbatch(&words, &mut unsupported);
+        // An option Slurm has that corral does not support, or a value Slurm does not read,
+        // of one of corral's own flags (`--priority CLASS`, `--time 1h30m`, `--mem 16GiB`):
+        // corral's meaning.
+        if (translated.is_err() || !unsupported.is_empty()) && corral.has(&name) {
+            out.extend(words);
+            continue;
+        }
+        match translated {
+            Ok(flags) => {
+                for what in unsupported {
+                    let message = format!("{what} is not supported by corral");
+                    if strict {
+                        return Err(format!(
+                            "{message} (--strict): remove it, or submit without --strict to ignore it"
+                        ));
+                    }
+                    warnings.push(format!("{message}: ignored"));
+                }
+                out.extend(flags);
+            }
+            Err(why) => return Err(format!("{}: {why}", words.join(" "))),
+        }
+    }
+    // Everything from the script on is the script's (`job.sh -o x` passes `-o x` to it), as
+    // for Slurm's sbatch: clap reads it so after `--`.
+    if argv.get(i).is_some_and(|w| w != "--") {
+        out.push("--".into());
+    }
+    out.extend(argv[i..].iter().cloned());
+    Ok((out, warnings))
+}
+
+/// Where the subcommand is in `argv`: the first word that is neither an option of the root
+/// command nor the value of one.
+fn subcommand_at(argv: &[String]) -> Option<usize> {
+    let root = CorralOptions::of_root();
+    let mut i = 1;
+    while i < argv.len() {
+        let word = &argv[i];
+        if word == "--" {
+            return None;
+        }
+        if !word.starts_with('-') {
+            return Some(i);
+        }
+        let takes_value = match word.strip_prefix("--") {
+            Some(long) => !long.contains('=') && root.long_value.contains(&long.to_string()),
+            None => word.len() == 2 && word[1..].chars().next().is_some_and(|c| root.short_value.contains(&c)),
+        };
+        i += if takes_value { 2 } else { 1 };
+    }
+    None
+}
+
+/// corral's own option names of a command, from its clap definition: which take a value.
+struct CorralOptions {
+    long_value: Vec<String>,
+    long_switch: Vec<String>,
+    short_value: Vec<char>,
+    short_switch: Vec<char>,
+}
+
+impl CorralOptions {
+    /// `--name` or `-c` is one of these options.
+    fn has(&self, option: &str) -> bool {
+        match option.strip_prefix("--") {
+            Some(long) => self.has_long(long),
+            None => option[1..]
+                .chars()
+                .next()
+                .is_some_and(|c| self.short_value.contains(&c) || self.short_switch.contains(&c)),
+        }
+    }
+
+    fn has_long(&self, long: &str) -> bool {
+        self.long_value.iter().chain(&self.long_switch).any(|l| l == long)
+    }
+
+    fn of(command: &clap::Command) -> CorralOptions {
+        let mut options = CorralOptions {
+            long_value: Vec::new(),
+            long_switch: Vec::new(),
+            short_value: Vec::new(),
+            short_switch: Vec::new(),
+        };
+        for arg in command.get_arguments() {
+            let takes_value = arg.get_action().takes_values();
+            let longs = arg.get_long().into_iter().chain(arg.get_all_aliases().unwrap_or_default());
+            for long in longs {
+                match takes_value {
+                    true => options.long_value.push(long.to_string()),
+                    false => options.long_switch.push(long.to_string()),
+                }
+            }
+            match (arg.get_short(), takes_value) {
+                (Some(short), true) => options.short_value.push(short),
+                (Some(short), false) => options.short_switch.push(short),
+                (None, _) => {}
+            }
+        }
+        options
+    }
+
+    /// The root command's options (the global ones).
+    fn of_root() -> CorralOptions {
+        use clap::Args;
+        CorralOptions::of(&crate::args::GlobalArgs::augment_args(clap::Command::new("corral")))
+    }
+
+    /// `corral sbatch`'s options, the global ones included.
+    fn of_sbatch() -> CorralOptions {
+        use clap::Args;
+        let command = crate::args::SbatchArgs::augment_args(clap::Command::new("sbatch"));
+        CorralOptions::of(&crate::args::GlobalArgs::augment_args(command))
+    }
+}
+
 /// The text after `#SBATCH` (or `#CORRAL`) when the line is such a directive.
 fn directive_body<'a>(line: &'a str, prefix: &str) -> Option<&'a str> {
     let rest = line.strip_prefix(prefix)?;
@@ -199,6 +400,12 @@ const SWITCHES: &[(Option<char>, &str)] = &[
     (None, "test-only"),
     (None, "ignore-pbs"),
     (None, "get-user-env"),
+    (Some('k'), "no-kill"),
+    (Some('s'), "oversubscribe"),
+    (Some('Q'), "quiet"),
+    (Some('v'), "verbose"),
+    (None, "use-min-nodes"),
+    (None, "reboot"),
 ];
 
 /// Slurm's `sbatch` long options (22.05, with its aliases) and corral's own, for
@@ -394,12 +601,13 @@ fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<V
         let value = match inline {
             Some(v) => v,
             None => match words.get(i) {
-                Some(v) => {
+                // An option corral does not know may take no value: the next option is not its.
+                Some(v) if KNOWN_WITH_VALUE.contains(&name.as_str()) || !v.starts_with('-') => {
                     i += 1;
                     v.clone()
                 }
                 None if KNOWN_WITH_VALUE.contains(&name.as_str()) => return Err(format!("--{name} needs a value")),
-                None => {
+                _ => {
                     unsupported.push(format!("--{name}"));
                     continue;
                 }
@@ -608,6 +816,86 @@ fn slurm_signal(value: &str) -> String {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    fn line(words: &str) -> Result<(Vec<String>, Vec<String>), String> {
+        command_line(words.split(' ').map(String::from).collect())
+    }
+
+    fn rewritten(words: &str) -> String {
+        let (argv, warnings) = line(words).unwrap_or_else(|e| panic!("{words}: {e}"));
+        assert!(warnings.is_empty(), "{words}: {warnings:?}");
+        argv.join(" ")
+    }
+
+    /// The options before the script mean what they mean to Slurm's sbatch, as `#SBATCH` lines
+    /// do; the script's own arguments are untouched.
+    #[test]
+    fn the_command_line_reads_slurms_options_before_the_script() {
+        assert_eq!(
+            rewritten("corral sbatch --job-name=train -t 1-00:00:00 --gres=gpu:a100:2 --mem=4000 -o logs/%x-%j.out -e err-%j --requeue --mail-type=END job.sh -o x --mem 1"),
+            "corral sbatch --name train --time 86400s --gpus-per-node 2 --gpu-type a100 --mem 4194304000 --stdout logs/%x-%j.out --stderr err-%j -- job.sh -o x --mem 1"
+        );
+        assert_eq!(
+            rewritten("corral sbatch -J x -N2 --ntasks-per-node 4 -G 8 j.sh"),
+            "corral sbatch --name x --nodes 2 --ntasks-per-node 4 --gpus 8 -- j.sh"
+        );
+        assert_eq!(
+            rewritten("corral sbatch --nodes=2-4 --time=30 --signal=B:USR1@90 j.sh"),
+            "corral sbatch --nodes 2 --time 1800s --signal USR1@90 -- j.sh"
+        );
+        // Abbreviations, as Slurm's getopt_long takes them.
+        assert_eq!(
+            rewritten("corral sbatch --err=e.txt --job=n j.sh"),
+            "corral sbatch --stderr e.txt --name n -- j.sh"
+        );
+    }
+
+    /// corral's own flags pass as they are, the global ones before and after `sbatch` included.
+    #[test]
+    fn corrals_own_flags_keep_their_meaning() {
+        let same = [
+            "corral --endpoint h:1 -o json sbatch --tenant t --priority high --image /srv/root --parsable --wait job.sh",
+            "corral sbatch -o json --strict -W --env A=1 --stdout out.txt --gpu-slice mig:1g.10gb job.sh",
+            // Values Slurm does not read but corral does.
+            "corral sbatch --time 1h30m --mem 16GiB job.sh",
+            "corral submit --mem 4000 --name x -- true",
+            "corral sbatch",
+            "corral --output table",
+        ];
+        for words in same {
+            assert_eq!(rewritten(words), words.replace(" job.sh", " -- job.sh"));
+        }
+        assert_eq!(
+            rewritten("corral sbatch -o table --output=slurm-%j.out j.sh"),
+            "corral sbatch -o table --stdout slurm-%j.out -- j.sh"
+        );
+        assert_eq!(rewritten("corral sbatch -- j.sh -- a"), "corral sbatch -- j.sh -- a", "one -- is enough");
+        // Not an option of either: left to clap, which refuses it naming what is close.
+        assert!(rewritten("corral sbatch --gpuss 2 job.sh").starts_with("corral sbatch --gpuss "));
+    }
+
+    /// Slurm's options without a value, and options corral does not know followed by another
+    /// option, take no word of the line with them.
+    #[test]
+    fn options_without_a_value_take_nothing_with_them() {
+        let text = "#!/bin/sh\n#SBATCH --no-kill --gpus=2 --oversubscribe -N 2\n#SBATCH --frobnicate --time=5\ntrue\n";
+        let parsed = parse_directives("job.sh", text, false).expect("parsed");
+        assert_eq!((parsed.flags.gpus, parsed.flags.nodes), (Some(2), Some(2)));
+        assert_eq!(parsed.flags.time, Some(Duration::from_secs(300)));
+        assert_eq!(parsed.warnings.len(), 3, "{:?}", parsed.warnings);
+        assert!(parsed.warnings[2].contains("--frobnicate is not supported"), "{:?}", parsed.warnings);
+    }
+
+    #[test]
+    fn slurm_options_corral_lacks_warn_or_refuse_under_strict() {
+        let (argv, warnings) = line("corral sbatch --reservation=maint --gpus 2 j.sh").expect("warned");
+        assert_eq!(argv.join(" "), "corral sbatch --gpus 2 -- j.sh");
+        assert_eq!(warnings, ["--reservation is not supported by corral: ignored"]);
+        let err = line("corral sbatch --strict --reservation maint j.sh").expect_err("refused");
+        assert!(err.contains("--reservation is not supported by corral (--strict)"), "{err}");
+        let err = line("corral sbatch --gres=gpu:x:y j.sh").expect_err("a bad value of Slurm's");
+        assert!(err.starts_with("--gres=gpu:x:y: "), "{err}");
+    }
 
     const SCRIPT: &str = r#"#!/bin/bash
 # a comment

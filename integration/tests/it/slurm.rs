@@ -66,6 +66,50 @@ fn sbatch_script_runs_with_its_directives() {
     assert_eq!(file, expected);
 }
 
+/// The options a user types before the script mean what they mean to Slurm's `sbatch` and win
+/// over the script's directives (`sbatch --job-name=x -t 5 -o out-%j.txt --mem=100 job.sh`,
+/// as projects' documentation writes them); corral's own flags and the script's arguments
+/// keep theirs.
+#[test]
+fn sbatch_reads_slurms_options_on_its_command_line() {
+    let pool = DevPool::start(&["--gpus", "4"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = "#!/bin/sh\n#SBATCH -J from-script\n#SBATCH --time=10\necho \"name=$SLURM_JOB_NAME args=$*\"\n";
+    std::fs::write(dir.path().join("job.sh"), script).expect("write");
+    let args = [
+        "sbatch",
+        "--job-name=from-line",
+        "-t",
+        "0-00:05:00",
+        "-o",
+        "out-%j.txt",
+        "--mem=100",
+        "--gres=gpu:2",
+        "--requeue",
+        "--mail-type=END",
+        "--parsable",
+        "job.sh",
+        "-o",
+        "x",
+    ];
+    let out = corral_in(&pool, dir.path(), &[], &args);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"), "{}", one_line_stderr(&out));
+    let job = submitted_id(&out);
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert_eq!((doc["name"].as_str(), doc["time_limit_secs"].as_u64()), (Some("from-line"), Some(300)), "{doc}");
+    assert_eq!(doc["gpus"].as_array().map(Vec::len), Some(2), "{doc}");
+    let shown = pool.ok(&["show", &job.to_string()]);
+    assert!(shown.contains("100MiB") || shown.contains("100 MiB"), "--mem=100 is 100 MB: {shown}");
+    let file = std::fs::read_to_string(dir.path().join(format!("out-{job}.txt"))).expect("the -o file");
+    assert_eq!(file, "name=from-line args=-o x\n");
+
+    // An option Slurm has and corral does not: one warning, the job is submitted.
+    let out = corral_in(&pool, dir.path(), &[], &["sbatch", "--reservation=maint", "--hold", "job.sh"]);
+    assert!(one_line_stderr(&out).contains("--reservation is not supported by corral: ignored"), "{out:?}");
+    submitted_id(&out);
+}
+
 #[test]
 fn relative_program_runs_in_the_submit_directory() {
     let pool = DevPool::start(&[]);
@@ -340,6 +384,33 @@ fn accounts_and_qos_map_through_the_policy() {
     let changes: Vec<&str> = diff["changes"].as_array().expect("changes").iter().filter_map(|c| c.as_str()).collect();
     assert!(changes.contains(&"slurm.accounts: \"proj_x\" unset (was team-a)"), "{diff}");
     assert!(changes.contains(&"slurm: default-account unset (was proj_y)"), "{diff}");
+}
+
+/// Without `[slurm]` names in the policy, an account names a tenant and a QOS a class; a name
+/// that names neither is kept as Slurm keeps accounts it does not enforce (its default): the job
+/// runs as if it named none and still sees its account and QOS. Published scripts name their
+/// site's accounts (`--account=project_2001659`) and QOS (`--qos=high`).
+#[test]
+fn unmapped_accounts_and_qos_are_kept_as_slurm_keeps_unenforced_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pool = DevPool::start(&["--gpus", "1"]);
+    let sbatch = |directives: &str| {
+        let script = format!(
+            "#!/bin/sh\n{directives}\n#SBATCH --output=out-%j.txt\necho \"account=$SLURM_JOB_ACCOUNT qos=$SLURM_JOB_QOS\"\n"
+        );
+        std::fs::write(dir.path().join("job.sh"), script).expect("write");
+        submitted_id(&corral_in(&pool, dir.path(), &[], &["sbatch", "--parsable", "job.sh"]))
+    };
+    let job = sbatch("#SBATCH --account=project_2001659\n#SBATCH --qos=high");
+    assert_eq!(ended(&pool, job)["state"], "succeeded");
+    let doc = pool.show(job);
+    assert_eq!((doc["tenant"].as_str(), doc["priority"].as_str()), (Some("default"), Some("normal")), "{doc}");
+    let output = std::fs::read_to_string(dir.path().join(format!("out-{job}.txt"))).expect("the output file");
+    assert_eq!(output.trim(), "account=project_2001659 qos=high");
+    // A name that is a tenant or a class is still that tenant or class.
+    let job = sbatch("#SBATCH -A team-a\n#SBATCH -q preemptible");
+    let doc = pool.show(job);
+    assert_eq!((doc["tenant"].as_str(), doc["priority"].as_str()), (Some("team-a"), Some("preemptible")), "{doc}");
 }
 
 /// Inside a job `scontrol show job` and `squeue` reach the cluster without the script naming

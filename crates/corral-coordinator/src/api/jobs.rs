@@ -14,7 +14,7 @@ use crate::images::ImagePinner;
 use crate::snapshot::{Snapshot, Target};
 use crate::watch::{WatchPermit, Watches};
 use crate::{listing, CoordError, Coordinator};
-use corral_core::SlurmNaming;
+use corral_core::ClusterConfig;
 use corral_proto::v1::{self as pb};
 use corral_types::{JobSpec, Timestamp};
 use std::sync::Arc;
@@ -46,7 +46,7 @@ fn own_spec<T>(
     who: &Principal,
     mut spec: JobSpec,
 ) -> Result<JobSpec, Status> {
-    slurm_names(&coord.snapshot().read().state.config.slurm, who, &mut spec).map_err(Status::invalid_argument)?;
+    slurm_names(&coord.snapshot().read().state.config, who, &mut spec).map_err(Status::invalid_argument)?;
     if spec.tenant.is_empty() {
         spec.tenant = who.tenant().unwrap_or("default").to_string();
     }
@@ -84,7 +84,13 @@ fn own_spec<T>(
 /// default account, for a job naming no tenant, when its tenant is one `who` may submit as)
 /// sets the tenant, the QOS the priority class. An unknown name, or one contradicting an
 /// explicit `--tenant`/`--priority`, is one line.
-fn slurm_names(naming: &SlurmNaming, who: &Principal, spec: &mut JobSpec) -> Result<(), String> {
+///
+/// Without an accounts map an account names a tenant, and without a QOS map a QOS names a
+/// class; a name that names none is what Slurm does with accounts it does not enforce (its
+/// default, `AccountingStorageEnforce` unset): kept with the job (`SLURM_JOB_ACCOUNT`,
+/// `corral show`), and the job's tenant or class is chosen as if it named none.
+fn slurm_names(config: &ClusterConfig, who: &Principal, spec: &mut JobSpec) -> Result<(), String> {
+    let naming = &config.slurm;
     let account = match (&spec.slurm.account, &naming.default_account) {
         (Some(account), _) => Some(account.clone()),
         (None, Some(default)) if spec.tenant.is_empty() => {
@@ -94,22 +100,31 @@ fn slurm_names(naming: &SlurmNaming, who: &Principal, spec: &mut JobSpec) -> Res
         _ => None,
     };
     if let Some(account) = account {
-        let tenant = naming.tenant_of(&account)?.to_string();
-        if !spec.tenant.is_empty() && spec.tenant != tenant {
-            return Err(format!(
-                "account '{account}' is tenant '{tenant}', but the job names tenant '{}'",
-                spec.tenant
-            ));
+        let names_tenant = config.tenants.is_empty() || config.tenants.contains(&account);
+        if !naming.accounts.is_empty() || names_tenant {
+            let tenant = naming.tenant_of(&account)?.to_string();
+            if !spec.tenant.is_empty() && spec.tenant != tenant {
+                return Err(format!(
+                    "account '{account}' is tenant '{tenant}', but the job names tenant '{}'",
+                    spec.tenant
+                ));
+            }
+            spec.tenant = tenant;
         }
-        spec.tenant = tenant;
         spec.slurm.account = Some(account);
     }
     if let Some(qos) = &spec.slurm.qos {
-        let class = naming.class_of(qos)?.to_string();
-        if !spec.priority_class.is_empty() && spec.priority_class != class {
-            return Err(format!("QOS '{qos}' is class '{class}', but the job names class '{}'", spec.priority_class));
+        let names_class = config.priority_classes.is_empty() || config.priority_classes.contains_key(qos);
+        if !naming.qos.is_empty() || names_class {
+            let class = naming.class_of(qos)?.to_string();
+            if !spec.priority_class.is_empty() && spec.priority_class != class {
+                return Err(format!(
+                    "QOS '{qos}' is class '{class}', but the job names class '{}'",
+                    spec.priority_class
+                ));
+            }
+            spec.priority_class = class;
         }
-        spec.priority_class = class;
     }
     Ok(())
 }
