@@ -166,10 +166,14 @@ pub fn job_spec(flags: JobFlags, input: JobInput<'_>) -> anyhow::Result<(JobSpec
             None => unset.push(format!("--container-env {name}: not set in this shell, the image's value stays")),
         }
     }
+    let array = flags.array.as_deref().map(ArraySpec::parse).transpose()?;
+    // What Slurm's sbatch sets for every task of an array (the same for each of them).
+    for (key, value) in array.as_ref().map(array_env).unwrap_or_default() {
+        explicit.insert(key.to_string(), value);
+    }
     let (env, mut warnings) = exported_environment(&export, input.environment, explicit)?;
     warnings.extend(unset);
     let (stdout_pattern, stderr_pattern) = (flags.stdout, flags.stderr);
-    let array = flags.array.as_deref().map(ArraySpec::parse).transpose()?;
     let (dependencies, singleton) = match flags.dependency.as_deref() {
         Some(spec) => parse_dependencies(spec)?,
         None => (Vec::new(), false),
@@ -393,6 +397,25 @@ fn allocation_shape(flags: &JobFlags) -> anyhow::Result<Shape> {
     Ok(Shape { layout, gpus, gpus_per_node: per_node, cpu_millis, memory_bytes })
 }
 
+/// `SLURM_ARRAY_TASK_COUNT`, `_MIN`, `_MAX` and `_STEP` of an array: its number of tasks, its
+/// lowest and highest index, and the distance between consecutive indices when it is the same
+/// throughout (`0-15:4`: 4), else 1.
+fn array_env(array: &ArraySpec) -> Vec<(&'static str, String)> {
+    let (Some(first), Some(last)) = (array.ranges.first(), array.ranges.last()) else { return Vec::new() };
+    let highest = last.first + (last.len().saturating_sub(1) as u32) * last.step;
+    // Ranges are merged where evenly spaced: more than one means uneven steps.
+    let step = match array.ranges.as_slice() {
+        [only] if only.len() > 1 => only.step,
+        _ => 1,
+    };
+    vec![
+        ("SLURM_ARRAY_TASK_COUNT", array.len().to_string()),
+        ("SLURM_ARRAY_TASK_MIN", first.first.to_string()),
+        ("SLURM_ARRAY_TASK_MAX", highest.to_string()),
+        ("SLURM_ARRAY_TASK_STEP", step.to_string()),
+    ]
+}
+
 /// The job's environment for `--export SPEC` from the submitting shell's `environment`, with
 /// `explicit` (`--env`) on top; what does not fit the spec's limits is dropped and named in one
 /// warning.
@@ -480,6 +503,27 @@ mod tests {
 
     fn vars(list: &[(&str, &str)]) -> Vec<(String, String)> {
         list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    /// Every task of an array sees how many there are and their lowest, highest and step, as
+    /// Slurm's sbatch sets them (`--export=NONE` too).
+    #[test]
+    fn arrays_carry_slurms_count_min_max_and_step() {
+        let get = |spec: &str| {
+            let array = ArraySpec::parse(spec).expect("array");
+            array_env(&array).into_iter().map(|(_, v)| v).collect::<Vec<_>>().join(" ")
+        };
+        assert_eq!(get("0-15:4"), "4 0 12 4");
+        assert_eq!(get("1,3,5"), "3 1 5 2");
+        assert_eq!(get("1-3,10"), "4 1 10 1");
+        assert_eq!(get("7"), "1 7 7 1");
+        let flags = JobFlags { array: Some("2-8:3%2".into()), export: Some("NONE".into()), ..Default::default() };
+        let (spec, _) = job_spec(flags, input(Path::new("/"))).expect("spec");
+        let env: Vec<_> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert_eq!(
+            env,
+            ["SLURM_ARRAY_TASK_COUNT=3", "SLURM_ARRAY_TASK_MAX=8", "SLURM_ARRAY_TASK_MIN=2", "SLURM_ARRAY_TASK_STEP=3"]
+        );
     }
 
     fn input(cwd: &Path) -> JobInput<'_> {

@@ -252,7 +252,8 @@ fn slurm_variables_and_the_default_output_file() {
 fn arrays_write_user_patterns_and_logs_take_task_ids() {
     let pool = DevPool::start(&[]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let script = "#!/bin/sh\n#SBATCH --array=0-1\n#SBATCH -o logs-%u/%x_%A_%a.out\necho task=$SLURM_ARRAY_TASK_ID\n";
+    let script = "#!/bin/sh\n#SBATCH --array=0-1\n#SBATCH -o logs-%u/%x_%A_%a.out\n\
+                  echo task=$SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT $SLURM_ARRAY_TASK_MIN-$SLURM_ARRAY_TASK_MAX:$SLURM_ARRAY_TASK_STEP\n";
     std::fs::create_dir(dir.path().join("logs-ana")).expect("mkdir");
     std::fs::write(dir.path().join("sweep.sh"), script).expect("write");
     let array = submitted_id(&corral_in(&pool, dir.path(), &[("USER", "ana")], &["sbatch", "sweep.sh"]));
@@ -260,9 +261,10 @@ fn arrays_write_user_patterns_and_logs_take_task_ids() {
     assert_eq!(doc["array"]["succeeded"], 2, "{doc}");
     for task in 0..2 {
         let id = format!("{array}_{task}");
-        assert_eq!(pool.ok(&["logs", &id]), format!("task={task}\n"), "corral logs {id}");
+        let line = format!("task={task} of 2 0-1:1\n");
+        assert_eq!(pool.ok(&["logs", &id]), line, "corral logs {id}");
         let file = dir.path().join(format!("logs-ana/sweep.sh_{array}_{task}.out"));
-        assert_eq!(std::fs::read_to_string(&file).expect("the %u/%A_%a file"), format!("task={task}\n"));
+        assert_eq!(std::fs::read_to_string(&file).expect("the %u/%A_%a file"), line);
     }
 }
 
