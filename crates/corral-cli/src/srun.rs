@@ -132,6 +132,7 @@ fn number(flag: &str, value: &str) -> Result<u32, String> {
 
 /// Parses Slurm's `srun` flags up to the command; `env` is the caller's environment.
 pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, String> {
+    let args = &unbundled(args);
     let mut flags = Flags::default();
     let mut i = 0;
     let mut explicit_layout = false;
@@ -158,15 +159,9 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
             (arg.clone(), None)
         };
         let ignored = IGNORED.iter().find(|(n, _)| *n == name);
-        // -K and --kill-on-bad-exit take an optional 0 or 1 (inline only), as in Slurm.
-        let optional_value = matches!(name.as_str(), "-K" | "--kill-on-bad-exit" | "--exclusive");
-        let takes_value = match ignored {
-            Some((_, takes)) => *takes,
-            None => !matches!(
-                name.as_str(),
-                "-l" | "--label" | "-K" | "--kill-on-bad-exit" | "--overlap" | "-u" | "--unbuffered" | "--pty"
-            ),
-        };
+        // Slurm's optional values (`-K1`, `--exclusive=user`): inline only.
+        let optional_value = OPTIONAL_VALUE.contains(&name.as_str());
+        let takes_value = takes_value(&name);
         let value = if optional_value {
             inline.unwrap_or_default()
         } else if takes_value {
@@ -196,7 +191,10 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
                 flags.spec.ntasks_per_node = Some(number(&name, &value)?);
                 explicit_layout = true;
             }
-            "--gpus-per-task" => flags.spec.gpus_per_task = Some(number(&name, &value)?),
+            // `TYPE:N` names the node's GPU type: the job's GPUs are of it already.
+            "--gpus-per-task" => {
+                flags.spec.gpus_per_task = Some(number(&name, value.rsplit(':').next().unwrap_or(&value))?)
+            }
             "-c" | "--cpus-per-task" => flags.spec.cpus_per_task = Some(number(&name, &value)?),
             "-w" | "--nodelist" => {
                 flags.spec.nodelist = corral_types::hostlist::expand(&value).map_err(|e| e.to_string())?;
@@ -232,7 +230,15 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
             },
             _ if ignored.is_some() => flags.ignored.push(name),
             "--pty" => flags.pty = true,
-            other => return Err(format!("option {other} is not served by corral's srun")),
+            // Its command is a configuration file of commands per task, which would run as one.
+            "--multi-prog" => {
+                return Err("--multi-prog is not served by corral's srun: run one command per step".into())
+            }
+            // Any other option of Slurm's srun (or pyxis's) changes what corral's does not do
+            // (reservations, binding, container options of a job that has its own): one warning,
+            // as for the directives of a batch script.
+            other if is_slurm_option(other) => flags.ignored.push(name),
+            other => return Err(format!("{other} is not an option of srun")),
         }
         i += 1;
     }
@@ -374,6 +380,7 @@ const SRUN_LONG: &[&str] = &[
     "mem",
     "mem-bind",
     "mem-per-cpu",
+    "mem_bind",
     "mem-per-gpu",
     "mincpus",
     "mpi",
@@ -381,12 +388,15 @@ const SRUN_LONG: &[&str] = &[
     "nice",
     "no-allocate",
     "no-kill",
+    "nodefile",
     "nodelist",
+    "network",
     "nodes",
     "ntasks",
     "ntasks-per-core",
     "ntasks-per-gpu",
     "ntasks-per-node",
+    "open-mode",
     "ntasks-per-socket",
     "output",
     "overcommit",
@@ -427,13 +437,143 @@ const SRUN_LONG: &[&str] = &[
     "verbose",
     "version",
     "wait",
+    "x11",
     "wckey",
 ];
 
-/// The long option `name` (without `--`) stands for: itself, or the one Slurm option an
-/// abbreviation begins (`--ntasks-per-n`); else `name`, refused later as not served.
+/// The long option `name` (without `--`) stands for: itself, Slurm's alias resolved
+/// (`tasks-per-node`), or the one Slurm option an abbreviation begins (`--ntasks-per-n`); else
+/// `name`, refused later as not an option.
 fn long_option(name: &str) -> String {
-    crate::sbatch::unabbreviated(name, SRUN_LONG)
+    match crate::sbatch::unabbreviated(name, SRUN_LONG).as_str() {
+        "tasks-per-node" => "ntasks-per-node".to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Slurm's (and pyxis's) `srun` options that take no value (`--name`, `-c`), and those whose
+/// value is optional and only inline (`--exclusive[=user]`).
+const SWITCHES: &[&str] = &[
+    "--contiguous",
+    "--disable-status",
+    "--exact",
+    "--help",
+    "--hold",
+    "--label",
+    "--multi-prog",
+    "--no-allocate",
+    "--overcommit",
+    "--overlap",
+    "--oversubscribe",
+    "--preserve-env",
+    "--pty",
+    "--quiet",
+    "--quit-on-interrupt",
+    "--reboot",
+    "--spread-job",
+    "--test-only",
+    "--unbuffered",
+    "--usage",
+    "--use-min-nodes",
+    "--verbose",
+    "--version",
+    "--container-mount-home",
+    "--no-container-mount-home",
+    "--container-remap-root",
+    "--no-container-remap-root",
+    "--container-writable",
+    "--container-readonly",
+    "--container-entrypoint",
+    "--no-container-entrypoint",
+    "-E",
+    "-H",
+    "-h",
+    "-l",
+    "-O",
+    "-Q",
+    "-s",
+    "-u",
+    "-v",
+    "-V",
+    "-X",
+    "-Z",
+];
+
+/// Options whose value is optional, given inline only (`-K1`, `--kill-on-bad-exit=0`).
+const OPTIONAL_VALUE: &[&str] =
+    &["-K", "--kill-on-bad-exit", "--exclusive", "-I", "--immediate", "-k", "--no-kill", "--x11", "--send-libs"];
+
+/// Short options of Slurm's srun that take a value.
+const SHORT_WITH_VALUE: &str = "ABcCdDeGiJLmMnNopqrStTwWx";
+
+/// pyxis's `srun` options (the container plugin of NVIDIA's Slurm clusters).
+const PYXIS_LONG: &[&str] = &[
+    "container-image",
+    "container-mounts",
+    "container-workdir",
+    "container-name",
+    "container-save",
+    "container-env",
+    "container-mount-home",
+    "no-container-mount-home",
+    "container-remap-root",
+    "no-container-remap-root",
+    "container-writable",
+    "container-readonly",
+    "container-entrypoint",
+    "no-container-entrypoint",
+];
+
+/// Whether option `name` (`--name` or `-c`, as `parse` names it) takes a value after it.
+fn takes_value(name: &str) -> bool {
+    if let Some((_, takes)) = IGNORED.iter().find(|(n, _)| *n == name) {
+        return *takes;
+    }
+    !SWITCHES.contains(&name) && !OPTIONAL_VALUE.contains(&name)
+}
+
+/// Whether `name` is one of Slurm's srun options or pyxis's.
+fn is_slurm_option(name: &str) -> bool {
+    match name.strip_prefix("--") {
+        Some(long) => SRUN_LONG.contains(&long) || PYXIS_LONG.contains(&long),
+        None => name.strip_prefix('-').and_then(|c| c.chars().next()).is_some_and(|c| {
+            SHORT_WITH_VALUE.contains(c) || SWITCHES.contains(&name) || OPTIONAL_VALUE.contains(&name)
+        }),
+    }
+}
+
+/// `args` with bundled short switches apart (`-ul` is `-u -l`, as getopt reads it), up to the
+/// command.
+fn unbundled(args: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        if arg == "--" || !arg.starts_with('-') || arg == "-" {
+            break;
+        }
+        i += 1;
+        if let Some(long) = arg.strip_prefix("--") {
+            out.push(arg.clone());
+            if !long.contains('=') && takes_value(&format!("--{}", long_option(long))) && i < args.len() {
+                out.push(args[i].clone());
+                i += 1;
+            }
+            continue;
+        }
+        let switches = arg.len() > 2 && arg[1..].chars().all(|c| SWITCHES.contains(&format!("-{c}").as_str()));
+        if switches {
+            out.extend(arg[1..].chars().map(|c| format!("-{c}")));
+            continue;
+        }
+        out.push(arg.clone());
+        if arg.len() == 2 && takes_value(arg) && i < args.len() {
+            out.push(args[i].clone());
+            i += 1;
+        }
+    }
+    out.extend(args[i..].iter().cloned());
+    out
 }
 
 /// `srun ARGS`.
@@ -1019,7 +1159,7 @@ mod tests {
         let other = parse(&args("--jobid=15 true"), &env).unwrap_err();
         assert!(other.contains("own job"), "{other}");
         let ambiguous = parse(&args("--ntasks-per=2 true"), &env).unwrap_err();
-        assert!(ambiguous.contains("--ntasks-per is not served"), "{ambiguous}");
+        assert!(ambiguous.contains("--ntasks-per is not an option of srun"), "{ambiguous}");
     }
 
     /// Each failed task a line, as Slurm's srun writes them; a node that could not start its
@@ -1067,13 +1207,47 @@ mod tests {
         assert_eq!(lines.last().map(String::as_str), Some("and 4 more failed tasks"));
     }
 
+    /// What published scripts pass to srun: bundled switches (`-ul`), Slurm's aliases, a typed
+    /// `--gpus-per-task`, and options corral does not act on (pyxis's container options of a
+    /// job that has its own environment, reservations, exclusions), each with its value, a
+    /// warning each and never the command taken for a value.
+    #[test]
+    fn every_option_of_slurms_srun_is_read_with_its_value() {
+        let env = BTreeMap::new();
+        let f = parse(&args("-ul --tasks-per-node=2 --gpus-per-task=a100:1 bash -c x"), &env).unwrap();
+        assert!(f.unbuffered && f.label);
+        assert_eq!((f.spec.ntasks_per_node, f.spec.gpus_per_task), (Some(2), Some(1)));
+        assert_eq!(f.spec.command, ["bash", "-c", "x"]);
+        let line = "--container-image nvcr.io#nvidia/pytorch:24.01-py3 --container-mounts /fsx:/fsx \
+                    --no-container-mount-home --reservation=maint -x n1 -C gpu80 --ntasks-per-core 1 -s \
+                    --open-mode append --signal=USR1@60 python train.py";
+        let f = parse(&args(line), &env).unwrap();
+        assert_eq!(f.spec.command, ["python", "train.py"]);
+        assert_eq!(
+            f.ignored,
+            [
+                "--container-image",
+                "--container-mounts",
+                "--no-container-mount-home",
+                "--reservation",
+                "-x",
+                "-C",
+                "--ntasks-per-core",
+                "-s",
+                "--open-mode",
+                "--signal"
+            ]
+        );
+    }
+
     #[test]
     fn bad_flags_are_one_line_errors() {
         let env = BTreeMap::new();
         for (a, want) in [
             ("-n x true", "takes a number"),
             ("", "no command"),
-            ("--bogus true", "not served"),
+            ("--bogus true", "--bogus is not an option of srun"),
+            ("--multi-prog tasks.conf", "--multi-prog is not served"),
             ("-n", "needs a value"),
             ("-K2 true", "takes 0 or 1"),
             ("--pty=1 bash", "takes no value"),
