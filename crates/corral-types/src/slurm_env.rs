@@ -69,6 +69,22 @@ pub fn slurm_allocation_env(job: &Job, nodes: &[&str], node: &str, cluster: &str
     if layout.gpus_per_task > 0 {
         set(&["SLURM_GPUS_PER_TASK"], layout.gpus_per_task.to_string());
     }
+    if layout.cpus_per_gpu > 0 {
+        set(&["SLURM_CPUS_PER_GPU"], layout.cpus_per_gpu.to_string());
+    }
+    // Slurm's count of requeues, set once the job ran before (`attempts` counts this run).
+    if job.attempts > 1 {
+        set(&["SLURM_RESTART_COUNT"], (job.attempts - 1).to_string());
+    }
+    // When the run was placed (it starts then), and when its time limit ends it, in seconds
+    // since the epoch.
+    if let Some(placed) = job.admitted_at.or(job.started_at) {
+        let start = placed.physical_ms() / 1000;
+        set(&["SLURM_JOB_START_TIME"], start.to_string());
+        if let Some(limit) = spec.time_limit_secs {
+            set(&["SLURM_JOB_END_TIME"], start.saturating_add(limit).to_string());
+        }
+    }
     let mib = |bytes: u64| bytes.div_ceil(1 << 20).to_string();
     if layout.mem_per_cpu > 0 {
         set(&["SLURM_MEM_PER_CPU"], mib(layout.mem_per_cpu));
@@ -164,5 +180,17 @@ mod tests {
         assert_eq!((get("SLURM_JOB_ACCOUNT"), get("SLURM_JOB_PARTITION")), (Some("proj_x"), Some("gpu")));
         assert_eq!(get("SLURM_CLUSTER_NAME"), Some("corral"));
         assert_eq!(get("SLURM_PROCID"), None, "per task: the launcher's");
+        assert_eq!((get("SLURM_RESTART_COUNT"), get("SLURM_JOB_START_TIME")), (None, None), "never placed");
+
+        // Placed a third time at 1 700 000 000.5 s, with an hour's limit and CPUs per GPU.
+        job.attempts = 3;
+        job.admitted_at = Some(Timestamp::compose(1_700_000_000_500, 0));
+        job.spec.time_limit_secs = Some(3600);
+        job.spec.layout.cpus_per_gpu = 4;
+        let env = slurm_allocation_env(&job, &["gpu-01", "gpu-02"], "gpu-02", "corral");
+        let get = |k: &str| env.get(k).map(String::as_str);
+        assert_eq!(get("SLURM_RESTART_COUNT"), Some("2"), "requeued twice");
+        assert_eq!((get("SLURM_JOB_START_TIME"), get("SLURM_JOB_END_TIME")), (Some("1700000000"), Some("1700003600")));
+        assert_eq!(get("SLURM_CPUS_PER_GPU"), Some("4"));
     }
 }

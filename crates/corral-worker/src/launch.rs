@@ -181,6 +181,9 @@ pub(crate) fn launch_spec(
     // The job's own private directory (its logs, its script, its tasks' output), wherever it
     // runs (a container sees it at /work).
     env.insert("CORRAL_JOB_DIR".into(), seen_dir.display().to_string());
+    // The per-job scratch directory that Alliance and Mila clusters' scripts copy data into
+    // (a site's variable, not Slurm's): this job's own, unless the job sets one.
+    env.entry("SLURM_TMPDIR".into()).or_insert_with(|| seen_dir.display().to_string());
     let (mut argv, mut files) = if holds_allocation_only(job, &config.node_name) {
         // Not the batch step's node: hold the part (cgroup, GPUs) for the job's steps, and
         // write none of the job's output files, which are the batch step's.

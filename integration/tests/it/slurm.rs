@@ -228,7 +228,9 @@ fn slurm_variables_and_the_default_output_file() {
          #SBATCH --chdir={}\n\
          echo \"ntasks=$SLURM_NTASKS nprocs=$SLURM_NPROCS tpn=$SLURM_TASKS_PER_NODE cpt=$SLURM_CPUS_PER_TASK\"\n\
          echo \"nodes=$SLURM_JOB_NUM_NODES list=$SLURM_JOB_NODELIST jobid=$SLURM_JOBID gpus=$SLURM_GPUS_ON_NODE\"\n\
-         echo \"mem=$SLURM_MEM_PER_GPU submit=$SLURM_SUBMIT_DIR pwd=$(pwd)\"\n",
+         echo \"mem=$SLURM_MEM_PER_GPU submit=$SLURM_SUBMIT_DIR pwd=$(pwd)\"\n\
+         [ \"$SLURM_TMPDIR\" = \"$CORRAL_JOB_DIR\" ] && [ -d \"$SLURM_TMPDIR\" ] || echo \"SLURM_TMPDIR=$SLURM_TMPDIR\"\n\
+         now=$(date +%s); [ $((now - SLURM_JOB_START_TIME)) -lt 120 ] || echo \"start=$SLURM_JOB_START_TIME now=$now\"\n",
         work.display()
     );
     std::fs::write(dir.path().join("vars.sbatch"), script).expect("write");
