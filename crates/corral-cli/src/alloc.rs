@@ -34,7 +34,7 @@ const HOLD_ARGV: [&str; 3] = ["/bin/sh", "-c", "exec sleep 2147483647"];
 /// How often a pending allocation's reason is repeated.
 const PENDING_NOTE: Duration = Duration::from_secs(10);
 /// The commands a session's `PATH` finds in this binary (as inside a job).
-const SESSION_COMMANDS: [&str; 5] = ["srun", "scontrol", "squeue", "scancel", "sbatch"];
+const SESSION_COMMANDS: [&str; 7] = ["srun", "scontrol", "squeue", "scancel", "sbatch", "sacct", "sinfo"];
 /// How long the shell has after SIGHUP, when the allocation was revoked, before SIGKILL.
 const REVOKE_GRACE: Duration = Duration::from_secs(5);
 

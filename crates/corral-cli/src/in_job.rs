@@ -34,7 +34,13 @@ pub fn dispatch(name: &str, args: &[String]) -> InJob {
         "scontrol" if matches!(args, [show, job, ..] if show == "show" && job == "job") => {
             show_job(&args[2..], std::env::var("SLURM_JOB_ID").ok().as_deref()).map(corral)
         }
+        "scontrol" if matches!(args.first().map(String::as_str), Some("requeue" | "hold" | "release")) => {
+            job_control(args).map(corral)
+        }
         "scontrol" => scontrol(args, std::env::var("SLURM_JOB_NODELIST").ok().as_deref()).map(Answer::Print),
+        "sacct" => sacct(args, std::env::var("SLURM_JOB_ID").ok().as_deref()).map(corral),
+        // The pool's nodes; sinfo's options only shape its columns.
+        "sinfo" => Ok(corral(vec!["nodes".to_string()])),
         "squeue" => squeue(args).map(corral),
         "scancel" => scancel(args).map(corral),
         // `corral sbatch`: the new job gets its own allocation's variables (see `--export`).
@@ -73,7 +79,7 @@ pub fn scontrol(args: &[String], job_nodelist: Option<&str>) -> Result<String, S
         ["show", what, rest @ ..] => (*what, rest),
         _ => {
             return Err(format!(
-                "'scontrol {}' is not served here: use `scontrol show hostnames|hostlist|job`",
+                "'scontrol {}' is not served here: use `scontrol show hostnames|hostlist|job` or `scontrol requeue|hold|release JOB`",
                 words.join(" ")
             ))
         }
@@ -161,6 +167,37 @@ fn squeue(args: &[String]) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// `scontrol requeue|hold|release ID...` as `corral requeue|hold|release ID` (Lightning's
+/// auto-requeue and `trap ... USR1` handlers call `scontrol requeue $SLURM_JOB_ID`).
+fn job_control(args: &[String]) -> Result<Vec<String>, String> {
+    match args {
+        [what, id] if !id.starts_with('-') => Ok(vec![what.clone(), id.clone()]),
+        [what, ..] => Err(format!("scontrol {what} takes one job id, e.g. `scontrol {what} $SLURM_JOB_ID`")),
+        [] => Err("scontrol needs a command".into()),
+    }
+}
+
+/// `sacct [-j ID] ...` as `corral show ID` (`ID` defaults to the job's own; the job's steps
+/// are listed with it). Its other options shape sacct's columns and are not read: scripts that
+/// end with `sacct -j $SLURM_JOB_ID --format=...` log the job's record.
+fn sacct(args: &[String], own_job: Option<&str>) -> Result<Vec<String>, String> {
+    let mut job = None;
+    let mut i = 0;
+    while i < args.len() {
+        if let Some(jobs) = option_value(args, &mut i, "--jobs", "-j") {
+            let jobs = jobs?;
+            // `-j 12.batch`, `-j 12,13`: the first job.
+            let first = jobs.split(',').next().unwrap_or_default();
+            job = Some(first.split('.').next().unwrap_or_default().to_string());
+        }
+        i += 1;
+    }
+    let id = job.or_else(|| own_job.map(str::to_string)).ok_or(
+        "no job given and SLURM_JOB_ID is not set: give one with -j, or see `corral history` for the finished jobs",
+    )?;
+    Ok(vec!["show".into(), id])
+}
+
 /// `scancel ID...` as `corral cancel`.
 fn scancel(args: &[String]) -> Result<Vec<String>, String> {
     if args.is_empty() {
@@ -195,6 +232,26 @@ mod tests {
             assert_ne!(dispatch(name, &["show".into(), "hostnames".into(), "n1".into()]), InJob::Cli, "{name}");
         }
         assert_eq!(dispatch("corral", &[]), InJob::Cli);
+    }
+
+    /// `scontrol requeue|hold|release`, `sacct` and `sinfo` as the corral commands that do
+    /// what scripts call them for.
+    #[test]
+    fn job_control_accounting_and_nodes_as_corral_commands() {
+        let w = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(job_control(&w("requeue 12")).unwrap(), w("requeue 12"));
+        assert_eq!(job_control(&w("hold 12_3")).unwrap(), w("hold 12_3"));
+        assert!(job_control(&w("release")).unwrap_err().contains("takes one job id"));
+        assert_eq!(sacct(&w("-j 12 --format=JobID,Elapsed -X"), None).unwrap(), w("show 12"));
+        assert_eq!(sacct(&w("--jobs=12.batch,13 -n -P"), None).unwrap(), w("show 12"));
+        assert_eq!(sacct(&w("--format=JobID,State"), Some("40")).unwrap(), w("show 40"));
+        assert!(sacct(&[], None).unwrap_err().contains("SLURM_JOB_ID is not set"));
+        let as_corral = |name: &str, args: &str| match dispatch(name, &w(args)) {
+            InJob::Corral(argv) => argv.join(" "),
+            other => panic!("{name} {args}: {other:?}"),
+        };
+        assert_eq!(as_corral("sinfo", "-N -l"), "corral nodes");
+        assert_eq!(as_corral("scontrol", "requeue 7"), "corral requeue 7");
     }
 
     fn words(args: &str) -> Vec<String> {

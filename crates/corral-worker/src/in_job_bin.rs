@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 /// Slurm's commands the corral binary serves inside a job when called by their name
 /// (`corral-cli`'s `in_job.rs`): the worker links each, in its `in_job_bin_dir`, to itself.
-pub const IN_JOB_COMMANDS: [&str; 5] = ["scontrol", "squeue", "scancel", "srun", "sbatch"];
+pub const IN_JOB_COMMANDS: [&str; 7] = ["scontrol", "squeue", "scancel", "srun", "sbatch", "sacct", "sinfo"];
 
 /// The file, next to the in-job commands, that a bare job's `BASH_ENV` names when the job sets
 /// none. bash reads it after a login shell's profile (`#!/bin/bash -l`) has reset `PATH` to the

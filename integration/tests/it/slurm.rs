@@ -326,6 +326,8 @@ fn queue_by_user_and_slurm_commands_inside_a_job() {
          export CORRAL_ENDPOINT={endpoint}\n\
          squeue --me -t PD || echo squeue failed\n\
          scontrol show job > show.txt || echo show failed\n\
+         sacct -j $SLURM_JOB_ID --format=JobID,JobName,Elapsed,State -X > sacct.txt || echo sacct failed\n\
+         sinfo > sinfo.txt || echo sinfo failed\n\
          scancel {bo} || echo scancel failed\n\
          squeue -j 1 || echo refused\n",
         endpoint = pool.addr
@@ -340,6 +342,10 @@ fn queue_by_user_and_slurm_commands_inside_a_job() {
     assert!(!output.contains("failed"), "{output}");
     let shown = std::fs::read_to_string(dir.path().join("show.txt")).expect("scontrol show job's output");
     assert!(shown.contains("inside") && shown.contains(&job.to_string()), "the job's own record: {shown}");
+    let sacct = std::fs::read_to_string(dir.path().join("sacct.txt")).expect("sacct's output");
+    assert!(sacct.contains("inside") && sacct.contains(&job.to_string()), "sacct shows the job: {sacct}");
+    let sinfo = std::fs::read_to_string(dir.path().join("sinfo.txt")).expect("sinfo's output");
+    assert!(sinfo.contains("dev-node"), "sinfo lists the nodes: {sinfo}");
     assert!(output.contains("\nrefused\n") && output.contains("squeue: error: '-j' is not served here"), "{output}");
     assert_eq!(ended(&pool, bo)["state"], "cancelled", "scancel inside the job");
 }
