@@ -673,6 +673,10 @@ pub struct JobFlags {
     /// Tasks on each node (with --ntasks: at most this many).
     #[arg(long, value_name = "N")]
     pub ntasks_per_node: Option<u32>,
+    /// N tasks for each GPU (with --gpus-per-node: on each node; with --gpus: in all); with 1,
+    /// each task is bound to its GPU (Slurm's implied --gpu-bind=single:1).
+    #[arg(long, value_name = "N")]
+    pub ntasks_per_gpu: Option<u32>,
     /// Whole CPUs of each task (Slurm's -c): the job's CPUs on a node are its tasks there times this.
     #[arg(long, short = 'c', value_name = "N")]
     pub cpus_per_task: Option<u32>,

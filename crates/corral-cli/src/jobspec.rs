@@ -100,6 +100,7 @@ impl JobFlags {
             nodes: self.nodes.or(under.nodes),
             ntasks: self.ntasks.or(under.ntasks),
             ntasks_per_node: self.ntasks_per_node.or(under.ntasks_per_node),
+            ntasks_per_gpu: self.ntasks_per_gpu.or(under.ntasks_per_gpu),
             cpus_per_task: self.cpus_per_task.or(under.cpus_per_task),
             gpus_per_task: self.gpus_per_task.or(under.gpus_per_task),
             cpus_per_gpu: self.cpus_per_gpu.or(under.cpus_per_gpu),
@@ -277,6 +278,7 @@ fn allocation_shape(flags: &JobFlags) -> anyhow::Result<Shape> {
         ("--nodes", flags.nodes),
         ("--ntasks", flags.ntasks),
         ("--ntasks-per-node", flags.ntasks_per_node),
+        ("--ntasks-per-gpu", flags.ntasks_per_gpu),
         ("--cpus-per-task", flags.cpus_per_task),
         ("--gpus-per-task", flags.gpus_per_task),
         ("--cpus-per-gpu", flags.cpus_per_gpu),
@@ -295,12 +297,13 @@ fn allocation_shape(flags: &JobFlags) -> anyhow::Result<Shape> {
             bail!("{a} and {b} are mutually exclusive: give one of them");
         }
     }
+    let (ntasks, ntasks_per_node, gpus_per_task) = tasks_per_gpu(flags)?;
     let mut layout = TaskLayout {
         nodes: 0,
-        ntasks: flags.ntasks.unwrap_or(0),
-        ntasks_per_node: flags.ntasks_per_node.unwrap_or(0),
+        ntasks: ntasks.unwrap_or(0),
+        ntasks_per_node: ntasks_per_node.unwrap_or(0),
         cpus_per_task: flags.cpus_per_task.unwrap_or(0),
-        gpus_per_task: flags.gpus_per_task.unwrap_or(0),
+        gpus_per_task: gpus_per_task.unwrap_or(0),
         cpus_per_gpu: flags.cpus_per_gpu.unwrap_or(0),
         mem_per_cpu: flags.mem_per_cpu.unwrap_or(0),
         mem_per_gpu: flags.mem_per_gpu.unwrap_or(0),
@@ -362,7 +365,7 @@ fn allocation_shape(flags: &JobFlags) -> anyhow::Result<Shape> {
         true => (layout.gpus_per_task, 1),
         false => (gpus.checked_div(on).unwrap_or(gpus), layout.tasks_on_nodes(on).into_iter().max().unwrap_or(1)),
     };
-    let asks_tasks = flags.ntasks.is_some() || flags.ntasks_per_node.is_some() || flags.cpus_per_task.is_some();
+    let asks_tasks = ntasks.is_some() || ntasks_per_node.is_some() || flags.cpus_per_task.is_some();
     let cpus_here: u64 = if layout.cpus_per_gpu > 0 {
         u64::from(layout.cpus_per_gpu) * u64::from(gpus_here.max(1))
     } else if asks_tasks {
@@ -395,6 +398,27 @@ fn allocation_shape(flags: &JobFlags) -> anyhow::Result<Shape> {
         0
     };
     Ok(Shape { layout, gpus, gpus_per_node: per_node, cpu_millis, memory_bytes })
+}
+
+/// `--ntasks`, `--ntasks-per-node` and `--gpus-per-task` with Slurm's `--ntasks-per-gpu N`
+/// resolved: N tasks for each GPU of a node (`--gpus-per-node`, `--gres`) or of the job
+/// (`--gpus`), each bound to its GPU when N is 1 (Slurm's implied `--gpu-bind=single:1`).
+/// Without it, as given.
+fn tasks_per_gpu(flags: &JobFlags) -> anyhow::Result<(Option<u32>, Option<u32>, Option<u32>)> {
+    let given = (flags.ntasks, flags.ntasks_per_node, flags.gpus_per_task);
+    let Some(per_gpu) = flags.ntasks_per_gpu else { return Ok(given) };
+    if flags.gpus_per_task.is_some() {
+        bail!("--ntasks-per-gpu and --gpus-per-task are mutually exclusive: give one of them");
+    }
+    let bound = (per_gpu == 1).then_some(1);
+    match (flags.gpus_per_node, flags.gpus) {
+        _ if flags.ntasks.is_some() || flags.ntasks_per_node.is_some() => {
+            Ok((flags.ntasks, flags.ntasks_per_node, None))
+        }
+        (Some(node_gpus), _) if node_gpus > 0 => Ok((None, Some(node_gpus.saturating_mul(per_gpu)), bound)),
+        (_, Some(gpus)) if gpus > 0 => Ok((Some(gpus.saturating_mul(per_gpu)), None, bound)),
+        _ => bail!("--ntasks-per-gpu needs GPUs: give --gpus-per-node (--gres=gpu:N) or --gpus"),
+    }
 }
 
 /// `SLURM_ARRAY_TASK_COUNT`, `_MIN`, `_MAX` and `_STEP` of an array: its number of tasks, its
@@ -503,6 +527,25 @@ mod tests {
 
     fn vars(list: &[(&str, &str)]) -> Vec<(String, String)> {
         list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    /// Slurm's `--ntasks-per-gpu`: that many tasks for each GPU of a node or of the job, one
+    /// bound to each GPU when it is 1.
+    #[test]
+    fn tasks_per_gpu_make_the_task_count() {
+        let shape = |flags: JobFlags| job_spec(flags, input(Path::new("/"))).map(|(s, _)| s);
+        let per_node =
+            JobFlags { nodes: Some(2), gpus_per_node: Some(4), ntasks_per_gpu: Some(1), ..Default::default() };
+        let spec = shape(per_node).expect("4 tasks a node");
+        assert_eq!((spec.layout.ntasks_per_node, spec.layout.gpus_per_task, spec.gpus), (4, 1, 8));
+        assert_eq!(spec.tasks_on_nodes(), [4, 4]);
+        let total = JobFlags { gpus: Some(2), ntasks_per_gpu: Some(2), ..Default::default() };
+        let spec = shape(total).expect("2 tasks a GPU");
+        assert_eq!((spec.layout.ntasks, spec.layout.gpus_per_task, spec.gpus), (4, 0, 2), "two tasks share a GPU");
+        let none = shape(JobFlags { ntasks_per_gpu: Some(1), ..Default::default() }).unwrap_err().to_string();
+        assert!(none.contains("--ntasks-per-gpu needs GPUs"), "{none}");
+        let both = JobFlags { gpus: Some(2), ntasks_per_gpu: Some(1), gpus_per_task: Some(1), ..Default::default() };
+        assert!(shape(both).unwrap_err().to_string().contains("mutually exclusive"));
     }
 
     /// Every task of an array sees how many there are and their lowest, highest and step, as

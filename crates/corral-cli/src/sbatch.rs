@@ -651,7 +651,7 @@ fn translate_sbatch(words: &[String], unsupported: &mut Vec<String>) -> Result<V
                     flag(&format!("--{name}"), bytes.to_string());
                 }
             }
-            "cpus-per-task" | "cpus-per-gpu" | "ntasks" | "ntasks-per-node" | "open-mode" => {
+            "cpus-per-task" | "cpus-per-gpu" | "ntasks" | "ntasks-per-node" | "ntasks-per-gpu" | "open-mode" => {
                 flag(&format!("--{name}"), value)
             }
             // Mail is not sent; accepted silently as Slurm sites without mail do.
@@ -700,6 +700,7 @@ const KNOWN_WITH_VALUE: &[&str] = &[
     "mem-per-gpu",
     "ntasks",
     "ntasks-per-node",
+    "ntasks-per-gpu",
     "open-mode",
     "mail-type",
     "mail-user",
