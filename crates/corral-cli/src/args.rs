@@ -730,9 +730,13 @@ pub struct SbatchArgs {
     /// succeed without one), as `sbatch --wait`.
     #[arg(long, short = 'W')]
     pub wait: bool,
+    /// A one-line job instead of a script, as `sbatch --wrap`: the command run by `/bin/sh`.
+    #[arg(long, value_name = "COMMAND", conflicts_with = "script")]
+    pub wrap: Option<String>,
     /// The batch script (at most 1 MiB): `#SBATCH` / `#CORRAL` directives up to the first
     /// command line; stored with the job and run on the worker.
-    pub script: PathBuf,
+    #[arg(required_unless_present = "wrap")]
+    pub script: Option<PathBuf>,
     /// Arguments of the script.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub args: Vec<String>,

@@ -72,14 +72,20 @@ fn print_submitted(global: &GlobalArgs, job_id: u64) -> anyhow::Result<ExitCode>
 
 /// `corral sbatch`: the script's directives under the command line's flags.
 pub async fn sbatch(global: &GlobalArgs, args: SbatchArgs) -> anyhow::Result<ExitCode> {
-    let text = sbatch::read_script(&args.script)?;
-    let shown = args.script.display().to_string();
+    let (text, shown, default_name) = match (&args.script, args.wrap) {
+        (Some(script), _) => (
+            sbatch::read_script(script)?,
+            script.display().to_string(),
+            script.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "sbatch".into()),
+        ),
+        // As Slurm's sbatch writes it, and names the job.
+        (None, Some(command)) => (sbatch::wrapped(&command), "--wrap".to_string(), "wrap".to_string()),
+        (None, None) => anyhow::bail!("give a batch script, or a command with --wrap"),
+    };
     let directives = sbatch::parse_directives(&shown, &text, args.strict).map_err(anyhow::Error::msg)?;
     for warning in &directives.warnings {
         eprintln!("warning: {warning}");
     }
-    let default_name =
-        args.script.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "sbatch".into());
     let input = job_input(args.args, Some(text), default_name)?;
     let spec = build_spec(args.job.over(directives.flags), input)?;
     let submitted = client(global)?.submit(&spec).await?;

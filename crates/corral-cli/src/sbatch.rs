@@ -156,7 +156,7 @@ pub fn command_line(argv: Vec<String>) -> Result<(Vec<String>, Vec<String>), Str
         // prints and waits.
         let keep = match slurm.as_deref() {
             None => true,
-            Some("help" | "version" | "parsable" | "wait" | "usage") => true,
+            Some("help" | "version" | "parsable" | "wait" | "usage" | "wrap") => true,
             Some("output") => {
                 let value = inline.as_deref().or(argv.get(i).map(String::as_str));
                 matches!(value, Some("json" | "table"))
@@ -214,6 +214,11 @@ pub fn command_line(argv: Vec<String>) -> Result<(Vec<String>, Vec<String>), Str
     }
     out.extend(argv[i..].iter().cloned());
     Ok((out, warnings))
+}
+
+/// The batch script of `sbatch --wrap COMMAND`, as Slurm's sbatch writes it.
+pub fn wrapped(command: &str) -> String {
+    format!("#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{command}\n")
 }
 
 /// Where the subcommand is in `argv`: the first word that is neither an option of the root
@@ -871,6 +876,11 @@ mod tests {
             "corral sbatch -o table --stdout slurm-%j.out -- j.sh"
         );
         assert_eq!(rewritten("corral sbatch -- j.sh -- a"), "corral sbatch -- j.sh -- a", "one -- is enough");
+        assert_eq!(
+            rewritten("corral sbatch -J w --wrap=hostname -t 5"),
+            "corral sbatch --name w --wrap=hostname --time 300s",
+            "a --wrap job has no script"
+        );
         // Not an option of either: left to clap, which refuses it naming what is close.
         assert!(rewritten("corral sbatch --gpuss 2 job.sh").starts_with("corral sbatch --gpuss "));
     }

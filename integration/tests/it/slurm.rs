@@ -104,6 +104,14 @@ fn sbatch_reads_slurms_options_on_its_command_line() {
     let file = std::fs::read_to_string(dir.path().join(format!("out-{job}.txt"))).expect("the -o file");
     assert_eq!(file, "name=from-line args=-o x\n");
 
+    // `--wrap`: a one-line job, named `wrap`, as Slurm writes it.
+    let out =
+        corral_in(&pool, dir.path(), &[], &["sbatch", "--wrap", "echo wrapped $SLURM_JOB_NAME", "-o", "w-%j.out"]);
+    let job = submitted_id(&out);
+    assert_eq!(ended(&pool, job)["state"], "succeeded");
+    let file = std::fs::read_to_string(dir.path().join(format!("w-{job}.out"))).expect("the wrap job's -o file");
+    assert_eq!(file, "wrapped wrap\n");
+
     // An option Slurm has and corral does not: one warning, the job is submitted.
     let out = corral_in(&pool, dir.path(), &[], &["sbatch", "--reservation=maint", "--hold", "job.sh"]);
     assert!(one_line_stderr(&out).contains("--reservation is not supported by corral: ignored"), "{out:?}");
