@@ -58,13 +58,16 @@ pub struct Flags {
     pub ignored: Vec<String>,
     /// `--pty`: the command on the allocation's first node with a terminal of its own.
     pub pty: bool,
+    /// `-o`/`--output PATTERN`: the tasks' output goes to these files instead of srun's own
+    /// (`%t` a file per task; see `output_file`).
+    pub output: Option<String>,
 }
 
 /// Slurm `srun` options accepted and not acted on, one warning each (name, takes a value):
 /// binding, memory and accounting options (each task sees the job's GPUs and memory of its
-/// node), `--mpi` (there is no PMI: an MPI program sees no launcher), and `-o` (the tasks'
-/// output goes to srun's).
-const IGNORED: [(&str, bool); 42] = [
+/// node), `--mpi` (there is no PMI: an MPI program sees no launcher), and `-e` (a task's
+/// output and errors are one stream, which `-o` names).
+const IGNORED: [(&str, bool); 40] = [
     ("--gres-flags", true),
     ("--exact", false),
     ("-e", true),
@@ -105,8 +108,6 @@ const IGNORED: [(&str, bool); 42] = [
     ("-A", true),
     ("--account", true),
     ("--jobid", true),
-    ("-o", true),
-    ("--output", true),
 ];
 
 /// Variables that describe one node or one run's secret: never carried to other nodes' tasks
@@ -210,6 +211,7 @@ pub fn parse(args: &[String], env: &BTreeMap<String, String>) -> Result<Flags, S
                 }
             }
             "--overlap" => flags.spec.overlap = true,
+            "-o" | "--output" => flags.output = Some(value),
             "--export" => flags.export = Some(value),
             "-D" | "--chdir" => flags.spec.cwd = Some(value),
             // A step of this job (scripts name it with `--jobid $SLURM_JOB_ID`) is what srun makes.
@@ -800,6 +802,9 @@ async fn run(flags: Flags, via: Via, node: String, job_dir: Option<PathBuf>) -> 
         say!("srun: step created");
     }
     let mut relay = Relay::new(&step, &node, job_dir.as_deref(), flags.label, flags.unbuffered);
+    if let Some(pattern) = &flags.output {
+        relay.write_to_files(pattern, &step, &std::env::vars().collect());
+    }
     // Other nodes' tasks: one reader each, bounded, feeding this loop.
     let (chunks, mut received) = tokio::sync::mpsc::channel::<(u32, Option<Vec<u8>>)>(64);
     let remote: Vec<u32> =
@@ -961,8 +966,8 @@ async fn forward(via: &Via, step: u32, signal: i32) {
     }
 }
 
-/// Writes the step's tasks' output to stdout: this node's read from their files, the others'
-/// as they come; with `--label` each line prefixed by its task's rank.
+/// Writes the step's tasks' output to stdout (or the `-o` files): this node's read from their
+/// files, the others' as they come; with `--label` each line prefixed by its task's rank.
 struct Relay {
     /// (task, file, bytes read) of this node's tasks
     files: Vec<(u32, PathBuf, u64)>,
@@ -970,6 +975,52 @@ struct Relay {
     partial: BTreeMap<u32, Vec<u8>>,
     label: bool,
     unbuffered: bool,
+    /// `-o`: each task's file (several tasks may share one), opened once each.
+    outputs: BTreeMap<u32, PathBuf>,
+    open: BTreeMap<PathBuf, std::fs::File>,
+}
+
+/// srun's `-o PATTERN` for task `task` of step `step` on node `node` (its index `node_index`):
+/// `%j` job id, `%J` job and step (`12.0`), `%s` step, `%t` task, `%n` node index, `%N` node
+/// name, `%x` job name, `%u` user, `%A`/`%a` array job and index, `%%`; relative to srun's
+/// directory, as Slurm's srun writes it.
+fn output_file(
+    pattern: &str,
+    step: u32,
+    task: u32,
+    node: &str,
+    node_index: usize,
+    env: &BTreeMap<String, String>,
+) -> PathBuf {
+    let var = |k: &str| env.get(k).cloned().unwrap_or_default();
+    let job = var("SLURM_JOB_ID");
+    let mut out = String::new();
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('j') => out.push_str(&job),
+            Some('J') => out.push_str(&format!("{job}.{step}")),
+            Some('s') => out.push_str(&step.to_string()),
+            Some('t') => out.push_str(&task.to_string()),
+            Some('n') => out.push_str(&node_index.to_string()),
+            Some('N') => out.push_str(node),
+            Some('x') => out.push_str(&var("SLURM_JOB_NAME")),
+            Some('u') => out.push_str(&env.get("SLURM_JOB_USER").or(env.get("USER")).cloned().unwrap_or_default()),
+            Some('A') => out.push_str(&env.get("SLURM_ARRAY_JOB_ID").cloned().unwrap_or_else(|| job.clone())),
+            Some('a') => out.push_str(&var("SLURM_ARRAY_TASK_ID")),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    PathBuf::from(out)
 }
 
 impl Relay {
@@ -980,7 +1031,38 @@ impl Relay {
                 files.push((task, dir.join(format!("step-{}.{task}.out", step.id)), 0));
             }
         }
-        Relay { files, partial: BTreeMap::new(), label, unbuffered }
+        Relay { files, partial: BTreeMap::new(), label, unbuffered, outputs: BTreeMap::new(), open: BTreeMap::new() }
+    }
+
+    /// `-o PATTERN`: every task's output to its file, each created (emptied) now, as Slurm's
+    /// srun creates them whether the task writes or not. A file that cannot be made is said
+    /// once, and that task's output stays on srun's own.
+    fn write_to_files(&mut self, pattern: &str, step: &JobStep, env: &BTreeMap<String, String>) {
+        for (index, node) in step.nodes.iter().enumerate() {
+            for task in node.first_task..node.first_task + node.tasks {
+                let path = output_file(pattern, step.id, task, &node.node, index, env);
+                if !self.open.contains_key(&path) {
+                    match std::fs::File::create(&path) {
+                        Ok(file) => {
+                            self.open.insert(path.clone(), file);
+                        }
+                        Err(e) => {
+                            say!("srun: error: cannot open output file {}: {e}", path.display());
+                            continue;
+                        }
+                    }
+                }
+                self.outputs.insert(task, path);
+            }
+        }
+    }
+
+    /// Where task `task`'s output goes.
+    fn sink(&mut self, task: u32) -> Box<dyn Write + '_> {
+        match self.outputs.get(&task).and_then(|path| self.open.get_mut(path)) {
+            Some(file) => Box::new(file),
+            None => Box::new(std::io::stdout().lock()),
+        }
     }
 
     /// Relays what this node's tasks wrote since the last poll.
@@ -1008,47 +1090,50 @@ impl Relay {
     /// never cut into each other), labelled with `--label`; a line longer than `MAX_LINE` is
     /// written in pieces.
     fn emit(&mut self, task: u32, data: &[u8]) {
-        let stdout = std::io::stdout();
-        let mut out = stdout.lock();
-        if self.unbuffered && !self.label {
+        let label = self.label;
+        if self.unbuffered && !label {
+            let mut out = self.sink(task);
             let _ = out.write_all(data);
             let _ = out.flush();
             return;
         }
-        let partial = self.partial.entry(task).or_default();
+        let mut partial = std::mem::take(self.partial.entry(task).or_default());
         partial.extend_from_slice(data);
-        loop {
-            let end = match partial.iter().position(|b| *b == b'\n') {
-                Some(end) => end + 1,
-                None if partial.len() > MAX_LINE => MAX_LINE,
-                None => break,
-            };
-            let line: Vec<u8> = partial.drain(..end).collect();
-            if self.label {
-                let _ = write!(out, "{task}: ");
+        {
+            let mut out = self.sink(task);
+            loop {
+                let end = match partial.iter().position(|b| *b == b'\n') {
+                    Some(end) => end + 1,
+                    None if partial.len() > MAX_LINE => MAX_LINE,
+                    None => break,
+                };
+                let line: Vec<u8> = partial.drain(..end).collect();
+                if label {
+                    let _ = write!(out, "{task}: ");
+                }
+                let _ = out.write_all(&line);
             }
-            let _ = out.write_all(&line);
+            let _ = out.flush();
         }
-        let _ = out.flush();
+        self.partial.insert(task, partial);
     }
 
     /// Writes each task's unfinished last line (labelled ones ended with a newline).
     fn finish(&mut self) {
-        let stdout = std::io::stdout();
-        let mut out = stdout.lock();
-        for (task, partial) in &mut self.partial {
+        let label = self.label;
+        for (task, partial) in std::mem::take(&mut self.partial) {
             if !partial.is_empty() {
-                if self.label {
+                let mut out = self.sink(task);
+                if label {
                     let _ = write!(out, "{task}: ");
                 }
-                let _ = out.write_all(partial);
-                if self.label {
+                let _ = out.write_all(&partial);
+                if label {
                     let _ = out.write_all(b"\n");
                 }
-                partial.clear();
+                let _ = out.flush();
             }
         }
-        let _ = out.flush();
     }
 }
 
@@ -1238,6 +1323,21 @@ mod tests {
                 "--signal"
             ]
         );
+    }
+
+    /// srun's `-o` patterns, as Slurm's srun names its tasks' files.
+    #[test]
+    fn output_patterns_name_each_tasks_file() {
+        let env = BTreeMap::from([
+            ("SLURM_JOB_ID".to_owned(), "12".to_owned()),
+            ("SLURM_JOB_NAME".to_owned(), "train".to_owned()),
+            ("USER".to_owned(), "ana".to_owned()),
+        ]);
+        let file = |pattern: &str| output_file(pattern, 3, 5, "gpu-02", 1, &env).display().to_string();
+        assert_eq!(file("logs/slurm-%j_%t.out"), "logs/slurm-12_5.out");
+        assert_eq!(file("%x-%J-%s-%n-%N-%u-%A%a-100%%"), "train-12.3-3-1-gpu-02-ana-12-100%");
+        let f = parse(&args("-o out-%t.txt --output=x true"), &BTreeMap::new()).unwrap();
+        assert_eq!((f.output.as_deref(), f.ignored.len()), (Some("x"), 0), "the last -o wins");
     }
 
     #[test]

@@ -64,7 +64,8 @@ fn srun_runs_a_steps_tasks_on_every_node_of_the_job() {
              export HEAD=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n\
              srun -l sh -c 'echo \"$SLURM_PROCID $SLURM_LOCALID $SLURM_NODEID $SLURM_NTASKS $SLURM_STEP_ID $SLURMD_NODENAME $HEAD\" > {out}/task-$SLURM_PROCID; echo hello-$SLURM_PROCID'\n\
              echo \"srun-exit $?\"\n\
-             srun sh -c 'exit 0'\n",
+             srun sh -c 'exit 0'\n\
+             srun -o {out}/o-%j-%t.out sh -c 'echo rank-$SLURM_PROCID'\n",
             out = out.display()
         ),
     );
@@ -93,6 +94,11 @@ fn srun_runs_a_steps_tasks_on_every_node_of_the_job() {
         }
     }
     assert_eq!(by_node.len(), 2, "{by_node:?}");
+    // `srun -o PATTERN`: each task's output in its own file, none in the job's.
+    for rank in 0..4 {
+        assert_eq!(read(&out.join(format!("o-{job}-{rank}.out"))), format!("rank-{rank}\n"), "{}", logs(&workers));
+    }
+    assert!(!output.contains("rank-"), "{output}");
     // Listed like sacct.
     let shown = cluster.json(&["show", &job.to_string()]);
     let ids: Vec<String> =
