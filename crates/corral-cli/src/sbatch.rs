@@ -111,6 +111,10 @@ pub fn parse_directives(script: &str, text: &str, strict: bool) -> Result<Direct
 /// Returns the new argv and one warning per Slurm option corral does not support (an error
 /// with `--strict`).
 pub fn command_line(argv: Vec<String>) -> Result<(Vec<String>, Vec<String>), String> {
+    // Every other command starts without building any of clap's definitions here.
+    if !argv.iter().any(|a| a == "sbatch") {
+        return Ok((argv, Vec::new()));
+    }
     let Some(at) = subcommand_at(&argv) else { return Ok((argv, Vec::new())) };
     if argv[at] != "sbatch" {
         return Ok((argv, Vec::new()));
