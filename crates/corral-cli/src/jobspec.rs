@@ -309,7 +309,7 @@ fn allocation_shape(flags: &JobFlags) -> anyhow::Result<Shape> {
         mem_per_gpu: flags.mem_per_gpu.unwrap_or(0),
         exclusive: flags.exclusive,
         gpu_type: flags.gpu_type.clone(),
-        spread_origin: None,
+        submitted_shape: None,
     };
     layout.nodes = flags.nodes.or_else(|| layout.nodes_asked()).unwrap_or(0);
     let nodes = layout.nodes;

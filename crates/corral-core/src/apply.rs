@@ -263,10 +263,10 @@ impl State {
     /// The API calls it before proposing, apply() calls it again.
     pub fn check_submit(&self, spec: &JobSpec) -> Result<JobSpec, ApplyError> {
         spec.validate()?;
-        if spec.layout.spread_origin.is_some() {
+        if spec.layout.submitted_shape.is_some() {
             // What a requeue restores: a submit naming it could swap in another shape later.
             let reason = "set by a placement, never by a submit".into();
-            return Err(corral_types::JobSpecError::Invalid { field: "layout.spread_origin".into(), reason }.into());
+            return Err(corral_types::JobSpecError::Invalid { field: "layout.submitted_shape".into(), reason }.into());
         }
         let mut spec = spec.clone();
         if !self.config.tenants.is_empty() && !self.config.tenants.contains(&spec.tenant) {
@@ -449,6 +449,8 @@ impl State {
         }
         let mut nodes = BTreeSet::new();
         let mut slice = None;
+        // `--exclusive` without GPUs: every GPU of its nodes (`JobSpec::takes_whole_nodes_gpus`).
+        let whole = spec.takes_whole_nodes_gpus();
         for (name, gpus) in p.parts() {
             if !nodes.insert(name) {
                 return Err(format!("node {name} appears twice"));
@@ -466,7 +468,16 @@ impl State {
                     spec.sched.node_selector.join(",")
                 ));
             }
-            if gpus.len() != per_node as usize {
+            if whole {
+                let healthy =
+                    node.spec.gpus.iter().filter(|d| !node.gpu_faults.iter().any(|m| m.gpu == d.index)).count();
+                if gpus.len() != healthy {
+                    return Err(format!(
+                        "an --exclusive job that asks for no GPUs takes every GPU of node {name} ({healthy}), the placement names {}",
+                        gpus.len()
+                    ));
+                }
+            } else if gpus.len() != per_node as usize {
                 return Err(format!("wrong number of gpus on {name}: the job needs {per_node}"));
             }
             let unique: BTreeSet<u32> = gpus.iter().copied().collect();
@@ -502,7 +513,10 @@ impl State {
             }
         }
         let numbers = self.quota_numbers(&spec.tenant, &spec.priority_class);
-        let need = job_milli_gpus(spec);
+        let need = match whole {
+            true => job_milli_gpus(&spec.with_whole_nodes_gpus(p.parts().map(|(_, g)| g.len() as u32).sum())),
+            false => job_milli_gpus(spec),
+        };
         if let Err(limit) = quota::check(&numbers, need) {
             return Err(
                 quota::describe(&self.config, &spec.tenant, &spec.priority_class, &numbers, need, limit).to_string()
@@ -547,6 +561,9 @@ impl State {
         if job.spec.spreads() {
             // From here on a gang of the nodes chosen (`requeue` lets it spread again).
             job.spec = job.spec.spread_over(p.parts().count() as u32);
+        } else if job.spec.takes_whole_nodes_gpus() {
+            // Holds, and is billed for, every GPU of its nodes (`requeue` asks for none again).
+            job.spec = job.spec.with_whole_nodes_gpus(p.parts().map(|(_, g)| g.len() as u32).sum());
         }
         job.state = JobState::Running;
         job.allocation = Some(Allocation {
@@ -722,7 +739,7 @@ impl State {
     fn requeue(&mut self, job_id: JobId, reason: String) {
         let Some(job) = self.jobs.get_mut(&job_id) else { return };
         // Its node count was its run's: the next run chooses anew (before the index reads it).
-        job.spec.respread();
+        job.spec.restore_submitted_shape();
         job.state = JobState::Pending;
         job.allocation = None;
         job.admitted_at = None;
@@ -2079,9 +2096,9 @@ pub(crate) mod tests {
         spreading.priority_class = "normal".into();
         let submitted = spreading.clone();
         let mut forged = spreading.clone().spread_over(1);
-        forged.layout.spread_origin = Some(corral_types::SpreadOrigin { gpus: 64, ..Default::default() });
+        forged.layout.submitted_shape = Some(corral_types::SubmittedShape { gpus: 64, ..Default::default() });
         let err = submit(&mut s, 4, "forged", forged).unwrap_err().to_string();
-        assert!(err.contains("layout.spread_origin"), "{err}");
+        assert!(err.contains("layout.submitted_shape"), "{err}");
         submit(&mut s, 4, "busy-1", spec(6)).unwrap();
         submit(&mut s, 5, "busy-2", spec(6)).unwrap();
         submit(&mut s, 6, "spread", spreading).unwrap();
@@ -2117,6 +2134,53 @@ pub(crate) mod tests {
         run(&mut s, 13, placed);
         let job = &s.jobs[&3];
         assert_eq!((job.state, job.spec.layout.nodes, job.spec.gpus), (JobState::Running, 1, 4));
+    }
+
+    /// `--exclusive` without GPUs holds, and is billed for, every GPU of its node, as Slurm
+    /// allocates such a job all the GRES of its nodes; within its tenant's quota; a requeue asks
+    /// for none again; a placement naming fewer is refused.
+    #[test]
+    fn an_exclusive_job_without_gpus_holds_every_gpu_of_its_node() {
+        let mut s = cluster();
+        let mut whole = spec(0);
+        whole.layout.exclusive = true;
+        whole.priority_class = "normal".into();
+        let submitted = whole.clone();
+        submit(&mut s, 3, "whole", whole.clone()).unwrap();
+        let short = run(&mut s, 4, vec![placement(1, &[("n1", &[0, 1])], None)]);
+        assert!(short.placed.is_empty(), "two of eight GPUs: {short:?}");
+        let pass = crate::schedule(&s, s.last_ts, &BTreeSet::new());
+        assert_eq!(pass.placements.len(), 1, "{:?}", pass.pending);
+        assert_eq!(pass.placements[0].gpus, (0..8).collect::<Vec<u32>>());
+        assert_eq!(run(&mut s, 5, pass.placements).placed, vec![1]);
+        let job = &s.jobs[&1];
+        assert_eq!((job.spec.gpus, job.spec.layout.exclusive), (8, true));
+        assert_eq!(s.tenant_usage("default"), 8000, "its quota use is the node's GPUs");
+        let mut rebuilt = s.clone();
+        rebuilt.rebuild_indexes();
+        assert_eq!(s.index, rebuilt.index);
+        let epoch = job.allocation.as_ref().unwrap().epoch;
+        s.apply(&req(6, Command::SetNodeState { node: "n1".into(), state: NodeState::Down, reason: String::new() }))
+            .unwrap();
+        let job = &s.jobs[&1];
+        assert_eq!(job.state, JobState::Pending, "requeued: {:?}", job.reason);
+        assert_eq!(job.spec, submitted, "asks for no GPUs again");
+        assert_eq!(s.ledger[&1].gpus, 8, "the run was billed for the node's eight GPUs");
+        assert_eq!(s.ledger[&1].epoch, epoch);
+
+        // A tenant whose quota (with what its cohort lends) is less than an idle node's GPUs
+        // waits: team-a's 4, and team-b's 4 lent, against 16.
+        let mut s = cluster();
+        s.apply(&req(3, Command::RegisterNode { spec: node("big", 16) })).unwrap();
+        submit(&mut s, 4, "busy", spec(1)).unwrap();
+        run(&mut s, 5, vec![placement(1, &[("n1", &[0])], None)]);
+        let mut team = submitted.clone();
+        team.tenant = "team-a".into();
+        submit(&mut s, 6, "team", team).unwrap();
+        let pass = crate::schedule(&s, s.last_ts, &BTreeSet::new());
+        assert!(pass.placements.is_empty(), "16 GPUs over team-a's quota: {:?}", pass.placements);
+        let forced = run(&mut s, 7, vec![placement(2, &[("big", &(0..16).collect::<Vec<u32>>())], None)]);
+        assert!(forced.placed.is_empty(), "apply checks the quota of the node's GPUs too: {forced:?}");
     }
 
     /// A cancelled gang ends cancelled when its last part stopped; a part that never started

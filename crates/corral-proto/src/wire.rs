@@ -122,7 +122,7 @@ fn layout_to_pb(l: &TaskLayout) -> pb::TaskLayout {
         mem_per_gpu: l.mem_per_gpu,
         exclusive: l.exclusive,
         gpu_type: l.gpu_type.clone(),
-        spread_origin: l.spread_origin.map(|o| pb::SpreadOrigin {
+        submitted_shape: l.submitted_shape.map(|o| pb::SubmittedShape {
             gpus: o.gpus,
             cpu_millis: o.cpu_millis,
             memory_bytes: o.memory_bytes,
@@ -142,7 +142,7 @@ fn layout_from_pb(l: pb::TaskLayout) -> TaskLayout {
         mem_per_gpu: l.mem_per_gpu,
         exclusive: l.exclusive,
         gpu_type: l.gpu_type,
-        spread_origin: l.spread_origin.map(|o| corral_types::SpreadOrigin {
+        submitted_shape: l.submitted_shape.map(|o| corral_types::SubmittedShape {
             gpus: o.gpus,
             cpu_millis: o.cpu_millis,
             memory_bytes: o.memory_bytes,

@@ -646,7 +646,7 @@ impl JobSpec {
         let nodes = nodes.clamp(1, crate::layout::MAX_NODES_PER_JOB);
         let (per_node, cpu_millis, memory_bytes) = self.spread_shape(nodes);
         spec.layout.nodes = nodes;
-        spec.layout.spread_origin = Some(crate::layout::SpreadOrigin {
+        spec.layout.submitted_shape = Some(crate::layout::SubmittedShape {
             gpus: self.gpus,
             cpu_millis: self.cpu_millis,
             memory_bytes: self.memory_bytes,
@@ -658,12 +658,42 @@ impl JobSpec {
         spec
     }
 
-    /// Undoes `spread_over`: a spec a placement laid out over nodes spreads again, as it was
-    /// submitted (a requeued run chooses its node count anew). Any other spec is unchanged.
-    pub fn respread(&mut self) {
-        if let Some(origin) = self.layout.spread_origin.take() {
-            self.layout.nodes = 0;
-            self.sched.gpus_per_node = None;
+    /// An `--exclusive` job that asks for no GPUs: as Slurm allocates such a job all the GRES of
+    /// its nodes, it gets every GPU of each (`with_whole_nodes_gpus`, at placement).
+    pub fn takes_whole_nodes_gpus(&self) -> bool {
+        self.layout.exclusive
+            && self.gpu_slice.is_none()
+            && self.gpus == 0
+            && self.sched.gpus_per_node.unwrap_or(0) == 0
+            && self.layout.gpus_per_task == 0
+    }
+
+    /// The spec of a `takes_whole_nodes_gpus` job placed with `gpus` GPUs in all (every GPU of
+    /// its nodes): it holds, and is billed for, those. Any other spec, or none placed: itself.
+    pub fn with_whole_nodes_gpus(&self, gpus: u32) -> JobSpec {
+        let mut spec = self.clone();
+        if !self.takes_whole_nodes_gpus() || gpus == 0 {
+            return spec;
+        }
+        spec.layout.submitted_shape = Some(crate::layout::SubmittedShape {
+            gpus: self.gpus,
+            cpu_millis: self.cpu_millis,
+            memory_bytes: self.memory_bytes,
+        });
+        spec.gpus = gpus;
+        spec
+    }
+
+    /// Undoes `spread_over` and `with_whole_nodes_gpus`: the spec as it was submitted, whose
+    /// next run chooses its node count or GPUs anew (a requeue). Any other spec is unchanged.
+    pub fn restore_submitted_shape(&mut self) {
+        if let Some(origin) = self.layout.submitted_shape.take() {
+            // Tasks that spread asked for GPUs (their node count was the placement's); an
+            // exclusive job given its nodes' GPUs asked for none (its nodes were its own).
+            if origin.gpus != 0 {
+                self.layout.nodes = 0;
+                self.sched.gpus_per_node = None;
+            }
             self.gpus = origin.gpus;
             self.cpu_millis = origin.cpu_millis;
             self.memory_bytes = origin.memory_bytes;
@@ -1317,7 +1347,7 @@ mod tests {
         assert!(!on.spreads(), "placed: a gang of four");
         assert_eq!(on.validate(), Ok(()));
         let mut again = on.clone();
-        again.respread();
+        again.restore_submitted_shape();
         assert_eq!(again, s, "requeued: spreads as submitted");
         assert_eq!(again.spread_over(2).spread_over(3), again.spread_over(2), "placed once");
         let mut per_gpu = spread(6, 2);
@@ -1330,8 +1360,24 @@ mod tests {
         assert!(!given.spreads(), "--gpus-per-node fixes the nodes");
         assert_eq!(given.spread_over(2), given);
         let mut kept = given.clone();
-        kept.respread();
+        kept.restore_submitted_shape();
         assert_eq!(kept, given, "a spec no placement laid out stays");
+
+        // `--exclusive` without GPUs: every GPU of its nodes, until requeued.
+        let mut whole = spec();
+        whole.gpus = 0;
+        whole.layout = TaskLayout { nodes: 2, exclusive: true, ..Default::default() };
+        assert!(whole.takes_whole_nodes_gpus());
+        let placed = whole.with_whole_nodes_gpus(16);
+        assert_eq!((placed.gpus, placed.layout.nodes, placed.gpus_per_part()), (16, 2, 8));
+        assert!(!placed.takes_whole_nodes_gpus(), "placed once");
+        let mut again = placed.clone();
+        again.restore_submitted_shape();
+        assert_eq!(again, whole, "requeued: as submitted, on its own two nodes");
+        assert_eq!(whole.with_whole_nodes_gpus(0), whole, "nodes without GPUs: none");
+        let mut asks = whole.clone();
+        asks.sched.gpus_per_node = Some(2);
+        assert!(!asks.takes_whole_nodes_gpus(), "GPUs asked for are what it gets");
         let mut nodes = spread(4, 1);
         nodes.layout.nodes = 2;
         assert!(!nodes.spreads(), "--nodes fixes them too");

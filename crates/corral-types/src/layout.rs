@@ -55,17 +55,20 @@ pub struct TaskLayout {
     /// (`a100` matches "NVIDIA A100-SXM4-80GB"; see `gpu_type_matches`). `None`: any model.
     #[serde(default)]
     pub gpu_type: Option<String>,
-    /// Set when a placement chose the node count of a job whose tasks spread over nodes
-    /// (`JobSpec::spread_over`): what the job asked for before, so that a requeued run spreads
-    /// again (`JobSpec::respread`) instead of waiting for as many nodes as its first run had.
+    /// Set when a placement chose part of the job's shape: the node count of tasks that spread
+    /// over nodes (`JobSpec::spread_over`), or the GPUs of an `--exclusive` job that asked for
+    /// none (`JobSpec::with_whole_nodes_gpus`). What the job was submitted with, so that a
+    /// requeued run chooses again (`JobSpec::restore_submitted_shape`) instead of keeping its
+    /// first run's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spread_origin: Option<SpreadOrigin>,
+    pub submitted_shape: Option<SubmittedShape>,
 }
 
-/// What a spreading job asked for before a placement laid it out over nodes: the fields
-/// `JobSpec::spread_over` replaces (`layout.nodes` was 0 and `sched.gpus_per_node` unset).
+/// What a job asked for before a placement chose part of its shape: the fields
+/// `JobSpec::spread_over` and `JobSpec::with_whole_nodes_gpus` replace (`layout.nodes` and
+/// `sched.gpus_per_node` were unset in the first case, and stay as they were in the second).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SpreadOrigin {
+pub struct SubmittedShape {
     pub gpus: u32,
     pub cpu_millis: u32,
     pub memory_bytes: u64,

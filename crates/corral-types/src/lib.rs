@@ -27,7 +27,7 @@ pub use job::{
     MAX_SPREAD_SHAPES, REQUEUE_PREEMPTOR,
 };
 pub use job_options::parse_dependencies;
-pub use layout::{gpu_type_matches, SlurmNames, SpreadOrigin, TaskLayout, MAX_NODES_PER_JOB, MAX_TASKS_PER_JOB};
+pub use layout::{gpu_type_matches, SlurmNames, SubmittedShape, TaskLayout, MAX_NODES_PER_JOB, MAX_TASKS_PER_JOB};
 pub use node::{
     GpuDevice, GpuFaultMark, GpuHealth, NodeMode, NodeSpec, NodeState, NodeStatus, DEFAULT_RENDEZVOUS_PORTS,
 };

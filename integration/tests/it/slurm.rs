@@ -118,6 +118,23 @@ fn sbatch_reads_slurms_options_on_its_command_line() {
     submitted_id(&out);
 }
 
+/// `--exclusive` without a GPU request: Slurm allocates such a job all the GRES of its nodes,
+/// and launchers that start one process per GPU (AWS's and Megatron's examples) rely on it.
+#[test]
+fn an_exclusive_job_without_gpus_gets_every_gpu_of_its_node() {
+    let pool = DevPool::start(&["--gpus", "4"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = "#!/bin/sh\n#SBATCH --exclusive\n#SBATCH --output=x-%j.out\necho \"$CUDA_VISIBLE_DEVICES $SLURM_GPUS_ON_NODE\"\n";
+    std::fs::write(dir.path().join("x.sh"), script).expect("write");
+    let job = submitted_id(&corral_in(&pool, dir.path(), &[], &["sbatch", "x.sh"]));
+    let doc = ended(&pool, job);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert_eq!(doc["gpus"].as_array().map(Vec::len), Some(4), "{doc}");
+    let file = std::fs::read_to_string(dir.path().join(format!("x-{job}.out"))).expect("the output file");
+    let fields: Vec<&str> = file.split_whitespace().collect();
+    assert_eq!((fields[0].split(',').count(), fields.get(1).copied()), (4, Some("4")), "{file}");
+}
+
 #[test]
 fn relative_program_runs_in_the_submit_directory() {
     let pool = DevPool::start(&[]);

@@ -454,7 +454,9 @@ impl<'s> Cluster<'s> {
         let node = &self.nodes[n as usize];
         let devices: Vec<&GpuDevice> = node.gpus.iter().map(|g| g.dev).collect();
         let free = node.free_positions(None);
-        let Some(chosen) = topology::choose(&devices, &free, d.per_node as usize, d.rdma) else {
+        // An exclusive job that asked for no GPUs gets every GPU of its idle node, as in Slurm.
+        let want = if d.exclusive && d.per_node == 0 { free.len() } else { d.per_node as usize };
+        let Some(chosen) = topology::choose(&devices, &free, want, d.rdma) else {
             return Vec::new();
         };
         let indices: Vec<u32> = chosen.iter().map(|p| node.gpus[*p].dev.index).collect();

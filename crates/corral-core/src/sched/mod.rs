@@ -585,7 +585,7 @@ impl<'s> Pass<'s> {
     }
 
     /// Places the job if it fits now; otherwise returns the nodes that fit (fewer than needed).
-    fn try_place(&mut self, t: usize, c: usize, job_id: JobId, d: &Demand, need: u64) -> Result<(), Vec<u32>> {
+    fn try_place(&mut self, t: usize, c: usize, job_id: JobId, d: &Demand, mut need: u64) -> Result<(), Vec<u32>> {
         if self.infeasible.known(d) {
             return Err(Vec::new());
         }
@@ -614,6 +614,15 @@ impl<'s> Pass<'s> {
                 nodes.sort_by_cached_key(|n| self.images.missing(image, cluster.nodes[*n as usize].name));
             }
             nodes.truncate(d.parts as usize);
+            if d.exclusive && d.per_node == 0 {
+                // It gets every GPU of its (idle) nodes (`JobSpec::takes_whole_nodes_gpus`):
+                // those count against its quota.
+                let gpus: u64 = nodes.iter().map(|n| u64::from(self.cluster.nodes[*n as usize].free)).sum();
+                need = gpus * MILLI_PER_GPU;
+                if quota::check(&self.book.numbers(t, c), need).is_err() {
+                    return Err(Vec::new());
+                }
+            }
             if d.parts > 1 && !self.first_with_port(&mut nodes) {
                 let names: Vec<&str> = nodes.iter().map(|n| self.cluster.nodes[*n as usize].name).collect();
                 self.port_blocked = Some(PendingReason::RendezvousPorts { nodes: names.join(", ").into() });

@@ -666,6 +666,26 @@ mod slurm {
         );
     }
 
+    /// `--exclusive` without GPUs: as Slurm allocates such a job all the GRES of its nodes, it
+    /// takes every GPU of an idle node (a card out for a fault excepted).
+    #[test]
+    fn an_exclusive_job_without_gpus_takes_all_of_its_nodes_gpus() {
+        check(
+            "
+            node n1 gpus=4
+            node n2 gpus=4
+            run default gpus=1 on=n1:0
+            submit default gpus=0 exclusive
+            submit default gpus=1
+            schedule
+            ",
+            "
+            place 2 n2:0,1,2,3
+            place 3 n1:1
+            ",
+        );
+    }
+
     #[test]
     fn a_gpu_type_picks_nodes_of_that_model() {
         check(

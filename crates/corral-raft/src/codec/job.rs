@@ -105,7 +105,7 @@ fn layout_to_pb(l: &TaskLayout) -> pb::TaskLayout {
         mem_per_gpu: l.mem_per_gpu,
         exclusive: l.exclusive,
         gpu_type: l.gpu_type.clone(),
-        spread_origin: l.spread_origin.map(|o| pb::SpreadOrigin {
+        submitted_shape: l.submitted_shape.map(|o| pb::SubmittedShape {
             gpus: o.gpus,
             cpu_millis: o.cpu_millis,
             memory_bytes: o.memory_bytes,
@@ -125,7 +125,7 @@ fn layout_from_pb(l: pb::TaskLayout) -> TaskLayout {
         mem_per_gpu: l.mem_per_gpu,
         exclusive: l.exclusive,
         gpu_type: l.gpu_type,
-        spread_origin: l.spread_origin.map(|o| corral_types::SpreadOrigin {
+        submitted_shape: l.submitted_shape.map(|o| corral_types::SubmittedShape {
             gpus: o.gpus,
             cpu_millis: o.cpu_millis,
             memory_bytes: o.memory_bytes,
@@ -524,7 +524,11 @@ mod tests {
                 mem_per_gpu: 20 << 30,
                 exclusive: true,
                 gpu_type: Some("a100".into()),
-                spread_origin: Some(corral_types::SpreadOrigin { gpus: 7, cpu_millis: 14_000, memory_bytes: 1 << 30 }),
+                submitted_shape: Some(corral_types::SubmittedShape {
+                    gpus: 7,
+                    cpu_millis: 14_000,
+                    memory_bytes: 1 << 30,
+                }),
             },
             batch_step: true,
             slurm: SlurmNames {

@@ -108,7 +108,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                 (
                     batch_step,
                     append_output,
-                    ((nodes, ntasks, gpus_per_task, mem_per_gpu), spread_origin),
+                    ((nodes, ntasks, gpus_per_task, mem_per_gpu), submitted_shape),
                     exclusive,
                     gpu_type,
                     account,
@@ -142,10 +142,8 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                     mem_per_gpu,
                     exclusive,
                     gpu_type,
-                    spread_origin: spread_origin.map(|(gpus, cpu_millis, memory_bytes)| corral_types::SpreadOrigin {
-                        gpus,
-                        cpu_millis,
-                        memory_bytes,
+                    submitted_shape: submitted_shape.map(|(gpus, cpu_millis, memory_bytes)| {
+                        corral_types::SubmittedShape { gpus, cpu_millis, memory_bytes }
                     }),
                     ..Default::default()
                 },
