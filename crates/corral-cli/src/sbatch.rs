@@ -188,10 +188,11 @@ pub fn command_line(argv: Vec<String>) -> Result<(Vec<String>, Vec<String>), Str
         }
         let mut unsupported = Vec::new();
         let translated = translate_sbatch(&words, &mut unsupported);
-        // An option Slurm has that corral does not support, or a value Slurm does not read,
-        // of one of corral's own flags (`--priority CLASS`, `--time 1h30m`, `--mem 16GiB`):
-        // corral's meaning.
-        if (translated.is_err() || !unsupported.is_empty()) && corral.has(&name) {
+        // A value Slurm does not read of one of corral's own flags (`--time 1h30m`, `--mem
+        // 16GiB`), or `--priority`, which corral's is and Slurm's (a number for operators) is
+        // not: corral's meaning.
+        let corrals = (translated.is_err() && corral.has(&name)) || (long == "priority" && !unsupported.is_empty());
+        if corrals {
             out.extend(words);
             continue;
         }
