@@ -21,9 +21,14 @@ dir=$(cd "$dir" && pwd)
 conf=$dir/slurm.conf
 
 stop() {
-  for pidfile in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munged.pid"; do
+  for daemon in slurmd slurmctld munged; do
+    pidfile=$dir/$daemon.pid
     if [ -s "$pidfile" ]; then
-      kill "$(cat "$pidfile")" 2>/dev/null || true
+      pid=$(cat "$pidfile")
+      # Only the daemon that file names: a stale file may name a process that reused its pid.
+      if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$daemon" ]; then
+        kill "$pid" 2>/dev/null || true
+      fi
       rm -f "$pidfile"
     fi
   done
@@ -76,13 +81,7 @@ EOF
 
 if ! pgrep -x munged >/dev/null; then
   mkdir -p /run/munge
-  chown munge:munge /run/munge 2>/dev/null || true
-  if id munge >/dev/null 2>&1; then
-    runuser -u munge -- munged --pid-file="$dir/munged.pid" 2>/dev/null ||
-      munged --force --pid-file="$dir/munged.pid"
-  else
-    munged --force --pid-file="$dir/munged.pid"
-  fi
+  munged --force --pid-file="$dir/munged.pid" 2>/dev/null
 fi
 export SLURM_CONF=$conf
 slurmctld -c -f "$conf"
