@@ -738,7 +738,8 @@ impl State {
     /// Puts a job whose run ended back in the queue.
     fn requeue(&mut self, job_id: JobId, reason: String) {
         let Some(job) = self.jobs.get_mut(&job_id) else { return };
-        // Its node count was its run's: the next run chooses anew (before the index reads it).
+        // The node count or GPUs a placement chose were its run's: the next run chooses anew
+        // (`JobSpec::restore_submitted_shape`, before the index reads the spec).
         job.spec.restore_submitted_shape();
         job.state = JobState::Pending;
         job.allocation = None;
