@@ -13,7 +13,7 @@
 //! and read through the coordinator, as the job's owner (`Corral.CreateJobStep`, ...): every
 //! task's output is relayed as another node's is.
 
-use corral_types::{JobStep, StepSpec};
+use corral_types::{Job, JobStep, StepSpec};
 use corral_worker::in_job::{Call, Reply, Request, MAX_REQUEST_BYTES, SECRET_ENV, SOCKET_ENV};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -980,10 +980,10 @@ struct Relay {
     open: BTreeMap<PathBuf, std::fs::File>,
 }
 
-/// srun's `-o PATTERN` for task `task` of step `step` on node `node` (its index `node_index`):
-/// `%j` job id, `%J` job and step (`12.0`), `%s` step, `%t` task, `%n` node index, `%N` node
-/// name, `%x` job name, `%u` user, `%A`/`%a` array job and index, `%%`; relative to srun's
-/// directory, as Slurm's srun writes it.
+/// srun's `-o PATTERN` for task `task` of step `step` on node `node` (its index `node_index`),
+/// relative to srun's directory: Slurm's patterns as the worker expands a job's
+/// (`corral_types::expand_output_pattern`), for the job the batch environment `env` names
+/// (`SLURM_JOB_ID`, `SLURM_JOB_NAME`, `SLURM_JOB_USER` else `USER`, the array's ids).
 fn output_file(
     pattern: &str,
     step: u32,
@@ -992,35 +992,22 @@ fn output_file(
     node_index: usize,
     env: &BTreeMap<String, String>,
 ) -> PathBuf {
-    let var = |k: &str| env.get(k).cloned().unwrap_or_default();
-    let job = var("SLURM_JOB_ID");
-    let mut out = String::new();
-    let mut chars = pattern.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('j') => out.push_str(&job),
-            Some('J') => out.push_str(&format!("{job}.{step}")),
-            Some('s') => out.push_str(&step.to_string()),
-            Some('t') => out.push_str(&task.to_string()),
-            Some('n') => out.push_str(&node_index.to_string()),
-            Some('N') => out.push_str(node),
-            Some('x') => out.push_str(&var("SLURM_JOB_NAME")),
-            Some('u') => out.push_str(&env.get("SLURM_JOB_USER").or(env.get("USER")).cloned().unwrap_or_default()),
-            Some('A') => out.push_str(&env.get("SLURM_ARRAY_JOB_ID").cloned().unwrap_or_else(|| job.clone())),
-            Some('a') => out.push_str(&var("SLURM_ARRAY_TASK_ID")),
-            Some('%') => out.push('%'),
-            Some(other) => {
-                out.push('%');
-                out.push(other);
-            }
-            None => out.push('%'),
-        }
+    let number = |k: &str| env.get(k).and_then(|v| v.parse().ok());
+    let spec = corral_types::JobSpec {
+        name: env.get("SLURM_JOB_NAME").cloned().unwrap_or_default(),
+        slurm: corral_types::SlurmNames {
+            user: env.get("SLURM_JOB_USER").or(env.get("USER")).cloned(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut job = Job::pending(number("SLURM_JOB_ID").unwrap_or(0), spec, String::new(), Default::default());
+    if let (Some(array), Some(index)) = (number("SLURM_ARRAY_JOB_ID"), number("SLURM_ARRAY_TASK_ID")) {
+        job.array_task = Some(corral_types::ArrayTask { array, index: index as u32 });
     }
-    PathBuf::from(out)
+    let step = step.to_string();
+    let place = corral_types::OutputPlace { node, node_index: node_index as u32, task, step: Some(&step) };
+    PathBuf::from(corral_types::expand_output_pattern(pattern, &job, &place))
 }
 
 impl Relay {
@@ -1333,9 +1320,19 @@ mod tests {
             ("SLURM_JOB_NAME".to_owned(), "train".to_owned()),
             ("USER".to_owned(), "ana".to_owned()),
         ]);
-        let file = |pattern: &str| output_file(pattern, 3, 5, "gpu-02", 1, &env).display().to_string();
-        assert_eq!(file("logs/slurm-%j_%t.out"), "logs/slurm-12_5.out");
-        assert_eq!(file("%x-%J-%s-%n-%N-%u-%A%a-100%%"), "train-12.3-3-1-gpu-02-ana-12-100%");
+        let file = |pattern: &str, env: &BTreeMap<String, String>| {
+            output_file(pattern, 3, 5, "gpu-02", 1, env).display().to_string()
+        };
+        assert_eq!(file("logs/slurm-%j_%t.out", &env), "logs/slurm-12_5.out");
+        assert_eq!(file("%x-%J-%s-%n-%N-%u-%A-100%%-%3t", &env), "train-12.3-3-1-gpu-02-ana-12-100%-005");
+        // %a of a job that is not an array task is Slurm's NO_VAL, as for the job's own files.
+        assert_eq!(file("%a", &env), "4294967294");
+        let mut task = env.clone();
+        task.extend([
+            ("SLURM_ARRAY_JOB_ID".to_owned(), "10".to_owned()),
+            ("SLURM_ARRAY_TASK_ID".to_owned(), "2".to_owned()),
+        ]);
+        assert_eq!(file("%A_%a", &task), "10_2");
         let f = parse(&args("-o out-%t.txt --output=x true"), &BTreeMap::new()).unwrap();
         assert_eq!((f.output.as_deref(), f.ignored.len()), (Some("x"), 0), "the last -o wins");
     }

@@ -1,4 +1,4 @@
-//! Slurm's output-file patterns (`--output`/`--error`: `%j %J %A %a %x %u %N %n %t %%`) and
+//! Slurm's output-file patterns (`--output`/`--error`: `%j %J %s %A %a %x %u %N %n %t %%`) and
 //! their defaults. Pure: the worker expands them where a file is opened (the batch step, a
 //! gang's node, a step's task), each caller saying where that is.
 
@@ -33,7 +33,7 @@ pub fn default_output_pattern(array: bool) -> &'static str {
 /// Expands a Slurm output pattern for `job` at `place`: `%j` job id, `%J` job id and step,
 /// `%A` array job id (else the job id), `%a` array task index (else 4294967294 as Slurm),
 /// `%x` job name (`/` made `_`), `%u` user (the submitter as recorded, else the tenant), `%N`
-/// node name, `%n` node index, `%t` task rank, `%%` a `%`. A width between `%` and the letter
+/// node name, `%n` node index, `%t` task rank, `%s` step (`batch` for the batch step), `%%` a `%`. A width between `%` and the letter
 /// pads numbers with zeros as Slurm does (`%4a`: `0007`); other `%` sequences stay as written.
 /// A width is capped at 10 digits.
 pub fn expand_output_pattern(pattern: &str, job: &Job, place: &OutputPlace<'_>) -> String {
@@ -67,6 +67,7 @@ pub fn expand_output_pattern(pattern: &str, job: &Job, place: &OutputPlace<'_>) 
             Some('N') => out.push_str(place.node),
             Some('n') => out.push_str(&number(u64::from(place.node_index))),
             Some('t') => out.push_str(&number(u64::from(place.task))),
+            Some('s') => out.push_str(place.step.unwrap_or("batch")),
             Some('%') if digits.is_empty() => out.push('%'),
             Some(other) => {
                 out.push('%');
@@ -108,6 +109,8 @@ mod tests {
         j.array_task = Some(ArrayTask { array: 40, index: 7 });
         assert_eq!(expand_output_pattern("%A_%a-%4a.%3t", &j, &OutputPlace::default()), "40_7-0007.000");
         assert_eq!(expand_output_pattern("slurm-%J.out", &j, &OutputPlace::default()), "slurm-42.out");
+        assert_eq!(expand_output_pattern("%s", &j, &OutputPlace::default()), "batch", "Slurm's batch step");
+        assert_eq!(expand_output_pattern("%s", &j, &place), "0");
         j.spec.slurm.user = None;
         assert_eq!(expand_output_pattern("%u", &j, &OutputPlace::default()), "team-a", "the tenant without a user");
         assert_eq!(expand_output_pattern("%99j", &j, &OutputPlace::default()), "0000000042", "width capped");
