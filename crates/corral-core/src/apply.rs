@@ -514,7 +514,7 @@ impl State {
         }
         let numbers = self.quota_numbers(&spec.tenant, &spec.priority_class);
         let need = match whole {
-            true => job_milli_gpus(&spec.with_whole_nodes_gpus(p.parts().map(|(_, g)| g.len() as u32).sum())),
+            true => job_milli_gpus(&spec.with_whole_nodes_gpus(p.gpu_count())),
             false => job_milli_gpus(spec),
         };
         if let Err(limit) = quota::check(&numbers, need) {
@@ -563,7 +563,7 @@ impl State {
             job.spec = job.spec.spread_over(p.parts().count() as u32);
         } else if job.spec.takes_whole_nodes_gpus() {
             // Holds, and is billed for, every GPU of its nodes (`requeue` asks for none again).
-            job.spec = job.spec.with_whole_nodes_gpus(p.parts().map(|(_, g)| g.len() as u32).sum());
+            job.spec = job.spec.with_whole_nodes_gpus(p.gpu_count());
         }
         job.state = JobState::Running;
         job.allocation = Some(Allocation {

@@ -29,6 +29,11 @@ impl Placement {
         std::iter::once((self.node.as_str(), self.gpus.as_slice()))
             .chain(self.more_nodes.iter().map(|p| (p.node.as_str(), p.gpus.as_slice())))
     }
+
+    /// Whole GPUs over every part.
+    pub fn gpu_count(&self) -> u32 {
+        self.parts().map(|(_, gpus)| gpus.len() as u32).sum()
+    }
 }
 
 /// A running job the scheduler stops to make room for a pending one.
