@@ -455,7 +455,7 @@ impl<'s> Cluster<'s> {
         let devices: Vec<&GpuDevice> = node.gpus.iter().map(|g| g.dev).collect();
         let free = node.free_positions(None);
         // An exclusive job that asked for no GPUs gets every GPU of its idle node, as in Slurm.
-        let want = if d.exclusive && d.per_node == 0 { free.len() } else { d.per_node as usize };
+        let want = if d.takes_whole_nodes_gpus() { free.len() } else { d.per_node as usize };
         let Some(chosen) = topology::choose(&devices, &free, want, d.rdma) else {
             return Vec::new();
         };

@@ -176,6 +176,12 @@ impl Demand {
         }
     }
 
+    /// An `--exclusive` job that asked for no GPUs: it takes every GPU of its idle nodes
+    /// (`JobSpec::takes_whole_nodes_gpus`).
+    pub fn takes_whole_nodes_gpus(&self) -> bool {
+        self.exclusive && self.per_node == 0 && self.slice.is_none()
+    }
+
     /// A job that needs certain nodes (labels, GPU model, idle ones): a failure says nothing
     /// about its shape on other nodes.
     pub fn picky(&self) -> bool {
@@ -614,9 +620,8 @@ impl<'s> Pass<'s> {
                 nodes.sort_by_cached_key(|n| self.images.missing(image, cluster.nodes[*n as usize].name));
             }
             nodes.truncate(d.parts as usize);
-            if d.exclusive && d.per_node == 0 {
-                // It gets every GPU of its (idle) nodes (`JobSpec::takes_whole_nodes_gpus`):
-                // those count against its quota.
+            if d.takes_whole_nodes_gpus() {
+                // Every GPU of its (idle) nodes counts against its quota.
                 let gpus: u64 = nodes.iter().map(|n| u64::from(self.cluster.nodes[*n as usize].free)).sum();
                 need = gpus * MILLI_PER_GPU;
                 if quota::check(&self.book.numbers(t, c), need).is_err() {
