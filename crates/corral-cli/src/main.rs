@@ -2,6 +2,8 @@
 
 mod admin_cmd;
 mod alloc;
+#[cfg(not(feature = "system-allocator"))]
+mod allocator;
 mod args;
 mod attach;
 mod billing;
@@ -32,16 +34,11 @@ use args::{Cli, Command};
 use clap::Parser;
 use std::process::ExitCode;
 
-/// mimalloc, not glibc's malloc: the apply path and the stores allocate and free small buffers at a
-/// high rate, and under glibc a quarter of a coordinator's CPU went to malloc and free (arena
-/// scans, chunk consolidation) while its freed memory stayed resident in per-thread arenas.
-/// Without transparent huge pages (mimalloc's `no_thp`): the first allocations of every
-/// command faulted in, and zeroed, two 2 MiB huge pages, which doubled a client command's RSS
-/// (14 MiB to 6 MiB) and cost it about 0.5 ms. Feature `system-allocator` leaves glibc's
-/// malloc, for heap profilers.
+/// mimalloc for the daemons, glibc's malloc for the client commands (see `allocator.rs`).
+/// Feature `system-allocator` leaves glibc's malloc everywhere, for heap profilers.
 #[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::ByRole = allocator::ByRole;
 
 fn main() -> ExitCode {
     // Like other Unix tools, end quietly when the reader of our output goes away
