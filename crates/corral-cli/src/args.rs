@@ -734,8 +734,9 @@ pub struct SbatchArgs {
     #[arg(long, value_name = "COMMAND", conflicts_with = "script")]
     pub wrap: Option<String>,
     /// The batch script (at most 1 MiB): `#SBATCH` / `#CORRAL` directives up to the first
-    /// command line; stored with the job and run on the worker.
-    #[arg(required_unless_present = "wrap")]
+    /// command line; stored with the job and run on the worker. Without one (and without
+    /// --wrap) the script is read from standard input, as Slurm's sbatch reads it
+    /// (`sbatch <<EOF ... EOF`).
     pub script: Option<PathBuf>,
     /// Arguments of the script.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]

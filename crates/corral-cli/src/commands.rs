@@ -80,7 +80,8 @@ pub async fn sbatch(global: &GlobalArgs, args: SbatchArgs) -> anyhow::Result<Exi
         ),
         // As Slurm's sbatch writes it, and names the job.
         (None, Some(command)) => (sbatch::wrapped(&command), "--wrap".to_string(), "wrap".to_string()),
-        (None, None) => anyhow::bail!("give a batch script, or a command with --wrap"),
+        // As Slurm's sbatch: the script from standard input, named `sbatch`.
+        (None, None) => (sbatch::read_script_stdin(std::io::stdin().lock())?, "standard input".into(), "sbatch".into()),
     };
     let directives = sbatch::parse_directives(&shown, &text, args.strict).map_err(anyhow::Error::msg)?;
     for warning in &directives.warnings {

@@ -37,11 +37,37 @@ pub fn read_script(path: &Path) -> anyhow::Result<String> {
             MAX_SCRIPT_BYTES / 1024
         );
     }
-    let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read script {shown}: {e}"))?;
-    if bytes.len() > MAX_SCRIPT_BYTES {
-        anyhow::bail!("script {shown} is more than {} KiB", MAX_SCRIPT_BYTES / 1024);
+    let file = std::fs::File::open(path).map_err(|e| anyhow::anyhow!("cannot read script {shown}: {e}"))?;
+    read_script_from(file, &shown.to_string())
+}
+
+/// The batch script on standard input (`sbatch <<EOF`, `generate | sbatch`): up to
+/// `MAX_SCRIPT_BYTES` read, no more. A terminal is refused rather than waited on.
+pub fn read_script_stdin(input: impl std::io::Read + std::os::fd::AsFd) -> anyhow::Result<String> {
+    if std::io::IsTerminal::is_terminal(&input.as_fd()) {
+        anyhow::bail!(
+            "no batch script given: name a script file, give a command with --wrap, or pipe the script in (`sbatch <<EOF ... EOF`)"
+        );
     }
-    String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("script {shown} is not UTF-8 text"))
+    read_script_from(input, "on standard input")
+}
+
+/// A script from `input`, read up to one byte past the limit (the cost of a reader that never
+/// ends is bounded): `shown` names it in errors.
+fn read_script_from(input: impl std::io::Read, shown: &str) -> anyhow::Result<String> {
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut input.take(MAX_SCRIPT_BYTES as u64 + 1), &mut bytes)
+        .map_err(|e| anyhow::anyhow!("cannot read the script {shown}: {e}"))?;
+    if bytes.len() > MAX_SCRIPT_BYTES {
+        anyhow::bail!(
+            "the script {shown} is more than the {} KiB a batch script may have: move data into files it reads",
+            MAX_SCRIPT_BYTES / 1024
+        );
+    }
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        anyhow::bail!("the script {shown} is empty");
+    }
+    String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("the script {shown} is not UTF-8 text"))
 }
 
 /// Parses the directives of `text` (named `script` in messages). With `strict`, an unsupported
@@ -859,6 +885,16 @@ mod tests {
             rewritten("corral sbatch --err=e.txt --job=n j.sh"),
             "corral sbatch --stderr e.txt --name n -- j.sh"
         );
+    }
+
+    #[test]
+    fn a_script_read_from_a_stream_is_bounded_and_must_be_utf8_text() {
+        let read = |bytes: &[u8]| super::read_script_from(bytes, "on standard input").map_err(|e| e.to_string());
+        assert_eq!(read(b"#!/bin/sh\ntrue\n").unwrap(), "#!/bin/sh\ntrue\n");
+        assert_eq!(read(&vec![b'#'; MAX_SCRIPT_BYTES]).map(|s| s.len()), Ok(MAX_SCRIPT_BYTES));
+        assert!(read(&vec![b'#'; MAX_SCRIPT_BYTES + 1]).unwrap_err().contains("more than the 1024 KiB"));
+        assert!(read(b"\n \t\n").unwrap_err().contains("is empty"), "Slurm refuses an empty batch script");
+        assert!(read(b"#!/bin/sh\n\xff\n").unwrap_err().contains("not UTF-8"));
     }
 
     /// corral's own flags pass as they are, the global ones before and after `sbatch` included.

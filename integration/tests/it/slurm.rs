@@ -112,6 +112,35 @@ fn sbatch_reads_slurms_options_on_its_command_line() {
     let file = std::fs::read_to_string(dir.path().join(format!("w-{job}.out"))).expect("the wrap job's -o file");
     assert_eq!(file, "wrapped wrap\n");
 
+    // No script: it is read from standard input (`sbatch <<EOF`), directives and all, and the
+    // job is named `sbatch`, as by Slurm's sbatch.
+    let piped = |input: &str, args: &[&str]| {
+        let mut child = Command::new(corral_bin())
+            .current_dir(dir.path())
+            .args(["--endpoint", &pool.addr, "sbatch"])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run corral sbatch");
+        std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), input.as_bytes()).expect("write stdin");
+        child.wait_with_output().expect("wait")
+    };
+    let heredoc =
+        "#!/bin/bash\n#SBATCH --time=5\n#SBATCH --output=here-%j.out\necho \"from stdin: $SLURM_JOB_NAME $1\"\n";
+    let job = submitted_id(&piped(heredoc, &["--parsable"]));
+    let doc = ended(&pool, job);
+    assert_eq!((doc["state"].as_str(), doc["name"].as_str()), (Some("succeeded"), Some("sbatch")), "{doc}");
+    assert_eq!(doc["time_limit_secs"].as_u64(), Some(300), "the piped script's directives apply: {doc}");
+    let file = std::fs::read_to_string(dir.path().join(format!("here-{job}.out"))).expect("the piped job's output");
+    assert_eq!(file, "from stdin: sbatch \n");
+    let out = piped("  \n", &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(one_line_stderr(&out).contains("the script on standard input is empty"), "{out:?}");
+    let out = piped(&"#".repeat(1024 * 1024 + 10), &[]);
+    assert!(one_line_stderr(&out).contains("more than the 1024 KiB"), "{out:?}");
+
     // An option Slurm has and corral does not: one warning, the job is submitted.
     let out = corral_in(&pool, dir.path(), &[], &["sbatch", "--reservation=maint", "--hold", "job.sh"]);
     assert!(one_line_stderr(&out).contains("--reservation is not supported by corral: ignored"), "{out:?}");
