@@ -66,7 +66,7 @@ pub enum Command {
     /// Submit a job; prints its id.
     Submit(SubmitArgs),
     /// Show one job.
-    Show(JobArg),
+    Show(ShowArgs),
     /// Wait until a job ends; exit 0 if it succeeded, 1 if it ended otherwise.
     Wait(WaitArgs),
     /// List pending and running jobs (with --all, finished ones too).
@@ -802,6 +802,19 @@ pub struct CancelArgs {
     /// With --all: only jobs with exactly this name.
     #[arg(long, requires = "all")]
     pub name: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// Job id (`12`), or a task of a job array (`12_7`).
+    pub job: corral_types::JobRef,
+    /// Slurm's `scontrol show job` format (`Key=Value` pairs): what `scontrol show job` inside a
+    /// job prints.
+    #[arg(long, hide = true)]
+    pub scontrol: bool,
+    /// With --scontrol: every pair on one line (`scontrol --oneliner`).
+    #[arg(long, hide = true, requires = "scontrol")]
+    pub oneliner: bool,
 }
 
 #[derive(Debug, Args)]

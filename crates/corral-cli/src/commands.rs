@@ -1,7 +1,7 @@
 //! User commands: submit, sbatch, run, show, wait, jobs/queue, cancel, logs, nodes.
 
 use crate::args::{
-    CancelArgs, GlobalArgs, JobArg, JobsArgs, LogsArgs, OutputFormat, PageArgs, RunArgs, SbatchArgs, SubmitArgs,
+    CancelArgs, GlobalArgs, JobsArgs, LogsArgs, OutputFormat, PageArgs, RunArgs, SbatchArgs, ShowArgs, SubmitArgs,
     WaitArgs,
 };
 use crate::connect::client;
@@ -173,13 +173,36 @@ fn run_exit_code(job: &corral_types::Job) -> u8 {
     }
 }
 
-pub async fn show(global: &GlobalArgs, args: JobArg) -> anyhow::Result<ExitCode> {
+pub async fn show(global: &GlobalArgs, args: ShowArgs) -> anyhow::Result<ExitCode> {
     let job = client(global)?.get_job_ref(args.job).await?;
+    if args.scontrol {
+        print!(
+            "{}",
+            crate::scontrol_job::show_job(
+                &job,
+                own_script(&job).as_deref(),
+                std::time::SystemTime::now(),
+                args.oneliner
+            )
+        );
+        if args.oneliner {
+            println!();
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     match global.output {
         OutputFormat::Json => print_json(&output::job_json(&job))?,
         OutputFormat::Table => println!("{}", output::job_details(&job)),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where the batch script of `job` can be read here: inside that job's own run, its copy in
+/// the run's directory on this node (`CORRAL_JOB_DIR`), as Slurm's `Command=` names a file.
+fn own_script(job: &corral_types::Job) -> Option<String> {
+    let own = std::env::var("SLURM_JOB_ID").ok()? == job.id.to_string();
+    let path = std::path::Path::new(&std::env::var_os("CORRAL_JOB_DIR")?).join("job-script");
+    (own && job.spec.script.is_some() && path.is_file()).then(|| path.display().to_string())
 }
 
 /// `corral hold | release | requeue | signal | update`.

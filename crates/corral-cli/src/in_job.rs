@@ -6,7 +6,7 @@
 //! Served here: `srun` (`srun.rs`), `scontrol show hostnames [LIST]` (one name a line; `LIST` defaults to
 //! `SLURM_JOB_NODELIST`, as in Slurm) and `scontrol show hostlist LIST` (Slurm's compressed
 //! form), answered without the coordinator; and, as the corral commands they translate to,
-//! `scontrol show job [ID]` (`corral show`, `ID` defaulting to `SLURM_JOB_ID`), `squeue`
+//! `scontrol [-o] show job [ID]` (`corral show --scontrol`: Slurm's `Key=Value` lines, `ID` defaulting to `SLURM_JOB_ID`), `squeue`
 //! (`corral queue`, with `--me`, `-u/--user`, `-n/--name`, `-t/--states`) and `scancel ID...`
 //! (`corral cancel`), and `sbatch` (`corral sbatch`: a job submitted from a job, e.g. the next
 //! of a chain with `--dependency=afterok:$SLURM_JOB_ID`). Those reach the coordinator as `corral` does: `CORRAL_ENDPOINT`,
@@ -31,9 +31,7 @@ pub enum InJob {
 pub fn dispatch(name: &str, args: &[String]) -> InJob {
     let result = match name {
         "srun" => return InJob::Exit(crate::srun::main(args)),
-        "scontrol" if matches!(args, [show, job, ..] if show == "show" && job == "job") => {
-            show_job(&args[2..], std::env::var("SLURM_JOB_ID").ok().as_deref()).map(corral)
-        }
+        "scontrol" if is_show_job(args) => show_job(args, std::env::var("SLURM_JOB_ID").ok().as_deref()).map(corral),
         "scontrol" if matches!(args.first().map(String::as_str), Some("requeue" | "hold" | "release")) => {
             job_control(args).map(corral)
         }
@@ -106,14 +104,37 @@ pub fn scontrol(args: &[String], job_nodelist: Option<&str>) -> Result<String, S
     }
 }
 
-/// `scontrol show job [ID]` as `corral show ID`; `ID` defaults to the job's own.
-fn show_job(rest: &[String], own_job: Option<&str>) -> Result<Vec<String>, String> {
-    let id = match rest {
+/// scontrol's options that only shape its output: `--oneliner`, `--details` (the job's
+/// details are all there is), `--quiet`, `--all`.
+fn scontrol_option(word: &str) -> Option<bool> {
+    match word {
+        "-o" | "--oneliner" => Some(true),
+        "-d" | "--details" | "-dd" | "-Q" | "--quiet" | "-a" | "--all" => Some(false),
+        _ => None,
+    }
+}
+
+/// `scontrol [OPTIONS] show job|jobid [OPTIONS] [ID]`.
+fn is_show_job(args: &[String]) -> bool {
+    let mut words = args.iter().filter(|w| scontrol_option(w).is_none());
+    words.next().is_some_and(|w| w == "show") && words.next().is_some_and(|w| w == "job" || w == "jobid")
+}
+
+/// `scontrol show job [ID]` as `corral show ID` in Slurm's `Key=Value` format (`-o`: on one
+/// line); `ID` defaults to the job's own.
+fn show_job(args: &[String], own_job: Option<&str>) -> Result<Vec<String>, String> {
+    let oneliner = args.iter().any(|w| scontrol_option(w) == Some(true));
+    let rest: Vec<&String> = args.iter().filter(|w| scontrol_option(w).is_none()).skip(2).collect();
+    let id = match rest.as_slice() {
         [] => own_job.ok_or("no job id given and SLURM_JOB_ID is not set: give one, e.g. `scontrol show job 12`")?,
         [id] => id.as_str(),
         _ => return Err(format!("show job takes one job id, got {}", rest.len())),
     };
-    Ok(vec!["show".into(), id.into()])
+    let mut out = vec!["show".to_string(), id.to_string(), "--scontrol".to_string()];
+    if oneliner {
+        out.push("--oneliner".into());
+    }
+    Ok(out)
 }
 
 /// The value of option `long`/`short` at `args[*i]`: `--long=V`, `-sV`, or the next argument.
@@ -267,8 +288,11 @@ mod tests {
         assert_eq!(squeue("--user=ana -tPD,R").unwrap(), words("queue --user ana --state pending,running"));
         assert_eq!(squeue("-uana --states=RUNNING").unwrap(), words("queue --user ana --state running"));
         assert_eq!(scancel(&words("12 13_4")).unwrap(), words("cancel 12 13_4"));
-        assert_eq!(show_job(&[], Some("12")).unwrap(), words("show 12"));
-        assert_eq!(show_job(&words("13"), Some("12")).unwrap(), words("show 13"));
+        assert_eq!(show_job(&words("show job"), Some("12")).unwrap(), words("show 12 --scontrol"));
+        assert_eq!(show_job(&words("show job 13"), Some("12")).unwrap(), words("show 13 --scontrol"));
+        assert_eq!(show_job(&words("-o show jobid -d 13"), None).unwrap(), words("show 13 --scontrol --oneliner"));
+        assert!(is_show_job(&words("--oneliner show job")) && is_show_job(&words("show jobid 4")));
+        assert!(!is_show_job(&words("show hostnames")) && !is_show_job(&words("-o show")));
         let Answer::Corral(args) = corral(words("show 12")) else { panic!("not translated") };
         assert_eq!(args, words("corral show 12"), "the program name comes first");
         for (result, want) in [
@@ -277,8 +301,8 @@ mod tests {
             (squeue("-t CD"), "state 'CD' is not served here"),
             (scancel(&[]), "give the job ids"),
             (scancel(&words("-u ana")), "'-u' is not served here"),
-            (show_job(&[], None), "SLURM_JOB_ID is not set"),
-            (show_job(&words("1 2"), None), "takes one job id"),
+            (show_job(&words("show job"), None), "SLURM_JOB_ID is not set"),
+            (show_job(&words("show job 1 2"), None), "takes one job id"),
         ] {
             let err = result.expect_err(want);
             assert!(err.contains(want) && !err.contains('\n'), "{want}: {err}");

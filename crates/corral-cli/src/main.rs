@@ -24,6 +24,7 @@ mod node_cmd;
 mod output;
 mod paging;
 mod sbatch;
+mod scontrol_job;
 mod security_cmd;
 mod srun;
 mod times;

@@ -478,7 +478,8 @@ fn unmapped_accounts_and_qos_are_kept_as_slurm_keeps_unenforced_ones() {
 }
 
 /// Inside a job `scontrol show job` and `squeue` reach the cluster without the script naming
-/// it: a bare job's `CORRAL_ENDPOINT` is the coordinators its worker talks to.
+/// it: a bare job's `CORRAL_ENDPOINT` is the coordinators its worker talks to. `scontrol show
+/// job` prints Slurm's `Key=Value` lines, which scripts read with grep, awk and sed.
 #[test]
 fn slurm_commands_inside_a_job_find_the_cluster_themselves() {
     let pool = DevPool::start(&[]);
@@ -488,7 +489,12 @@ fn slurm_commands_inside_a_job_find_the_cluster_themselves() {
                   #SBATCH --output=unaided.out\n\
                   scontrol show job $SLURM_JOB_ID > show.txt || echo show failed\n\
                   squeue --me > queue.txt || echo squeue failed\n\
-                  echo \"endpoint=$CORRAL_ENDPOINT\"\n";
+                  echo \"endpoint=$CORRAL_ENDPOINT\"\n\
+                  # As published scripts read it: a copy of the script, the output file, the nodes.\n\
+                  cp \"$(scontrol show job $SLURM_JOB_ID | awk -F= '/Command=/{print $2}')\" copy.sh || echo copy failed\n\
+                  echo \"stdout=$(scontrol show job $SLURM_JOB_ID | grep -oP 'StdOut=\\K\\S+')\"\n\
+                  echo \"one=$(scontrol -o show job | wc -l) $(scontrol show job -o | grep -o ' NodeList=[^ ]*')\"\n\
+                  echo \"state=$(scontrol show job | sed -n 's/.*JobState=\\([A-Z]*\\).*/\\1/p')\"\n";
     std::fs::write(dir.path().join("job.sh"), script).expect("write");
     let job = submitted_id(&corral_in(&pool, dir.path(), &[("USER", "ana")], &["sbatch", "--parsable", "job.sh"]));
     assert_eq!(ended(&pool, job)["state"], "succeeded");
@@ -496,7 +502,15 @@ fn slurm_commands_inside_a_job_find_the_cluster_themselves() {
     assert!(!output.contains("failed"), "{output}");
     assert!(output.contains(&format!("endpoint={}", pool.addr)), "the worker's coordinators: {output}");
     let shown = std::fs::read_to_string(dir.path().join("show.txt")).expect("scontrol show job's output");
-    assert!(shown.contains("unaided") && shown.contains(&job.to_string()), "the job's own record: {shown}");
+    assert!(shown.starts_with(&format!("JobId={job} JobName=unaided\n")), "Slurm's format: {shown}");
+    assert!(shown.contains("\n   NodeList=dev-node\n") && shown.contains("\n   BatchHost=dev-node\n"), "{shown}");
+    let copy = std::fs::read_to_string(dir.path().join("copy.sh")).expect("the copy of the script");
+    assert_eq!(copy, script, "Command= names the job's script");
+    let stdout = dir.path().join("unaided.out").canonicalize().expect("canonical");
+    let stdout_line = output.lines().find_map(|l| l.strip_prefix("stdout=")).expect("stdout= line");
+    assert_eq!(Path::new(stdout_line).canonicalize().ok(), Some(stdout), "{output}");
+    assert!(output.contains("\none=1  NodeList=dev-node\n"), "-o: one line: {output}");
+    assert!(output.contains("\nstate=RUNNING\n"), "{output}");
     let queue = std::fs::read_to_string(dir.path().join("queue.txt")).expect("squeue's output");
     assert!(queue.contains(&job.to_string()), "squeue --me lists the running job: {queue}");
 }
