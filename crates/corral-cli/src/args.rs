@@ -891,6 +891,16 @@ pub struct JobsArgs {
     pub me: bool,
     #[command(flatten)]
     pub page: PageArgs,
+    /// Print as Slurm's squeue does, in this `-o` format (`%.18i %.8j %L`): what `squeue`
+    /// inside a job prints.
+    #[arg(long, hide = true, value_name = "FORMAT")]
+    pub squeue_format: Option<String>,
+    /// With --squeue-format: no header line (`squeue -h`).
+    #[arg(long, hide = true, requires = "squeue_format")]
+    pub noheader: bool,
+    /// With --squeue-format: these jobs, whatever their state (`squeue -j 12,13_4`).
+    #[arg(long, hide = true, value_delimiter = ',', requires = "squeue_format", value_name = "JOB")]
+    pub jobs: Vec<corral_types::JobRef>,
 }
 
 // Paging of a listing. (A plain comment: see `JobFlags`.)

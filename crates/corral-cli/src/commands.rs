@@ -320,6 +320,9 @@ pub fn login_name() -> anyhow::Result<String> {
 }
 
 pub async fn jobs(global: &GlobalArgs, args: JobsArgs, queue_only: bool) -> anyhow::Result<ExitCode> {
+    if let Some(format) = &args.squeue_format {
+        return squeue(global, &args, format, queue_only).await;
+    }
     let query = job_query(&args, queue_only)?;
     let client = client(global)?;
     let fetch = |token: String, limit: u32| {
@@ -354,6 +357,34 @@ pub async fn jobs(global: &GlobalArgs, args: JobsArgs, queue_only: bool) -> anyh
             }
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The listing in Slurm's squeue format: the jobs `--jobs` names (each looked up, whatever its
+/// state), else those the filters select, every page (`--limit` bounds it).
+async fn squeue(global: &GlobalArgs, args: &JobsArgs, format: &str, queue_only: bool) -> anyhow::Result<ExitCode> {
+    crate::squeue_format::check_format(format).map_err(anyhow::Error::msg)?;
+    let client = client(global)?;
+    let mut jobs = Vec::new();
+    if args.jobs.is_empty() {
+        let query = job_query(args, queue_only)?;
+        let fetch = |token: String, limit: u32| {
+            let (client, query) = (&client, &query);
+            async move { client.list_jobs_page(query, &token, limit).await }
+        };
+        paging::follow(args.page.page_token.clone(), args.page.limit, fetch, |page| {
+            jobs.extend(page.iter().cloned());
+            Ok(())
+        })
+        .await?;
+    } else {
+        for job in &args.jobs {
+            jobs.push(client.get_job_ref(*job).await?);
+        }
+    }
+    let text = crate::squeue_format::render(&jobs, format, args.noheader, std::time::SystemTime::now())
+        .map_err(anyhow::Error::msg)?;
+    print!("{text}");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -7,7 +7,8 @@
 //! `SLURM_JOB_NODELIST`, as in Slurm) and `scontrol show hostlist LIST` (Slurm's compressed
 //! form), answered without the coordinator; and, as the corral commands they translate to,
 //! `scontrol [-o] show job [ID]` (`corral show --scontrol`: Slurm's `Key=Value` lines, `ID` defaulting to `SLURM_JOB_ID`), `squeue`
-//! (`corral queue`, with `--me`, `-u/--user`, `-n/--name`, `-t/--states`) and `scancel ID...`
+//! (`corral queue` in Slurm's columns: `--me`, `-u/--user`, `-n/--name`, `-t/--states`, `-j`,
+//! `-h`, `-o`, `-O`, `-l`) and `scancel ID...`
 //! (`corral cancel`), and `sbatch` (`corral sbatch`: a job submitted from a job, e.g. the next
 //! of a chain with `--dependency=afterok:$SLURM_JOB_ID`). Those reach the coordinator as `corral` does: `CORRAL_ENDPOINT`,
 //! `CORRAL_TOKEN` and `CORRAL_CA`/`CORRAL_CERT`/`CORRAL_KEY` from the job's environment.
@@ -166,25 +167,44 @@ fn queue_states(states: &str) -> Result<String, String> {
         .map(|s| s.join(","))
 }
 
-/// `squeue ARGS` as `corral queue`.
+/// squeue's `--long` columns.
+const LONG_FORMAT: &str = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R";
+
+/// `squeue ARGS` as `corral queue`, printed in Slurm's columns (`-o/--format`, `-O/--Format`,
+/// `-l/--long`, else squeue's default), `-h/--noheader`, `-j/--jobs`.
 fn squeue(args: &[String]) -> Result<Vec<String>, String> {
     let mut out = vec!["queue".to_string()];
+    let mut format = crate::squeue_format::DEFAULT_FORMAT.to_string();
     let mut i = 0;
     while i < args.len() {
         let arg = args[i].as_str();
         if arg == "--me" {
             out.push("--me".into());
+        } else if arg == "-h" || arg == "--noheader" {
+            out.push("--noheader".into());
+        } else if arg == "-l" || arg == "--long" {
+            format = LONG_FORMAT.into();
         } else if let Some(user) = option_value(args, &mut i, "--user", "-u") {
             out.extend(["--user".into(), user?]);
         } else if let Some(name) = option_value(args, &mut i, "--name", "-n") {
             out.extend(["--name".into(), name?]);
         } else if let Some(states) = option_value(args, &mut i, "--states", "-t") {
             out.extend(["--state".into(), queue_states(&states?)?]);
+        } else if let Some(jobs) = option_value(args, &mut i, "--jobs", "-j") {
+            out.extend(["--jobs".into(), jobs?]);
+        } else if let Some(f) = option_value(args, &mut i, "--format", "-o") {
+            format = f?;
+        } else if let Some(fields) = option_value(args, &mut i, "--Format", "-O") {
+            format = crate::squeue_format::format_of_fields(&fields?)?;
         } else {
-            return Err(format!("'{arg}' is not served here: squeue takes --me, -u/--user, -n/--name, -t/--states"));
+            return Err(format!(
+                "'{arg}' is not served here: squeue takes --me, -u/--user, -n/--name, -t/--states, -j/--jobs, -h/--noheader, -o/--format, -O/--Format, -l/--long"
+            ));
         }
         i += 1;
     }
+    crate::squeue_format::check_format(&format)?;
+    out.extend(["--squeue-format".into(), format]);
     Ok(out)
 }
 
@@ -282,11 +302,23 @@ mod tests {
     #[test]
     fn squeue_scancel_and_show_job_become_the_corral_commands() {
         let squeue = |args: &str| squeue(&words(args));
-        assert_eq!(squeue("").unwrap(), words("queue"));
-        assert_eq!(squeue("--me").unwrap(), words("queue --me"));
-        assert_eq!(squeue("-u ana -n train").unwrap(), words("queue --user ana --name train"));
-        assert_eq!(squeue("--user=ana -tPD,R").unwrap(), words("queue --user ana --state pending,running"));
-        assert_eq!(squeue("-uana --states=RUNNING").unwrap(), words("queue --user ana --state running"));
+        let with_format =
+            |line: &str, format: &str| [words(line), vec!["--squeue-format".into(), format.into()]].concat();
+        let default = crate::squeue_format::DEFAULT_FORMAT;
+        assert_eq!(squeue("").unwrap(), with_format("queue", default));
+        assert_eq!(squeue("--me").unwrap(), with_format("queue --me", default));
+        assert_eq!(squeue("-u ana -n train").unwrap(), with_format("queue --user ana --name train", default));
+        assert_eq!(
+            squeue("--user=ana -tPD,R").unwrap(),
+            with_format("queue --user ana --state pending,running", default)
+        );
+        assert_eq!(squeue("-uana --states=RUNNING").unwrap(), with_format("queue --user ana --state running", default));
+        assert_eq!(squeue("-h -j 12 -o %L").unwrap(), with_format("queue --noheader --jobs 12", "%L"));
+        assert_eq!(
+            squeue("--jobs=12,13_4 --Format=JobID,TimeLeft:8").unwrap(),
+            with_format("queue --jobs 12,13_4", "%20i%8L")
+        );
+        assert_eq!(squeue("-l").unwrap(), with_format("queue", LONG_FORMAT));
         assert_eq!(scancel(&words("12 13_4")).unwrap(), words("cancel 12 13_4"));
         assert_eq!(show_job(&words("show job"), Some("12")).unwrap(), words("show 12 --scontrol"));
         assert_eq!(show_job(&words("show job 13"), Some("12")).unwrap(), words("show 13 --scontrol"));
@@ -296,7 +328,9 @@ mod tests {
         let Answer::Corral(args) = corral(words("show 12")) else { panic!("not translated") };
         assert_eq!(args, words("corral show 12"), "the program name comes first");
         for (result, want) in [
-            (squeue("-j 12"), "'-j' is not served here"),
+            (squeue("-p gpu"), "'-p' is not served here"),
+            (squeue("-o %w"), "'%w' is not served here"),
+            (squeue("-O Bogus"), "field 'Bogus' is not served here"),
             (squeue("-u"), "-u needs a value"),
             (squeue("-t CD"), "state 'CD' is not served here"),
             (scancel(&[]), "give the job ids"),

@@ -26,6 +26,7 @@ mod paging;
 mod sbatch;
 mod scontrol_job;
 mod security_cmd;
+mod squeue_format;
 mod srun;
 mod times;
 mod top;

@@ -22,20 +22,7 @@ pub fn show_job(job: &Job, script: Option<&str>, now: SystemTime, oneliner: bool
     };
     let user = names.user.clone().unwrap_or_else(|| spec.tenant.clone());
     let at = |ms: Option<u64>| ms.map_or_else(|| "Unknown".to_string(), slurm_time);
-    // Placed is started, as for `SLURM_JOB_START_TIME` (the worker's report of the start comes
-    // a moment later); a pending job has not started, whatever an earlier run did.
-    let started =
-        job.started_at.or(job.admitted_at).filter(|_| job.state != JobState::Pending).map(|t| t.physical_ms());
-    let end = match (job.finished_at, started, spec.time_limit_secs) {
-        (Some(t), _, _) => Some(t.physical_ms()),
-        (None, Some(start), Some(limit)) => Some(start.saturating_add(limit.saturating_mul(1000))),
-        _ => None,
-    };
-    let run_time = match (started, job.finished_at) {
-        (Some(start), Some(end)) => end.physical_ms().saturating_sub(start),
-        (Some(start), None) => millis_since_epoch(now).saturating_sub(start),
-        (None, _) => 0,
-    };
+    let RunTimes { started, end, used_ms } = RunTimes::of(job, now);
     let mut array = String::new();
     if let Some(task) = job.array_task {
         array = format!(" ArrayJobId={} ArrayTaskId={}", task.array, task.index);
@@ -86,7 +73,7 @@ pub fn show_job(job: &Job, script: Option<&str>, now: SystemTime, oneliner: bool
             names.account.clone().unwrap_or_else(|| spec.tenant.clone()),
             null(names.qos.as_ref())
         ),
-        format!("JobState={} Reason={} Dependency={dependency}", state(job), reason(job)),
+        format!("JobState={} Reason={} Dependency={dependency}", slurm_state(job), slurm_reason(job)),
         format!(
             "Requeue={} Restarts={} BatchFlag={} Reboot=0 ExitCode={}:{}",
             u8::from(!spec.sched.no_requeue),
@@ -97,7 +84,7 @@ pub fn show_job(job: &Job, script: Option<&str>, now: SystemTime, oneliner: bool
         ),
         format!(
             "RunTime={} TimeLimit={} TimeMin=N/A",
-            slurm_duration(run_time / 1000),
+            slurm_duration(used_ms / 1000),
             spec.time_limit_secs.map_or_else(|| "UNLIMITED".to_string(), slurm_duration)
         ),
         format!(
@@ -136,8 +123,38 @@ pub fn show_job(job: &Job, script: Option<&str>, now: SystemTime, oneliner: bool
     }
 }
 
+/// When a job started and ends and how long it has run, in milliseconds since the epoch, as
+/// Slurm's commands show them.
+pub(crate) struct RunTimes {
+    /// Placed is started, as for `SLURM_JOB_START_TIME` (the worker's report of the start comes
+    /// a moment later); a pending job has not started, whatever an earlier run did.
+    pub started: Option<u64>,
+    /// When it ended, or else when its time limit ends it.
+    pub end: Option<u64>,
+    /// From its start to its end, or to `now`.
+    pub used_ms: u64,
+}
+
+impl RunTimes {
+    pub(crate) fn of(job: &Job, now: SystemTime) -> RunTimes {
+        let started =
+            job.started_at.or(job.admitted_at).filter(|_| job.state != JobState::Pending).map(|t| t.physical_ms());
+        let end = match (job.finished_at, started, job.spec.time_limit_secs) {
+            (Some(t), _, _) => Some(t.physical_ms()),
+            (None, Some(start), Some(limit)) => Some(start.saturating_add(limit.saturating_mul(1000))),
+            _ => None,
+        };
+        let used_ms = match (started, job.finished_at) {
+            (Some(start), Some(end)) => end.physical_ms().saturating_sub(start),
+            (Some(start), None) => millis_since_epoch(now).saturating_sub(start),
+            (None, _) => 0,
+        };
+        RunTimes { started, end, used_ms }
+    }
+}
+
 /// Slurm's state name of `job`.
-fn state(job: &Job) -> &'static str {
+pub(crate) fn slurm_state(job: &Job) -> &'static str {
     let reason = job.reason.as_deref().unwrap_or_default();
     match job.state {
         JobState::Pending => "PENDING",
@@ -153,7 +170,7 @@ fn state(job: &Job) -> &'static str {
 }
 
 /// Slurm's one-word reason: why a pending job waits, `None` otherwise.
-fn reason(job: &Job) -> &'static str {
+pub(crate) fn slurm_reason(job: &Job) -> &'static str {
     match job.state {
         JobState::Pending if job.held => "JobHeldUser",
         JobState::Pending if !job.waiting_on.is_empty() => "Dependency",
@@ -174,9 +191,9 @@ fn slurm_duration(secs: u64) -> String {
 }
 
 /// Memory as Slurm's TRES writes it: megabytes, or gigabytes when whole (`16G`, `500M`).
-fn tres_mem(bytes: u64) -> String {
+pub(crate) fn tres_mem(bytes: u64) -> String {
     let mib = bytes.div_ceil(1 << 20);
-    if mib > 0 && mib % 1024 == 0 {
+    if mib > 0 && mib.is_multiple_of(1024) {
         format!("{}G", mib / 1024)
     } else {
         format!("{mib}M")
@@ -188,7 +205,7 @@ fn millis_since_epoch(t: SystemTime) -> u64 {
 }
 
 /// A time as Slurm writes it: `2026-12-07T21:53:18`, in this host's local time.
-fn slurm_time(ms: u64) -> String {
+pub(crate) fn slurm_time(ms: u64) -> String {
     let secs = libc::time_t::try_from(ms / 1000).unwrap_or(0);
     // SAFETY: localtime_r writes only the `tm` it is given.
     let tm = unsafe {

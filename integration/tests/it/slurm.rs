@@ -383,7 +383,9 @@ fn queue_by_user_and_slurm_commands_inside_a_job() {
          sacct -j $SLURM_JOB_ID --format=JobID,JobName,Elapsed,State -X > sacct.txt || echo sacct failed\n\
          sinfo > sinfo.txt || echo sinfo failed\n\
          scancel {bo} || echo scancel failed\n\
-         squeue -j 1 || echo refused\n",
+         squeue -p gpu || echo refused\n\
+         echo \"left=$(squeue -h -j $SLURM_JOB_ID -o %L) pending=$(squeue --me -h -t PD | wc -l)\"\n\
+         squeue -j $SLURM_JOB_ID -O JobID:8,Name:10,State\n",
         endpoint = pool.addr
     );
     std::fs::write(dir.path().join("inside.sh"), script).expect("write");
@@ -400,7 +402,12 @@ fn queue_by_user_and_slurm_commands_inside_a_job() {
     assert!(sacct.contains("inside") && sacct.contains(&job.to_string()), "sacct shows the job: {sacct}");
     let sinfo = std::fs::read_to_string(dir.path().join("sinfo.txt")).expect("sinfo's output");
     assert!(sinfo.contains("dev-node"), "sinfo lists the nodes: {sinfo}");
-    assert!(output.contains("\nrefused\n") && output.contains("squeue: error: '-j' is not served here"), "{output}");
+    assert!(output.contains("\nrefused\n") && output.contains("squeue: error: '-p' is not served here"), "{output}");
+    // Slurm's columns: the time left of a job with the default limit (none: UNLIMITED), the
+    // pending jobs of mine counted without the header, -O's fields as wide as asked.
+    assert!(output.contains("\nleft=UNLIMITED pending=1\n"), "{output}");
+    let header = format!("{:<8}{:<10}{:<20}\n{:<8}{:<10}{:<20}\n", "JOBID", "NAME", "STATE", job, "inside", "RUNNING");
+    assert!(output.contains(&header), "{output}");
     assert_eq!(ended(&pool, bo)["state"], "cancelled", "scancel inside the job");
 }
 
