@@ -815,6 +815,22 @@ pub struct ShowArgs {
     /// With --scontrol: every pair on one line (`scontrol --oneliner`).
     #[arg(long, hide = true, requires = "scontrol")]
     pub oneliner: bool,
+    /// Slurm's sacct rows (the job's, its batch step's, its steps') in these columns
+    /// (`JobID,JobName,Elapsed`): what `sacct` inside a job prints.
+    #[arg(long, hide = true, value_name = "FIELDS", conflicts_with = "scontrol")]
+    pub sacct: Option<String>,
+    /// With --sacct: no header lines (`sacct -n`).
+    #[arg(long, hide = true, requires = "sacct")]
+    pub noheader: bool,
+    /// With --sacct: fields ended by `|` (`sacct -p`).
+    #[arg(long, hide = true, requires = "sacct", conflicts_with = "parsable2")]
+    pub parsable: bool,
+    /// With --sacct: fields separated by `|` (`sacct -P`).
+    #[arg(long, hide = true, requires = "sacct")]
+    pub parsable2: bool,
+    /// With --sacct: the job's row only (`sacct -X`).
+    #[arg(long, hide = true, requires = "sacct")]
+    pub allocations: bool,
 }
 
 #[derive(Debug, Args)]

@@ -190,6 +190,14 @@ pub async fn show(global: &GlobalArgs, args: ShowArgs) -> anyhow::Result<ExitCod
         }
         return Ok(ExitCode::SUCCESS);
     }
+    if let Some(format) = &args.sacct {
+        let parsable = (args.parsable || args.parsable2).then_some(args.parsable);
+        let layout = crate::sacct_format::Layout { noheader: args.noheader, parsable, allocations: args.allocations };
+        let text = crate::sacct_format::render(&job, format, layout, std::time::SystemTime::now())
+            .map_err(anyhow::Error::msg)?;
+        print!("{text}");
+        return Ok(ExitCode::SUCCESS);
+    }
     match global.output {
         OutputFormat::Json => print_json(&output::job_json(&job))?,
         OutputFormat::Table => println!("{}", output::job_details(&job)),

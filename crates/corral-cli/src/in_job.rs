@@ -9,7 +9,7 @@
 //! `scontrol [-o] show job [ID]` (`corral show --scontrol`: Slurm's `Key=Value` lines, `ID` defaulting to `SLURM_JOB_ID`), `squeue`
 //! (`corral queue` in Slurm's columns: `--me`, `-u/--user`, `-n/--name`, `-t/--states`, `-j`,
 //! `-h`, `-o`, `-O`, `-l`) and `scancel ID...`
-//! (`corral cancel`), and `sbatch` (`corral sbatch`: a job submitted from a job, e.g. the next
+//! (`corral cancel`), `sacct` (`corral show --sacct`: sacct's columns), and `sbatch` (`corral sbatch`: a job submitted from a job, e.g. the next
 //! of a chain with `--dependency=afterok:$SLURM_JOB_ID`). Those reach the coordinator as `corral` does: `CORRAL_ENDPOINT`,
 //! `CORRAL_TOKEN` and `CORRAL_CA`/`CORRAL_CERT`/`CORRAL_KEY` from the job's environment.
 //! Anything else is a one-line error naming what is served.
@@ -218,25 +218,61 @@ fn job_control(args: &[String]) -> Result<Vec<String>, String> {
     }
 }
 
-/// `sacct [-j ID] ...` as `corral show ID` (`ID` defaults to the job's own; the job's steps
-/// are listed with it). Its other options shape sacct's columns and are not read: scripts that
-/// end with `sacct -j $SLURM_JOB_ID --format=...` log the job's record.
+/// `sacct [-j ID] [-o FIELDS] [-n] [-p|-P] [-X] [-b]` as `corral show ID --sacct FIELDS`: the
+/// job's row and its steps' in sacct's columns (`ID` defaults to the job's own; of several, the
+/// first). Its other options select jobs by time, user or state and are not read: scripts end
+/// with `sacct -j $SLURM_JOB_ID --format=...` to log the job's record.
 fn sacct(args: &[String], own_job: Option<&str>) -> Result<Vec<String>, String> {
     let mut job = None;
+    let mut format = crate::sacct_format::DEFAULT_FIELDS.to_string();
+    let mut flags: Vec<&str> = Vec::new();
     let mut i = 0;
     while i < args.len() {
-        if let Some(jobs) = option_value(args, &mut i, "--jobs", "-j") {
+        let arg = args[i].as_str();
+        // Switches, alone or together (`-nPX`).
+        let switches = arg.strip_prefix('-').filter(|s| !s.is_empty() && s.chars().all(|c| "npPXb".contains(c)));
+        if let Some(switches) = switches {
+            for c in switches.chars() {
+                match c {
+                    'n' => flags.push("--noheader"),
+                    'p' => flags.push("--parsable"),
+                    'P' => flags.push("--parsable2"),
+                    'X' => flags.push("--allocations"),
+                    _ => format = "JobID,State,ExitCode".into(),
+                }
+            }
+        } else if let Some(flag) = match arg {
+            "--noheader" => Some("--noheader"),
+            "--parsable" => Some("--parsable"),
+            "--parsable2" => Some("--parsable2"),
+            "--allocations" => Some("--allocations"),
+            _ => None,
+        } {
+            flags.push(flag);
+        } else if arg == "--brief" {
+            format = "JobID,State,ExitCode".into();
+        } else if let Some(jobs) = option_value(args, &mut i, "--jobs", "-j") {
             let jobs = jobs?;
             // `-j 12.batch`, `-j 12,13`: the first job.
             let first = jobs.split(',').next().unwrap_or_default();
             job = Some(first.split('.').next().unwrap_or_default().to_string());
+        } else if let Some(fields) = option_value(args, &mut i, "--format", "-o") {
+            format = fields?;
         }
         i += 1;
     }
+    crate::sacct_format::check_format(&format)?;
     let id = job.or_else(|| own_job.map(str::to_string)).ok_or(
         "no job given and SLURM_JOB_ID is not set: give one with -j, or see `corral history` for the finished jobs",
     )?;
-    Ok(vec!["show".into(), id])
+    let mut out = vec!["show".into(), id, "--sacct".into(), format];
+    // `-p` and `-P` together: `-P`, the last one sacct reads.
+    if flags.contains(&"--parsable2") {
+        flags.retain(|f| *f != "--parsable");
+    }
+    flags.dedup();
+    out.extend(flags.into_iter().map(String::from));
+    Ok(out)
 }
 
 /// `scancel ID...` as `corral cancel`.
@@ -283,9 +319,22 @@ mod tests {
         assert_eq!(job_control(&w("requeue 12")).unwrap(), w("requeue 12"));
         assert_eq!(job_control(&w("hold 12_3")).unwrap(), w("hold 12_3"));
         assert!(job_control(&w("release")).unwrap_err().contains("takes one job id"));
-        assert_eq!(sacct(&w("-j 12 --format=JobID,Elapsed -X"), None).unwrap(), w("show 12"));
-        assert_eq!(sacct(&w("--jobs=12.batch,13 -n -P"), None).unwrap(), w("show 12"));
-        assert_eq!(sacct(&w("--format=JobID,State"), Some("40")).unwrap(), w("show 40"));
+        let default = crate::sacct_format::DEFAULT_FIELDS;
+        assert_eq!(
+            sacct(&w("-j 12 --format=JobID,Elapsed -X"), None).unwrap(),
+            w("show 12 --sacct JobID,Elapsed --allocations")
+        );
+        assert_eq!(
+            sacct(&w("--jobs=12.batch,13 -n -P"), None).unwrap(),
+            [w("show 12 --sacct"), vec![default.into()], w("--noheader --parsable2")].concat()
+        );
+        assert_eq!(sacct(&w("--format=JobID,State"), Some("40")).unwrap(), w("show 40 --sacct JobID,State"));
+        assert_eq!(
+            sacct(&w("-nPX -j 7 -o State -S 2026-01-01"), None).unwrap(),
+            w("show 7 --sacct State --noheader --parsable2 --allocations")
+        );
+        assert_eq!(sacct(&w("-b -p"), Some("3")).unwrap(), w("show 3 --sacct JobID,State,ExitCode --parsable"));
+        assert!(sacct(&w("-o JobID,Bogus"), Some("3")).unwrap_err().contains("field 'Bogus' is not served here"));
         assert!(sacct(&[], None).unwrap_err().contains("SLURM_JOB_ID is not set"));
         let as_corral = |name: &str, args: &str| match dispatch(name, &w(args)) {
             InJob::Corral(argv) => argv.join(" "),

@@ -23,6 +23,7 @@ mod metrics_http;
 mod node_cmd;
 mod output;
 mod paging;
+mod sacct_format;
 mod sbatch;
 mod scontrol_job;
 mod security_cmd;

@@ -180,7 +180,7 @@ pub(crate) fn slurm_reason(job: &Job) -> &'static str {
 }
 
 /// `[D-]HH:MM:SS`, as Slurm writes run times and limits.
-fn slurm_duration(secs: u64) -> String {
+pub(crate) fn slurm_duration(secs: u64) -> String {
     let (days, rest) = (secs / 86_400, secs % 86_400);
     let hms = format!("{:02}:{:02}:{:02}", rest / 3600, rest % 3600 / 60, rest % 60);
     if days > 0 {

@@ -381,6 +381,8 @@ fn queue_by_user_and_slurm_commands_inside_a_job() {
          squeue --me -t PD || echo squeue failed\n\
          scontrol show job > show.txt || echo show failed\n\
          sacct -j $SLURM_JOB_ID --format=JobID,JobName,Elapsed,State -X > sacct.txt || echo sacct failed\n\
+         srun -n 2 true\n\
+         sacct -n -P -o JobID,JobName,NTasks,State > steps.txt || echo sacct failed\n\
          sinfo > sinfo.txt || echo sinfo failed\n\
          scancel {bo} || echo scancel failed\n\
          squeue -p gpu || echo refused\n\
@@ -400,6 +402,13 @@ fn queue_by_user_and_slurm_commands_inside_a_job() {
     assert!(shown.contains("inside") && shown.contains(&job.to_string()), "the job's own record: {shown}");
     let sacct = std::fs::read_to_string(dir.path().join("sacct.txt")).expect("sacct's output");
     assert!(sacct.contains("inside") && sacct.contains(&job.to_string()), "sacct shows the job: {sacct}");
+    assert_eq!(sacct.lines().count(), 3, "a header, its dashes, the job's row (-X): {sacct}");
+    let steps = std::fs::read_to_string(dir.path().join("steps.txt")).expect("sacct's steps");
+    assert_eq!(
+        steps,
+        format!("{job}|inside||RUNNING\n{job}.batch|batch|1|RUNNING\n{job}.0|true|2|COMPLETED\n"),
+        "the job, its batch step and its srun step, as sacct -n -P lists them"
+    );
     let sinfo = std::fs::read_to_string(dir.path().join("sinfo.txt")).expect("sinfo's output");
     assert!(sinfo.contains("dev-node"), "sinfo lists the nodes: {sinfo}");
     assert!(output.contains("\nrefused\n") && output.contains("squeue: error: '-p' is not served here"), "{output}");
