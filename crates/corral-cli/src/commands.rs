@@ -369,11 +369,13 @@ pub async fn jobs(global: &GlobalArgs, args: JobsArgs, queue_only: bool) -> anyh
 }
 
 /// The listing in Slurm's squeue format: the jobs `--jobs` names (each looked up, whatever its
-/// state), else those the filters select, every page (`--limit` bounds it).
+/// state), else those the filters select, printed a page at a time (`--limit` bounds them).
 async fn squeue(global: &GlobalArgs, args: &JobsArgs, format: &str, queue_only: bool) -> anyhow::Result<ExitCode> {
-    crate::squeue_format::check_format(format).map_err(anyhow::Error::msg)?;
+    let squeue = crate::squeue_format::Squeue::new(format).map_err(anyhow::Error::msg)?;
     let client = client(global)?;
-    let mut jobs = Vec::new();
+    if !args.noheader {
+        print!("{}", squeue.header());
+    }
     if args.jobs.is_empty() {
         let query = job_query(args, queue_only)?;
         let fetch = |token: String, limit: u32| {
@@ -381,18 +383,16 @@ async fn squeue(global: &GlobalArgs, args: &JobsArgs, format: &str, queue_only: 
             async move { client.list_jobs_page(query, &token, limit).await }
         };
         paging::follow(args.page.page_token.clone(), args.page.limit, fetch, |page| {
-            jobs.extend(page.iter().cloned());
+            print!("{}", squeue.rows(&page, std::time::SystemTime::now()));
             Ok(())
         })
         .await?;
     } else {
         for job in &args.jobs {
-            jobs.push(client.get_job_ref(*job).await?);
+            let job = client.get_job_ref(*job).await?;
+            print!("{}", squeue.rows(&[job], std::time::SystemTime::now()));
         }
     }
-    let text = crate::squeue_format::render(&jobs, format, args.noheader, std::time::SystemTime::now())
-        .map_err(anyhow::Error::msg)?;
-    print!("{text}");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -120,15 +120,22 @@ pub fn format_of_fields(fields: &str) -> Result<String, String> {
 
 /// Checks a format before anything is fetched.
 pub fn check_format(format: &str) -> Result<(), String> {
-    parse_format(format).map(|_| ())
+    Squeue::new(format).map(|_| ())
 }
 
-/// The lines squeue prints for `jobs` in `format` (a header first unless `noheader`).
-pub fn render(jobs: &[Job], format: &str, noheader: bool, now: SystemTime) -> Result<String, String> {
-    let pieces = parse_format(format)?;
-    let mut out = String::new();
-    let mut line = |value: &dyn Fn(char) -> String| {
-        for piece in &pieces {
+/// A parsed format, which prints squeue's header and rows.
+pub struct Squeue {
+    pieces: Vec<Piece>,
+}
+
+impl Squeue {
+    pub fn new(format: &str) -> Result<Squeue, String> {
+        Ok(Squeue { pieces: parse_format(format)? })
+    }
+
+    /// One line, each field's value from `value`.
+    fn line(&self, out: &mut String, value: &dyn Fn(char) -> String) {
+        for piece in &self.pieces {
             match piece {
                 Piece::Text(t) => out.push_str(t),
                 Piece::Field { letter, width, right } => {
@@ -148,14 +155,33 @@ pub fn render(jobs: &[Job], format: &str, noheader: bool, now: SystemTime) -> Re
             }
         }
         out.push('\n');
-    };
-    if !noheader {
-        line(&|letter| FIELDS.iter().find(|(l, _, _)| *l == letter).map(|(_, h, _)| h.to_string()).unwrap_or_default());
     }
-    for job in jobs {
-        line(&|letter| field(job, letter, now));
+
+    /// The header line.
+    pub fn header(&self) -> String {
+        let mut out = String::new();
+        self.line(&mut out, &|letter| {
+            FIELDS.iter().find(|(l, _, _)| *l == letter).map(|(_, h, _)| h.to_string()).unwrap_or_default()
+        });
+        out
     }
-    Ok(out)
+
+    /// The lines of `jobs`, their times up to `now`.
+    pub fn rows(&self, jobs: &[Job], now: SystemTime) -> String {
+        let mut out = String::new();
+        for job in jobs {
+            self.line(&mut out, &|letter| field(job, letter, now));
+        }
+        out
+    }
+}
+
+/// The lines squeue prints for `jobs` in `format` (a header first unless `noheader`).
+#[cfg(test)]
+fn render(jobs: &[Job], format: &str, noheader: bool, now: SystemTime) -> Result<String, String> {
+    let squeue = Squeue::new(format)?;
+    let header = if noheader { String::new() } else { squeue.header() };
+    Ok(header + &squeue.rows(jobs, now))
 }
 
 /// squeue's compact state.
