@@ -209,7 +209,7 @@ pub async fn show(global: &GlobalArgs, args: ShowArgs) -> anyhow::Result<ExitCod
 /// the run's directory on this node (`CORRAL_JOB_DIR`), as Slurm's `Command=` names a file.
 fn own_script(job: &corral_types::Job) -> Option<String> {
     let own = std::env::var("SLURM_JOB_ID").ok()? == job.id.to_string();
-    let path = std::path::Path::new(&std::env::var_os("CORRAL_JOB_DIR")?).join("job-script");
+    let path = std::path::Path::new(&std::env::var_os("CORRAL_JOB_DIR")?).join(corral_worker::executor::SCRIPT_FILE);
     (own && job.spec.script.is_some() && path.is_file()).then(|| path.display().to_string())
 }
 

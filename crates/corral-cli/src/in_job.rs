@@ -270,8 +270,11 @@ fn sacct(args: &[String], own_job: Option<&str>) -> Result<Vec<String>, String> 
     if flags.contains(&"--parsable2") {
         flags.retain(|f| *f != "--parsable");
     }
-    flags.dedup();
-    out.extend(flags.into_iter().map(String::from));
+    for flag in flags {
+        if !out.iter().any(|f| f == flag) {
+            out.push(flag.into());
+        }
+    }
     Ok(out)
 }
 
@@ -334,6 +337,11 @@ mod tests {
             w("show 7 --sacct State --noheader --parsable2 --allocations")
         );
         assert_eq!(sacct(&w("-b -p"), Some("3")).unwrap(), w("show 3 --sacct JobID,State,ExitCode --parsable"));
+        assert_eq!(
+            sacct(&w("-n -X -n -pP"), Some("3")).unwrap(),
+            [w("show 3 --sacct"), vec![default.into()], w("--noheader --allocations --parsable2")].concat(),
+            "each flag once, -P over -p"
+        );
         assert!(sacct(&w("-o JobID,Bogus"), Some("3")).unwrap_err().contains("field 'Bogus' is not served here"));
         assert!(sacct(&[], None).unwrap_err().contains("SLURM_JOB_ID is not set"));
         let as_corral = |name: &str, args: &str| match dispatch(name, &w(args)) {
