@@ -28,10 +28,15 @@ pub fn show_job(job: &Job, script: Option<&str>, now: SystemTime, oneliner: bool
         array = format!(" ArrayJobId={} ArrayTaskId={}", task.array, task.index);
     }
     let null = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(null)".into());
-    let dependency = match job.waiting_on.as_slice() {
-        [] => "(null)".to_string(),
-        ids => ids.iter().map(|id| format!("afterany:{id}")).collect::<Vec<_>>().join(","),
-    };
+    // The dependencies still waited for, as Slurm lists them.
+    let waiting: Vec<String> = spec
+        .sched
+        .dependencies
+        .iter()
+        .filter(|d| job.waiting_on.contains(&d.job_id))
+        .map(|d| format!("{}:{}(unfulfilled)", d.kind.as_str(), d.job_id))
+        .collect();
+    let dependency = if waiting.is_empty() { "(null)".to_string() } else { waiting.join(",") };
     let workdir = names.submit_dir.as_ref().or(spec.workdir.as_ref()).cloned().unwrap_or_else(|| "(null)".into());
     let output = |path: Option<&String>| match path {
         None => "(null)".to_string(),
@@ -57,7 +62,7 @@ pub fn show_job(job: &Job, script: Option<&str>, now: SystemTime, oneliner: bool
     let mut tres = format!(
         "cpu={},mem={},node={node_count},billing={}",
         cpus_per_node * node_count,
-        tres_mem(spec.memory_bytes * u64::from(node_count)),
+        tres_mem(spec.memory_bytes.saturating_mul(u64::from(node_count))),
         cpus_per_node * node_count
     );
     if spec.gpus > 0 && spec.gpu_slice.is_none() {
@@ -227,7 +232,9 @@ pub(crate) fn slurm_time(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use corral_types::{Allocation, JobSpec, NodeGpus, SchedOptions, SlurmNames, TaskLayout, Timestamp};
+    use corral_types::{
+        Allocation, Dependency, DependencyKind, JobSpec, NodeGpus, SchedOptions, SlurmNames, TaskLayout, Timestamp,
+    };
 
     fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
         text.split_whitespace().find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
@@ -313,11 +320,17 @@ mod tests {
         assert_eq!((field(&text, "NodeList"), field(&text, "StartTime")), (Some("(null)"), Some("Unknown")));
         assert_eq!(field(&text, "NumNodes"), Some("2"), "the nodes it asks for");
         job.held = false;
+        job.spec.sched.dependencies = vec![
+            Dependency { kind: DependencyKind::AfterOk, job_id: 7 },
+            Dependency { kind: DependencyKind::AfterAny, job_id: 8 },
+            Dependency { kind: DependencyKind::AfterNotOk, job_id: 9 },
+        ];
         job.waiting_on = vec![7, 9];
         let text = show_job(&job, None, now, false);
         assert_eq!(
             (field(&text, "Reason"), field(&text, "Dependency")),
-            (Some("Dependency"), Some("afterany:7,afterany:9"))
+            (Some("Dependency"), Some("afterok:7(unfulfilled),afternotok:9(unfulfilled)")),
+            "the ones still waited for, of their kinds"
         );
         for (reason, state) in [
             ("timeout: killed at its time limit", "TIMEOUT"),
