@@ -831,6 +831,10 @@ pub struct ShowArgs {
     /// With --sacct: the job's row only (`sacct -X`).
     #[arg(long, hide = true, requires = "sacct")]
     pub allocations: bool,
+    /// With --sacct: more jobs after JOB (`sacct -j 12,13`); a job not found prints nothing,
+    /// as sacct prints nothing for it.
+    #[arg(long, hide = true, requires = "sacct", value_delimiter = ',', value_name = "JOB")]
+    pub jobs: Vec<corral_types::JobRef>,
 }
 
 #[derive(Debug, Args)]

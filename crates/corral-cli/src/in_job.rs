@@ -218,12 +218,13 @@ fn job_control(args: &[String]) -> Result<Vec<String>, String> {
     }
 }
 
-/// `sacct [-j ID] [-o FIELDS] [-n] [-p|-P] [-X] [-b]` as `corral show ID --sacct FIELDS`: the
-/// job's row and its steps' in sacct's columns (`ID` defaults to the job's own; of several, the
-/// first). Its other options select jobs by time, user or state and are not read: scripts end
-/// with `sacct -j $SLURM_JOB_ID --format=...` to log the job's record.
+/// `sacct [-j ID,...] [-o FIELDS] [-n] [-p|-P] [-X] [-b]` as `corral show ID --sacct FIELDS`:
+/// the jobs' rows and their steps' in sacct's columns (`ID` defaults to the job's own; a step
+/// such as `12.batch` names its job). Its other options select jobs by time, user or state and
+/// are not read: scripts end with `sacct -j $SLURM_JOB_ID --format=...` to log the job's
+/// record, and submitit polls `sacct -o JobID,State,NodeList --parsable2 -j 12,13`.
 fn sacct(args: &[String], own_job: Option<&str>) -> Result<Vec<String>, String> {
-    let mut job = None;
+    let mut jobs: Vec<String> = Vec::new();
     let mut format = crate::sacct_format::DEFAULT_FIELDS.to_string();
     let mut flags: Vec<&str> = Vec::new();
     let mut i = 0;
@@ -251,21 +252,28 @@ fn sacct(args: &[String], own_job: Option<&str>) -> Result<Vec<String>, String> 
             flags.push(flag);
         } else if arg == "--brief" {
             format = "JobID,State,ExitCode".into();
-        } else if let Some(jobs) = option_value(args, &mut i, "--jobs", "-j") {
-            let jobs = jobs?;
-            // `-j 12.batch`, `-j 12,13`: the first job.
-            let first = jobs.split(',').next().unwrap_or_default();
-            job = Some(first.split('.').next().unwrap_or_default().to_string());
+        } else if let Some(list) = option_value(args, &mut i, "--jobs", "-j") {
+            for id in list?.split(',').map(|j| j.split('.').next().unwrap_or_default()).filter(|j| !j.is_empty()) {
+                if !jobs.iter().any(|j| j == id) {
+                    jobs.push(id.to_string());
+                }
+            }
         } else if let Some(fields) = option_value(args, &mut i, "--format", "-o") {
             format = fields?;
         }
         i += 1;
     }
     crate::sacct_format::check_format(&format)?;
-    let id = job.or_else(|| own_job.map(str::to_string)).ok_or(
-        "no job given and SLURM_JOB_ID is not set: give one with -j, or see `corral history` for the finished jobs",
-    )?;
-    let mut out = vec!["show".into(), id, "--sacct".into(), format];
+    let (first, more) = match jobs.split_first() {
+        Some((first, more)) => (first.clone(), more.to_vec()),
+        None => (own_job.map(str::to_string).ok_or(
+            "no job given and SLURM_JOB_ID is not set: give one with -j, or see `corral history` for the finished jobs",
+        )?, Vec::new()),
+    };
+    let mut out = vec!["show".into(), first, "--sacct".into(), format];
+    if !more.is_empty() {
+        out.extend(["--jobs".into(), more.join(",")]);
+    }
     // `-p` and `-P` together: `-P`, the last one sacct reads.
     if flags.contains(&"--parsable2") {
         flags.retain(|f| *f != "--parsable");
@@ -328,8 +336,13 @@ mod tests {
             w("show 12 --sacct JobID,Elapsed --allocations")
         );
         assert_eq!(
-            sacct(&w("--jobs=12.batch,13 -n -P"), None).unwrap(),
-            [w("show 12 --sacct"), vec![default.into()], w("--noheader --parsable2")].concat()
+            sacct(&w("--jobs=12.batch,13,12 -n -P"), None).unwrap(),
+            [w("show 12 --sacct"), vec![default.into()], w("--jobs 13 --noheader --parsable2")].concat()
+        );
+        assert_eq!(
+            sacct(&w("-o JobID,State,NodeList --parsable2 -j 12,13_4 -j 14"), None).unwrap(),
+            w("show 12 --sacct JobID,State,NodeList --jobs 13_4,14 --parsable2"),
+            "as submitit polls its jobs"
         );
         assert_eq!(sacct(&w("--format=JobID,State"), Some("40")).unwrap(), w("show 40 --sacct JobID,State"));
         assert_eq!(

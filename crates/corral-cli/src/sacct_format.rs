@@ -237,10 +237,10 @@ fn value(row: &Row<'_>, field: &str) -> String {
     }
 }
 
-/// The lines sacct prints for `job` in the columns of `format`.
-pub fn render(job: &Job, format: &str, layout: Layout, now: SystemTime) -> Result<String, String> {
+/// The lines sacct prints for `jobs` in the columns of `format`.
+pub fn render(jobs: &[Job], format: &str, layout: Layout, now: SystemTime) -> Result<String, String> {
     let columns = columns(format)?;
-    let rows = rows(job, now, layout.allocations);
+    let rows: Vec<Row<'_>> = jobs.iter().flat_map(|job| rows(job, now, layout.allocations)).collect();
     let mut out = String::new();
     let mut line = |cells: Vec<String>| {
         match layout.parsable {
@@ -320,7 +320,7 @@ mod tests {
     #[test]
     fn the_default_columns_read_as_saccts() {
         let now = UNIX_EPOCH + Duration::from_secs(2000);
-        let text = render(&finished_job(), DEFAULT_FIELDS, Layout::default(), now).unwrap();
+        let text = render(&[finished_job()], DEFAULT_FIELDS, Layout::default(), now).unwrap();
         assert_eq!(
             text,
             "JobID           JobName  Partition    Account  AllocCPUS      State ExitCode \n\
@@ -337,12 +337,16 @@ mod tests {
         let job = finished_job();
         let parsable = Layout { noheader: true, parsable: Some(false), allocations: false };
         assert_eq!(
-            render(&job, "JobID,Elapsed,NTasks,MaxRSS", parsable, now).unwrap(),
+            render(std::slice::from_ref(&job), "JobID,Elapsed,NTasks,MaxRSS", parsable, now).unwrap(),
             "4012|00:01:05||\n4012.batch|00:01:05|1|\n4012.0|00:00:02|2|\n"
         );
         let one = Layout { noheader: true, parsable: Some(true), allocations: true };
-        assert_eq!(render(&job, "state", one, now).unwrap(), "COMPLETED|\n", "sacct -j ID -n -X -p -o State");
-        let wide = render(&job, "JobName%25", Layout { noheader: true, ..Layout::default() }, now).unwrap();
+        assert_eq!(
+            render(std::slice::from_ref(&job), "state", one, now).unwrap(),
+            "COMPLETED|\n",
+            "sacct -j ID -n -X -p -o State"
+        );
+        let wide = render(&[job], "JobName%25", Layout { noheader: true, ..Layout::default() }, now).unwrap();
         assert_eq!(wide.lines().next(), Some("      interactive-session "));
         assert!(check_format("JobID,Bogus").unwrap_err().contains("field 'Bogus' is not served here"));
         assert!(check_format("JobName%x").is_err());

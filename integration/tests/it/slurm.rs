@@ -383,6 +383,7 @@ fn queue_by_user_and_slurm_commands_inside_a_job() {
          sacct -j $SLURM_JOB_ID --format=JobID,JobName,Elapsed,State -X > sacct.txt || echo sacct failed\n\
          srun -n 2 true\n\
          sacct -n -P -o JobID,JobName,NTasks,State > steps.txt || echo sacct failed\n\
+         sacct -o JobID,State --parsable2 -X -j {ana},$SLURM_JOB_ID,999999 > poll.txt || echo sacct failed\n\
          sinfo > sinfo.txt || echo sinfo failed\n\
          scancel {bo} || echo scancel failed\n\
          squeue -p gpu || echo refused\n\
@@ -409,6 +410,9 @@ fn queue_by_user_and_slurm_commands_inside_a_job() {
         format!("{job}|inside||RUNNING\n{job}.batch|batch|1|RUNNING\n{job}.0|true|2|COMPLETED\n"),
         "the job, its batch step and its srun step, as sacct -n -P lists them"
     );
+    // As submitit polls its jobs: several at once, one that does not exist left out.
+    let poll = std::fs::read_to_string(dir.path().join("poll.txt")).expect("sacct's poll");
+    assert_eq!(poll, format!("JobID|State\n{ana}|PENDING\n{job}|RUNNING\n"));
     let sinfo = std::fs::read_to_string(dir.path().join("sinfo.txt")).expect("sinfo's output");
     assert!(sinfo.contains("dev-node"), "sinfo lists the nodes: {sinfo}");
     assert!(output.contains("\nrefused\n") && output.contains("squeue: error: '-p' is not served here"), "{output}");
