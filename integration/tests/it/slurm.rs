@@ -386,11 +386,15 @@ fn queue_by_user_and_slurm_commands_inside_a_job() {
          sacct -o JobID,State --parsable2 -X -j {ana},$SLURM_JOB_ID,999999 > poll.txt || echo sacct failed\n\
          sinfo > sinfo.txt || echo sinfo failed\n\
          scancel {bo} || echo scancel failed\n\
-         squeue -p gpu || echo refused\n\
+         squeue -p gpu 2>&1 || echo refused\n\
          echo \"left=$(squeue -h -j $SLURM_JOB_ID -o %L) pending=$(squeue --me -h -t PD | wc -l)\"\n\
          squeue -j $SLURM_JOB_ID -O JobID:8,Name:10,State\n",
         endpoint = pool.addr
     );
+    // `squeue -p` answers on stderr, sent to stdout here: the worker copies a job's stdout and
+    // stderr into one `--output` file from two pipes, and does not keep their order between
+    // them (Slurm writes both through one descriptor), so a refusal on stderr could land after
+    // the `refused` that follows it on stdout.
     std::fs::write(dir.path().join("inside.sh"), script).expect("write");
     // The submitter's CORRAL_ENDPOINT is never exported: the script names the coordinator.
     let env = [("USER", "ana")];
