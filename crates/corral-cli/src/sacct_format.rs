@@ -4,7 +4,7 @@
 //! Scripts end with `sacct -j $SLURM_JOB_ID --format=JobID,JobName,Elapsed,MaxRSS` to log what
 //! ran, or read `sacct -j ID -n -X -o State`. Pure: the caller fetches the job.
 
-use crate::scontrol_job::{slurm_duration, slurm_state, slurm_time, tres_mem, RunTimes};
+use crate::scontrol_job::{millis_since_epoch, slurm_duration, slurm_state, slurm_time, tres_mem, RunTimes, Shape};
 use corral_types::{hostlist, Job, JobState, StepState};
 use std::time::SystemTime;
 
@@ -124,9 +124,7 @@ struct Row<'a> {
 
 fn rows<'a>(job: &'a Job, now: SystemTime, allocations: bool) -> Vec<Row<'a>> {
     let spec = &job.spec;
-    let nodes: Vec<&str> = job.allocation.as_ref().map(|a| a.parts().map(|(n, _)| n).collect()).unwrap_or_default();
-    let node_count = if nodes.is_empty() { spec.parts() } else { nodes.len() as u32 };
-    let cpus_per_node = spec.cpu_millis.div_ceil(1000).max(1);
+    let Shape { nodes, node_count, cpus_per_node } = Shape::of(job);
     let times = RunTimes::of(job, now);
     let ended = job.finished_at.map(|t| t.physical_ms());
     let exit = format!("{}:{}", job.exit_code.unwrap_or(0), job.signal.unwrap_or(0));
@@ -163,7 +161,8 @@ fn rows<'a>(job: &'a Job, now: SystemTime, allocations: bool) -> Vec<Row<'a>> {
             cpus: cpus_per_node,
         });
     }
-    let now_ms = times.started.map_or(0, |s| s + times.used_ms);
+    // A step still running runs until the job's end, or until now.
+    let until = ended.unwrap_or_else(|| millis_since_epoch(now));
     for step in &job.steps.steps {
         let created = step.created_at.physical_ms();
         let end = step.ended_at.map(|t| t.physical_ms());
@@ -183,7 +182,7 @@ fn rows<'a>(job: &'a Job, now: SystemTime, allocations: bool) -> Vec<Row<'a>> {
             exit: format!("{}:0", step.exit_code.unwrap_or(0)),
             started: Some(created),
             ended: end,
-            used_ms: end.unwrap_or(now_ms.max(created)).saturating_sub(created),
+            used_ms: end.unwrap_or(until).saturating_sub(created),
             nodes: step.node_names(),
             tasks: Some(step.ntasks()),
             cpus: step.ntasks() * step.spec.cpus_per_task.unwrap_or(1).max(1),

@@ -12,10 +12,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub fn show_job(job: &Job, script: Option<&str>, now: SystemTime, oneliner: bool) -> String {
     let spec = &job.spec;
     let names = &spec.slurm;
-    let nodes: Vec<&str> = job.allocation.as_ref().map(|a| a.parts().map(|(n, _)| n).collect()).unwrap_or_default();
-    let node_count = if nodes.is_empty() { spec.parts() } else { nodes.len() as u32 };
+    let Shape { nodes, node_count, cpus_per_node } = Shape::of(job);
     let tasks: u32 = spec.layout.tasks_on_nodes(node_count).iter().sum();
-    let cpus_per_node = spec.cpu_millis.div_ceil(1000).max(1);
     let cpus_per_task = match spec.layout.cpus_per_task {
         0 => (cpus_per_node * node_count / tasks.max(1)).max(1),
         n => n,
@@ -128,8 +126,27 @@ pub fn show_job(job: &Job, script: Option<&str>, now: SystemTime, oneliner: bool
     }
 }
 
+/// Where a job runs and on how much, as Slurm's commands count it.
+pub(crate) struct Shape<'a> {
+    /// Its nodes, the first first (none before it is placed).
+    pub nodes: Vec<&'a str>,
+    /// How many nodes it has, or asks for before it is placed.
+    pub node_count: u32,
+    /// Whole CPUs on each node (at least 1, as Slurm allocates).
+    pub cpus_per_node: u32,
+}
+
+impl<'a> Shape<'a> {
+    pub(crate) fn of(job: &'a Job) -> Shape<'a> {
+        let nodes: Vec<&str> = job.allocation.as_ref().map(|a| a.parts().map(|(n, _)| n).collect()).unwrap_or_default();
+        let node_count = if nodes.is_empty() { job.spec.parts() } else { nodes.len() as u32 };
+        Shape { nodes, node_count, cpus_per_node: job.spec.cpu_millis.div_ceil(1000).max(1) }
+    }
+}
+
 /// When a job started and ends and how long it has run, in milliseconds since the epoch, as
 /// Slurm's commands show them.
+#[derive(Clone, Copy)]
 pub(crate) struct RunTimes {
     /// Placed is started, as for `SLURM_JOB_START_TIME` (the worker's report of the start comes
     /// a moment later); a pending job has not started, whatever an earlier run did.
@@ -205,7 +222,7 @@ pub(crate) fn tres_mem(bytes: u64) -> String {
     }
 }
 
-fn millis_since_epoch(t: SystemTime) -> u64 {
+pub(crate) fn millis_since_epoch(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_millis() as u64
 }
 

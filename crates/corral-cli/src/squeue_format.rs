@@ -3,7 +3,7 @@
 //! (`squeue -h -j $SLURM_JOB_ID -o %L` for the time left, `squeue -u $USER -h -t PD | wc -l`)
 //! get what Slurm prints. Pure: the caller fetches the jobs.
 
-use crate::scontrol_job::{slurm_reason, slurm_state, slurm_time, tres_mem, RunTimes};
+use crate::scontrol_job::{slurm_reason, slurm_state, slurm_time, tres_mem, RunTimes, Shape};
 use corral_types::{hostlist, Job, JobState};
 use std::time::SystemTime;
 
@@ -170,7 +170,8 @@ impl Squeue {
     pub fn rows(&self, jobs: &[Job], now: SystemTime) -> String {
         let mut out = String::new();
         for job in jobs {
-            self.line(&mut out, &|letter| field(job, letter, now));
+            let (shape, times) = (Shape::of(job), RunTimes::of(job, now));
+            self.line(&mut out, &|letter| field(job, &shape, &times, letter));
         }
         out
     }
@@ -209,15 +210,15 @@ fn squeue_duration(secs: u64) -> String {
     }
 }
 
-fn field(job: &Job, letter: char, now: SystemTime) -> String {
+/// Field `letter` of `job`, whose shape and times are worked out once for all its fields.
+fn field(job: &Job, shape: &Shape<'_>, times: &RunTimes, letter: char) -> String {
     let spec = &job.spec;
     let names = &spec.slurm;
-    let nodes: Vec<&str> = job.allocation.as_ref().map(|a| a.parts().map(|(n, _)| n).collect()).unwrap_or_default();
-    let node_count = if nodes.is_empty() { spec.parts() } else { nodes.len() as u32 };
-    let RunTimes { started, end, used_ms } = RunTimes::of(job, now);
+    let Shape { nodes, node_count, cpus_per_node } = shape;
+    let (node_count, cpus_per_node) = (*node_count, *cpus_per_node);
+    let RunTimes { started, end, used_ms } = *times;
     let used_secs = used_ms / 1000;
     let null = |v: &Option<String>| v.clone().unwrap_or_else(|| "(null)".into());
-    let cpus_per_node = spec.cpu_millis.div_ceil(1000).max(1);
     match letter {
         'i' => job.display_id(),
         'A' => job.id.to_string(),
@@ -239,7 +240,7 @@ fn field(job: &Job, letter: char, now: SystemTime) -> String {
         'm' if spec.memory_bytes == 0 => "0".into(),
         'm' => tres_mem(spec.memory_bytes),
         'R' if job.state == JobState::Pending => format!("({})", slurm_reason(job)),
-        'R' | 'N' => hostlist::compress(&nodes),
+        'R' | 'N' => hostlist::compress(nodes),
         'P' => null(&names.partition),
         'a' => names.account.clone().unwrap_or_else(|| spec.tenant.clone()),
         'q' => null(&names.qos),
